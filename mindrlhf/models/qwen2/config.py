@@ -1,0 +1,188 @@
+"""Qwen2 / Qwen2.5 / Llama model configuration (MindFormers YAML layout, or Hugging Face config.json)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+import yaml
+
+from mindrlhf.configs.base import ConfigError, from_mapping, get_section, help_field, load_yaml, required_field
+from mindrlhf.configs.parallel import IGNORED_PARALLEL_KEYS, ParallelConfig
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+# Keys found in MindFormers model_config sections that do not change this implementation.
+IGNORED_MODEL_KEYS = frozenset({
+    "type", "batch_size", "use_past", "use_flash_attention", "checkpoint_name_or_path", "offset",
+    "repetition_penalty", "top_k", "top_p", "do_sample", "is_dynamic", "qkv_concat", "pretrain_seqlen",
+    "extend_method", "scaling_factor", "layernorm_compute_type", "softmax_compute_type", "rotary_dtype",
+    "emb_dropout_prob", "block_size", "num_blocks", "use_past_shard", "max_decode_length", "ignore_token_id",
+    "fine_grain_interleave", "use_rope_slice", "use_flash_attention", "auto_map", "multiple_of",
+    "ffn_dim_multiplier", "hidden_act", "model_name", "use_attn_mask_compression", "parallel_optimizer",
+})
+
+SUPPORTED_HF_ARCHS = {"qwen2": True, "llama": False}  # model_type -> default qkv bias
+
+
+@dataclass
+class Qwen2Config:
+    """Architecture of a Qwen2/Qwen2.5 (or Llama) decoder; the YAML section `model.model_config`.
+
+    Softmax, RMSNorm, rotary tables and log-probs are always computed in float32, whatever
+    `compute_dtype` is: they are where low precision costs accuracy and they are cheap.
+    """
+
+    vocab_size: int = required_field("Vocabulary size (rows of the embedding and of lm_head).")
+    hidden_size: int = required_field("Width of the residual stream.")
+    num_layers: int = required_field("Number of decoder layers.")
+    num_heads: int = required_field("Number of attention (query) heads.")
+    n_kv_heads: int = required_field(
+        "Number of key/value heads (grouped-query attention); must divide num_heads. Equal to num_heads = MHA.")
+    intermediate_size: int = required_field("Width of the SwiGLU MLP.")
+    seq_length: int = help_field(
+        2048, "Longest sequence (prompt + response) the network handles; sizes the rotary table and KV cache.")
+    max_position_embedding: int = help_field(
+        32768, "Longest position the checkpoint was trained for (HF max_position_embeddings); seq_length must not exceed it.")
+    head_dim: int = help_field(0, "Per-head width; 0 means hidden_size // num_heads (the Qwen2 default).")
+    rms_norm_eps: float = help_field(1e-6, "Epsilon of RMSNorm (Qwen2.5: 1e-6; Llama 2: 1e-5).")
+    theta: float = help_field(1000000.0, "Rotary embedding base (HF rope_theta). Qwen2.5: 1e6; Llama 2: 1e4.")
+    qkv_has_bias: bool = help_field(True, "Whether q/k/v projections have a bias. Qwen2: true; Llama: false.")
+    tie_word_embeddings: bool = help_field(
+        False, "Share the token embedding with lm_head (Qwen2.5-0.5B/1.5B: true; 7B: false).")
+    compute_dtype: str = help_field(
+        "float32", "dtype of matmuls: float32 or float16 on CPU, bfloat16 on Ascend (no bf16 CPU kernels).")
+    param_init_type: str = help_field("float32", "dtype the weights are stored in on device.")
+    bos_token_id: int = help_field(151643, "Begin-of-text token id.")
+    eos_token_id: int = help_field(151645, "End-of-sequence token id used to stop generation (<|im_end|> for Qwen chat).")
+    pad_token_id: int = help_field(151643, "Padding token id (<|endoftext|> for Qwen).")
+    parallel_config: ParallelConfig = dataclasses.field(
+        default_factory=ParallelConfig, metadata={"help": "Layout of this network (top-level `parallel_config`)."})
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "intermediate_size",
+                     "seq_length"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model_config.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.n_kv_heads:
+            raise ConfigError(f"model_config.num_heads={self.num_heads} is not a multiple of "
+                              f"n_kv_heads={self.n_kv_heads}")
+        if self.head_dim == 0 and self.hidden_size % self.num_heads:
+            raise ConfigError(f"model_config.hidden_size={self.hidden_size} is not divisible by "
+                              f"num_heads={self.num_heads}; set head_dim explicitly")
+        if self.get_head_dim() % 2:
+            raise ConfigError(f"model_config.head_dim={self.get_head_dim()} must be even for rotary embeddings")
+        for name in ("compute_dtype", "param_init_type"):
+            if getattr(self, name) not in DTYPES:
+                raise ConfigError(f"model_config.{name}={getattr(self, name)!r}; expected one of {', '.join(DTYPES)}")
+        if self.seq_length > self.max_position_embedding:
+            raise ConfigError(f"model_config.seq_length={self.seq_length} exceeds "
+                              f"max_position_embedding={self.max_position_embedding}")
+        if self.rms_norm_eps <= 0 or self.theta <= 0:
+            raise ConfigError("model_config.rms_norm_eps and theta must be positive")
+
+    def get_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    def num_parameters(self) -> int:
+        """Parameter count of the full (unsplit) network."""
+        d, hd = self.hidden_size, self.get_head_dim()
+        q, kv = self.num_heads * hd, self.n_kv_heads * hd
+        attn = d * q + 2 * d * kv + q * d + (q + 2 * kv if self.qkv_has_bias else 0)
+        mlp = 3 * d * self.intermediate_size
+        per_layer = attn + mlp + 2 * d
+        emb = self.vocab_size * d
+        return self.num_layers * per_layer + emb + d + (0 if self.tie_word_embeddings else emb)
+
+    # ------------------------------------------------------------------ YAML
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike) -> "Qwen2Config":
+        """Loads `model.model_config` (and the top-level `parallel_config`) of a MindFormers-layout YAML."""
+        path = os.fspath(path)
+        data = load_yaml(path)
+        return cls.from_dict(data, source=path)
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "<dict>") -> "Qwen2Config":
+        model_cfg = get_section(data, "model.model_config", source)
+        model_cfg.pop("parallel_config", None)
+        parallel = from_mapping(ParallelConfig, get_section(data, "parallel_config", source, required=False),
+                                f"{source}: parallel_config", IGNORED_PARALLEL_KEYS)
+        cfg = from_mapping(cls, model_cfg, f"{source}: model.model_config", IGNORED_MODEL_KEYS)
+        cfg.parallel_config = parallel
+        return cfg
+
+    def to_dict(self) -> dict:
+        model_cfg = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "parallel_config"}
+        model_cfg = {"type": "Qwen2Config", **model_cfg}
+        return {
+            "model": {"model_config": model_cfg, "arch": {"type": "Qwen2ForCausalLM"}},
+            "parallel_config": dataclasses.asdict(self.parallel_config),
+        }
+
+    def to_yaml(self, path: str | os.PathLike) -> None:
+        """Writes the MindFormers-layout YAML (atomically)."""
+        path = os.fspath(path)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
+        os.replace(tmp, path)
+
+    # ------------------------------------------------------------ HF config
+    @classmethod
+    def from_hf(cls, config_json_path: str | os.PathLike, seq_length: int | None = None, **overrides) -> "Qwen2Config":
+        """Builds the config from a Hugging Face `config.json` (Qwen2 or Llama)."""
+        path = os.fspath(config_json_path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path}: Hugging Face config.json not found")
+        try:
+            with open(path, encoding="utf-8") as f:
+                hf = json.load(f)
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: not valid JSON: {err}") from None
+        model_type = hf.get("model_type")
+        if model_type not in SUPPORTED_HF_ARCHS:
+            archs = hf.get("architectures")
+            raise ConfigError(f"{path}: model_type={model_type!r} (architectures={archs}) is not supported; "
+                              f"expected one of {', '.join(SUPPORTED_HF_ARCHS)}")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"{path}: hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU) is supported")
+        scaling = hf.get("rope_scaling")
+        if scaling and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
+            raise ConfigError(f"{path}: rope_scaling={scaling} is not supported; only plain rotary embeddings")
+        try:
+            max_pos = int(hf.get("max_position_embeddings", 32768))
+            theta = hf.get("rope_theta")
+            if theta is None:
+                theta = (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+            values = dict(
+                vocab_size=hf["vocab_size"],
+                hidden_size=hf["hidden_size"],
+                num_layers=hf["num_hidden_layers"],
+                num_heads=hf["num_attention_heads"],
+                n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+                intermediate_size=hf["intermediate_size"],
+                seq_length=seq_length or min(max_pos, 4096),
+                max_position_embedding=max_pos,
+                head_dim=hf.get("head_dim") or 0,
+                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                theta=float(theta),
+                qkv_has_bias=bool(hf.get("attention_bias", SUPPORTED_HF_ARCHS[model_type])),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            )
+        except KeyError as err:
+            raise ConfigError(f"{path}: missing field {err.args[0]!r}") from None
+        for key, hf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                            ("pad_token_id", "pad_token_id")):
+            val = hf.get(hf_key)
+            if isinstance(val, list):
+                val = val[0] if val else None
+            if val is not None:
+                values[key] = int(val)
+        if values["head_dim"] == values["hidden_size"] // values["num_heads"]:
+            values["head_dim"] = 0
+        values.update(overrides)
+        return from_mapping(cls, values, path)

@@ -1,0 +1,126 @@
+"""`Layout`: how one network is split over the ranks of the job (data parallel x tensor parallel).
+
+Rank order follows MindSpore's device matrix ``[dp, tp]``: the tensor-parallel index varies fastest,
+``rank = dp_rank * tp + tp_rank``. In a strategy file's ``tensor_map`` the axes are counted from the
+right, so the tp axis is 0 and the dp axis is 1 (see :data:`TP_AXIS`, :data:`DP_AXIS`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TP_AXIS = 0  # tensor_map value of a dimension split over the tensor-parallel axis
+DP_AXIS = 1  # tensor_map value of a dimension split over the data-parallel axis
+NOT_SPLIT = -1
+
+_created_groups: set[str] = set()
+
+
+class LayoutError(ValueError):
+    """A layout that does not fit the job (world size, divisibility)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Data-parallel size x tensor-parallel size over `world_size` ranks, seen from `rank`.
+
+    A pipeline dimension will be added as the outermost axis; nothing here assumes there is none
+    beyond `pp == 1`.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    rank: int = 0
+    pp: int = 1
+
+    def __post_init__(self):
+        if self.dp < 1 or self.tp < 1 or self.pp != 1:
+            raise LayoutError(f"invalid layout dp={self.dp} tp={self.tp} pp={self.pp}: sizes must be >= 1 "
+                              "and pipeline stages are not supported yet")
+        if not 0 <= self.rank < self.world_size:
+            raise LayoutError(f"rank {self.rank} is outside layout dp={self.dp} x tp={self.tp} "
+                              f"(world size {self.world_size})")
+
+    @classmethod
+    def for_world(cls, dp: int, tp: int, world_size: int, rank: int) -> "Layout":
+        """A layout that must cover exactly `world_size` ranks (the job's)."""
+        if dp * tp != world_size:
+            raise LayoutError(f"layout data_parallel={dp} x model_parallel={tp} = {dp * tp} does not match the "
+                              f"job's world size {world_size}")
+        return cls(dp=dp, tp=tp, rank=rank)
+
+    # ---------------------------------------------------------------- arithmetic
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def dev_matrix(self) -> list[int]:
+        """MindSpore device matrix of this layout (outermost axis first)."""
+        return [self.dp, self.tp]
+
+    def coords(self, rank: int | None = None) -> tuple[int, int]:
+        """(dp_rank, tp_rank) of `rank` (default: this rank)."""
+        rank = self.rank if rank is None else rank
+        return divmod(rank, self.tp)
+
+    @property
+    def dp_rank(self) -> int:
+        return self.coords()[0]
+
+    @property
+    def tp_rank(self) -> int:
+        return self.coords()[1]
+
+    def tp_group_ranks(self, rank: int | None = None) -> list[int]:
+        dp_rank, _ = self.coords(rank)
+        return [dp_rank * self.tp + i for i in range(self.tp)]
+
+    def dp_group_ranks(self, rank: int | None = None) -> list[int]:
+        _, tp_rank = self.coords(rank)
+        return [j * self.tp + tp_rank for j in range(self.dp)]
+
+    def with_rank(self, rank: int) -> "Layout":
+        return Layout(dp=self.dp, tp=self.tp, rank=rank, pp=self.pp)
+
+    def __str__(self) -> str:
+        return f"dp={self.dp} x tp={self.tp}"
+
+    # ---------------------------------------------------------------- groups
+    @property
+    def tp_group(self) -> str | None:
+        """Communication group of this rank's tensor-parallel peers (None when tp == 1)."""
+        return group_name(self.tp_group_ranks(), self.world_size) if self.tp > 1 else None
+
+    @property
+    def dp_group(self) -> str | None:
+        """Communication group of this rank's data-parallel peers (None when dp == 1)."""
+        return group_name(self.dp_group_ranks(), self.world_size) if self.dp > 1 else None
+
+    def init_groups(self) -> "Layout":
+        """Creates this rank's tp and dp groups (once per process; idempotent). Needs `init()` first."""
+        for ranks in (self.tp_group_ranks(), self.dp_group_ranks()):
+            ensure_group(ranks, self.world_size)
+        return self
+
+
+def group_name(ranks: list[int], world_size: int) -> str:
+    """Deterministic group name for a rank list; the whole world maps to MindSpore's world group.
+
+    Two layouts whose groups hold the same ranks share one group.
+    """
+    if len(ranks) == world_size and world_size > 1:
+        from mindspore.communication import GlobalComm
+        return GlobalComm.WORLD_COMM_GROUP
+    return "mindrlhf_" + "_".join(str(r) for r in ranks)
+
+
+def ensure_group(ranks: list[int], world_size: int) -> str | None:
+    """Creates the group for `ranks` if it is a proper sub-group not yet created; returns its name."""
+    if len(ranks) <= 1:
+        return None
+    name = group_name(ranks, world_size)
+    if len(ranks) < world_size and name not in _created_groups:
+        from mindspore.communication import create_group
+        create_group(name, list(ranks))
+        _created_groups.add(name)
+    return name
