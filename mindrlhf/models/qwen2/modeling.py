@@ -1,0 +1,314 @@
+"""Qwen2 / Qwen2.5 / Llama decoder on MindSpore, built from the tensor-parallel layers.
+
+Runs in GRAPH_MODE. Matmuls in `compute_dtype`; RMSNorm, rotary, softmax and log-probs in float32.
+Parameter names follow :mod:`mindrlhf.models.qwen2.names`.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+
+from mindrlhf.models.qwen2.config import Qwen2Config
+from mindrlhf.parallel.comm import CopyToTensorParallel, GatherFromTensorParallel
+from mindrlhf.parallel.layers import (INIT_STD, ColumnParallelLinear, ParallelLayer, RMSNorm, RowParallelLinear,
+                                      VocabParallelEmbedding, VocabParallelLogProbs, shard_size, to_ms_dtype)
+from mindrlhf.parallel.layout import Layout
+
+MASK_VALUE = -1e9  # additive attention bias of masked positions (float32)
+
+
+def rotary_tables(head_dim: int, length: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [length, head_dim] in float32, laid out as Hugging Face's rotate_half convention."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
+    freqs = np.outer(np.arange(length, dtype=np.float32), inv_freq.astype(np.float32))
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def apply_rotary(x, cos, sin):
+    """Rotates [B, heads, S, hd] by cos/sin [B, 1, S, hd] in float32; returns x's dtype."""
+    x32 = x.astype(ms.float32)
+    half = x.shape[-1] // 2
+    rotated = ops.concat((-x32[..., half:], x32[..., :half]), -1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+class Qwen2Attention(nn.Cell):
+    """Grouped-query attention; q/k/v column-parallel by heads, o row-parallel."""
+
+    def __init__(self, config: Qwen2Config, layout: Layout):
+        super().__init__()
+        hd = config.get_head_dim()
+        tp = layout.tp
+        param_dtype, self.compute_dtype = to_ms_dtype(config.param_init_type), to_ms_dtype(config.compute_dtype)
+        self.head_dim = hd
+        self.heads_local = shard_size(config.num_heads, tp, "num_heads")
+        self.kv_heads_local = shard_size(config.n_kv_heads, tp, "n_kv_heads")
+        self.kv_repeat = config.num_heads // config.n_kv_heads
+        self.scale = 1.0 / math.sqrt(hd)
+        kw = dict(layout=layout, param_dtype=param_dtype, compute_dtype=self.compute_dtype)
+        bias = config.qkv_has_bias
+        self.wq = ColumnParallelLinear(config.hidden_size, config.num_heads * hd, bias, name="wq", **kw)
+        self.wk = ColumnParallelLinear(config.hidden_size, config.n_kv_heads * hd, bias, name="wk", **kw)
+        self.wv = ColumnParallelLinear(config.hidden_size, config.n_kv_heads * hd, bias, name="wv", **kw)
+        self.wo = RowParallelLinear(config.num_heads * hd, config.hidden_size, False, name="wo", **kw)
+
+    def _heads(self, x, batch, seq, heads):
+        return x.reshape(batch, seq, heads, self.head_dim).transpose(0, 2, 1, 3)
+
+    def _repeat_kv(self, x):
+        if self.kv_repeat == 1:
+            return x
+        b, h, s, d = x.shape
+        x = ops.broadcast_to(ops.expand_dims(x, 2), (b, h, self.kv_repeat, s, d))
+        return x.reshape(b, h * self.kv_repeat, s, d)
+
+    def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_onehot=None):
+        batch, seq, _ = x.shape
+        q = apply_rotary(self._heads(self.wq(x), batch, seq, self.heads_local), cos, sin)
+        k = apply_rotary(self._heads(self.wk(x), batch, seq, self.kv_heads_local), cos, sin)
+        v = self._heads(self.wv(x), batch, seq, self.kv_heads_local)
+        if key_cache is not None:
+            if slot_onehot is None:
+                # prefill: the `seq` new positions fill slots [0, seq)
+                length = key_cache.shape[2]
+                if seq < length:
+                    ops.assign(key_cache, ops.concat((k.astype(key_cache.dtype), key_cache[:, :, seq:]), 2))
+                    ops.assign(value_cache, ops.concat((v.astype(value_cache.dtype), value_cache[:, :, seq:]), 2))
+                else:
+                    ops.assign(key_cache, k.astype(key_cache.dtype))
+                    ops.assign(value_cache, v.astype(value_cache.dtype))
+            else:
+                # decode: one new position written at the slot selected by `slot_onehot` [1, 1, L, 1]
+                keep = 1 - slot_onehot
+                k = key_cache * keep + k.astype(key_cache.dtype) * slot_onehot
+                v = value_cache * keep + v.astype(value_cache.dtype) * slot_onehot
+                ops.assign(key_cache, k)
+                ops.assign(value_cache, v)
+                k = k.astype(self.compute_dtype)
+                v = v.astype(self.compute_dtype)
+        k = self._repeat_kv(k)
+        v = self._repeat_kv(v)
+        scores = ops.matmul(q, k.transpose(0, 1, 3, 2)).astype(ms.float32) * self.scale + attn_bias
+        probs = ops.softmax(scores, -1).astype(self.compute_dtype)
+        out = ops.matmul(probs, v).transpose(0, 2, 1, 3).reshape(batch, seq, self.heads_local * self.head_dim)
+        return self.wo(out)
+
+
+class Qwen2MLP(nn.Cell):
+    """SwiGLU: w2(silu(w1 x) * w3 x); w1/w3 column-parallel, w2 row-parallel."""
+
+    def __init__(self, config: Qwen2Config, layout: Layout):
+        super().__init__()
+        kw = dict(layout=layout, param_dtype=to_ms_dtype(config.param_init_type),
+                  compute_dtype=to_ms_dtype(config.compute_dtype))
+        self.w1 = ColumnParallelLinear(config.hidden_size, config.intermediate_size, name="w1", **kw)
+        self.w3 = ColumnParallelLinear(config.hidden_size, config.intermediate_size, name="w3", **kw)
+        self.w2 = RowParallelLinear(config.intermediate_size, config.hidden_size, name="w2", **kw)
+
+    def construct(self, x):
+        return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+
+
+class Qwen2DecoderLayer(nn.Cell):
+    """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(.))."""
+
+    def __init__(self, config: Qwen2Config, layout: Layout):
+        super().__init__()
+        norm_kw = dict(eps=config.rms_norm_eps, param_dtype=to_ms_dtype(config.param_init_type),
+                       compute_dtype=to_ms_dtype(config.compute_dtype))
+        self.attention_norm = RMSNorm(config.hidden_size, **norm_kw)
+        self.attention = Qwen2Attention(config, layout)
+        self.ffn_norm = RMSNorm(config.hidden_size, **norm_kw)
+        self.feed_forward = Qwen2MLP(config, layout)
+
+    def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_onehot=None):
+        h = x + self.attention(self.attention_norm(x), cos, sin, attn_bias, key_cache, value_cache, slot_onehot)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Qwen2Model(nn.Cell):
+    """Embedding, decoder layers and final norm; returns hidden states [B, S, D]."""
+
+    def __init__(self, config: Qwen2Config, layout: Layout):
+        super().__init__()
+        compute_dtype = to_ms_dtype(config.compute_dtype)
+        self.num_layers = config.num_layers
+        self.tok_embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size, layout,
+                                                     to_ms_dtype(config.param_init_type), compute_dtype)
+        self.layers = nn.CellList([Qwen2DecoderLayer(config, layout) for _ in range(config.num_layers)])
+        self.norm_out = RMSNorm(config.hidden_size, config.rms_norm_eps, to_ms_dtype(config.param_init_type),
+                                compute_dtype)
+        cos, sin = rotary_tables(config.get_head_dim(), config.seq_length, config.theta)
+        self.cos_table = Tensor(cos)
+        self.sin_table = Tensor(sin)
+
+    def construct(self, input_ids, position_ids, attn_bias, key_caches=None, value_caches=None, slot_onehot=None):
+        h = self.tok_embeddings(input_ids)
+        cos = ops.expand_dims(ops.gather(self.cos_table, position_ids, 0), 1)
+        sin = ops.expand_dims(ops.gather(self.sin_table, position_ids, 0), 1)
+        if key_caches is None:
+            for i in range(self.num_layers):
+                h = self.layers[i](h, cos, sin, attn_bias)
+        else:
+            for i in range(self.num_layers):
+                h = self.layers[i](h, cos, sin, attn_bias, key_caches[i], value_caches[i], slot_onehot)
+        return self.norm_out(h)
+
+
+class VocabParallelHead(ParallelLayer):
+    """lm_head: hidden [.., D] -> logits over this rank's vocabulary shard, in float32.
+
+    Holds its own weight (`lm_head.weight`) unless tied, in which case the embedding is passed in.
+    """
+
+    def __init__(self, config: Qwen2Config, layout: Layout):
+        super().__init__(layout)
+        self.vocab_local = shard_size(config.vocab_size, self.tp_size, "vocab_size")
+        self.compute_dtype = to_ms_dtype(config.compute_dtype)
+        if config.tie_word_embeddings:
+            self.weight = None
+        else:
+            self.weight = Parameter(ms.common.initializer.initializer(
+                ms.common.initializer.Normal(INIT_STD), (self.vocab_local, config.hidden_size),
+                to_ms_dtype(config.param_init_type)), name="weight")
+            self.split_axes = {"weight": 0}
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.copy_in = CopyToTensorParallel(self.layout.tp_group) if self.tp_size > 1 else None
+        self.gather_out = (GatherFromTensorParallel(self.layout.tp_group, self.tp_size, self.tp_rank)
+                           if self.tp_size > 1 else None)
+
+    def construct(self, h, tied_weight=None, gather=False):
+        weight = self.weight if tied_weight is None else tied_weight
+        if self.copy_in is not None:
+            h = self.copy_in(h)
+        lead = h.shape[:-1]
+        logits = self.matmul(h.reshape(-1, h.shape[-1]).astype(self.compute_dtype), weight.astype(self.compute_dtype))
+        logits = logits.astype(ms.float32).reshape(lead + (self.vocab_local,))
+        if gather and self.gather_out is not None:
+            logits = self.gather_out(logits)
+        return logits
+
+
+def positions_and_bias(input_ids, attention_mask=None):
+    """Position ids and the additive causal (+ padding) attention bias [B, 1, S, S] in float32.
+
+    With a (left-)padding `attention_mask` [B, S] (1 = token), positions count real tokens only.
+    """
+    batch, seq = input_ids.shape
+    causal = ops.tril(ops.ones((seq, seq), ms.float32))
+    if attention_mask is None:
+        position_ids = ops.broadcast_to(ops.arange(0, seq, dtype=ms.int32).reshape(1, seq), (batch, seq))
+        allowed = causal.reshape(1, 1, seq, seq)
+    else:
+        mask = attention_mask.astype(ms.int32)
+        position_ids = ops.maximum(ops.cumsum(mask, 1) - 1, 0).astype(ms.int32)
+        allowed = causal.reshape(1, 1, seq, seq) * mask.astype(ms.float32).reshape(batch, 1, 1, seq)
+    return position_ids, (1.0 - allowed) * MASK_VALUE
+
+
+class Qwen2ForCausalLM(nn.Cell):
+    """Qwen2 causal LM. `model(input_ids[, attention_mask])` -> logits [B, S, vocab] (float32).
+
+    `layout` places the net on the job's ranks (default: one device). Also offers `log_probs`
+    (per-token log-probabilities of given labels, never gathering the vocabulary across tp).
+    """
+
+    def __init__(self, config: Qwen2Config, layout: Layout | None = None):
+        super().__init__()
+        self.config = config
+        self.layout = layout or Layout()
+        self.tie_word_embeddings = config.tie_word_embeddings
+        self.model = Qwen2Model(config, self.layout)
+        self.lm_head = VocabParallelHead(config, self.layout)
+        self.log_prob_of_labels = VocabParallelLogProbs(config.vocab_size, self.layout)
+
+    def _head(self, h, gather):
+        tied = self.model.tok_embeddings.embedding_weight if self.tie_word_embeddings else None
+        return self.lm_head(h, tied, gather)
+
+    def construct(self, input_ids, attention_mask=None):
+        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
+        return self._head(self.model(input_ids, position_ids, attn_bias), True)
+
+    def log_probs(self, input_ids, labels, attention_mask=None):
+        """log p(labels[b, s] | input_ids[b, :s+1]) in float32, [B, S]. Call inside a Cell's construct."""
+        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
+        local_logits = self._head(self.model(input_ids, position_ids, attn_bias), False)
+        return self.log_prob_of_labels(local_logits, labels)
+
+
+class Qwen2LogProbs(nn.Cell):
+    """Graph cell: (input_ids, labels, attention_mask) -> per-token log-probs [B, S] (float32)."""
+
+    def __init__(self, model: Qwen2ForCausalLM):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, input_ids, labels, attention_mask):
+        return self.model.log_probs(input_ids, labels, attention_mask)
+
+
+class _PrefillCell(nn.Cell):
+    def __init__(self, model: Qwen2ForCausalLM, key_caches, value_caches):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.key_caches = key_caches
+        self.value_caches = value_caches
+
+    def construct(self, input_ids, attention_mask):
+        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
+        h = self.model.model(input_ids, position_ids, attn_bias, self.key_caches, self.value_caches)
+        return self.model._head(h[:, -1, :], True)  # pylint: disable=protected-access
+
+
+class _DecodeCell(nn.Cell):
+    def __init__(self, model: Qwen2ForCausalLM, key_caches, value_caches):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.key_caches = key_caches
+        self.value_caches = value_caches
+        self.cache_length = key_caches[0].shape[2]
+
+    def construct(self, token_ids, position_ids, slot, valid_slots):
+        slot_onehot = ops.one_hot(slot, self.cache_length, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))
+        slot_onehot = slot_onehot.astype(self.key_caches[0].dtype).reshape(1, 1, self.cache_length, 1)
+        batch = token_ids.shape[0]
+        attn_bias = ((1.0 - valid_slots.astype(ms.float32)) * MASK_VALUE).reshape(batch, 1, 1, self.cache_length)
+        h = self.model.model(token_ids, position_ids, attn_bias, self.key_caches, self.value_caches, slot_onehot)
+        return self.model._head(h[:, -1, :], True)  # pylint: disable=protected-access
+
+
+class KVCache:
+    """Static key/value cache for `batch_size` sequences of up to `length` positions, with two graphs.
+
+    `prefill(input_ids, attention_mask)` runs the (left-padded) prompts, fills slots [0, S) and returns
+    the last position's logits [B, vocab]; `decode(token_ids, position_ids, slot, valid_slots)` runs one
+    new token per sequence, writes it at `slot` and attends to the slots where `valid_slots` [B, L] is 1.
+    Each graph compiles once per input shape. The cache Parameters are not part of the model's
+    checkpoint (they live here, named `kv_cache.*`).
+    """
+
+    def __init__(self, model: Qwen2ForCausalLM, batch_size: int, length: int | None = None):
+        config = model.config
+        self.length = length or config.seq_length
+        if self.length > config.seq_length:
+            raise ValueError(f"KV cache length {self.length} exceeds model_config.seq_length={config.seq_length}")
+        self.batch_size = batch_size
+        kv_local = config.n_kv_heads // model.layout.tp
+        shape = (batch_size, kv_local, self.length, config.get_head_dim())
+        dtype = to_ms_dtype(config.compute_dtype)
+        zeros = lambda: Tensor(np.zeros(shape, np.float32), dtype)  # noqa: E731
+        self.key_caches = ParameterTuple(
+            [Parameter(zeros(), name=f"kv_cache.key.{i}", requires_grad=False) for i in range(config.num_layers)])
+        self.value_caches = ParameterTuple(
+            [Parameter(zeros(), name=f"kv_cache.value.{i}", requires_grad=False) for i in range(config.num_layers)])
+        self.prefill = _PrefillCell(model, self.key_caches, self.value_caches)
+        self.decode = _DecodeCell(model, self.key_caches, self.value_caches)
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.key_caches) * 2

@@ -1,0 +1,105 @@
+"""Collectives with the backward each tensor-parallel use needs (Megatron's f/g operators).
+
+Only what works on every backend is used: AllReduce(SUM) on sub-groups, AllGather/Broadcast on the
+world group. A gather inside a sub-group is an AllReduce(SUM) of zero-padded shards. MindSpore's
+built-in bprops do not fit here (AllReduce's all-reduces the gradient, AllGather's needs
+ReduceScatter), so each op below is a Cell with its own `bprop`.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import nn, ops
+
+
+class CopyToTensorParallel(nn.Cell):
+    """Identity forward, AllReduce(SUM) of the gradient over the tp group (input of column-parallel layers)."""
+
+    def __init__(self, group: str):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+
+    def construct(self, x):
+        return x
+
+    def bprop(self, x, out, dout):
+        return (self.all_reduce(dout),)
+
+
+class ReduceFromTensorParallel(nn.Cell):
+    """AllReduce(SUM) forward over the tp group, identity backward (output of row-parallel layers).
+
+    The result is replicated on every tp rank and consumed by replicated computation, so each rank's
+    gradient w.r.t. its partial sum is the gradient of the sum itself.
+    """
+
+    def __init__(self, group: str):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+
+    def construct(self, x):
+        return self.all_reduce(x)
+
+    def bprop(self, x, out, dout):
+        return (dout,)
+
+
+class GatherFromTensorParallel(nn.Cell):
+    """Concatenates the tp shards of `x` along the last axis (AllReduce of zero-padded shards).
+
+    Backward keeps this rank's slice of the gradient.
+    """
+
+    def __init__(self, group: str, tp_size: int, tp_rank: int):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+        self.tp_size = tp_size
+        self.tp_rank = tp_rank
+
+    def construct(self, x):
+        width = x.shape[-1]
+        pads = [(0, 0)] * (x.ndim - 1) + [(self.tp_rank * width, (self.tp_size - 1 - self.tp_rank) * width)]
+        flat_pads = []
+        for before, after in reversed(pads):
+            flat_pads += [before, after]
+        return self.all_reduce(ops.pad(x, tuple(flat_pads)))
+
+    def bprop(self, x, out, dout):
+        width = x.shape[-1]
+        start = self.tp_rank * width
+        return (dout[..., start:start + width],)
+
+
+class MaxOverGroup(nn.Cell):
+    """Element-wise max over a group without a MAX reduction: gather by zero-padded AllReduce(SUM).
+
+    No gradient (used for the stabilising max of a softmax, which cancels out).
+    """
+
+    def __init__(self, group: str, group_size: int, group_rank: int):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+        self.group_size = group_size
+        self.group_rank = group_rank
+
+    def construct(self, x):
+        x = ops.stop_gradient(x)
+        stacked = ops.zeros((self.group_size,) + x.shape, x.dtype)
+        onehot = ops.one_hot(ms.Tensor(self.group_rank, ms.int32), self.group_size,
+                             ms.Tensor(1, x.dtype), ms.Tensor(0, x.dtype))
+        stacked = stacked + onehot.reshape((self.group_size,) + (1,) * x.ndim) * ops.expand_dims(x, 0)
+        return ops.max(self.all_reduce(stacked), axis=0)[0]
+
+
+class DataParallelGradReducer(nn.Cell):
+    """Averages a tuple of gradients over the data-parallel group (identity when dp == 1)."""
+
+    def __init__(self, group: str | None, dp_size: int):
+        super().__init__()
+        self.dp_size = dp_size
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group) if dp_size > 1 else None
+        self.scale = 1.0 / dp_size
+
+    def construct(self, grads):
+        if self.all_reduce is None:
+            return grads
+        return tuple(self.all_reduce(g) * self.scale for g in grads)

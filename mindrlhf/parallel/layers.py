@@ -1,0 +1,234 @@
+"""Tensor-parallel layers (Megatron style, explicit SPMD): each rank holds its shard and communicates.
+
+With `layout.tp == 1` they are plain layers with no collective. Every layer records which tensor
+dimension of each of its parameters is split over tp in `split_axes` (`None` = replicated); the
+network-wide view is :func:`param_split_axes`, from which strategy files are written.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal, Zero, initializer
+
+from mindrlhf.parallel.comm import (CopyToTensorParallel, GatherFromTensorParallel, MaxOverGroup,
+                                    ReduceFromTensorParallel)
+from mindrlhf.parallel.layout import Layout, LayoutError
+
+DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+INIT_STD = 0.02  # weights are normally loaded from a checkpoint; this only makes fresh nets usable
+
+
+def to_ms_dtype(name: str):
+    """MindSpore dtype for a config dtype name."""
+    return DTYPES[name]
+
+
+def shard_size(full: int, parts: int, what: str) -> int:
+    """`full // parts`, with an error naming `what` when it does not divide."""
+    if full % parts:
+        raise LayoutError(f"{what}={full} is not divisible by the tensor-parallel size {parts}")
+    return full // parts
+
+
+class ParallelLayer(nn.Cell):
+    """Base of the layers below: the layout, the split axes and the tp collectives to use."""
+
+    def __init__(self, layout: Layout | None):
+        super().__init__()
+        self.layout = layout or Layout()
+        self.tp_size = self.layout.tp
+        self.tp_rank = self.layout.tp_rank
+        self.split_axes: dict[str, int | None] = {}
+
+
+class ColumnParallelLinear(ParallelLayer):
+    """y = x W^T + b with W [out, in] split by rows (output features) over tp.
+
+    The input is replicated; the output stays split unless `gather_output`.
+    """
+
+    def __init__(self, in_features: int, out_features: int, has_bias: bool = False, layout: Layout | None = None,
+                 gather_output: bool = False, param_dtype=ms.float32, compute_dtype=ms.float32, name: str = "linear"):
+        super().__init__(layout)
+        self.out_local = shard_size(out_features, self.tp_size, f"{name} output features")
+        self.weight = Parameter(initializer(Normal(INIT_STD), (self.out_local, in_features), param_dtype), name="weight")
+        self.has_bias = has_bias
+        self.bias = Parameter(initializer(Zero(), (self.out_local,), param_dtype), name="bias") if has_bias else None
+        self.split_axes = {"weight": 0, "bias": 0} if has_bias else {"weight": 0}
+        self.compute_dtype = compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.copy_in = CopyToTensorParallel(self.layout.tp_group) if self.tp_size > 1 else None
+        self.gather_out = (GatherFromTensorParallel(self.layout.tp_group, self.tp_size, self.tp_rank)
+                           if self.tp_size > 1 and gather_output else None)
+
+    def construct(self, x):
+        if self.copy_in is not None:
+            x = self.copy_in(x)
+        lead = x.shape[:-1]
+        y = self.matmul(x.reshape(-1, x.shape[-1]).astype(self.compute_dtype), self.weight.astype(self.compute_dtype))
+        if self.has_bias:
+            y = y + self.bias.astype(self.compute_dtype)
+        y = y.reshape(lead + (self.out_local,))
+        if self.gather_out is not None:
+            y = self.gather_out(y)
+        return y
+
+
+class RowParallelLinear(ParallelLayer):
+    """y = x W^T + b with W [out, in] split by columns (input features) over tp.
+
+    The input arrives split (from a column-parallel layer); partial products are summed over tp.
+    The bias is replicated and added once, after the reduction.
+    """
+
+    def __init__(self, in_features: int, out_features: int, has_bias: bool = False, layout: Layout | None = None,
+                 param_dtype=ms.float32, compute_dtype=ms.float32, name: str = "linear"):
+        super().__init__(layout)
+        self.in_local = shard_size(in_features, self.tp_size, f"{name} input features")
+        self.out_features = out_features
+        self.weight = Parameter(initializer(Normal(INIT_STD), (out_features, self.in_local), param_dtype), name="weight")
+        self.has_bias = has_bias
+        self.bias = Parameter(initializer(Zero(), (out_features,), param_dtype), name="bias") if has_bias else None
+        self.split_axes = {"weight": 1, "bias": None} if has_bias else {"weight": 1}
+        self.compute_dtype = compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.reduce_out = ReduceFromTensorParallel(self.layout.tp_group) if self.tp_size > 1 else None
+
+    def construct(self, x):
+        lead = x.shape[:-1]
+        y = self.matmul(x.reshape(-1, x.shape[-1]).astype(self.compute_dtype), self.weight.astype(self.compute_dtype))
+        y = y.reshape(lead + (self.out_features,))
+        if self.reduce_out is not None:
+            y = self.reduce_out(y)
+        if self.has_bias:
+            y = y + self.bias.astype(self.compute_dtype)
+        return y
+
+
+class VocabParallelEmbedding(ParallelLayer):
+    """Token embedding with the vocabulary split over tp; out-of-shard ids contribute zeros, summed over tp."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, layout: Layout | None = None, param_dtype=ms.float32,
+                 compute_dtype=ms.float32):
+        super().__init__(layout)
+        self.vocab_local = shard_size(vocab_size, self.tp_size, "vocab_size")
+        self.vocab_start = self.tp_rank * self.vocab_local
+        self.embedding_weight = Parameter(
+            initializer(Normal(INIT_STD), (self.vocab_local, hidden_size), param_dtype), name="embedding_weight")
+        self.split_axes = {"embedding_weight": 0}
+        self.compute_dtype = compute_dtype
+        self.reduce_out = ReduceFromTensorParallel(self.layout.tp_group) if self.tp_size > 1 else None
+
+    def construct(self, input_ids):
+        weight = self.embedding_weight.astype(self.compute_dtype)
+        if self.reduce_out is None:
+            return ops.gather(weight, input_ids, 0)
+        local_ids = input_ids - self.vocab_start
+        in_shard = ops.logical_and(local_ids >= 0, local_ids < self.vocab_local)
+        local_ids = ops.where(in_shard, local_ids, ops.zeros_like(local_ids))
+        out = ops.gather(weight, local_ids, 0) * ops.expand_dims(in_shard, -1).astype(self.compute_dtype)
+        return self.reduce_out(out)
+
+
+class VocabParallelLogProbs(ParallelLayer):
+    """log softmax(logits)[label] in float32 from vocab-split logits, without gathering the vocabulary.
+
+    Per shard: the stabilising max is gathered without gradient, the partition function and the
+    label's logit are AllReduce(SUM)-ed with identity backward.
+    """
+
+    def __init__(self, vocab_size: int, layout: Layout | None = None):
+        super().__init__(layout)
+        self.vocab_local = shard_size(vocab_size, self.tp_size, "vocab_size")
+        self.vocab_start = self.tp_rank * self.vocab_local
+        if self.tp_size > 1:
+            group = self.layout.tp_group
+            self.max_over_tp = MaxOverGroup(group, self.tp_size, self.tp_rank)
+            self.sum_exp_over_tp = ReduceFromTensorParallel(group)
+            self.label_logit_over_tp = ReduceFromTensorParallel(group)
+        else:
+            self.max_over_tp = None
+
+    def construct(self, logits, labels):
+        logits = logits.astype(ms.float32)
+        local_max = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)[0])
+        if self.max_over_tp is None:
+            shifted = logits - local_max
+            label_logit = ops.gather_elements(shifted, -1, ops.expand_dims(labels, -1)).squeeze(-1)
+            return label_logit - ops.log(ops.exp(shifted).sum(-1))
+        global_max = self.max_over_tp(local_max)
+        shifted = logits - global_max
+        sum_exp = self.sum_exp_over_tp(ops.exp(shifted).sum(-1))
+        local_labels = labels - self.vocab_start
+        in_shard = ops.logical_and(local_labels >= 0, local_labels < self.vocab_local)
+        local_labels = ops.where(in_shard, local_labels, ops.zeros_like(local_labels))
+        label_logit = ops.gather_elements(shifted, -1, ops.expand_dims(local_labels, -1)).squeeze(-1)
+        label_logit = self.label_logit_over_tp(label_logit * in_shard.astype(ms.float32))
+        return label_logit - ops.log(sum_exp)
+
+
+class RMSNorm(nn.Cell):
+    """RMSNorm computed in float32, scaled by a replicated weight (as Hugging Face Qwen2RMSNorm)."""
+
+    def __init__(self, hidden_size: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
+        super().__init__()
+        self.weight = Parameter(initializer("ones", (hidden_size,), param_dtype), name="weight")
+        self.eps = eps
+        self.compute_dtype = compute_dtype
+
+    def construct(self, x):
+        x32 = x.astype(ms.float32)
+        variance = ops.mean(ops.square(x32), -1, keep_dims=True)
+        normed = (x32 * ops.rsqrt(variance + self.eps)).astype(self.compute_dtype)
+        return self.weight.astype(self.compute_dtype) * normed
+
+
+def param_split_axes(net: nn.Cell) -> dict[str, int | None]:
+    """Full parameter name -> tensor dimension split over tensor parallel (None = replicated)."""
+    split_by_name: dict[str, int | None] = {}
+    for _, cell in net.cells_and_names():
+        for attr, axis in (getattr(cell, "split_axes", None) or {}).items():
+            param = getattr(cell, attr, None)
+            if isinstance(param, Parameter):
+                split_by_name[param.name] = axis
+    return {param.name: split_by_name.get(param.name) for param in net.get_parameters()}
+
+
+def full_shape(local_shape: tuple[int, ...], split_axis: int | None, tp_size: int) -> tuple[int, ...]:
+    """Shape of the unsplit tensor from a shard's shape."""
+    shape = list(local_shape)
+    if split_axis is not None:
+        shape[split_axis] *= tp_size
+    return tuple(shape)
+
+
+def shard_array(full: np.ndarray, split_axis: int | None, tp_size: int, tp_rank: int) -> np.ndarray:
+    """This tp rank's shard of a full array."""
+    if split_axis is None or tp_size == 1:
+        return full
+    return np.split(full, tp_size, axis=split_axis)[tp_rank]
+
+
+def load_full_state(net: nn.Cell, state: dict[str, np.ndarray], layout: Layout | None = None,
+                    strict: bool = True) -> list[str]:
+    """Loads unsplit arrays into a (possibly tp-split) net, slicing each to this rank's shard.
+
+    Returns the names of net parameters absent from `state` (an error when `strict`).
+    """
+    layout = layout or Layout()
+    axes = param_split_axes(net)
+    missing = []
+    for param in net.get_parameters():
+        if param.name not in state:
+            missing.append(param.name)
+            continue
+        shard = shard_array(np.asarray(state[param.name]), axes[param.name], layout.tp, layout.tp_rank)
+        if tuple(shard.shape) != tuple(param.shape):
+            raise ValueError(f"parameter {param.name}: shard shape {shard.shape} (layout {layout}) does not match "
+                             f"the network's {tuple(param.shape)}")
+        param.set_data(Tensor(shard, param.dtype))
+    if strict and missing:
+        raise ValueError(f"parameters missing from the state: {', '.join(missing)}")
+    return missing
