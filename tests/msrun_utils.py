@@ -1,0 +1,43 @@
+"""Launching test workers under msrun (CPU, several processes on this machine)."""
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+TESTS_DIR = Path(__file__).parent
+WORKERS_DIR = TESTS_DIR / "workers"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_worker(script: str, args: list[str], workers: int, log_dir: Path, timeout: int = 600) -> None:
+    """Runs tests/workers/<script> with `workers` processes (plain python when 1); fails with the logs."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env.setdefault("GLOG_v", "3")
+    script_path = str(WORKERS_DIR / script)
+    if workers == 1:
+        cmd = [sys.executable, script_path, *args]
+    else:
+        cmd = [str(Path(sys.executable).parent / "msrun"), f"--worker_num={workers}", f"--local_worker_num={workers}",
+               f"--master_port={free_port()}", "--join=True", f"--log_dir={log_dir}", script_path, *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        logs = ""
+        if log_dir.exists():
+            for log in sorted(log_dir.glob("worker_*.log")):
+                lines = [ln for ln in log.read_text(errors="replace").splitlines() if "WARNING" not in ln]
+                logs += f"\n--- {log.name} (tail) ---\n" + "\n".join(lines[-40:])
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-3000:]}{logs}")
+
+
+def load_ranks(out_dir: Path, world: int) -> list[dict]:
+    return [dict(np.load(out_dir / f"rank_{r}.npz")) for r in range(world)]
