@@ -1,0 +1,25 @@
+"""Rule-based reward verifiers behind a registry; user functions by import path; weighted combination."""
+from mindrlhf.reward.math_answer import (
+    answers_match,
+    extract_completion_answer,
+    extract_gold_answer,
+    last_boxed_content,
+    last_number,
+    parse_number,
+)
+from mindrlhf.reward.registry import (
+    REWARD_FUNCTIONS,
+    RewardFn,
+    WeightedRewards,
+    build_reward_fn,
+    get_reward_function,
+    register_reward,
+)
+from mindrlhf.reward.rules import accuracy_reward, check_reward_inputs, format_reward, is_think_answer_format
+
+__all__ = [
+    "REWARD_FUNCTIONS", "RewardFn", "WeightedRewards", "accuracy_reward", "answers_match", "build_reward_fn",
+    "check_reward_inputs", "extract_completion_answer", "extract_gold_answer", "format_reward",
+    "get_reward_function", "is_think_answer_format", "last_boxed_content", "last_number", "parse_number",
+    "register_reward",
+]

@@ -1,0 +1,140 @@
+"""Extracting and comparing final numeric answers of math problems (GSM8K / MATH style).
+
+Gold answer, from a solution: the text after the last ``####`` (GSM8K), else the last ``\\boxed{...}``,
+else the whole solution. It must read as one number (see `parse_number`); anything else (``x+1``,
+``\\sqrt{2}``, an interval) is unparseable, and an unparseable gold never earns a reward.
+
+Predicted answer, from a completion: the region is the content of the last ``<answer>...</answer>`` if
+there is one (then it is authoritative: nothing outside it is looked at), else the last ``\\boxed{...}``
+(braces may nest), else the whole text; a ``\\boxed{}`` inside the answer tag narrows the region
+further. The region is read as one number if it is one, else its last number is taken.
+
+Number normalisation (both sides):
+  - thousands separators ``1,000`` / ``1{,}000``, a ``$`` or ``\\$`` sign, LaTeX spacing, ``\\text{}``;
+  - ``%`` is dropped, the value is kept: ``25%`` == ``25`` (GSM8K golds give percentages as bare numbers;
+    so ``25%`` != ``0.25``);
+  - a trailing period and trailing unit words after a space: ``72.``, ``72 dollars``, ``72 \\text{ cm}``;
+  - a leading ``x =``; outer braces ``{72}``;
+  - signs, decimals (``72.0`` == ``72``, ``.5``), and fractions ``3/4``, ``\\frac{3}{4}``, ``\\dfrac34``;
+  - not supported: scientific notation, mixed numbers (``1 1/2``), radicals, pi, units glued with symbols.
+Values are compared with a relative tolerance of 1e-6 (`answers_match`).
+"""
+from __future__ import annotations
+
+import math
+import re
+
+_NUMBER = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+"
+# A number, possibly signed, possibly a fraction; not glued to a preceding letter, digit or dot.
+_CANDIDATE = re.compile(
+    rf"(?<![A-Za-z0-9_.])(?P<sign>-?)(?:\\frac\{{(?P<frac_num>{_NUMBER})\}}\{{(?P<frac_den>{_NUMBER})\}}"
+    rf"|(?P<num>{_NUMBER})(?:\s*/\s*(?P<den>{_NUMBER}))?)(?!\d)"
+)
+_WHOLE = re.compile(
+    rf"(?P<sign>[+-]?)\s*(?:\\frac\{{(?P<frac_num>{_NUMBER})\}}\{{(?P<frac_den>{_NUMBER})\}}"
+    rf"|(?P<num>{_NUMBER})(?:\s*/\s*(?P<den>{_NUMBER}))?)"
+    r"(?:\s+[A-Za-z][^\d\\^_{}=+*/<>]*)?"  # trailing unit words ("72 dollars"), after a space
+)
+_TEXT_COMMAND = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
+_SHORT_FRAC = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")
+_LONG_FRAC = re.compile(r"\\[dt]frac")
+_VARIABLE_PREFIX = re.compile(r"^[A-Za-z]\w*\s*=\s*")
+_DEGREES = re.compile(r"\^\s*\{?\\circ\}?")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def last_boxed_content(text: str) -> str | None:
+    """Content of the last well-formed ``\\boxed{...}`` (or ``\\fbox{}``) in `text`, nested braces included."""
+    for match in reversed(list(_BOXED.finditer(text))):
+        depth, start = 1, match.end()
+        for position in range(start, len(text)):
+            if text[position] == "{":
+                depth += 1
+            elif text[position] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[start:position]
+    return None
+
+
+def _strip_outer_braces(text: str) -> str:
+    while text.startswith("{") and text.endswith("}"):
+        depth = 0
+        for position, char in enumerate(text):
+            depth += {"{": 1, "}": -1}.get(char, 0)
+            if depth == 0 and position < len(text) - 1:
+                return text  # "{a}{b}": the first brace closes early
+        text = text[1:-1].strip()
+    return text
+
+
+def _normalize(text: str) -> str:
+    text = _TEXT_COMMAND.sub(r" \1", text.replace("\u2212", "-"))
+    text = _SHORT_FRAC.sub(r"\\frac{\1}{\2}", text)
+    text = _LONG_FRAC.sub(r"\\frac", text)
+    text = _DEGREES.sub("", text).replace("°", "")
+    text = text.replace("{,}", ",").replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
+    for spacing in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\:", "\\ ", "~"):
+        text = text.replace(spacing, " " if spacing in ("\\ ", "~") else "")
+    text = _strip_outer_braces(text.strip())
+    text = _VARIABLE_PREFIX.sub("", text)
+    return text.strip().rstrip(".").strip()
+
+
+def _to_float(match: re.Match) -> float | None:
+    groups = match.groupdict()
+    numerator = groups["frac_num"] if groups["frac_num"] is not None else groups["num"]
+    denominator = groups["frac_den"] if groups["frac_num"] is not None else groups["den"]
+    value = float(numerator.replace(",", ""))
+    if denominator is not None:
+        divisor = float(denominator.replace(",", ""))
+        if divisor == 0:
+            return None
+        value /= divisor
+    return -value if groups["sign"] == "-" else value
+
+
+def parse_number(text: str) -> float | None:
+    """The value of `text` if, once normalised, it is one number (optionally followed by unit words)."""
+    match = _WHOLE.fullmatch(_normalize(text))
+    return _to_float(match) if match else None
+
+
+def last_number(text: str) -> float | None:
+    """The value of the last number (or fraction) appearing anywhere in `text`."""
+    matches = list(_CANDIDATE.finditer(_normalize(text)))
+    for match in reversed(matches):
+        value = _to_float(match)
+        if value is not None:
+            return value
+    return None
+
+
+def extract_gold_answer(solution: str) -> float | None:
+    """The numeric gold answer of a solution (``#### N``, else ``\\boxed{N}``, else a bare number)."""
+    if "####" in solution:
+        lines = solution.rsplit("####", 1)[1].strip().splitlines()
+        region = lines[0] if lines else ""
+    else:
+        boxed = last_boxed_content(solution)
+        region = boxed if boxed is not None else solution
+    return parse_number(region)
+
+
+def extract_completion_answer(completion: str) -> float | None:
+    """The numeric answer of a completion: last ``<answer>`` tag, else last ``\\boxed{}``, else last number."""
+    answers = _ANSWER_TAG.findall(completion)
+    region = answers[-1] if answers else completion
+    boxed = last_boxed_content(region)
+    if boxed is not None:
+        region = boxed
+    value = parse_number(region)
+    return value if value is not None else last_number(region)
+
+
+def answers_match(predicted: float | None, gold: float | None, rel_tol: float = 1e-6) -> bool:
+    """True iff both answers exist and agree within `rel_tol` (relative; absolute 1e-9 around zero)."""
+    if predicted is None or gold is None:
+        return False
+    return math.isclose(predicted, gold, rel_tol=rel_tol, abs_tol=1e-9)

@@ -1,0 +1,125 @@
+"""GRPOLossCell (MindSpore, GRAPH_MODE, float32) against the numpy reference `grpo_policy_loss`:
+values, stats, and gradients w.r.t. logp (central finite differences of the float64 numpy loss and the
+analytic formula), on ragged masks with an empty row."""
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+
+from mindrlhf.algorithms import LOSS_CELL_OUTPUT_NAMES, GRPOLossCell, grpo_policy_loss  # noqa: E402
+
+AGGREGATIONS = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"]
+BETA, EPS_LOW, EPS_HIGH = 0.04, 0.2, 0.28
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    yield
+    ms.set_context(mode=previous)
+
+
+def fixed_batch(seed=0):
+    """[4, 6] float32-representable responses; lengths 3, 6, 0, 1; ratios on both sides of both clip
+    bounds (0.8, 1.28) but at least 0.03 away from them, so finite differences never cross a kink."""
+    rng = np.random.default_rng(seed)
+    batch, length = 4, 6
+    mask = (np.arange(length)[None, :] < np.array([3, 6, 0, 1])[:, None]).astype(np.float32)
+    ratios = rng.choice([0.5, 0.7, 0.9, 1.0, 1.1, 1.2, 1.4, 2.0], size=(batch, length))
+    ratios *= 1.0 + rng.uniform(-0.01, 0.01, size=ratios.shape)
+    logp = rng.normal(-1.5, 0.5, size=(batch, length))
+    old_logp = logp - np.log(ratios)
+    ref_logp = logp + rng.normal(0.0, 0.3, size=(batch, length))
+    advantages = np.array([1.3, -0.7, 0.5, -1.1])
+    logp[2] = np.nan  # padding may hold anything, even NaN or inf: it must not leak into loss or grad
+    old_logp[0, 5] = -np.inf
+    arrays = [a.astype(np.float32) for a in (logp, old_logp, ref_logp, advantages, mask)]
+    return arrays
+
+
+def numpy_loss(logp, old_logp, ref_logp, advantages, mask, aggregation, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH):
+    return grpo_policy_loss(*(np.asarray(a, np.float64) for a in (logp, old_logp, ref_logp, advantages, mask)),
+                            beta=BETA, epsilon_low=epsilon_low, epsilon_high=epsilon_high, aggregation=aggregation)
+
+
+def finite_difference_grad(logp, old_logp, ref_logp, advantages, mask, aggregation, step=1e-6):
+    logp = logp.astype(np.float64)
+    grad = np.zeros_like(logp)
+    for index in zip(*np.nonzero(mask)):  # the loss does not depend on logp where mask == 0
+        plus, minus = logp.copy(), logp.copy()
+        plus[index] += step
+        minus[index] -= step
+        grad[index] = (numpy_loss(plus, old_logp, ref_logp, advantages, mask, aggregation)[0]
+                       - numpy_loss(minus, old_logp, ref_logp, advantages, mask, aggregation)[0]) / (2 * step)
+    return grad
+
+
+def analytic_grad(logp, old_logp, ref_logp, advantages, mask, aggregation, epsilon_low=EPS_LOW,
+                  epsilon_high=EPS_HIGH):
+    """d loss / d logp = weight * (-A * ratio * [clip inactive] + beta * (1 - exp(ref - logp))) on masked tokens."""
+    logp, old_logp, ref_logp, advantages, mask = (np.asarray(a, np.float64)
+                                                  for a in (logp, old_logp, ref_logp, advantages, mask))
+    valid = mask > 0
+    logp, old_logp, ref_logp = (np.where(valid, a, 0.0) for a in (logp, old_logp, ref_logp))
+    ratio = np.exp(logp - old_logp)
+    adv = advantages[:, None]
+    clip_active = np.clip(ratio, 1 - epsilon_low, 1 + epsilon_high) * adv < ratio * adv
+    per_token = -adv * ratio * ~clip_active + BETA * (1.0 - np.exp(ref_logp - logp))
+    lengths = mask.sum(axis=1, keepdims=True)
+    sequences = max((lengths > 0).sum(), 1)
+    weight = {"seq-mean-token-mean": 1.0 / (np.maximum(lengths, 1) * sequences),
+              "token-mean": np.full_like(lengths, 1.0 / max(mask.sum(), 1)),
+              "seq-mean-token-sum": np.full_like(lengths, 1.0 / sequences)}[aggregation]
+    return per_token * weight * mask
+
+
+def cell_value_and_grad(cell, arrays, has_aux=True):
+    grad_fn = ms.value_and_grad(cell, grad_position=0, has_aux=has_aux)
+    outputs, grad = grad_fn(*(ms.Tensor(a) for a in arrays))
+    return [float(o.asnumpy()) for o in outputs], grad.asnumpy()
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_value_stats_and_grad_match_numpy(aggregation):
+    arrays = fixed_batch()
+    outputs, grad = cell_value_and_grad(GRPOLossCell(BETA, EPS_LOW, EPS_HIGH, aggregation), arrays)
+    expected_loss, expected_stats = numpy_loss(*arrays, aggregation)
+    values = dict(zip(LOSS_CELL_OUTPUT_NAMES, outputs))
+    assert values["loss"] == pytest.approx(expected_loss, abs=1e-5)
+    for name, expected in expected_stats.items():
+        assert values[name] == pytest.approx(expected, abs=1e-5), name
+    assert 0.0 < expected_stats["clipfrac"]  # the batch exercises the clip
+    fd = finite_difference_grad(*arrays, aggregation)
+    np.testing.assert_allclose(grad, fd, atol=1e-5)
+    np.testing.assert_allclose(grad, analytic_grad(*arrays, aggregation), atol=1e-5)
+    assert np.all(grad[arrays[4] == 0] == 0.0)
+
+
+def test_gradient_ignores_stats_without_has_aux():
+    arrays = fixed_batch(seed=1)
+    cell = GRPOLossCell(BETA, EPS_LOW, EPS_HIGH, "token-mean")
+    _, grad = cell_value_and_grad(cell, arrays, has_aux=False)
+    np.testing.assert_allclose(grad, analytic_grad(*arrays, "token-mean"), atol=1e-5)
+
+
+def test_gradient_on_exact_clip_boundary():
+    """With epsilon 0 and old_logp == logp every ratio is exactly 1 == both bounds: the clip is not active
+    (the terms are equal) and the full unclipped gradient -A * ratio is used, by construction rather than by
+    whatever tie convention `ops.minimum` and `ops.clamp` follow."""
+    logp, _, ref_logp, advantages, mask = fixed_batch(seed=2)
+    logp = np.where(mask > 0, logp, -1.0).astype(np.float32)
+    arrays = [logp, logp.copy(), ref_logp, advantages, mask]
+    cell = GRPOLossCell(BETA, 0.0, 0.0, "seq-mean-token-mean")
+    outputs, grad = cell_value_and_grad(cell, arrays)
+    values = dict(zip(LOSS_CELL_OUTPUT_NAMES, outputs))
+    assert values["clipfrac"] == 0.0 and values["ratio_mean"] == pytest.approx(1.0)
+    expected = analytic_grad(*arrays, "seq-mean-token-mean", epsilon_low=0.0, epsilon_high=0.0)
+    np.testing.assert_allclose(grad, expected, atol=1e-6)
+
+
+def test_invalid_settings_fail_at_construction():
+    with pytest.raises(ValueError, match="unknown loss aggregation 'mean'"):
+        GRPOLossCell(aggregation="mean")
+    with pytest.raises(ValueError, match="epsilon_high must be a number >= 0"):
+        GRPOLossCell(epsilon_high=-0.1)

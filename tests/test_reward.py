@@ -1,0 +1,231 @@
+"""Rule rewards (accuracy, format), answer extraction, the registry and user functions by import path."""
+import logging
+import textwrap
+
+import numpy as np
+import pytest
+
+from mindrlhf.reward import (
+    REWARD_FUNCTIONS,
+    accuracy_reward,
+    build_reward_fn,
+    extract_completion_answer,
+    extract_gold_answer,
+    format_reward,
+    get_reward_function,
+    last_boxed_content,
+    parse_number,
+)
+from mindrlhf.reward import rules
+
+GSM8K_SOLUTION = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+                  "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
+
+# (completion, solution, expected reward, why)
+ACCURACY_CASES = [
+    ("<answer>72</answer>", GSM8K_SOLUTION, 1.0, "plain answer tag vs GSM8K gold"),
+    ("<answer>71</answer>", GSM8K_SOLUTION, 0.0, "wrong answer"),
+    ("The total is 72.", GSM8K_SOLUTION, 1.0, "no tag: last number, trailing period"),
+    ("<answer>72 dollars</answer>", "72", 1.0, "trailing unit word"),
+    ("<answer>72.0</answer>", "#### 72", 1.0, "72.0 == 72"),
+    ("<answer>72.5</answer>", "#### 72", 0.0, "decimals are not truncated"),
+    ("<answer>1,000</answer>", "#### 1000", 1.0, "thousands comma in the completion"),
+    ("<answer>1000</answer>", "#### 1,000", 1.0, "thousands comma in the gold"),
+    ("<answer>$1,234.50</answer>", "1234.5", 1.0, "dollar sign, comma and decimals"),
+    ("The cost is \\$1{,}234.50 in total", "#### 1234.50", 1.0, "LaTeX dollar and {,} separator"),
+    ("<answer>-3</answer>", "#### -3", 1.0, "negative"),
+    ("<answer>3</answer>", "#### -3", 0.0, "sign matters"),
+    ("It drops by 10 - 3 = 7 degrees", "#### 7", 1.0, "a minus between numbers is not a sign"),
+    ("<answer>25%</answer>", "#### 25", 1.0, "percent sign dropped, value kept"),
+    ("<answer>25%</answer>", "#### 0.25", 0.0, "25% is not read as 0.25"),
+    ("so the answer is \\boxed{{72}}", "#### 72", 1.0, "nested braces in boxed"),
+    ("\\boxed{72} ... wait, no: \\boxed{\\text{74}}", "#### 74", 1.0, "last boxed wins"),
+    ("<answer>\\boxed{\\frac{1}{2}}</answer>", "\\boxed{\\frac{1}{2}}", 1.0, "LaTeX fractions on both sides"),
+    ("<answer>0.5</answer>", "\\boxed{\\dfrac{1}{2}}", 1.0, "fraction == decimal"),
+    ("<answer>3/4</answer>", "#### 0.75", 1.0, "slash fraction"),
+    ("<answer>x = 5</answer>", "\\boxed{5}", 1.0, "variable assignment"),
+    ("<answer>72</answer> but 12 people left, so 60", "#### 72", 1.0, "answer tag beats the last number"),
+    ("<answer>70</answer> hmm <answer>72</answer>", "#### 72", 1.0, "last of several answer tags"),
+    ("<answer>72</answer> hmm <answer>70</answer>", "#### 72", 0.0, "last of several answer tags (wrong)"),
+    ("<answer>seventy-two</answer> 72", "#### 72", 0.0, "an answer tag is authoritative"),
+    ("<answer>I think \\boxed{72}, not 70</answer>", "#### 72", 1.0, "boxed inside the answer tag"),
+    ("<answer>72</answer>", "#### 72\n\nThe answer above is the total of 3 days.", 1.0, "#### gold with text after"),
+    ("<answer>72</answer>", "#### 72 clips", 1.0, "#### gold with a unit"),
+    ("<answer>72</answer>", "The answer is \\boxed{72}.", 1.0, "boxed gold"),
+    ("<answer>0.333333333</answer>", "\\boxed{\\frac{1}{3}}", 1.0, "relative tolerance 1e-6"),
+    ("<answer>0.3333</answer>", "\\boxed{\\frac{1}{3}}", 0.0, "outside the tolerance"),
+    ("<answer>0</answer>", "#### 0", 1.0, "zero"),
+    ("<answer>1</answer>", "x + 1", 0.0, "unparseable gold never rewards"),
+    ("<answer>2</answer>", "\\boxed{\\sqrt{2}}", 0.0, "radical gold is unparseable"),
+    ("", "#### 72", 0.0, "empty completion"),
+    ("no numbers here", "#### 72", 0.0, "no number in the completion"),
+]
+
+
+@pytest.mark.parametrize("completion,solution,expected,why", ACCURACY_CASES, ids=[c[3] for c in ACCURACY_CASES])
+def test_accuracy_reward(completion, solution, expected, why):
+    assert accuracy_reward([completion], [solution]) == [expected], why
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("72", 72.0), ("-3", -3.0), (" 1,234,567 ", 1234567.0), ("$1,234.50", 1234.5), ("72.", 72.0), (".5", 0.5),
+    ("{{72}}", 72.0), ("\\dfrac34", 0.75), ("-\\frac{1}{2}", -0.5), ("72 \\text{ cm}", 72.0), ("1/0", None),
+    ("x+1", None), ("2\\pi", None), ("1 2", None), ("", None), ("\u22124", -4.0), ("90^\\circ", 90.0),
+])
+def test_parse_number(text, expected):
+    assert parse_number(text) == expected
+
+
+def test_extraction_helpers():
+    assert last_boxed_content("a \\boxed{x^{2}} b \\boxed{\\frac{1}{2}} c") == "\\frac{1}{2}"
+    assert last_boxed_content("\\boxed{7} then \\boxed{8") == "7"  # an unclosed boxed is skipped
+    assert last_boxed_content("none") is None
+    assert extract_gold_answer("#### ") is None
+    assert extract_completion_answer("<answer></answer> 5") is None
+
+
+def test_unparseable_gold_warns_once(monkeypatch, caplog):
+    monkeypatch.setattr(rules, "_warned_about_gold", False)
+    with caplog.at_level(logging.WARNING, logger="mindrlhf.reward.rules"):
+        assert accuracy_reward(["1", "2", "x"], ["x+1", "y", "z"]) == [0.0, 0.0, 0.0]
+    assert len([r for r in caplog.records if "no numeric gold answer" in r.getMessage()]) == 1
+
+
+# (completion, expected format reward, why)
+FORMAT_CASES = [
+    ("<think>reasoning</think><answer>72</answer>", 1.0, "minimal"),
+    ("  <think>\nreasoning\n</think>\n\n<answer>\n72\n</answer>\n", 1.0, "whitespace around and between"),
+    ("<think></think><answer>72</answer>", 1.0, "empty think is allowed"),
+    ("<answer>72</answer>", 0.0, "missing think"),
+    ("<think>reasoning</think>", 0.0, "missing answer"),
+    ("<answer>72</answer><think>reasoning</think>", 0.0, "answer before think"),
+    ("<think>reasoning</think><answer>72</answer> Hope this helps!", 0.0, "text after answer"),
+    ("Sure! <think>reasoning</think><answer>72</answer>", 0.0, "text before think"),
+    ("<think>r</think> so <answer>72</answer>", 0.0, "text between the blocks"),
+    ("<think>r</think><answer>7</answer><answer>72</answer>", 0.0, "two answers"),
+    ("<think>a <think>b</think> c</think><answer>72</answer>", 0.0, "nested think"),
+    ("<think>r <answer>1</answer></think><answer>72</answer>", 0.0, "answer nested in think"),
+    ("<think>reasoning<answer>72</answer>", 0.0, "unclosed think"),
+    ("<THINK>r</THINK><ANSWER>72</ANSWER>", 0.0, "tags are case-sensitive"),
+    ("", 0.0, "empty"),
+]
+
+
+@pytest.mark.parametrize("completion,expected,why", FORMAT_CASES, ids=[c[2] for c in FORMAT_CASES])
+def test_format_reward(completion, expected, why):
+    assert format_reward([completion], ["#### 72"]) == [expected], why
+
+
+@pytest.mark.parametrize("fn", [accuracy_reward, format_reward])
+def test_input_validation(fn):
+    with pytest.raises(TypeError, match=r"completions\[1\] must be a str, got int"):
+        fn(["a", 3], ["1", "2"])
+    with pytest.raises(TypeError, match=r"solutions\[0\] must be a str, got NoneType"):
+        fn(["a"], [None])
+    with pytest.raises(TypeError, match="completions must be a list of str, got str"):
+        fn("abc", ["1", "2", "3"])
+    with pytest.raises(ValueError, match="same length, got 2 completions and 1 solutions"):
+        fn(["a", "b"], ["1"])
+
+
+# ----------------------------------------------------------------------------------------------- registry
+
+def test_registry_and_weighted_sum():
+    assert {"accuracy", "format"} <= set(REWARD_FUNCTIONS)
+    assert get_reward_function("accuracy") is accuracy_reward
+    reward_fn = build_reward_fn(["accuracy", "format"], [1.0, 0.5])
+    completions = ["<think>t</think><answer>72</answer>", "<answer>72</answer>", "<think>t</think><answer>1</answer>"]
+    total, per_function = reward_fn(completions, ["#### 72"] * 3)
+    assert total.dtype == np.float32 and total.shape == (3,)
+    np.testing.assert_allclose(total, [1.5, 1.0, 0.5])
+    np.testing.assert_array_equal(per_function["accuracy"], [1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(per_function["format"], [1.0, 0.0, 1.0])
+    assert list(per_function) == ["accuracy", "format"]
+    total, _ = build_reward_fn(["accuracy", "format"])(completions, ["#### 72"] * 3)
+    np.testing.assert_allclose(total, [2.0, 1.0, 1.0])  # weights default to 1
+    empty_total, empty_parts = reward_fn([], [])
+    assert empty_total.shape == (0,) and empty_parts["format"].shape == (0,)
+
+
+def test_build_reward_fn_errors():
+    with pytest.raises(ValueError, match="unknown reward function 'acuracy'"):
+        build_reward_fn(["acuracy"])
+    with pytest.raises(ValueError, match="weights has 1 entries but 2 reward functions"):
+        build_reward_fn(["accuracy", "format"], [1.0])
+    with pytest.raises(ValueError, match="weight of reward function 'format' must be a finite number"):
+        build_reward_fn(["accuracy", "format"], [1.0, float("nan")])
+    with pytest.raises(ValueError, match="more than once"):
+        build_reward_fn(["accuracy", "accuracy"])
+    with pytest.raises(TypeError, match="non-empty list"):
+        build_reward_fn("accuracy")
+    with pytest.raises(TypeError, match=r"completions\[0\] must be a str"):
+        build_reward_fn(["format"])([b"bytes"], ["1"])
+
+
+USER_MODULE = textwrap.dedent("""
+    def length_reward(completions, solutions):
+        return [len(c) / 10 for c in completions]
+
+    def nan_reward(completions, solutions):
+        return [0.0, float("nan")][: len(completions)]
+
+    def short_reward(completions, solutions):
+        return [1.0]
+
+    def none_reward(completions, solutions):
+        return [None for _ in completions]
+
+    def scalar_reward(completions, solutions):
+        return 1.0
+
+    def failing_reward(completions, solutions):
+        raise KeyError("solution_key")
+
+    class Scorer:
+        @staticmethod
+        def score(completions, solutions):
+            return [2.0 for _ in completions]
+
+    NOT_A_FUNCTION = 3
+""")
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "mindrlhf_test_user_rewards.py").write_text(USER_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "mindrlhf_test_user_rewards"
+
+
+def test_user_function_by_import_path(user_module):
+    reward_fn = build_reward_fn(["format", f"{user_module}:length_reward", f"{user_module}:Scorer.score"],
+                                [1.0, 2.0, 0.5])
+    total, per_function = reward_fn(["<think></think><answer>1</answer>", "abcde"], ["1", "2"])
+    np.testing.assert_allclose(per_function[f"{user_module}:length_reward"], [3.3, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(total, [1.0 + 6.6 + 1.0, 1.0 + 1.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("attribute,error,message", [
+    ("nan_reward", ValueError, r"reward function '.*:nan_reward' returned nan at index 1"),
+    ("short_reward", ValueError, r"'.*:short_reward' returned 1 values for 2 completions"),
+    ("none_reward", TypeError, r"'.*:none_reward' returned NoneType at index 0, expected a number"),
+    ("scalar_reward", TypeError, r"'.*:scalar_reward' must return a list of numbers, got float"),
+    ("failing_reward", KeyError, "solution_key"),
+])
+def test_user_function_bad_output(user_module, attribute, error, message):
+    reward_fn = build_reward_fn([f"{user_module}:{attribute}"])
+    with pytest.raises(error, match=message) as info:
+        reward_fn(["a", "b"], ["1", "2"])
+    if error is KeyError:
+        assert f"raised by reward function '{user_module}:failing_reward'" in info.value.__notes__[0]
+
+
+def test_user_function_resolution_errors(user_module):
+    with pytest.raises(ImportError, match="cannot import module 'no_such_pkg_xyz.rewards'"):
+        build_reward_fn(["no_such_pkg_xyz.rewards:fn"])
+    with pytest.raises(AttributeError, match=f"'{user_module}:missing'.*has no attribute 'missing'"):
+        build_reward_fn([f"{user_module}:missing"])
+    with pytest.raises(TypeError, match=f"'{user_module}:NOT_A_FUNCTION' is not callable"):
+        build_reward_fn([f"{user_module}:NOT_A_FUNCTION"])
+    with pytest.raises(ValueError, match="must look like 'package.module:function'"):
+        build_reward_fn([f"{user_module}:"])
