@@ -1,0 +1,248 @@
+"""GSM8K-style JSON / JSONL -> MindRecord conversion of prompts (tokenised, templated) and gold answers.
+
+Output records (one per kept problem):
+    prompt_ids     int64[-1]  token ids of the templated prompt, unpadded
+    prompt_length  int64      len(prompt_ids)
+    solution       string     the answer field as given (e.g. "...reasoning... #### 72")
+    prompt         string     the templated prompt text
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+
+from mindrlhf.data.templates import TEMPLATE_NAMES, build_prompt
+
+logger = logging.getLogger(__name__)
+
+MINDRECORD_SCHEMA = {
+    "prompt_ids": {"type": "int64", "shape": [-1]},
+    "prompt_length": {"type": "int64"},
+    "solution": {"type": "string"},
+    "prompt": {"type": "string"},
+}
+MAX_LOGGED_BAD_LINES = 10
+_JSON_WHITESPACE = " \t\n\r"
+
+
+class DataError(ValueError):
+    """A problem with user data; the message starts with `file:line:` (or `file:`) and says what was wrong."""
+
+
+class TextTokenizer(Protocol):
+    """What conversion needs from a tokenizer (`Qwen2Tokenizer` has it)."""
+
+    def batch_encode(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+
+@dataclass
+class ConversionStats:
+    """Counts of one conversion run."""
+
+    written: int = 0
+    dropped_too_long: int = 0
+    bad_lines: int = 0
+    longest_prompt: int = 0
+    bad_line_messages: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for logs."""
+        return (f"written {self.written}, dropped too long {self.dropped_too_long}, bad lines {self.bad_lines}, "
+                f"longest written prompt {self.longest_prompt} tokens")
+
+
+@dataclass
+class Problem:
+    """One question/answer pair and where it came from."""
+
+    line: int
+    question: str
+    answer: str
+
+
+def _json_list_items(text: str, path: str) -> Iterator[tuple[int, object]]:
+    """Yields (line number where the item starts, item) for a top-level JSON array."""
+    decoder = json.JSONDecoder()
+    position, line = 0, 1
+
+    def skip_whitespace(start: int) -> int:
+        while start < len(text) and text[start] in _JSON_WHITESPACE:
+            start += 1
+        return start
+
+    def line_at(target: int) -> int:
+        nonlocal position, line
+        line += text.count("\n", position, target)
+        position = target
+        return line
+
+    cursor = skip_whitespace(0) + 1  # past '['
+    cursor = skip_whitespace(cursor)
+    if cursor < len(text) and text[cursor] == "]":
+        cursor = skip_whitespace(cursor + 1)
+    else:
+        while True:
+            item_line = line_at(cursor)
+            try:
+                item, cursor = decoder.raw_decode(text, cursor)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{err.lineno}: invalid JSON in the list: {err.msg} "
+                                f"(column {err.colno})") from None
+            yield item_line, item
+            cursor = skip_whitespace(cursor)
+            if cursor < len(text) and text[cursor] == ",":
+                cursor = skip_whitespace(cursor + 1)
+                continue
+            if cursor < len(text) and text[cursor] == "]":
+                cursor = skip_whitespace(cursor + 1)
+                break
+            raise DataError(f"{path}:{line_at(min(cursor, len(text)))}: invalid JSON in the list: "
+                            f"expected ',' or ']' after an item")
+    if cursor != len(text):
+        raise DataError(f"{path}:{line_at(cursor)}: unexpected text after the end of the JSON list")
+
+
+def _check_record(record: object, prompt_key: str, answer_key: str) -> tuple[str, str]:
+    """The (question, answer) strings of a record, or ValueError saying what is wrong with it."""
+    if not isinstance(record, dict):
+        raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    values = []
+    for key in (prompt_key, answer_key):
+        if key not in record:
+            raise ValueError(f"missing key {key!r} (keys present: {sorted(record)})")
+        value = record[key]
+        if not isinstance(value, str):
+            raise ValueError(f"{key!r} must be a string, got {type(value).__name__}")
+        if not value.strip():
+            raise ValueError(f"{key!r} is empty")
+        values.append(value)
+    return values[0], values[1]
+
+
+def read_problems(path: str | os.PathLike, prompt_key: str = "question", answer_key: str = "answer",
+                  skip_bad_lines: bool = False, stats: ConversionStats | None = None) -> Iterator[Problem]:
+    """Yields the problems of a JSON list or JSONL file (format detected from the first character).
+
+    A bad line (invalid JSON, missing key, non-string or empty value) raises `DataError("file:line: ...")`,
+    or with `skip_bad_lines` is counted in `stats` and skipped. Invalid JSON inside a JSON list is always
+    fatal: the rest of the list cannot be located.
+    """
+    path = os.fspath(path)
+    stats = stats if stats is not None else ConversionStats()
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: input data file not found")
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            text = f.read()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read input data file: {err.strerror}") from None
+
+    if text.lstrip(_JSON_WHITESPACE).startswith("["):
+        items: Iterator[tuple[int, object]] = _json_list_items(text, path)
+    else:
+        items = _jsonl_items(text)
+    for line, item in items:
+        try:
+            if isinstance(item, json.JSONDecodeError):
+                raise ValueError(f"invalid JSON: {item.msg} (column {item.colno})")
+            question, answer = _check_record(item, prompt_key, answer_key)
+        except ValueError as err:
+            message = f"{path}:{line}: {err}"
+            if not skip_bad_lines:
+                raise DataError(message) from None
+            stats.bad_lines += 1
+            if len(stats.bad_line_messages) < MAX_LOGGED_BAD_LINES:
+                stats.bad_line_messages.append(message)
+                logger.warning("skipping bad line: %s", message)
+            continue
+        yield Problem(line, question, answer)
+
+
+def _jsonl_items(text: str) -> Iterator[tuple[int, object]]:
+    """(line number, parsed object or the JSONDecodeError) for each non-blank line."""
+    for line_no, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield line_no, json.loads(line)
+        except json.JSONDecodeError as err:
+            yield line_no, err
+
+
+def write_mindrecord_atomically(records: list[dict], output_path: str | os.PathLike, description: str) -> None:
+    """Writes `records` to a one-shard MindRecord `output_path` (+ `.db`), replacing any old pair.
+
+    MindRecord stores its own file name inside, so the pair is written under the final name in a
+    temporary folder next to the output and then moved into place.
+    """
+    from mindspore.mindrecord import FileWriter  # heavy import, only when writing
+
+    output_path = os.path.abspath(os.fspath(output_path))
+    out_dir = os.path.dirname(output_path)
+    os.makedirs(out_dir, exist_ok=True)
+    staging_dir = tempfile.mkdtemp(prefix=".mindrecord-tmp-", dir=out_dir)
+    try:
+        staged = os.path.join(staging_dir, os.path.basename(output_path))
+        writer = FileWriter(staged, shard_num=1, overwrite=True)
+        writer.add_schema(MINDRECORD_SCHEMA, description)
+        for start in range(0, len(records), 1000):
+            writer.write_raw_data(records[start:start + 1000])
+        writer.commit()
+        os.replace(staged + ".db", output_path + ".db")
+        os.replace(staged, output_path)
+    finally:
+        shutil.rmtree(staging_dir, ignore_errors=True)
+
+
+def convert_to_mindrecord(
+    input_path: str | os.PathLike,
+    output_path: str | os.PathLike,
+    tokenizer: TextTokenizer,
+    template: str = "qwen_chat",
+    max_prompt_length: int = 512,
+    prompt_key: str = "question",
+    answer_key: str = "answer",
+    skip_bad_lines: bool = False,
+) -> ConversionStats:
+    """Converts a GSM8K-style JSON list / JSONL file into a MindRecord of tokenised prompts.
+
+    Prompts longer than `max_prompt_length` tokens are dropped and counted (never truncated: a cut
+    question cannot be answered). Raises `DataError` for bad lines (unless `skip_bad_lines`) and when no
+    prompt is left to write.
+    """
+    if template not in TEMPLATE_NAMES:
+        raise ValueError(f"unknown template {template!r}, expected one of {TEMPLATE_NAMES}")
+    if max_prompt_length < 1:
+        raise ValueError(f"max_prompt_length must be positive, got {max_prompt_length}")
+    input_path = os.fspath(input_path)
+    stats = ConversionStats()
+    problems = list(read_problems(input_path, prompt_key, answer_key, skip_bad_lines, stats))
+    prompts = [build_prompt(problem.question, template) for problem in problems]
+    records = []
+    for start in range(0, len(prompts), 512):
+        token_ids = tokenizer.batch_encode(prompts[start:start + 512])
+        for offset, ids in enumerate(token_ids):
+            problem = problems[start + offset]
+            if len(ids) > max_prompt_length:
+                stats.dropped_too_long += 1
+                logger.debug("%s:%d: prompt has %d tokens > max_prompt_length %d, dropped",
+                             input_path, problem.line, len(ids), max_prompt_length)
+                continue
+            records.append({"prompt_ids": np.asarray(ids, dtype=np.int64), "prompt_length": len(ids),
+                            "solution": problem.answer, "prompt": prompts[start + offset]})
+            stats.longest_prompt = max(stats.longest_prompt, len(ids))
+    if not records:
+        raise DataError(f"{input_path}: no prompt left to write ({stats.summary()})")
+    write_mindrecord_atomically(records, output_path, f"mindrlhf prompts, template {template}")
+    stats.written = len(records)
+    logger.debug("%s -> %s: %s", input_path, os.fspath(output_path), stats.summary())
+    return stats

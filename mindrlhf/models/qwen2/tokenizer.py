@@ -1,0 +1,245 @@
+"""Qwen2/Qwen2.5 tokenizer (byte-level BPE from vocab.json + merges.txt) and the Qwen2.5 chat template.
+
+Built on the Hugging Face `tokenizers` library with the same pipeline as Qwen's own `tokenizer.json`:
+NFC normalisation, Qwen2's pre-tokenizer regex followed by the GPT-2 byte-to-unicode mapping, BPE
+without unknown token, and the byte-level decoder. The three special tokens Qwen2.5 uses in chat
+(`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`) are appended after the vocabulary; with the real Qwen
+vocabulary (151643 entries) they get the ids 151643, 151644 and 151645.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable, Mapping, Sequence
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers.models import BPE
+
+# Qwen2's pre-tokenizer: like GPT-4's cl100k pattern, but digits are split one by one (\p{N}).
+QWEN2_PRETOKENIZE_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+
+QWEN25_DEFAULT_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+def qwen2_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """Qwen2's pre-tokenizer: regex split (isolated) then byte-level mapping without its own regex."""
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+
+
+def load_vocab(vocab_path: str | os.PathLike) -> dict[str, int]:
+    """Reads a GPT-2/Qwen style vocab.json ({token: id}); errors name the file and what is wrong."""
+    vocab_path = os.fspath(vocab_path)
+    if not os.path.isfile(vocab_path):
+        raise FileNotFoundError(f"{vocab_path}: vocab file not found (expected a vocab.json)")
+    try:
+        with open(vocab_path, encoding="utf-8") as f:
+            vocab = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{vocab_path}: cannot read vocab file: {err}") from None
+    if not isinstance(vocab, dict) or not vocab:
+        raise ValueError(f"{vocab_path}: vocab file must be a non-empty JSON object {{token: id}}")
+    for token, token_id in vocab.items():
+        if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+            raise ValueError(f"{vocab_path}: id of token {token!r} must be a non-negative integer, got {token_id!r}")
+    if len(set(vocab.values())) != len(vocab):
+        raise ValueError(f"{vocab_path}: vocab file has duplicate ids")
+    return vocab
+
+
+def load_merges(merges_path: str | os.PathLike) -> list[tuple[str, str]]:
+    """Reads a merges.txt (one `left right` pair a line, optional `#version` header) in rank order."""
+    merges_path = os.fspath(merges_path)
+    if not os.path.isfile(merges_path):
+        raise FileNotFoundError(f"{merges_path}: merges file not found (expected a merges.txt)")
+    try:
+        with open(merges_path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{merges_path}: cannot read merges file: {err}") from None
+    merges = []
+    for line_no, line in enumerate(lines, start=1):
+        line = line.rstrip("\r")
+        if not line or (line_no == 1 and line.startswith("#version")):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            raise ValueError(f"{merges_path}:{line_no}: expected two symbols separated by one space, got {line!r}")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def render_qwen_chat(
+    messages: Sequence[Mapping[str, str]],
+    add_generation_prompt: bool = True,
+    default_system_prompt: str | None = QWEN25_DEFAULT_SYSTEM_PROMPT,
+) -> str:
+    """Renders messages with the Qwen2.5 chat template (ChatML), as its Jinja template does without tools.
+
+    A conversation that does not start with a system message gets `default_system_prompt` (Qwen2.5's
+    "You are Qwen, ..."); pass None for no system block. Consecutive `tool` messages are grouped into one
+    user turn of `<tool_response>` blocks. Assistant tool calls are not supported.
+    """
+    if not messages:
+        raise ValueError("apply_chat_template: messages is empty")
+    for position, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            raise ValueError(f"apply_chat_template: message {position} must be a mapping with string "
+                             f"'role' and 'content', got {message!r}")
+        if message["role"] not in CHAT_ROLES:
+            raise ValueError(f"apply_chat_template: message {position} has role {message['role']!r}, "
+                             f"expected one of {CHAT_ROLES}")
+        if message.get("tool_calls"):
+            raise ValueError(f"apply_chat_template: message {position} has tool_calls, which are not supported")
+    parts = []
+    if messages[0]["role"] == "system":
+        parts.append(f"{IM_START}system\n{messages[0]['content']}{IM_END}\n")
+    elif default_system_prompt is not None:
+        parts.append(f"{IM_START}system\n{default_system_prompt}{IM_END}\n")
+    for position, message in enumerate(messages):
+        role, content = message["role"], message["content"]
+        if role == "system" and position == 0:
+            continue
+        if role == "tool":
+            first_of_run = position == 0 or messages[position - 1]["role"] != "tool"
+            last_of_run = position == len(messages) - 1 or messages[position + 1]["role"] != "tool"
+            parts.append((f"{IM_START}user" if first_of_run else "")
+                         + f"\n<tool_response>\n{content}\n</tool_response>"
+                         + (f"{IM_END}\n" if last_of_run else ""))
+        else:
+            parts.append(f"{IM_START}{role}\n{content}{IM_END}\n")
+    if add_generation_prompt:
+        parts.append(f"{IM_START}assistant\n")
+    return "".join(parts)
+
+
+class Qwen2Tokenizer:
+    """Qwen2/Qwen2.5 byte-level BPE tokenizer from `vocab.json` and `merges.txt`.
+
+    Ids match Hugging Face's Qwen2 tokenizer for text that contains no added tokens other than the three
+    special tokens. `eos_token_id` is `<|im_end|>` (end of a chat turn); generation should stop on any of
+    `stop_token_ids` (`<|im_end|>` and `<|endoftext|>`); `pad_token_id` is `<|endoftext|>`.
+    """
+
+    def __init__(self, vocab_path: str | os.PathLike, merges_file_path: str | os.PathLike):
+        self.vocab_path = os.fspath(vocab_path)
+        self.merges_file_path = os.fspath(merges_file_path)
+        vocab = load_vocab(self.vocab_path)
+        merges = load_merges(self.merges_file_path)
+        for line_index, (left, right) in enumerate(merges):
+            if left not in vocab or right not in vocab or left + right not in vocab:
+                raise ValueError(f"{self.merges_file_path}: merge {left!r} {right!r} (rule {line_index + 1}) "
+                                 f"uses a symbol missing from {self.vocab_path}")
+        model = BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
+                    end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+        tokenizer = Tokenizer(model)
+        tokenizer.normalizer = normalizers.NFC()
+        tokenizer.pre_tokenizer = qwen2_pre_tokenizer()
+        tokenizer.decoder = decoders.ByteLevel()
+        tokenizer.add_special_tokens([
+            AddedToken(token, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False)
+            for token in SPECIAL_TOKENS
+        ])
+        self._tokenizer = tokenizer
+        self.endoftext_token_id = self._require_id(ENDOFTEXT)
+        self.im_start_token_id = self._require_id(IM_START)
+        self.im_end_token_id = self._require_id(IM_END)
+
+    def _require_id(self, token: str) -> int:
+        token_id = self._tokenizer.token_to_id(token)
+        if token_id is None:  # pragma: no cover - add_special_tokens always assigns an id
+            raise ValueError(f"{self.vocab_path}: special token {token} has no id")
+        return token_id
+
+    @property
+    def backend(self) -> Tokenizer:
+        """The underlying `tokenizers.Tokenizer`."""
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, including the added special tokens."""
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def eos_token_id(self) -> int:
+        """`<|im_end|>`: ends an assistant turn (Qwen2.5-Instruct's generation_config eos)."""
+        return self.im_end_token_id
+
+    @property
+    def pad_token_id(self) -> int:
+        """`<|endoftext|>`, as in Qwen's tokenizer_config.json."""
+        return self.endoftext_token_id
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """Ids that end generation: `<|im_end|>` and `<|endoftext|>`."""
+        return [self.im_end_token_id, self.endoftext_token_id]
+
+    @property
+    def special_token_ids(self) -> list[int]:
+        """Ids of `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`."""
+        return [self.endoftext_token_id, self.im_start_token_id, self.im_end_token_id]
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a token string (byte-level form, e.g. 'Ġthe'), or None if unknown."""
+        return self._tokenizer.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """Token string of an id, or None if out of range."""
+        return self._tokenizer.id_to_token(token_id)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; special tokens written in the text are recognised.
+
+        Qwen adds no BOS/EOS, so `add_special_tokens` changes nothing; it exists for API compatibility.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"encode: expected str, got {type(text).__name__}")
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def batch_encode(self, texts: Iterable[str], add_special_tokens: bool = False) -> list[list[int]]:
+        """`encode` for many texts (in parallel inside `tokenizers`)."""
+        texts = list(texts)
+        for position, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"batch_encode: item {position} is {type(text).__name__}, expected str")
+        return [enc.ids for enc in self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of `ids`; invalid UTF-8 byte sequences become U+FFFD (like Qwen's errors='replace')."""
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, batch_ids: Iterable[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
+        """`decode` for many id lists."""
+        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in batch_ids]
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        default_system_prompt: str | None = QWEN25_DEFAULT_SYSTEM_PROMPT,
+    ) -> str | list[int]:
+        """Qwen2.5 chat template (see `render_qwen_chat`); returns the text, or its ids if `tokenize`."""
+        text = render_qwen_chat(messages, add_generation_prompt=add_generation_prompt,
+                                default_system_prompt=default_system_prompt)
+        return self.encode(text) if tokenize else text
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def __repr__(self) -> str:
+        return f"Qwen2Tokenizer(vocab_path={self.vocab_path!r}, vocab_size={self.vocab_size})"

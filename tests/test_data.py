@@ -1,0 +1,330 @@
+"""Data pipeline: JSON/JSONL -> MindRecord conversion, templates, the prompt reader, the CLI, the sample data."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from mindrlhf.data.mindrecord import DataError, convert_to_mindrecord, read_problems
+from mindrlhf.data.reader import PromptDataset, bucket_length, read_prompt_records
+from mindrlhf.data.templates import R1_THINK_SYSTEM_PROMPT, build_prompt
+from mindrlhf.models.qwen2.tokenizer import Qwen2Tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_DIR = os.path.join(ROOT, "model_configs", "tiny", "tokenizer")
+SAMPLE_DIR = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data")
+SAMPLE = os.path.join(SAMPLE_DIR, "gsm8k_sample.jsonl")
+
+PROBLEMS = [
+    {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?", "answer": "3 + 4 = 7\n#### 7"},
+    {"question": "A box holds 12 eggs. How many eggs are in 5 boxes?", "answer": "12 * 5 = 60\n#### 60"},
+    {"question": "Lin reads 20 pages a day. How many pages in a week?", "answer": "20 * 7 = 140\n#### 140"},
+    {"question": "What is 1,000 - 1?", "answer": "#### 999"},
+    {"question": "学生有 30 人，走了 5 人，还剩几人？", "answer": "30 - 5 = 25\n#### 25"},
+]
+LONG_PROBLEM = {"question": "Count the numbers: " + " ".join(str(i) for i in range(200)), "answer": "#### 200"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Qwen2Tokenizer:
+    return Qwen2Tokenizer(os.path.join(TINY_DIR, "vocab.json"), os.path.join(TINY_DIR, "merges.txt"))
+
+
+def write_jsonl(path, records) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write((record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)) + "\n")
+    return str(path)
+
+
+def make_mindrecord(tmp_path, tokenizer, num: int, name: str = "prompts.mindrecord") -> str:
+    """A MindRecord with `num` raw-template prompts of varied lengths ("q<i>" repeated i % 7 + 1 times)."""
+    records = [{"question": " ".join([f"q{i}"] * (i % 7 + 1)), "answer": f"#### {i}"} for i in range(num)]
+    source = write_jsonl(tmp_path / f"{name}.jsonl", records)
+    output = str(tmp_path / name)
+    convert_to_mindrecord(source, output, tokenizer, template="raw", max_prompt_length=100)
+    return output
+
+
+# ---------------------------------------------------------------- templates
+
+def test_templates():
+    question = "What is 6 * 7?"
+    assert build_prompt(question, "raw") == question
+    chat = build_prompt(question, "qwen_chat")
+    assert chat == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+                    f"<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
+    r1 = build_prompt(question, "r1_think")
+    assert r1.startswith(f"<|im_start|>system\n{R1_THINK_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{question}")
+    assert "<think>" in R1_THINK_SYSTEM_PROMPT and "<answer>" in R1_THINK_SYSTEM_PROMPT
+    with pytest.raises(ValueError, match="unknown prompt template 'chatml'"):
+        build_prompt(question, "chatml")
+
+
+# ---------------------------------------------------------------- conversion
+
+@pytest.mark.parametrize("template", ["qwen_chat", "r1_think", "raw"])
+@pytest.mark.parametrize("layout", ["jsonl", "json_list"])
+def test_conversion_round_trip(tmp_path, tokenizer, template, layout):
+    records = PROBLEMS + [LONG_PROBLEM]
+    source = tmp_path / ("data.jsonl" if layout == "jsonl" else "data.json")
+    if layout == "jsonl":
+        write_jsonl(source, records)
+    else:
+        source.write_text(json.dumps(records, ensure_ascii=False, indent=2), encoding="utf-8")
+    output = str(tmp_path / "out" / "prompts.mindrecord")
+    stats = convert_to_mindrecord(str(source), output, tokenizer, template=template, max_prompt_length=250)
+    assert (stats.written, stats.dropped_too_long, stats.bad_lines) == (5, 1, 0)
+
+    expected_ids = [tokenizer.encode(build_prompt(p["question"], template)) for p in PROBLEMS]
+    assert stats.longest_prompt == max(len(ids) for ids in expected_ids)
+    prompt_ids, solutions = read_prompt_records(output)
+    assert [ids.tolist() for ids in prompt_ids] == expected_ids
+    assert solutions == [p["answer"] for p in PROBLEMS]
+
+    from mindspore.mindrecord import FileReader
+    reader = FileReader(output, num_consumer=1)
+    rows = list(reader.get_next())
+    reader.close()
+    assert [int(r["prompt_length"]) for r in rows] == [len(ids) for ids in expected_ids]
+    assert [r["prompt"] for r in rows] == [build_prompt(p["question"], template) for p in PROBLEMS]
+    assert sorted(os.listdir(tmp_path / "out")) == ["prompts.mindrecord", "prompts.mindrecord.db"]
+
+
+def test_long_prompts_are_dropped_not_truncated(tmp_path, tokenizer):
+    source = write_jsonl(tmp_path / "d.jsonl", PROBLEMS)
+    lengths = [len(tokenizer.encode(p["question"])) for p in PROBLEMS]
+    limit = sorted(lengths)[2]  # a prompt of exactly `limit` tokens is kept
+    stats = convert_to_mindrecord(source, str(tmp_path / "o.mindrecord"), tokenizer, template="raw",
+                                  max_prompt_length=limit)
+    assert stats.written == sum(n <= limit for n in lengths)
+    assert stats.dropped_too_long == sum(n > limit for n in lengths) > 0
+    prompt_ids, solutions = read_prompt_records(str(tmp_path / "o.mindrecord"))
+    assert [len(ids) for ids in prompt_ids] == [n for n in lengths if n <= limit]
+    assert solutions == [p["answer"] for p, n in zip(PROBLEMS, lengths) if n <= limit]
+    with pytest.raises(DataError, match="no prompt left to write"):
+        convert_to_mindrecord(source, str(tmp_path / "none.mindrecord"), tokenizer, template="raw",
+                              max_prompt_length=1)
+
+
+BAD_LINES = [
+    (PROBLEMS[0], None),
+    ("{not json", "invalid JSON"),
+    ({"prompt": "x", "answer": "#### 1"}, "missing key 'question'"),
+    ({"question": 5, "answer": "#### 5"}, "'question' must be a string, got int"),
+    ({"question": "q", "answer": ["#### 5"]}, "'answer' must be a string, got list"),
+    ('["a list"]', "expected a JSON object, got list"),
+    ({"question": "   ", "answer": "#### 5"}, "'question' is empty"),
+    (PROBLEMS[1], None),
+]
+
+
+@pytest.mark.parametrize("bad_index", [i for i, (_, message) in enumerate(BAD_LINES) if message])
+def test_bad_line_error_names_file_and_line(tmp_path, tokenizer, bad_index):
+    record, message = BAD_LINES[bad_index]
+    source = write_jsonl(tmp_path / "d.jsonl", ["", PROBLEMS[0], record])  # blank line 1 still counts
+    with pytest.raises(DataError) as info:
+        convert_to_mindrecord(source, str(tmp_path / "o.mindrecord"), tokenizer)
+    assert str(info.value).startswith(f"{source}:3: ")
+    assert message in str(info.value)
+    assert not os.path.exists(tmp_path / "o.mindrecord")
+
+
+def test_skip_bad_lines_counts_them(tmp_path, tokenizer):
+    source = write_jsonl(tmp_path / "d.jsonl", [record for record, _ in BAD_LINES])
+    stats = convert_to_mindrecord(source, str(tmp_path / "o.mindrecord"), tokenizer, skip_bad_lines=True)
+    assert (stats.written, stats.bad_lines) == (2, 6)
+    assert [m.split(": ", 1)[0] for m in stats.bad_line_messages] == [f"{source}:{n}" for n in range(2, 8)]
+    assert read_prompt_records(str(tmp_path / "o.mindrecord"))[1] == [PROBLEMS[0]["answer"], PROBLEMS[1]["answer"]]
+
+
+def test_json_list_errors_give_the_item_line(tmp_path):
+    source = tmp_path / "d.json"
+    source.write_text('[\n  {"question": "a", "answer": "1"},\n\n  {"question": 3,\n   "answer": "2"}\n]\n',
+                      encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(source))}:4: 'question' must be a string"):
+        list(read_problems(str(source)))
+    source.write_text('[{"question": "a", "answer": "1"},\n {"question": "b" "answer": "2"}]', encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(source))}:2: invalid JSON in the list"):
+        list(read_problems(str(source), skip_bad_lines=True))  # cannot resync inside a list: always fatal
+    source.write_text('[{"question": "a", "answer": "1"}] trailing', encoding="utf-8")
+    with pytest.raises(DataError, match="unexpected text after the end of the JSON list"):
+        list(read_problems(str(source)))
+    source.write_text("[]", encoding="utf-8")
+    assert list(read_problems(str(source))) == []
+
+
+def test_custom_keys_and_missing_input(tmp_path, tokenizer):
+    source = write_jsonl(tmp_path / "d.jsonl", [{"problem": "1+1?", "solution": "#### 2"}])
+    problems = list(read_problems(source, prompt_key="problem", answer_key="solution"))
+    assert [(p.line, p.question, p.answer) for p in problems] == [(1, "1+1?", "#### 2")]
+    with pytest.raises(DataError, match=r"nope\.jsonl: input data file not found"):
+        list(read_problems(str(tmp_path / "nope.jsonl")))
+
+
+def test_overwrite_replaces_old_output(tmp_path, tokenizer):
+    output = str(tmp_path / "o.mindrecord")
+    convert_to_mindrecord(write_jsonl(tmp_path / "a.jsonl", PROBLEMS), output, tokenizer)
+    convert_to_mindrecord(write_jsonl(tmp_path / "b.jsonl", PROBLEMS[:2]), output, tokenizer)
+    assert read_prompt_records(output)[1] == [p["answer"] for p in PROBLEMS[:2]]
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".mindrecord-tmp")]
+
+
+# ---------------------------------------------------------------- reader
+
+def test_bucket_length():
+    assert bucket_length(5, None) == 5
+    assert bucket_length(5, []) == 5
+    assert bucket_length(5, [4, 8, 16]) == 8
+    assert bucket_length(8, [4, 8, 16]) == 8
+    assert bucket_length(0, [4, 8]) == 4
+    with pytest.raises(ValueError, match="longer than the largest length bucket 16"):
+        bucket_length(17, [4, 8, 16])
+
+
+def test_batches_are_left_padded_with_mask_and_bucket(tmp_path, tokenizer):
+    path = make_mindrecord(tmp_path, tokenizer, 12)
+    all_ids, solutions = read_prompt_records(path)
+    pad = tokenizer.pad_token_id
+    dataset = PromptDataset(path, batch_size=4, pad_token_id=pad, shuffle=False, length_buckets=[8, 16, 32])
+    assert len(dataset) == 3
+    for batch in dataset:
+        samples = batch["sample_index"]
+        lengths = [len(all_ids[s]) for s in samples]
+        assert batch["prompt_ids"].shape == (4, bucket_length(max(lengths), [8, 16, 32]))
+        assert batch["prompt_ids"].dtype == np.int32 and batch["attention_mask"].dtype == np.int32
+        assert batch["prompt_length"].tolist() == lengths
+        assert batch["solution"] == [solutions[s] for s in samples]
+        for row, sample in enumerate(samples):
+            n = lengths[row]
+            assert batch["prompt_ids"][row, -n:].tolist() == all_ids[sample].tolist()
+            assert (batch["prompt_ids"][row, :-n] == pad).all()
+            assert batch["attention_mask"][row].tolist() == [0] * (batch["prompt_ids"].shape[1] - n) + [1] * n
+    assert dataset.epoch == 1
+    unbucketed = PromptDataset(path, batch_size=4, pad_token_id=pad, shuffle=False).next_batch()
+    assert unbucketed["prompt_ids"].shape[1] == max(unbucketed["prompt_length"])
+
+
+def test_dp_ranks_get_disjoint_parts_of_the_global_batch(tmp_path, tokenizer):
+    path = make_mindrecord(tmp_path, tokenizer, 20)
+    common = dict(batch_size=3, pad_token_id=0, seed=5, length_buckets=[8, 16, 32])
+    ranks = [PromptDataset(path, dp_rank=r, dp_size=2, **common) for r in range(2)]
+    whole = PromptDataset(path, batch_size=6, pad_token_id=0, seed=5, length_buckets=[8, 16, 32])
+    assert len(ranks[0]) == len(whole) == 3
+    seen = []
+    for _ in range(len(whole)):
+        parts = [rank.next_batch() for rank in ranks]
+        reference = whole.next_batch()
+        assert not set(parts[0]["sample_index"]) & set(parts[1]["sample_index"])
+        assert np.concatenate([p["sample_index"] for p in parts]).tolist() == reference["sample_index"].tolist()
+        assert parts[0]["prompt_ids"].shape == parts[1]["prompt_ids"].shape == (3, reference["prompt_ids"].shape[1])
+        assert np.array_equal(np.concatenate([p["prompt_ids"] for p in parts]), reference["prompt_ids"])
+        seen += reference["sample_index"].tolist()
+    assert len(set(seen)) == 18  # 20 prompts, global batch 6, drop_last: 2 left out this epoch
+
+
+def test_shuffle_is_deterministic_per_seed_and_epoch(tmp_path, tokenizer):
+    path = make_mindrecord(tmp_path, tokenizer, 16)
+    first = PromptDataset(path, batch_size=4, pad_token_id=0, seed=1)
+    again = PromptDataset(path, batch_size=4, pad_token_id=0, seed=1)
+    other_seed = PromptDataset(path, batch_size=4, pad_token_id=0, seed=2)
+    epoch0 = first.epoch_order(0)
+    assert sorted(epoch0.tolist()) == list(range(16))
+    assert epoch0.tolist() == again.epoch_order(0).tolist()
+    assert epoch0.tolist() != first.epoch_order(1).tolist()
+    assert epoch0.tolist() != other_seed.epoch_order(0).tolist()
+    assert PromptDataset(path, batch_size=4, pad_token_id=0, shuffle=False).epoch_order(3).tolist() == list(range(16))
+
+
+def test_without_drop_last_the_tail_is_completed(tmp_path, tokenizer):
+    path = make_mindrecord(tmp_path, tokenizer, 10)
+    dataset = PromptDataset(path, batch_size=4, pad_token_id=0, drop_last=False)
+    batches = list(dataset)
+    assert len(batches) == 3 and all(len(b["solution"]) == 4 for b in batches)
+    indices = np.concatenate([b["sample_index"] for b in batches]).tolist()
+    assert set(indices) == set(range(10)) and indices[10:] == dataset.epoch_order(0)[:2].tolist()
+    with pytest.raises(DataError, match="do not fill one global batch of 12"):
+        PromptDataset(path, batch_size=6, pad_token_id=0, dp_size=2, dp_rank=1)
+
+
+def test_resume_continues_with_the_next_batch(tmp_path, tokenizer):
+    path = make_mindrecord(tmp_path, tokenizer, 16)
+    common = dict(batch_size=2, pad_token_id=0, dp_rank=1, dp_size=2, seed=3, length_buckets=[16, 32])
+    original = PromptDataset(path, **common)
+    assert len(original) == 4
+    for steps in (3, 2):  # the second save lands in the next epoch (3 + 2 = 5 > 4 batches)
+        for _ in range(steps):
+            original.next_batch()
+        state = original.state_dict()
+        resumed = PromptDataset(path, **common)
+        resumed.load_state_dict(json.loads(json.dumps(state)))
+        for _ in range(3):
+            expected, got = original.next_batch(), resumed.next_batch()
+            assert got["sample_index"].tolist() == expected["sample_index"].tolist()
+            assert np.array_equal(got["prompt_ids"], expected["prompt_ids"])
+            assert got["solution"] == expected["solution"]
+            assert resumed.state_dict() == original.state_dict()
+    assert original.state_dict() == {"epoch": 2, "index": 3}
+    with pytest.raises(ValueError, match="out of range"):
+        resumed.load_state_dict({"epoch": 0, "index": 4})
+    with pytest.raises(ValueError, match="data state must be"):
+        resumed.load_state_dict({"step": 1})
+
+
+def test_reader_errors_name_the_file(tmp_path, tokenizer):
+    missing = str(tmp_path / "missing.mindrecord")
+    with pytest.raises(FileNotFoundError, match=rf"{re.escape(missing)}: MindRecord file not found"):
+        PromptDataset(missing, batch_size=1, pad_token_id=0)
+    path = make_mindrecord(tmp_path, tokenizer, 4)
+    with pytest.raises(ValueError, match="longer than the largest length bucket|more than the largest length bucket"):
+        PromptDataset(path, batch_size=1, pad_token_id=0, length_buckets=[1])
+    with pytest.raises(ValueError, match="dp_rank must be in"):
+        PromptDataset(path, batch_size=1, pad_token_id=0, dp_rank=2, dp_size=2)
+
+
+# ---------------------------------------------------------------- sample data and CLI
+
+def test_sample_data_is_gsm8k_style_and_reproducible():
+    with open(SAMPLE, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert len(lines) == 64 and os.path.getsize(SAMPLE) < 100_000
+    for line in lines:
+        record = json.loads(line)
+        match = re.search(r"\n#### (-?\d+)$", record["answer"])
+        assert match, record
+        notes = re.findall(r"<<([^=>]+)=([^>]+)>>", record["answer"])
+        assert notes and all(eval(expr) == float(value) for expr, value in notes)  # noqa: S307 - own data
+        assert float(notes[-1][1]) == int(match.group(1))
+    spec = importlib.util.spec_from_file_location("make_sample", os.path.join(SAMPLE_DIR, "make_sample.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert [json.dumps(p, ensure_ascii=False) for p in module.make_problems(64, 1234)] == lines
+
+
+def test_cli_end_to_end_with_the_tiny_tokenizer(tmp_path):
+    script = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "rlhf_data.py")
+    source = tmp_path / "d.jsonl"
+    with open(SAMPLE, encoding="utf-8") as f:
+        sample_lines = f.read().splitlines()[:10]
+    source.write_text("\n".join(sample_lines[:5] + ["{broken"] + sample_lines[5:]) + "\n", encoding="utf-8")
+    output = tmp_path / "out.mindrecord"
+    base = [sys.executable, script, "--vocab_path", os.path.join(TINY_DIR, "vocab.json"),
+            "--merges_file_path", os.path.join(TINY_DIR, "merges.txt"), "--file_path", str(source),
+            "--output_path", str(output), "--template", "r1_think", "--max_prompt_length", "150"]
+    failed = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and f"{source}:6: invalid JSON" in failed.stderr and not output.exists()
+    done = subprocess.run(base + ["--skip_bad_lines"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "written: 10, dropped too long (> 150 tokens): 0, bad lines: 1" in done.stderr
+    assert done.stdout == ""
+    tokenizer = Qwen2Tokenizer(os.path.join(TINY_DIR, "vocab.json"), os.path.join(TINY_DIR, "merges.txt"))
+    prompt_ids, solutions = read_prompt_records(str(output))
+    questions = [json.loads(line)["question"] for line in sample_lines]
+    assert [ids.tolist() for ids in prompt_ids] == [tokenizer.encode(build_prompt(q, "r1_think")) for q in questions]
+    assert solutions == [json.loads(line)["answer"] for line in sample_lines]
