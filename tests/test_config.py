@@ -1,0 +1,103 @@
+"""Model YAMLs (MindFormers layout): the shipped configs and the errors bad ones give."""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mindrlhf.configs import ConfigError
+from mindrlhf.models.qwen2 import Qwen2Config
+from mindrlhf.parallel import Layout, LayoutError
+
+CONFIGS = Path(__file__).parents[1] / "model_configs"
+
+# Parameter counts published for the Qwen2.5 Instruct checkpoints.
+PUBLISHED_PARAMETERS = {"qwen2_5_0_5b": 494_032_768, "qwen2_5_1_5b": 1_543_714_304, "qwen2_5_7b": 7_615_616_512}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMETERS))
+def test_shipped_qwen25_configs_have_the_published_sizes(name):
+    config = Qwen2Config.from_yaml(CONFIGS / "qwen2_5" / f"{name}.yaml")
+    assert config.num_parameters() == PUBLISHED_PARAMETERS[name]
+    assert config.compute_dtype == "bfloat16" and config.qkv_has_bias
+
+
+def test_tiny_config_fits_the_bundled_tokenizer():
+    config = Qwen2Config.from_yaml(CONFIGS / "tiny" / "model.yaml")
+    vocab = yaml.safe_load((CONFIGS / "tiny" / "tokenizer" / "vocab.json").read_text())
+    assert config.vocab_size >= len(vocab) + 3 and config.vocab_size % 4 == 0
+    assert config.compute_dtype == "float32"
+
+
+def test_yaml_round_trip(tmp_path):
+    config = Qwen2Config.from_yaml(CONFIGS / "qwen2_5" / "qwen2_5_7b.yaml")
+    config.to_yaml(tmp_path / "out.yaml")
+    assert Qwen2Config.from_yaml(tmp_path / "out.yaml") == config
+
+
+def write_tiny(tmp_path, **changes):
+    data = yaml.safe_load((CONFIGS / "tiny" / "model.yaml").read_text())
+    for key, value in changes.items():
+        section, field = key.split(".")
+        node = data["parallel_config"] if section == "parallel" else data["model"]["model_config"]
+        if value is None:
+            node.pop(field)
+        else:
+            node[field] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"model.num_layer": 2}, r"unknown field\(s\) 'num_layer' \(did you mean 'num_layers'\?\)"),
+    ({"model.hidden_size": "64"}, r"field 'hidden_size' must be an integer, got str '64'"),
+    ({"model.num_heads": 3}, r"num_heads=3 is not a multiple of n_kv_heads=2"),
+    ({"model.compute_dtype": "fp32"}, r"compute_dtype='fp32'; expected one of float32, float16, bfloat16"),
+    ({"model.vocab_size": None}, r"missing required field\(s\) vocab_size"),
+    ({"model.seq_length": 4096}, r"seq_length=4096 exceeds max_position_embedding=512"),
+    ({"model.qkv_has_bias": "yes"}, r"field 'qkv_has_bias' must be true/false"),
+    ({"parallel.pipeline_stage": 2}, r"pipeline_stage=2: pipeline parallelism is not supported"),
+    ({"parallel.model_paralel": 2}, r"did you mean 'model_parallel'"),
+])
+def test_bad_fields_are_named(tmp_path, changes, message):
+    path = write_tiny(tmp_path, **changes)
+    with pytest.raises(ConfigError, match=message) as err:
+        Qwen2Config.from_yaml(path)
+    assert str(path) in str(err.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        Qwen2Config.from_yaml(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        Qwen2Config.from_yaml(bad)
+    bad.write_text("model:\n  arch: {}\n")
+    with pytest.raises(ConfigError, match="missing section 'model.model_config'"):
+        Qwen2Config.from_yaml(bad)
+
+
+def test_mindformers_only_keys_are_accepted(tmp_path):
+    path = write_tiny(tmp_path, **{"model.use_past": True, "model.use_flash_attention": False})
+    assert Qwen2Config.from_yaml(path).num_layers == 2
+
+
+def test_layout_arithmetic_and_errors():
+    layout = Layout(dp=2, tp=2, rank=3)
+    assert layout.coords() == (1, 1)
+    assert layout.tp_group_ranks() == [2, 3] and layout.dp_group_ranks() == [1, 3]
+    assert layout.dev_matrix == [2, 2]
+    assert Layout(dp=2, tp=2, rank=1).tp_group == "mindrlhf_0_1"
+    with pytest.raises(LayoutError, match="does not match the job's world size 2"):
+        Layout.for_world(2, 2, 2, 0)
+    with pytest.raises(LayoutError, match="rank 4 is outside"):
+        Layout(dp=2, tp=2, rank=4)
+
+
+def test_tensor_parallel_size_must_divide_heads():
+    import mindspore as ms  # noqa: F401  (network construction needs MindSpore)
+    from mindrlhf.models.qwen2 import Qwen2ForCausalLM
+    config = Qwen2Config.from_yaml(CONFIGS / "tiny" / "model.yaml")
+    with pytest.raises(LayoutError, match="n_kv_heads=2 is not divisible by the tensor-parallel size 4"):
+        Qwen2ForCausalLM(config, Layout(dp=1, tp=4, rank=0))
