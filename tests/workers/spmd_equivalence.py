@@ -13,8 +13,8 @@ from mindspore import nn, ops
 
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel import Layout
-from mindrlhf.parallel.comm import DataParallelGradReducer
 from mindrlhf.parallel.layers import load_full_state
+from mindrlhf.trainer.cells import SPMDGradients, SPMDTrainStep
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
@@ -34,7 +34,7 @@ def full_state(net_names_shapes, tp, axes, seed=0):
 
 
 class NLLLoss(nn.Cell):
-    """Token-mean negative log-likelihood of the labels (this rank's slice of the batch)."""
+    """Token-mean negative log-likelihood of the labels (this rank's slice of the batch), as (loss, loss)."""
 
     def __init__(self, model):
         super().__init__(auto_prefix=False)
@@ -43,23 +43,8 @@ class NLLLoss(nn.Cell):
     def construct(self, input_ids, labels, mask):
         logp = self.model.log_probs(input_ids, labels, mask)
         m = mask.astype(ms.float32)
-        return -(logp * m).sum() / m.sum()
-
-
-class TrainStep(nn.Cell):
-    def __init__(self, loss_net, optimizer, layout):
-        super().__init__(auto_prefix=False)
-        self.loss_net = loss_net
-        self.optimizer = optimizer
-        self.weights = optimizer.parameters
-        self.grad_fn = ops.value_and_grad(loss_net, None, self.weights)
-        self.reducer = DataParallelGradReducer(layout.dp_group, layout.dp)
-
-    def construct(self, input_ids, labels, mask):
-        loss, grads = self.grad_fn(input_ids, labels, mask)
-        grads = self.reducer(grads)
-        self.optimizer(grads)
-        return loss, grads
+        loss = -(logp * m).sum() / m.sum()
+        return loss, ops.stop_gradient(loss)
 
 
 def main():
@@ -95,14 +80,15 @@ def main():
     ids_l, labels_l, mask_l = (ms.Tensor(a[sl]) for a in (ids, labels, mask))
 
     logits = net(ids_l, mask_l).asnumpy()
+    loss_net = NLLLoss(net)
+    _, grads = SPMDGradients(loss_net, net.trainable_params(), layout)(ids_l, labels_l, mask_l)
+    first_grads = {p.name: g.asnumpy() for p, g in zip(net.trainable_params(), grads)}
     optimizer = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3, weight_decay=0.01)
-    step = TrainStep(NLLLoss(net), optimizer, layout)
-    losses, first_grads = [], None
+    step = SPMDTrainStep(loss_net, optimizer, layout)
+    losses = []
     for _ in range(3):
-        loss, grads = step(ids_l, labels_l, mask_l)
+        loss, _ = step(ids_l, labels_l, mask_l)
         losses.append(float(loss.asnumpy()))
-        if first_grads is None:
-            first_grads = {p.name: g.asnumpy() for p, g in zip(optimizer.parameters, grads)}
     result = {"logits": logits, "losses": np.array(losses)}
     result.update({f"grad/{k}": v for k, v in first_grads.items()})
     result.update({f"weight/{p.name}": p.asnumpy() for p in net.trainable_params()})

@@ -235,10 +235,16 @@ class Qwen2ForCausalLM(nn.Cell):
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         return self._head(self.model(input_ids, position_ids, attn_bias), True)
 
-    def log_probs(self, input_ids, labels, attention_mask=None):
-        """log p(labels[b, s] | input_ids[b, :s+1]) in float32, [B, S]. Call inside a Cell's construct."""
+    def log_probs(self, input_ids, labels, attention_mask=None, temperature=1.0):
+        """log softmax(logits / temperature)[labels] in float32, [B, S]. Call inside a Cell's construct.
+
+        Position s scores labels[b, s] given input_ids[b, :s+1]. Use the sampling temperature, so
+        that the policy whose log-probs are trained is the one the samples came from.
+        """
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         local_logits = self._head(self.model(input_ids, position_ids, attn_bias), False)
+        if temperature != 1.0:
+            local_logits = local_logits / temperature
         return self.log_prob_of_labels(local_logits, labels)
 
 

@@ -1,0 +1,119 @@
+"""`GenerationConfig`: how the infer net samples responses (lengths, group size, sampling, buckets)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mindrlhf.configs.base import ConfigError, help_field
+
+# Qwen2/Qwen2.5 chat models end a turn with <|im_end|> and a document with <|endoftext|>.
+QWEN_IM_END_ID = 151645
+QWEN_ENDOFTEXT_ID = 151643
+
+
+@dataclass
+class GenerationConfig:
+    """Sampling settings of the rollout phase (the YAML section a GRPO config nests as `generation`).
+
+    Sampling order follows Hugging Face `generate` and vLLM: logits / temperature, then top-k, then top-p,
+    then a categorical draw. Every field is host-side except the ones that fix graph shapes
+    (`max_new_tokens`, `prompt_buckets`, `use_kv_cache`, and the batch size `num_samples` contributes to).
+    """
+
+    max_new_tokens: int = help_field(
+        512, "Response length budget; responses are padded to exactly this many tokens, so it is also the static "
+             "width of everything the trainer sees per response. DeepSeekMath's GRPO used 1024.")
+    num_samples: int = help_field(
+        8, "Responses sampled per prompt: GRPO's group size G (advantages are normalised within the group). "
+           "DeepSeekMath used 64; TRL's default num_generations is 8. Sample i of prompt j is row j*G+i.")
+    do_sample: bool = help_field(
+        True, "Sample from the distribution; false = greedy (argmax), as does temperature 0. GRPO needs sampling: "
+              "with greedy decoding every member of a group is identical and all advantages are zero.")
+    temperature: float = help_field(
+        1.0, "Logits are divided by this before sampling and before computing the returned log-probs "
+             "(TRL/verl convention: the trainer must divide by the same value). 0 = greedy. Must be >= 0.")
+    top_k: int = help_field(
+        0, "Keep only the k most likely tokens before sampling; 0 = off. RL usually leaves it off so that the "
+           "sampled distribution stays the policy being optimised.")
+    top_p: float = help_field(
+        1.0, "Nucleus sampling: keep the smallest set of tokens whose probability sums to >= top_p (the most "
+             "likely token always kept); 1.0 = off. In (0, 1].")
+    eos_token_ids: list[int] = help_field(
+        [QWEN_IM_END_ID, QWEN_ENDOFTEXT_ID],
+        "A response ends at the first of these tokens (kept in the response and its mask). Qwen chat: "
+        "<|im_end|> (151645) and <|endoftext|> (151643). Empty = always generate max_new_tokens.")
+    pad_token_id: int = help_field(
+        QWEN_ENDOFTEXT_ID, "Fills prompts on the left and responses after their EOS (Qwen: <|endoftext|>).")
+    prompt_buckets: list[int] = help_field(
+        [64, 128, 256, 512, 1024],
+        "Lengths prompts are left-padded up to (the smallest that fits the longest prompt of the batch): each "
+        "bucket is one static prefill shape, compiled once. A prompt longer than the largest bucket is an error; "
+        "largest bucket + max_new_tokens is the KV-cache length and must be <= model seq_length.")
+    seed: int = help_field(
+        0, "Seed of the host random stream used for sampling. The stream advances across generate() calls, so "
+           "successive batches differ; the same seed and the same call sequence give the same samples.")
+    use_kv_cache: bool = help_field(
+        True, "Prefill once, then decode one token per step against the static KV cache. False recomputes the "
+              "full forward over a fixed [prompt bucket + max_new_tokens] buffer each step (for comparison).")
+
+    @property
+    def greedy(self) -> bool:
+        """Whether tokens are chosen by argmax (do_sample false or temperature 0)."""
+        return not self.do_sample or self.temperature == 0
+
+    @property
+    def cache_length(self) -> int:
+        """Slots of the static KV cache: the largest prompt bucket plus max_new_tokens."""
+        return max(self.prompt_buckets) + self.max_new_tokens
+
+    def bucket_for(self, prompt_length: int) -> int:
+        """The smallest bucket >= prompt_length; a ConfigError when none is long enough."""
+        for bucket in sorted(self.prompt_buckets):
+            if prompt_length <= bucket:
+                return bucket
+        raise ConfigError(f"generation.prompt_buckets: a prompt of {prompt_length} tokens is longer than the largest "
+                          f"bucket {max(self.prompt_buckets)}; add a larger bucket or truncate the prompts")
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the field when a value is out of range."""
+        def check(ok: bool, name: str, requirement: str) -> None:
+            if not ok:
+                raise ConfigError(f"generation.{name} {requirement}, got {getattr(self, name)!r}")
+
+        check(_is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens", "must be an integer >= 1")
+        check(_is_int(self.num_samples) and self.num_samples >= 1, "num_samples", "must be an integer >= 1")
+        check(isinstance(self.do_sample, bool), "do_sample", "must be true or false")
+        check(isinstance(self.use_kv_cache, bool), "use_kv_cache", "must be true or false")
+        check(_is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0,
+              "temperature", "must be a finite number >= 0 (0 = greedy)")
+        check(_is_int(self.top_k) and self.top_k >= 0, "top_k", "must be an integer >= 0 (0 = off)")
+        check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1] (1.0 = off)")
+        check(isinstance(self.eos_token_ids, (list, tuple)) and all(_is_int(t) and t >= 0 for t in self.eos_token_ids),
+              "eos_token_ids", "must be a list of token ids >= 0")
+        check(_is_int(self.pad_token_id) and self.pad_token_id >= 0, "pad_token_id", "must be a token id >= 0")
+        buckets = self.prompt_buckets
+        check(isinstance(buckets, (list, tuple)) and len(buckets) > 0 and all(_is_int(b) and b >= 1 for b in buckets),
+              "prompt_buckets", "must be a non-empty list of positive lengths")
+        check(all(a < b for a, b in zip(buckets, buckets[1:])), "prompt_buckets", "must be strictly increasing")
+        check(_is_int(self.seed) and self.seed >= 0, "seed", "must be an integer >= 0")
+
+    def check_model(self, vocab_size: int, seq_length: int) -> None:
+        """Checks the fields that depend on the network: token ids in the vocabulary, cache within seq_length."""
+        for name, ids in (("eos_token_ids", list(self.eos_token_ids)), ("pad_token_id", [self.pad_token_id])):
+            bad = [t for t in ids if t >= vocab_size]
+            if bad:
+                raise ConfigError(f"generation.{name}: token id(s) {bad} outside the model vocabulary "
+                                  f"(vocab_size={vocab_size})")
+        if self.cache_length > seq_length:
+            raise ConfigError(
+                f"generation.max_new_tokens={self.max_new_tokens} + largest of generation.prompt_buckets="
+                f"{max(self.prompt_buckets)} = {self.cache_length} exceeds model_config.seq_length={seq_length} "
+                f"(the KV cache / generation buffer length)")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

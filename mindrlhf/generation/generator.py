@@ -1,0 +1,286 @@
+"""`Generator`: batched sampling of `num_samples` responses per prompt with the static KV cache.
+
+The network runs in graphs with static shapes: prompts are left-padded to a bucket, so the prefill graph
+compiles once per (batch size, bucket) and the decode graph once per batch size (the cache length is fixed
+by the config). Token selection (temperature, top-k, top-p, draw) runs on the host on the [B, V] logits of
+each step, see :mod:`mindrlhf.generation.sampling`.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, nn, ops
+
+from mindrlhf.generation.config import GenerationConfig
+from mindrlhf.generation.sampling import greedy_tokens, sample_tokens, token_log_probs
+from mindrlhf.models.qwen2.modeling import KVCache, Qwen2ForCausalLM, positions_and_bias
+
+logger = logging.getLogger(__name__)
+
+GRAPHS = ("prefill", "decode", "forward")
+
+
+@dataclass
+class GenerationOutput:
+    """Rollout of B = num_prompts * num_samples rows; sample i of prompt j is row j * num_samples + i.
+
+    Masks are int32 (1 = token). `response_mask` is 1 up to and including the first EOS; after it
+    `response_ids` hold pad_token_id and `log_probs` 0.
+    """
+
+    prompt_ids: np.ndarray  # [B, P] int32, left-padded to the prompt bucket P
+    prompt_mask: np.ndarray  # [B, P] int32
+    response_ids: np.ndarray  # [B, max_new_tokens] int32
+    response_mask: np.ndarray  # [B, max_new_tokens] int32
+    response_lengths: np.ndarray  # [B] int32, tokens per response including the EOS
+    log_probs: np.ndarray | None = None  # [B, max_new_tokens] float32, see Generator.generate
+
+    @property
+    def batch_size(self) -> int:
+        return self.response_ids.shape[0]
+
+    def sequences(self) -> tuple[np.ndarray, np.ndarray]:
+        """[prompt | response] ids and attention mask, [B, P + max_new_tokens] int32 (for the log-prob passes)."""
+        ids = np.concatenate([self.prompt_ids, self.response_ids], axis=1)
+        mask = np.concatenate([self.prompt_mask, self.response_mask], axis=1)
+        return ids, mask
+
+
+class _LastLogitsCell(nn.Cell):
+    """Full forward over a padded buffer [B, W]; returns the logits [B, V] at column `index` (int32 scalar)."""
+
+    def __init__(self, model: Qwen2ForCausalLM):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, input_ids, attention_mask, index):
+        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
+        h = self.model.model(input_ids, position_ids, attn_bias)
+        h = ops.gather(h, index.reshape(1), 1)
+        return self.model._head(h[:, 0, :], True)  # pylint: disable=protected-access
+
+
+class Generator:
+    """Samples responses from `model` according to a `GenerationConfig`.
+
+    KV caches are allocated once per (batch size, cache length) and reused across calls;
+    `config` may be replaced between calls (it is validated, and the random stream restarts from its seed);
+    the compiled graphs are reused as long as batch size, bucket and cache length are unchanged.
+
+    Compilation accounting (`compile_counts`): the Generator counts the distinct (graph, input shapes)
+    signatures it has sent to each graph cell, and times the first call of each (compile + one run) in
+    `first_call_seconds`. `graph_compile_counts` reads MindSpore's own record, each Cell's `compile_cache`
+    (the set of phases MindSpore compiled for that cell instance); in GRAPH_MODE the two agree unless
+    MindSpore recompiles for a reason other than shapes. In PyNative mode nothing is compiled and the
+    second count is 0.
+    """
+
+    def __init__(self, model: Qwen2ForCausalLM, config: GenerationConfig):
+        self.model = model
+        self._caches: dict[tuple[int, int], KVCache] = {}
+        self._forward_cell: _LastLogitsCell | None = None
+        self._signatures: dict[str, set[tuple]] = {name: set() for name in GRAPHS}
+        self.first_call_seconds: dict[tuple, float] = {}
+        self.last_stats: dict = {}
+        self.config = config
+
+    # ------------------------------------------------------------ config / RNG
+    @property
+    def config(self) -> GenerationConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: GenerationConfig) -> None:
+        config.validate()
+        config.check_model(self.model.config.vocab_size, self.model.config.seq_length)
+        self._config = copy.deepcopy(config)  # later edits of the caller's object do not leak in
+        self.reseed()
+
+    def reseed(self, seed: int | None = None) -> None:
+        """Restarts the sampling stream from `seed` (default: config.seed)."""
+        self.rng = np.random.default_rng(self._config.seed if seed is None else seed)
+
+    # --------------------------------------------------------------- counters
+    def compile_counts(self) -> dict[str, int]:
+        """Distinct (graph, input shapes) signatures sent so far: what had to be compiled, per graph."""
+        return {name: len(sigs) for name, sigs in self._signatures.items()}
+
+    def graph_compile_counts(self) -> dict[str, int]:
+        """Graphs MindSpore compiled for this Generator's live cells (each Cell's `compile_cache`), per graph."""
+        counts = {name: 0 for name in GRAPHS}
+        for cache in self._caches.values():
+            counts["prefill"] += len(getattr(cache.prefill, "compile_cache", ()) or ())
+            counts["decode"] += len(getattr(cache.decode, "compile_cache", ()) or ())
+        if self._forward_cell is not None:
+            counts["forward"] += len(getattr(self._forward_cell, "compile_cache", ()) or ())
+        return counts
+
+    def release_caches(self) -> None:
+        """Drops the KV caches and their graphs (freed once nothing else refers to them; no longer counted)."""
+        self._caches.clear()
+
+    # ------------------------------------------------------------- generation
+    def generate(self, prompt_ids: Sequence[Sequence[int]] | np.ndarray, attention_mask: np.ndarray | None = None,
+                 return_log_probs: bool = False) -> GenerationOutput:
+        """Samples `config.num_samples` responses for each prompt.
+
+        `prompt_ids` is a list of token-id lists, or a 2-D array whose real tokens are where
+        `attention_mask` is 1 (any padding side; without a mask every entry is a token).
+
+        `log_probs` (if asked) convention: log softmax(logits / T) at the chosen token, with T =
+        config.temperature when sampling and 1 when greedy, before top-k/top-p filtering. This is the
+        convention of TRL and verl, whose trainers divide the policy's logits by the same temperature when
+        they recompute log-probs, so the importance ratio of the first update is exactly 1; a trainer that
+        does not must sample with temperature 1. Top-k/top-p truncation is not reflected in the log-probs.
+
+        Sampling draws B uniforms from the Generator's stream per step: the stream advances across calls
+        (call `reseed` or assign `config` to restart it).
+        """
+        cfg = self.config
+        rows = self._prompt_rows(prompt_ids, attention_mask)
+        n = cfg.num_samples
+        lengths = np.repeat(np.array([len(r) for r in rows], np.int64), n)
+        bucket = cfg.bucket_for(int(lengths.max()))
+        batch = len(rows) * n
+        ids = np.full((batch, bucket), cfg.pad_token_id, np.int32)
+        mask = np.zeros((batch, bucket), np.int32)
+        for j, row in enumerate(rows):
+            ids[j * n:(j + 1) * n, bucket - len(row):] = row
+            mask[j * n:(j + 1) * n, bucket - len(row):] = 1
+
+        start = time.perf_counter()
+        steps = cfg.max_new_tokens
+        if cfg.use_kv_cache:
+            response, resp_mask, log_probs, steps = self._run_cached(ids, mask, lengths, return_log_probs)
+        else:
+            response, resp_mask, log_probs, steps = self._run_uncached(ids, mask, return_log_probs)
+        elapsed = time.perf_counter() - start
+        self.last_stats = {"batch_size": batch, "prompt_bucket": bucket, "steps": steps, "seconds": elapsed,
+                           "response_tokens": int(resp_mask.sum())}
+        logger.debug("generated %s", self.last_stats)
+        return GenerationOutput(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=resp_mask,
+                                response_lengths=resp_mask.sum(axis=1).astype(np.int32),
+                                log_probs=log_probs if return_log_probs else None)
+
+    def _prompt_rows(self, prompt_ids, attention_mask) -> list[np.ndarray]:
+        if isinstance(prompt_ids, np.ndarray) or attention_mask is not None:
+            ids = np.asarray(prompt_ids)
+            if ids.ndim != 2:
+                raise ValueError(f"prompt_ids array must be 2-D [num_prompts, length], got shape {ids.shape}")
+            mask = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask) != 0
+            if mask.shape != ids.shape:
+                raise ValueError(f"attention_mask shape {mask.shape} differs from prompt_ids shape {ids.shape}")
+            rows = [ids[i][mask[i]] for i in range(ids.shape[0])]
+        else:
+            rows = [np.asarray(p) for p in prompt_ids]
+        if not rows:
+            raise ValueError("no prompts given")
+        vocab = self.model.config.vocab_size
+        for i, row in enumerate(rows):
+            if row.ndim != 1 or row.size == 0:
+                raise ValueError(f"prompt {i} must be a non-empty list of token ids, got shape {row.shape}")
+            if not np.issubdtype(row.dtype, np.integer):
+                raise ValueError(f"prompt {i}: token ids must be integers, got dtype {row.dtype}")
+            if row.min() < 0 or row.max() >= vocab:
+                raise ValueError(f"prompt {i}: token ids must be in [0, {vocab}), got range "
+                                 f"[{row.min()}, {row.max()}]")
+        return [r.astype(np.int32) for r in rows]
+
+    def _run(self, graph: str, key: tuple, cell: nn.Cell, *args: Tensor) -> np.ndarray:
+        """Calls a graph cell, recording its input-shape signature and the time of its first call."""
+        signature = (graph, *key, *(tuple(a.shape) for a in args))
+        first = signature not in self._signatures[graph]
+        start = time.perf_counter()
+        out = cell(*args).asnumpy()
+        if first:
+            self._signatures[graph].add(signature)
+            self.first_call_seconds[signature] = time.perf_counter() - start
+            logger.info("compiled %s for input shapes %s in %.2f s", graph, signature[len(key) + 1:],
+                        self.first_call_seconds[signature])
+        return out
+
+    def _select(self, logits: np.ndarray) -> np.ndarray:
+        cfg = self.config
+        if cfg.greedy:
+            return greedy_tokens(logits)
+        return sample_tokens(logits, self.rng, cfg.temperature, cfg.top_k, cfg.top_p)
+
+    def _step(self, t, logits, finished, response, resp_mask, log_probs) -> np.ndarray:
+        """Chooses step t's tokens, records them; returns the tokens fed to the next step."""
+        cfg = self.config
+        alive = ~finished
+        tokens = self._select(logits)
+        if log_probs is not None:
+            temperature = 1.0 if cfg.greedy else cfg.temperature
+            log_probs[:, t] = np.where(alive, token_log_probs(logits, tokens, temperature), 0.0)
+        tokens = np.where(alive, tokens, cfg.pad_token_id).astype(np.int32)
+        response[:, t] = tokens
+        resp_mask[:, t] = alive
+        finished |= alive & np.isin(tokens, cfg.eos_token_ids)
+        return tokens
+
+    def _buffers(self, batch: int, return_log_probs: bool):
+        cfg = self.config
+        response = np.full((batch, cfg.max_new_tokens), cfg.pad_token_id, np.int32)
+        resp_mask = np.zeros((batch, cfg.max_new_tokens), np.int32)
+        log_probs = np.zeros((batch, cfg.max_new_tokens), np.float32) if return_log_probs else None
+        return response, resp_mask, log_probs, np.zeros(batch, bool)
+
+    def _cache(self, batch: int) -> KVCache:
+        key = (batch, self.config.cache_length)
+        if key not in self._caches:
+            self._caches[key] = KVCache(self.model, batch, self.config.cache_length)
+            logger.info("allocated KV cache batch=%d length=%d (%.1f MB)", batch, key[1],
+                        self._caches[key].nbytes() / 2**20)
+        return self._caches[key]
+
+    def _run_cached(self, ids, mask, prompt_lengths, return_log_probs):
+        cfg = self.config
+        batch, bucket = ids.shape
+        cache = self._cache(batch)
+        key = (batch, cache.length)
+        response, resp_mask, log_probs, finished = self._buffers(batch, return_log_probs)
+        valid = np.zeros((batch, cache.length), np.float32)
+        valid[:, :bucket] = mask
+        logits = self._run("prefill", key, cache.prefill, Tensor(ids), Tensor(mask))
+        steps = cfg.max_new_tokens
+        for t in range(cfg.max_new_tokens):
+            tokens = self._step(t, logits, finished, response, resp_mask, log_probs)
+            if finished.all() or t == cfg.max_new_tokens - 1:
+                steps = t + 1
+                break
+            slot = bucket + t
+            valid[:, slot] = 1.0
+            positions = (prompt_lengths + t).astype(np.int32)[:, None]
+            logits = self._run("decode", key, cache.decode, Tensor(tokens[:, None]), Tensor(positions),
+                               Tensor(slot, ms.int32), Tensor(valid))
+        return response, resp_mask, log_probs, steps
+
+    def _run_uncached(self, ids, mask, return_log_probs):
+        cfg = self.config
+        batch, bucket = ids.shape
+        if self._forward_cell is None:
+            self._forward_cell = _LastLogitsCell(self.model)
+        width = bucket + cfg.max_new_tokens
+        buf = np.full((batch, width), cfg.pad_token_id, np.int32)
+        buf_mask = np.zeros((batch, width), np.int32)
+        buf[:, :bucket], buf_mask[:, :bucket] = ids, mask
+        response, resp_mask, log_probs, finished = self._buffers(batch, return_log_probs)
+        steps = cfg.max_new_tokens
+        for t in range(cfg.max_new_tokens):
+            logits = self._run("forward", (), self._forward_cell, Tensor(buf), Tensor(buf_mask),
+                               Tensor(bucket + t - 1, ms.int32))
+            tokens = self._step(t, logits, finished, response, resp_mask, log_probs)
+            if finished.all():
+                steps = t + 1
+                break
+            buf[:, bucket + t], buf_mask[:, bucket + t] = tokens, 1
+        return response, resp_mask, log_probs, steps
+

@@ -1,0 +1,84 @@
+"""The trainer's thin MindSpore cells: response log-probs, the GRPO loss net and the SPMD train step.
+
+Shapes are static: prompts are left-padded to a bucket width P and responses padded to R, so each cell
+compiles once per (batch, P, R).
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from mindrlhf.parallel.comm import DataParallelGradReducer
+from mindrlhf.parallel.layout import Layout
+
+
+class ResponseLogProbs(nn.Cell):
+    """log p(response token t | prompt, response[:t]) for every response position, float32 [B, R].
+
+    Wraps a causal LM exposing `log_probs(input_ids, labels, attention_mask, temperature)`
+    (Qwen2ForCausalLM); `temperature` must be the sampling temperature (the generator reports
+    log-probs of softmax(logits / T) too). Positions after a response's end are computed but
+    meaningless: mask them with the response mask.
+    """
+
+    def __init__(self, model: nn.Cell, temperature: float = 1.0):
+        super().__init__(auto_prefix=False)
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 for log-probs (greedy sampling scores at 1.0), got {temperature}")
+        self.model = model
+        self.temperature = float(temperature)
+
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
+        prompt_width = prompt_ids.shape[1]
+        response_width = response_ids.shape[1]
+        input_ids = ops.concat((prompt_ids, response_ids), 1)
+        attention_mask = ops.concat((prompt_mask.astype(ms.int32), response_mask.astype(ms.int32)), 1)
+        labels = ops.concat((input_ids[:, 1:], ops.zeros((input_ids.shape[0], 1), input_ids.dtype)), 1)
+        logp = self.model.log_probs(input_ids, labels, attention_mask, self.temperature)
+        return logp[:, prompt_width - 1:prompt_width - 1 + response_width]
+
+
+class GRPOLossNet(nn.Cell):
+    """Policy log-probs of the sampled responses fed to the GRPO loss cell; returns (loss, *stats)."""
+
+    def __init__(self, model: nn.Cell, loss_cell: nn.Cell, temperature: float = 1.0):
+        super().__init__(auto_prefix=False)
+        self.response_log_probs = ResponseLogProbs(model, temperature)
+        self.loss_cell = loss_cell
+
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, old_logp, ref_logp, advantages):
+        logp = self.response_log_probs(prompt_ids, prompt_mask, response_ids, response_mask)
+        return self.loss_cell(logp, old_logp, ref_logp, advantages, response_mask)
+
+
+class SPMDGradients(nn.Cell):
+    """`(outputs, grads)` of a loss net returning `(loss, *stats)`, gradients averaged over the dp group.
+
+    Tensor-parallel layers already produce correct shard gradients through their custom bprops, so only
+    data parallel needs a reduction here.
+    """
+
+    def __init__(self, loss_net: nn.Cell, params, layout: Layout | None = None):
+        super().__init__(auto_prefix=False)
+        layout = layout or Layout()
+        self.loss_net = loss_net
+        self.grad_fn = ops.value_and_grad(loss_net, None, params, has_aux=True)
+        self.grad_reducer = DataParallelGradReducer(layout.dp_group, layout.dp)
+
+    def construct(self, *inputs):
+        outputs, grads = self.grad_fn(*inputs)
+        return outputs, self.grad_reducer(grads)
+
+
+class SPMDTrainStep(nn.Cell):
+    """One optimizer step under explicit SPMD: :class:`SPMDGradients`, then the optimizer. Returns the outputs."""
+
+    def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, layout: Layout | None = None):
+        super().__init__(auto_prefix=False)
+        self.gradients = SPMDGradients(loss_net, optimizer.parameters, layout)
+        self.optimizer = optimizer
+
+    def construct(self, *inputs):
+        outputs, grads = self.gradients(*inputs)
+        self.optimizer(grads)
+        return outputs

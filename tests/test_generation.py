@@ -1,0 +1,329 @@
+"""Generation with the static KV cache (GRAPH_MODE, tiny random Qwen2): greedy against a python loop of full
+forwards, cache vs no cache, EOS handling, log-probs against the full forward, seeded sampling, the
+top-k/top-p filters on small arrays, the n-samples-per-prompt layout, compile counts, config errors."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+ms = pytest.importorskip("mindspore")
+
+from mindrlhf.configs.base import ConfigError, from_mapping  # noqa: E402
+from mindrlhf.generation import (GenerationConfig, Generator, nucleus_mask, sample_tokens,  # noqa: E402
+                                 token_log_probs, top_k_candidates, top_k_filter, top_p_filter)
+from mindrlhf.generation.sampling import categorical, log_softmax  # noqa: E402
+from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from mindrlhf.parallel.layers import load_full_state  # noqa: E402
+
+MODEL = dict(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=64,
+             seq_length=128)
+PAD = 0
+NEW = 6
+PROMPTS = [[5, 9, 17], [3, 1, 4, 1, 5, 9, 2], [7, 7] + list(range(20, 30))]  # lengths 3, 7, 12 -> bucket 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_mode():
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    yield
+    ms.set_context(mode=previous)
+
+
+@pytest.fixture(scope="module")
+def model():
+    net = Qwen2ForCausalLM(Qwen2Config(**MODEL))
+    rng = np.random.default_rng(1234)
+    state = {}
+    for p in net.get_parameters():
+        shape = tuple(p.shape)
+        if "norm" in p.name:
+            value = 1.0 + 0.1 * rng.normal(size=shape)
+        elif p.name.endswith("bias"):
+            value = 0.1 * rng.normal(size=shape)
+        else:  # scaled so that logits have a spread of a few nats: peaked, but not one-hot
+            value = rng.normal(size=shape) / np.sqrt(shape[-1]) * (2.0 if "lm_head" in p.name else 1.0)
+        state[p.name] = value.astype(np.float32)
+    load_full_state(net, state)
+    return net
+
+
+def gen_config(**overrides) -> GenerationConfig:
+    base = dict(max_new_tokens=NEW, num_samples=1, do_sample=False, eos_token_ids=[], pad_token_id=PAD,
+                prompt_buckets=[8, 16], seed=0)
+    return GenerationConfig(**{**base, **overrides})
+
+
+@pytest.fixture(scope="module")
+def generator(model):
+    """One Generator shared by the tests (its config is replaced per test) so graphs compile once."""
+    return Generator(model, gen_config())
+
+
+def run(generator, prompts=PROMPTS, return_log_probs=False, **overrides):
+    generator.config = gen_config(**overrides)
+    return generator.generate(prompts, return_log_probs=return_log_probs)
+
+
+def full_logits(model, ids, mask) -> np.ndarray:
+    return model(ms.Tensor(ids.astype(np.int32)), ms.Tensor(mask.astype(np.int32))).asnumpy()
+
+
+def reference_greedy(model, prompts, steps) -> np.ndarray:
+    """argmax decoding by a python loop of full forwards, prompts left-padded to the longest (not to a bucket)."""
+    longest = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), longest + steps), PAD, np.int32)
+    mask = np.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, longest - len(p):longest] = p
+        mask[i, longest - len(p):longest] = 1
+    for t in range(steps):
+        token = full_logits(model, ids, mask)[:, longest + t - 1].argmax(-1)
+        ids[:, longest + t] = token
+        mask[:, longest + t] = 1
+    return ids[:, longest:]
+
+
+# ------------------------------------------------------------------ greedy, cache, EOS
+
+
+def test_greedy_matches_full_forward_loop(model, generator):
+    out = run(generator)
+    np.testing.assert_array_equal(out.response_ids, reference_greedy(model, PROMPTS, NEW))
+    assert out.prompt_ids.shape == (3, 16) and out.response_ids.shape == (3, NEW)
+    np.testing.assert_array_equal(out.prompt_mask.sum(1), [3, 7, 12])
+    np.testing.assert_array_equal(out.prompt_ids[0, -3:], PROMPTS[0])
+    assert (out.prompt_ids[0, :-3] == PAD).all() and (out.prompt_mask[0, :-3] == 0).all()
+    assert (out.response_mask == 1).all()
+    np.testing.assert_array_equal(out.response_lengths, [NEW] * 3)
+    assert len(set(out.response_ids.ravel().tolist())) > 3, "logits too flat: the test would prove little"
+
+
+@pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "sampled"])
+def test_without_kv_cache_identical(generator, sampling):
+    kw = dict(do_sample=sampling, temperature=1.0, seed=7)
+    cached = run(generator, return_log_probs=True, **kw)
+    uncached = run(generator, return_log_probs=True, use_kv_cache=False, **kw)
+    np.testing.assert_array_equal(cached.response_ids, uncached.response_ids)
+    np.testing.assert_allclose(cached.log_probs, uncached.log_probs, atol=1e-5)
+
+
+def test_prompt_array_with_mask_equals_lists(generator):
+    expected = run(generator).response_ids
+    width = 14
+    left = np.full((3, width), 99, np.int64)  # pad value is irrelevant where the mask is 0
+    right = np.full((3, width), 99, np.int64)
+    mask_left, mask_right = np.zeros_like(left), np.zeros_like(right)
+    for i, p in enumerate(PROMPTS):
+        left[i, width - len(p):], mask_left[i, width - len(p):] = p, 1
+        right[i, :len(p)], mask_right[i, :len(p)] = p, 1
+    for ids, mask in ((left, mask_left), (right, mask_right)):
+        np.testing.assert_array_equal(generator.generate(ids, mask).response_ids, expected)
+
+
+def test_eos_ends_response_and_pads_after(generator):
+    free = run(generator).response_ids
+    row = 1
+    step = next(t for t in range(1, NEW - 1) if free[row, t] not in free[row, :t])  # a first occurrence
+    eos = int(free[row, step])
+    out = run(generator, eos_token_ids=[eos])
+    for r in range(3):
+        hits = np.flatnonzero(free[r] == eos)
+        end = hits[0] + 1 if hits.size else NEW
+        np.testing.assert_array_equal(out.response_ids[r, :end], free[r, :end])
+        assert (out.response_ids[r, end:] == PAD).all()
+        np.testing.assert_array_equal(out.response_mask[r], (np.arange(NEW) < end).astype(np.int32))
+        assert out.response_lengths[r] == end
+    assert out.response_lengths[row] == step + 1 < NEW and out.response_ids[row, step] == eos
+
+
+def test_stops_when_every_row_has_ended(generator):
+    first = run(generator).response_ids[:, 0]
+    out = run(generator, eos_token_ids=sorted(set(first.tolist())))
+    assert generator.last_stats["steps"] == 1
+    np.testing.assert_array_equal(out.response_lengths, [1, 1, 1])
+    assert (out.response_ids[:, 1:] == PAD).all()
+
+
+# ----------------------------------------------------------------------- log-probs
+
+
+@pytest.mark.parametrize("temperature,do_sample", [(1.0, True), (0.7, True), (0.7, False)],
+                         ids=["T1", "T0.7", "greedy"])
+def test_log_probs_match_full_forward(model, generator, temperature, do_sample):
+    """log_probs = log_softmax(logits / T) of the full forward at the chosen tokens (T = 1 when greedy)."""
+    out = run(generator, return_log_probs=True, do_sample=do_sample, temperature=temperature, seed=3)
+    ids, mask = out.sequences()
+    prompt_len = out.prompt_ids.shape[1]
+    logits = full_logits(model, ids, mask)[:, prompt_len - 1:-1]  # position P-1+t predicts response token t
+    used_temperature = temperature if do_sample else 1.0
+    expected = np.take_along_axis(log_softmax(logits / used_temperature), out.response_ids[..., None].astype(np.int64),
+                                  axis=-1)[..., 0]
+    assert out.log_probs.dtype == np.float32
+    np.testing.assert_allclose(out.log_probs, expected, atol=1e-5)
+
+
+# ----------------------------------------------------------------------- sampling
+
+
+def test_seeded_sampling_reproducible(generator):
+    kw = dict(do_sample=True, temperature=1.0)
+    a = run(generator, seed=11, **kw).response_ids
+    a_next = generator.generate(PROMPTS).response_ids  # the stream advances across calls
+    b = run(generator, seed=11, **kw).response_ids
+    c = run(generator, seed=12, **kw).response_ids
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, a_next)
+    assert not np.array_equal(a, c)
+    generator.reseed(11)
+    np.testing.assert_array_equal(generator.generate(PROMPTS).response_ids, a)
+
+
+@pytest.mark.parametrize("filters", [dict(top_k=1), dict(top_p=1e-6), dict(top_k=3, top_p=1e-6)],
+                         ids=["top_k=1", "top_p=1e-6", "both"])
+def test_degenerate_filters_equal_greedy(generator, filters):
+    greedy = run(generator).response_ids
+    sampled = run(generator, do_sample=True, temperature=1.5, seed=5, **filters).response_ids
+    np.testing.assert_array_equal(sampled, greedy)
+
+
+def test_samples_per_prompt_layout(generator):
+    prompts = PROMPTS[:2]
+    out = run(generator, prompts, num_samples=3, do_sample=True, temperature=1.5, seed=2)
+    assert out.response_ids.shape == (6, NEW)
+    for j, prompt in enumerate(prompts):
+        for i in range(3):
+            row = j * 3 + i
+            np.testing.assert_array_equal(out.prompt_ids[row][out.prompt_mask[row] == 1], prompt)
+        assert len({tuple(r) for r in out.response_ids[j * 3:(j + 1) * 3]}) > 1, "samples of a group all equal"
+    greedy = run(generator, prompts, num_samples=3)
+    for j in range(2):
+        group = greedy.response_ids[j * 3:(j + 1) * 3]
+        assert (group == group[0]).all()
+
+
+# ------------------------------------------------------- pure filters and sampling (numpy)
+
+
+def test_top_k_filter_and_candidates():
+    logits = np.array([[0.1, 3.0, -1.0, 2.0, 0.5], [5.0, 4.0, 3.0, 2.0, 1.0]], np.float32)
+    out = top_k_filter(logits, 2)
+    np.testing.assert_array_equal(np.isfinite(out), [[0, 1, 0, 1, 0], [1, 1, 0, 0, 0]])
+    np.testing.assert_array_equal(out[np.isfinite(out)], [3.0, 2.0, 5.0, 4.0])
+    np.testing.assert_array_equal(top_k_filter(logits, 0), logits)
+    np.testing.assert_array_equal(top_k_filter(logits, 5), logits)
+    values, indices = top_k_candidates(logits, 3)
+    np.testing.assert_array_equal(indices, [[1, 3, 4], [0, 1, 2]])
+    np.testing.assert_array_equal(values, [[3.0, 2.0, 0.5], [5.0, 4.0, 3.0]])
+
+
+@pytest.mark.parametrize("top_p,kept", [(1e-6, 1), (0.45, 1), (0.75, 2), (0.85, 3), (0.97, 4), (1.0, 4)])
+def test_top_p_filter_keeps_smallest_nucleus(top_p, kept):
+    probs = np.array([0.15, 0.5, 0.05, 0.3])  # sorted: 0.5, 0.3, 0.15, 0.05 (cumulative 0.5, 0.8, 0.95, 1.0)
+    logits = np.log(probs)[None, :]
+    out = top_p_filter(logits, top_p)
+    order = np.argsort(-probs)
+    np.testing.assert_array_equal(np.isfinite(out[0, order]), np.arange(4) < kept)
+    np.testing.assert_array_equal(out[np.isfinite(out)], logits[np.isfinite(out)])
+
+
+def test_nucleus_mask_always_keeps_top_token():
+    sorted_logits = np.array([[10.0, 0.0, -1.0], [0.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(nucleus_mask(sorted_logits, 1e-9), [[1, 0, 0], [1, 0, 0]])
+    np.testing.assert_array_equal(nucleus_mask(sorted_logits, 0.5), [[1, 0, 0], [1, 1, 0]])
+
+
+def test_sample_tokens_follows_filtered_distribution():
+    probs = np.array([0.05, 0.4, 0.1, 0.25, 0.2])
+    rows = 40000
+    logits = np.tile(np.log(probs), (rows, 1))
+    rng = np.random.default_rng(0)
+
+    def freq(**kw):
+        return np.bincount(sample_tokens(logits, rng, **kw), minlength=5) / rows
+
+    np.testing.assert_allclose(freq(), probs, atol=0.01)
+    np.testing.assert_allclose(freq(top_k=2), [0, 0.4 / 0.65, 0, 0.25 / 0.65, 0], atol=0.01)
+    np.testing.assert_allclose(freq(top_p=0.7), [0, 0.4 / 0.85, 0, 0.25 / 0.85, 0.2 / 0.85], atol=0.01)
+    # top-p on the distribution renormalised after top-k: {0.4, 0.25, 0.2}/0.85 -> 0.47, 0.29: keeps two
+    np.testing.assert_allclose(freq(top_k=3, top_p=0.6), [0, 0.4 / 0.65, 0, 0.25 / 0.65, 0], atol=0.01)
+    tempered = probs ** 2 / (probs ** 2).sum()
+    np.testing.assert_allclose(freq(temperature=0.5), tempered, atol=0.01)
+
+
+def test_sampling_is_seeded_and_never_draws_zero_probability():
+    logits = np.random.default_rng(1).normal(size=(64, 50))
+    a = sample_tokens(logits, np.random.default_rng(9), top_k=5)
+    b = sample_tokens(logits, np.random.default_rng(9), top_k=5)
+    np.testing.assert_array_equal(a, b)
+    allowed = np.isfinite(top_k_filter(logits, 5))
+    assert allowed[np.arange(64), a].all()
+    probs = np.array([[0.0, 0.0, 1.0, 0.0], [0.0, 0.5, 0.0, 0.5]])
+    draws = np.stack([categorical(probs, np.random.default_rng(s)) for s in range(200)])
+    assert (draws[:, 0] == 2).all() and set(draws[:, 1].tolist()) == {1, 3}
+
+
+def test_token_log_probs_with_temperature():
+    logits = np.array([[1.0, 2.0, 3.0]])
+    expected = np.log(np.exp(2.0 / 0.5) / np.exp(np.array([1.0, 2.0, 3.0]) / 0.5).sum())
+    np.testing.assert_allclose(token_log_probs(logits, np.array([1]), 0.5), [expected], rtol=1e-6)
+
+
+# ------------------------------------------------------------------- compile counts
+
+
+@pytest.mark.slow
+def test_compiles_once_per_bucket_and_once_for_decode(model):
+    """Prompt lengths 5, 9, 30, 33 with buckets [16, 32, 64] -> prefill compiled for 16, 32, 64; decode once."""
+    gen = Generator(model, gen_config(max_new_tokens=3, prompt_buckets=[16, 32, 64]))
+    rng = np.random.default_rng(0)
+    for length in (5, 9, 30, 33, 9):
+        prompts = rng.integers(1, MODEL["vocab_size"], size=(2, length)).tolist()
+        gen.generate(prompts)
+    expected = {"prefill": 3, "decode": 1, "forward": 0}
+    assert gen.compile_counts() == expected
+    assert gen.graph_compile_counts() == expected  # MindSpore's own record (Cell.compile_cache)
+    assert sorted(sig[3][1] for sig in gen.first_call_seconds if sig[0] == "prefill") == [16, 32, 64]
+
+
+# -------------------------------------------------------------------- config errors
+
+
+@pytest.mark.parametrize("field,value", [
+    ("top_p", 0.0), ("top_p", 1.5), ("temperature", -0.1), ("top_k", -1), ("max_new_tokens", 0),
+    ("num_samples", 0), ("prompt_buckets", []), ("prompt_buckets", [32, 16]), ("seed", -1),
+    ("eos_token_ids", [-2]), ("pad_token_id", -1),
+])
+def test_bad_config_names_field(field, value):
+    with pytest.raises(ConfigError, match=f"generation.{field}"):
+        dataclasses.replace(gen_config(), **{field: value}).validate()
+
+
+def test_config_from_mapping_names_source_and_field():
+    with pytest.raises(ConfigError, match=r"run.yaml.*generation.top_p"):
+        from_mapping(GenerationConfig, {"top_p": 2.0}, "run.yaml")
+    with pytest.raises(ConfigError, match="did you mean 'top_k'"):
+        from_mapping(GenerationConfig, {"topk": 2}, "run.yaml")
+    assert from_mapping(GenerationConfig, {"top_k": 20, "prompt_buckets": [128, 256]}, "run.yaml").top_k == 20
+
+
+def test_prompt_longer_than_largest_bucket(generator):
+    generator.config = gen_config()
+    with pytest.raises(ConfigError, match=r"prompt_buckets.*17 tokens.*largest bucket 16"):
+        generator.generate([[1] * 17])
+
+
+def test_cache_longer_than_seq_length_and_ids_outside_vocab(model):
+    with pytest.raises(ConfigError, match=r"max_new_tokens=16.*prompt_buckets=120.*seq_length=128"):
+        Generator(model, gen_config(prompt_buckets=[64, 120], max_new_tokens=16))
+    with pytest.raises(ConfigError, match="eos_token_ids"):
+        Generator(model, gen_config(eos_token_ids=[151645]))
+    with pytest.raises(ConfigError, match="pad_token_id"):
+        Generator(model, gen_config(pad_token_id=128))
+
+
+def test_defaults_are_qwen_and_valid():
+    cfg = GenerationConfig()
+    cfg.validate()
+    assert cfg.eos_token_ids == [151645, 151643] and cfg.pad_token_id == 151643
+    assert cfg.cache_length == 1024 + cfg.max_new_tokens
