@@ -164,7 +164,7 @@ class SwapManager:
         state.resident = action == _LOAD
         event = SwapEvent(phase, group, action, state.nbytes, time.perf_counter() - start)
         self.events.append(event)
-        logger.info("swap %s %s: %d parameters, %s in %.3f s (phase %s%s)", action, group, len(state.params),
+        logger.debug("swap %s %s: %d parameters, %s in %.3f s (phase %s%s)", action, group, len(state.params),
                     format_bytes(state.nbytes), event.seconds, phase or "-",
                     "" if self.offloads_for_real else ", bookkeeping only")
         return state.nbytes

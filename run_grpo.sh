@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The bundled tiny default, end to end and without downloads:
+#   1. sets up .venv (first run only),
+#   2. converts the bundled GSM8K-style sample to a MindRecord with the bundled tiny tokenizer,
+#   3. runs GRPO steps on the tiny Qwen2-shaped model in one process (CPU, GRAPH_MODE).
+# Extra arguments go to the GRPO script, e.g. `bash run_grpo.sh --steps 10 --num_samples 8`.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bash "$ROOT/tools/bootstrap.sh"
+PY="$ROOT/.venv/bin/python"
+cd "$ROOT"
+export GLOG_v="${GLOG_v:-3}"  # MindSpore: errors only
+OUT="${MINDRLHF_OUTPUT:-$ROOT/output/tiny_grpo}"
+mkdir -p "$OUT"
+TOK="$ROOT/model_configs/tiny/tokenizer"
+"$PY" examples/qwen_grpo_tutorial/rlhf_data.py --vocab_path "$TOK/vocab.json" --merges_file_path "$TOK/merges.txt" \
+    --file_path examples/qwen_grpo_tutorial/data/gsm8k_sample.jsonl --output_path "$OUT/gsm8k_sample.mindrecord" \
+    --template r1_think --max_prompt_length 256
+"$PY" examples/qwen_grpo_tutorial/grpo_pipeline_demo.py --config model_configs/tiny/model.yaml \
+    --vocab_path "$TOK/vocab.json" --merges_file_path "$TOK/merges.txt" --mindrecord "$OUT/gsm8k_sample.mindrecord" "$@"
