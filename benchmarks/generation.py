@@ -25,7 +25,7 @@ import mindspore as ms  # noqa: E402
 
 from mindrlhf.generation import GenerationConfig, Generator, sample_tokens  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
-from mindrlhf.parallel.layers import load_full_state  # noqa: E402
+from mindrlhf.parallel.layers import init_random_weights  # noqa: E402
 
 TINY = dict(vocab_size=1024, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=128,
             seq_length=512)
@@ -49,18 +49,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_model(seed: int) -> Qwen2ForCausalLM:
     net = Qwen2ForCausalLM(Qwen2Config(**TINY))
-    rng = np.random.default_rng(seed)
-    state = {}
-    for param in net.get_parameters():
-        shape = tuple(param.shape)
-        if "norm" in param.name:
-            value = 1.0 + 0.1 * rng.normal(size=shape)
-        elif param.name.endswith("bias"):
-            value = 0.1 * rng.normal(size=shape)
-        else:
-            value = rng.normal(size=shape) / np.sqrt(shape[-1])
-        state[param.name] = value.astype(np.float32)
-    load_full_state(net, state)
+    init_random_weights(net, seed=seed)
     return net
 
 

@@ -13,7 +13,7 @@ from mindrlhf.generation import (GenerationConfig, Generator, nucleus_mask, samp
                                  token_log_probs, top_k_candidates, top_k_filter, top_p_filter)
 from mindrlhf.generation.sampling import categorical, log_softmax  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
-from mindrlhf.parallel.layers import load_full_state  # noqa: E402
+from mindrlhf.parallel.layers import load_full_state, random_full_state  # noqa: E402
 
 MODEL = dict(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=64,
              seq_length=128)
@@ -22,28 +22,14 @@ NEW = 6
 PROMPTS = [[5, 9, 17], [3, 1, 4, 1, 5, 9, 2], [7, 7] + list(range(20, 30))]  # lengths 3, 7, 12 -> bucket 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    yield
-    ms.set_context(mode=previous)
+pytestmark = pytest.mark.usefixtures("graph_mode")
 
 
 @pytest.fixture(scope="module")
 def model():
     net = Qwen2ForCausalLM(Qwen2Config(**MODEL))
-    rng = np.random.default_rng(1234)
-    state = {}
-    for p in net.get_parameters():
-        shape = tuple(p.shape)
-        if "norm" in p.name:
-            value = 1.0 + 0.1 * rng.normal(size=shape)
-        elif p.name.endswith("bias"):
-            value = 0.1 * rng.normal(size=shape)
-        else:  # scaled so that logits have a spread of a few nats: peaked, but not one-hot
-            value = rng.normal(size=shape) / np.sqrt(shape[-1]) * (2.0 if "lm_head" in p.name else 1.0)
-        state[p.name] = value.astype(np.float32)
+    state = random_full_state(net, seed=1234)
+    state["lm_head.weight"] *= 2.0  # logits with a spread of a few nats: peaked, but not one-hot
     load_full_state(net, state)
     return net
 

@@ -6,8 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import mindspore as ms
-
 ROOT = Path(__file__).parents[1]
 TOKENIZER = ROOT / "model_configs" / "tiny" / "tokenizer"
 
@@ -38,10 +36,9 @@ def test_grpo_steps_update_the_policy_and_reshard_it_into_the_inference_net(tmp_
         "    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     demo = load_demo()
-    ms.set_seed(0)
-    initial = {p.name: p.asnumpy().copy() for p in
-               demo.Qwen2ForCausalLM(demo.Qwen2Config.from_yaml(ROOT / "model_configs/tiny/model.yaml"))
-               .get_parameters()}
+    from mindrlhf.parallel.layers import random_full_state
+    initial = random_full_state(demo.Qwen2ForCausalLM(demo.Qwen2Config.from_yaml(ROOT / "model_configs/tiny/model.yaml")),
+                                seed=0)
     result = demo.main([
         "--config", str(ROOT / "model_configs/tiny/model.yaml"), "--vocab_path", str(TOKENIZER / "vocab.json"),
         "--merges_file_path", str(TOKENIZER / "merges.txt"), "--mindrecord", str(mindrecord), "--steps", "2",

@@ -12,12 +12,7 @@ AGGREGATIONS = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"]
 BETA, EPS_LOW, EPS_HIGH = 0.04, 0.2, 0.28
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    yield
-    ms.set_context(mode=previous)
+pytestmark = pytest.mark.usefixtures("graph_mode")
 
 
 def fixed_batch(seed=0):

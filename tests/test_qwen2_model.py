@@ -18,12 +18,7 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_mode():
-    previous = ms.get_context("mode")
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    yield
-    ms.set_context(mode=previous)
+pytestmark = pytest.mark.usefixtures("graph_mode")
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))

@@ -7,7 +7,7 @@ from mindspore import nn
 
 from mindrlhf.algorithms import GRPOLossCell, grpo_policy_loss
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-from mindrlhf.parallel.layers import load_full_state
+from mindrlhf.parallel.layers import init_random_weights
 from mindrlhf.trainer.cells import GRPOLossNet, ResponseLogProbs, SPMDTrainStep
 
 CONFIG = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=64,
@@ -19,10 +19,7 @@ def model():
     previous = ms.get_context("mode")
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     net = Qwen2ForCausalLM(Qwen2Config(**CONFIG))
-    rng = np.random.RandomState(0)
-    load_full_state(net, {p.name: (rng.standard_normal(p.shape) * 0.3 + (p.name.endswith("norm.weight") or
-                                                                          p.name.endswith("norm_out.weight")))
-                          .astype(np.float32) for p in net.get_parameters()})
+    init_random_weights(net, seed=0)
     yield net
     ms.set_context(mode=previous)
 

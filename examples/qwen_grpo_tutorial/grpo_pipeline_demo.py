@@ -25,6 +25,7 @@ from mindrlhf.data import PromptDataset
 from mindrlhf.generation import GenerationConfig, Generator
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 from mindrlhf.parallel import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS, Layout, SwapManager
+from mindrlhf.parallel.layers import init_random_weights
 from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.strategy import net_layouts
 from mindrlhf.reward import build_reward_fn
@@ -81,7 +82,6 @@ def main(argv=None):
     args = parse_args(argv)
     setup_logging()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    ms.set_seed(args.seed)
     config = Qwen2Config.from_yaml(args.config)
     tokenizer = Qwen2Tokenizer(args.vocab_path, args.merges_file_path)
     layout = Layout()
@@ -89,6 +89,8 @@ def main(argv=None):
     policy = Qwen2ForCausalLM(config, layout)
     if args.load_checkpoint:
         ms.load_param_into_net(policy, ms.load_checkpoint(args.load_checkpoint), strict_load=True)
+    else:
+        init_random_weights(policy, layout, seed=args.seed)
     infer_net = renamed_copy(config, "infer.", layout)
     ref_net = renamed_copy(config, "ref.", layout)
     optimizer = nn.AdamWeightDecay(policy.trainable_params(), learning_rate=args.learning_rate, weight_decay=0.0)

@@ -13,24 +13,11 @@ from mindspore import nn, ops
 
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel import Layout
-from mindrlhf.parallel.layers import load_full_state
+from mindrlhf.parallel.layers import init_random_weights, param_split_axes
 from mindrlhf.trainer.cells import SPMDGradients, SPMDTrainStep
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
-
-
-def full_state(net_names_shapes, tp, axes, seed=0):
-    rng = np.random.RandomState(seed)
-    state = {}
-    for name, shape in sorted(net_names_shapes.items()):
-        full = list(shape)
-        if axes[name] is not None:
-            full[axes[name]] *= tp
-        scale = 1.0 if name.endswith("norm.weight") or name.endswith("norm_out.weight") else 0.1
-        base = 1.0 if scale == 1.0 else 0.0
-        state[name] = (base + scale * rng.standard_normal(full)).astype(np.float32)
-    return state
 
 
 class NLLLoss(nn.Cell):
@@ -63,10 +50,8 @@ def main():
         layout = Layout()
     cfg = Qwen2Config(**CONFIG, compute_dtype=args.compute_dtype)
     net = Qwen2ForCausalLM(cfg, layout)
-    from mindrlhf.parallel.layers import param_split_axes
     axes = param_split_axes(net)
-    state = full_state({p.name: p.shape for p in net.get_parameters()}, layout.tp, axes)
-    load_full_state(net, state, layout)
+    init_random_weights(net, layout, seed=0)
 
     rng = np.random.RandomState(1)
     global_batch, seq = 4, 16

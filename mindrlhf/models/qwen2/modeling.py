@@ -259,20 +259,9 @@ class Qwen2LogProbs(nn.Cell):
         return self.model.log_probs(input_ids, labels, attention_mask)
 
 
-class _PrefillCell(nn.Cell):
-    def __init__(self, model: Qwen2ForCausalLM, key_caches, value_caches):
-        super().__init__(auto_prefix=False)
-        self.model = model
-        self.key_caches = key_caches
-        self.value_caches = value_caches
+class _CachedCell(nn.Cell):
+    """A graph over `model` that reads and writes the KV cache Parameters (names unchanged)."""
 
-    def construct(self, input_ids, attention_mask):
-        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        h = self.model.model(input_ids, position_ids, attn_bias, self.key_caches, self.value_caches)
-        return self.model._head(h[:, -1, :], True)  # pylint: disable=protected-access
-
-
-class _DecodeCell(nn.Cell):
     def __init__(self, model: Qwen2ForCausalLM, key_caches, value_caches):
         super().__init__(auto_prefix=False)
         self.model = model
@@ -280,6 +269,15 @@ class _DecodeCell(nn.Cell):
         self.value_caches = value_caches
         self.cache_length = key_caches[0].shape[2]
 
+
+class _PrefillCell(_CachedCell):
+    def construct(self, input_ids, attention_mask):
+        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
+        h = self.model.model(input_ids, position_ids, attn_bias, self.key_caches, self.value_caches)
+        return self.model._head(h[:, -1, :], True)  # pylint: disable=protected-access
+
+
+class _DecodeCell(_CachedCell):
     def construct(self, token_ids, position_ids, slot, valid_slots):
         slot_onehot = ops.one_hot(slot, self.cache_length, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))
         slot_onehot = slot_onehot.astype(self.key_caches[0].dtype).reshape(1, 1, self.cache_length, 1)
