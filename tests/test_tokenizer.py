@@ -108,7 +108,7 @@ def tiny() -> Qwen2Tokenizer:
 # ---------------------------------------------------------------- parity with transformers, real Qwen vocab
 
 def test_special_token_ids_match_qwen(ours, reference):
-    assert ours.vocab_size == 151646
+    assert ours.vocab_size == len(reference) == 151669  # 151643 BPE tokens + the folder's 26 added tokens
     assert [ours.token_to_id(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [151643, 151644, 151645]
     assert ours.eos_token_id == reference.eos_token_id == 151645
     assert ours.pad_token_id == reference.pad_token_id == 151643
@@ -131,14 +131,34 @@ def test_special_tokens_in_text_are_single_ids(ours):
     assert ours.decode(ids, skip_special_tokens=True) == "user\nhi"
 
 
-def test_other_qwen_added_tokens_are_plain_text(ours, reference):
-    # Only the three chat special tokens are added. The folder's tokenizer.json (Qwen3) also adds <think>,
-    # <tool_call>, <|fim_prefix|>, ...; Qwen2.5 has no <think> token, so there it is BPE text as here.
-    text = "<think>\nreasoning\n</think>\n<tool_call>"
+def test_added_tokens_of_the_folder_match_transformers(ours, reference):
+    # The folder's tokenizer_config.json adds <think>, <tool_call>, <|fim_prefix|>, ... after the chat tokens.
+    text = "<think>\nreasoning\n</think>\n<tool_call>{}</tool_call><|fim_prefix|>x"
     ids = ours.encode(text)
-    assert max(ids) < 151643 and len(ids) > 3
-    assert ours.decode(ids) == text
-    assert reference.encode(text, add_special_tokens=False)[0] == 151667  # the difference, pinned
+    assert ids == reference.encode(text, add_special_tokens=False)
+    assert ids[0] == 151667 and ours.vocab_size == len(reference)
+    for skip in (False, True):
+        assert ours.decode(ids, skip_special_tokens=skip) == reference.decode(ids, skip_special_tokens=skip)
+
+
+def test_without_a_tokenizer_config_only_the_chat_tokens_are_added(tmp_path, qwen_dir):
+    import shutil
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(os.path.join(qwen_dir, name), tmp_path / name)
+    plain = Qwen2Tokenizer(tmp_path / "vocab.json", tmp_path / "merges.txt")
+    assert plain.vocab_size == 151646 and plain.tokenizer_config_path is None
+    ids = plain.encode("<think>hi<|im_end|>")
+    assert max(ids[:-1]) < 151643 and ids[-1] == 151645
+
+
+def test_added_tokens_with_a_gap_are_rejected(tmp_path):
+    vocab = {chr(c): i for i, c in enumerate(range(97, 100))}
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"added_tokens_decoder": {"5": {"content": "<|endoftext|>", "special": True}}}))
+    with pytest.raises(ValueError, match=r"tokenizer_config.json: added token id 5 .* should be 3"):
+        Qwen2Tokenizer(tmp_path / "vocab.json", tmp_path / "merges.txt")
 
 
 def test_random_strings_match_transformers(ours, reference):

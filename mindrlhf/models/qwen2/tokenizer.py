@@ -2,9 +2,11 @@
 
 Built on the Hugging Face `tokenizers` library with the same pipeline as Qwen's own `tokenizer.json`:
 NFC normalisation, Qwen2's pre-tokenizer regex followed by the GPT-2 byte-to-unicode mapping, BPE
-without unknown token, and the byte-level decoder. The three special tokens Qwen2.5 uses in chat
-(`<|endoftext|>`, `<|im_start|>`, `<|im_end|>`) are appended after the vocabulary; with the real Qwen
-vocabulary (151643 entries) they get the ids 151643, 151644 and 151645.
+without unknown token, and the byte-level decoder. Added tokens come from the `tokenizer_config.json`
+next to vocab.json (`added_tokens_decoder`, as Hugging Face folders ship it: 22 for Qwen2.5, e.g.
+`<tool_call>` and `<|fim_prefix|>`); without one, the three chat tokens (`<|endoftext|>`,
+`<|im_start|>`, `<|im_end|>`) are appended after the vocabulary. With the real Qwen vocabulary
+(151643 entries) those three get the ids 151643, 151644 and 151645.
 """
 from __future__ import annotations
 
@@ -125,15 +127,36 @@ def render_qwen_chat(
     return "".join(parts)
 
 
+def load_added_tokens(config_path: str, vocab_size: int) -> list[AddedToken]:
+    """Added tokens of a Hugging Face `tokenizer_config.json`, in id order, ids checked to follow the vocab."""
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            entries = json.load(f).get("added_tokens_decoder", {})
+        entries = sorted((int(i), entry) for i, entry in entries.items())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError, ValueError) as err:
+        raise ValueError(f"{config_path}: cannot read added_tokens_decoder: {err}") from None
+    tokens = []
+    for expected_id, (token_id, entry) in enumerate(entries, start=vocab_size):
+        if token_id != expected_id or not isinstance(entry, dict) or not isinstance(entry.get("content"), str):
+            raise ValueError(f"{config_path}: added token id {token_id} ({entry!r}) should be {expected_id}: added "
+                             "tokens must follow the vocabulary without gaps, each with a 'content' string")
+        tokens.append(AddedToken(entry["content"], special=bool(entry.get("special", False)),
+                                 normalized=bool(entry.get("normalized", False)),
+                                 lstrip=bool(entry.get("lstrip", False)), rstrip=bool(entry.get("rstrip", False)),
+                                 single_word=bool(entry.get("single_word", False))))
+    return tokens
+
+
 class Qwen2Tokenizer:
     """Qwen2/Qwen2.5 byte-level BPE tokenizer from `vocab.json` and `merges.txt`.
 
-    Ids match Hugging Face's Qwen2 tokenizer for text that contains no added tokens other than the three
-    special tokens. `eos_token_id` is `<|im_end|>` (end of a chat turn); generation should stop on any of
+    Ids match Hugging Face's Qwen2 tokenizer of the same folder, added tokens included. `tokenizer_config_path`
+    defaults to the `tokenizer_config.json` beside `vocab_path` when there is one. `eos_token_id` is `<|im_end|>` (end of a chat turn); generation should stop on any of
     `stop_token_ids` (`<|im_end|>` and `<|endoftext|>`); `pad_token_id` is `<|endoftext|>`.
     """
 
-    def __init__(self, vocab_path: str | os.PathLike, merges_file_path: str | os.PathLike):
+    def __init__(self, vocab_path: str | os.PathLike, merges_file_path: str | os.PathLike,
+                 tokenizer_config_path: str | os.PathLike | None = None):
         self.vocab_path = os.fspath(vocab_path)
         self.merges_file_path = os.fspath(merges_file_path)
         vocab = load_vocab(self.vocab_path)
@@ -148,10 +171,14 @@ class Qwen2Tokenizer:
         tokenizer.normalizer = normalizers.NFC()
         tokenizer.pre_tokenizer = qwen2_pre_tokenizer()
         tokenizer.decoder = decoders.ByteLevel()
-        tokenizer.add_special_tokens([
-            AddedToken(token, special=True, normalized=False, lstrip=False, rstrip=False, single_word=False)
-            for token in SPECIAL_TOKENS
-        ])
+        if tokenizer_config_path is None:
+            sibling = os.path.join(os.path.dirname(os.path.abspath(self.vocab_path)), "tokenizer_config.json")
+            tokenizer_config_path = sibling if os.path.isfile(sibling) else None
+        self.tokenizer_config_path = None if tokenizer_config_path is None else os.fspath(tokenizer_config_path)
+        added = (load_added_tokens(self.tokenizer_config_path, len(vocab)) if self.tokenizer_config_path
+                 else [AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+        for token in added:  # one at a time, in id order, so that each gets the next id
+            (tokenizer.add_special_tokens if token.special else tokenizer.add_tokens)([token])
         self._tokenizer = tokenizer
         self.endoftext_token_id = self._require_id(ENDOFTEXT)
         self.im_start_token_id = self._require_id(IM_START)
@@ -159,8 +186,8 @@ class Qwen2Tokenizer:
 
     def _require_id(self, token: str) -> int:
         token_id = self._tokenizer.token_to_id(token)
-        if token_id is None:  # pragma: no cover - add_special_tokens always assigns an id
-            raise ValueError(f"{self.vocab_path}: special token {token} has no id")
+        if token_id is None:
+            raise ValueError(f"{self.tokenizer_config_path or self.vocab_path}: special token {token} is not defined")
         return token_id
 
     @property
