@@ -171,7 +171,7 @@ def test_ascend_path_calls_parameter_offload_and_load(monkeypatch):
 
 
 def test_transitions_are_logged(swap, caplog):
-    with caplog.at_level(logging.INFO, logger="mindrlhf.parallel.swap"):
+    with caplog.at_level(logging.DEBUG, logger="mindrlhf.parallel.swap"):
         swap.offload(TRAIN_WEIGHTS, "generation")
     assert any("swap offload train_weights: 2 parameters, 68 B" in r.getMessage() and "phase generation" in
                r.getMessage() for r in caplog.records)
