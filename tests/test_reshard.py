@@ -138,3 +138,15 @@ def test_online_reshard_equals_transform_checkpoints(tmp_path, src, dst, dtype, 
             assert int(got["__buckets"]) > 1  # the 4 KiB bucket bound splits the move
         else:  # every rank already holds what it needs: no collective at all
             assert int(got["__bytes_sent"]) == 0
+
+
+def test_wire_dtype_is_the_narrowest_exact_one():
+    import mindspore as ms
+    from mindrlhf.parallel.reshard import wire_dtype
+    cpu = {ms.float32, ms.float16}
+    assert wire_dtype({ms.float32}, {ms.float16}, cpu) == ms.float16      # cast before sending halves bytes
+    assert wire_dtype({ms.float32}, {ms.float32}, cpu) == ms.float32
+    assert wire_dtype({ms.float32}, {ms.bfloat16}, cpu) == ms.float32     # no bf16 collectives on CPU
+    assert wire_dtype({ms.float32}, {ms.bfloat16}, cpu | {ms.bfloat16}) == ms.bfloat16
+    assert wire_dtype({ms.float16}, {ms.float32}, cpu) == ms.float16      # a lone source dtype is exact too
+    assert wire_dtype({ms.float32, ms.float16}, {ms.float32, ms.float16}, cpu) == ms.float32

@@ -4,14 +4,24 @@ Plan (pure layout arithmetic, :func:`plan_reshard`): for every destination param
 the region of the full tensor its destination layout gives it. The ranks that hold the distinct shards
 of the source parameter exactly once (the source *group*: ranks that differ only on the device axes the
 parameter is split over) can provide any region. If every member of the group already holds the region
-it needs, the move is a local slice. Otherwise the group AllReduce(SUM)s a buffer covering the union
-(bounding box) of the members' needs, each member filling in the part of its shard that falls inside
-and zeros elsewhere; the sum is exact because the shards are disjoint.
+it needs, the move is a local slice. Otherwise the group exchanges a buffer covering the union
+(bounding box) of the members' needs:
 
-Only AllReduce(SUM) is used, which works on sub-groups on every backend (CPU has no Send/Recv,
-ReduceScatter or AlltoAll, and AllGather only on the world group). Buffers of one group are packed into
-size-bounded buckets, so the memory peak stays near one bucket; values are cast to the destination dtype
-before they travel when that is exact (fp32 -> fp16 zero-padded sums are), else after.
+- when the group is the whole world (e.g. tp -> replicated, tp4 -> dp2 x tp2), every member sends its
+  whole shard with AllGather and rebuilds the full tensor with a reshape/transpose; this moves half the
+  bytes of an AllReduce and needs no zero padding;
+- otherwise (a sub-group: AllGather is world-only on CPU) the members AllReduce(SUM) the buffer, each
+  filling in the part of its shard that falls inside and zeros elsewhere; the sum is exact because the
+  shards are disjoint.
+
+CPU has no Send/Recv, ReduceScatter or AlltoAll, so nothing else is used. Moves of one group are packed
+into size-bounded buckets, so the memory peak stays near one bucket. Each bucket is one compiled graph
+(GRAPH_MODE): collectives, unpack, cast and `Assign` into the destination parameters, with no host round
+trip. Inside a bucket, small messages share one collective call and every large one gets its own, on its
+own contiguous tensor (`pack_below_bytes`). Values travel in the destination dtype when it is narrower
+than the source and the backend's collectives carry it (casting before or after a gather or a
+zero-padded sum gives the same bits). CPU has no bfloat16 collectives and no bfloat16 `Assign`: bfloat16
+destinations get float32 on the wire and are written with `set_data`.
 """
 from __future__ import annotations
 
@@ -22,10 +32,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
-import numpy as np
-
 import mindspore as ms
-from mindspore import Tensor, nn, ops
+from mindspore import ParameterTuple, Tensor, nn, ops
 
 from mindrlhf.parallel.layout import NOT_SPLIT, ensure_group
 from mindrlhf.parallel.strategy import ParamLayout, StrategyError, read_strategy_file, validate_pair
@@ -33,6 +41,8 @@ from mindrlhf.parallel.strategy import ParamLayout, StrategyError, read_strategy
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+# Per-rank messages smaller than this share one collective call with the other small moves of their bucket.
+PACK_BELOW_BYTES = 1024 * 1024
 
 
 Region = tuple[slice, ...]
@@ -62,6 +72,10 @@ def region_size(region: Region) -> int:
     return math.prod(s.stop - s.start for s in region)
 
 
+def region_shape(region: Region) -> tuple[int, ...]:
+    return tuple(s.stop - s.start for s in region)
+
+
 def source_group(layout: ParamLayout, rank: int) -> tuple[int, ...]:
     """Ranks that, with `rank`, hold every shard of the parameter exactly once (same replica coordinates)."""
     split_axes = {layout._device_axis(m) for m in layout.tensor_map if m != NOT_SPLIT}  # pylint: disable=protected-access
@@ -76,7 +90,7 @@ class Move:
 
     src_name: str
     dst_name: str
-    group: tuple[int, ...]          # ranks in the AllReduce; () = local slice, no communication
+    group: tuple[int, ...]          # ranks in the collective; () = local slice, no communication
     buffer_region: Region           # region of the full tensor the buffer carries (or this rank's source shard)
     contribution: Region | None     # part of this rank's source shard inside the buffer (full-tensor coords)
     src_region: Region              # this rank's source shard (full-tensor coords)
@@ -130,13 +144,276 @@ def make_buckets(moves: list[Move], bucket_elements: int) -> list[Bucket]:
     return sorted(buckets, key=lambda b: b.group)
 
 
-class _GroupAllReduce(nn.Cell):
-    def __init__(self, group: str):
-        super().__init__()
-        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+def _chunks(moves: list[Move], max_elements: int) -> list[list[Move]]:
+    """Consecutive runs of `moves` whose destination regions hold at most `max_elements` (a bigger one alone)."""
+    chunks: list[list[Move]] = []
+    size = 0
+    for move in moves:
+        elements = region_size(move.dst_region)
+        if not chunks or (chunks[-1] and size + elements > max_elements):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(move)
+        size += elements
+    return chunks
 
-    def construct(self, x):
-        return self.all_reduce(x)
+
+# ------------------------------------------------------------------------------------------ graphs
+def _on_cpu() -> bool:
+    return ms.get_context("device_target") == "CPU"
+
+
+def _wire_dtypes():
+    """Dtypes the backend's collectives carry: CPU has no bfloat16 AllReduce/AllGather kernels."""
+    return {ms.float32, ms.float16} if _on_cpu() else {ms.float32, ms.float16, ms.bfloat16}
+
+
+def _assignable(dtype) -> bool:
+    """Whether a graph can `Assign` into a parameter of `dtype` (CPU has no bfloat16 Assign kernel)."""
+    return dtype != ms.bfloat16 or not _on_cpu()
+
+
+def wire_dtype(src_dtypes, dst_dtypes, carried=None):
+    """Narrowest exact dtype for values moving from `src_dtypes` to `dst_dtypes` (sets of MindSpore dtypes).
+
+    A single destination dtype is exact whatever its width (gathers and zero-padded sums never round, so
+    casting before the move equals casting after); a single source dtype is exact (no cast at all).
+    Mixed dtypes on both sides travel as float32.
+    """
+    carried = _wire_dtypes() if carried is None else carried
+    candidates = [next(iter(s)) for s in (set(dst_dtypes), set(src_dtypes)) if len(s) == 1]
+    candidates = [d for d in candidates if d in carried]
+    return min(candidates, key=lambda d: d.itemsize) if candidates else ms.float32
+
+
+def _slice_args(region: Region, origin: Region) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None:
+    """StridedSlice (begin, end, strides) taking `region` out of a tensor covering `origin`; None if all of it."""
+    if region == origin:
+        return None
+    rel = relative(region, origin)
+    return tuple(s.start for s in rel), tuple(s.stop for s in rel), (1,) * len(rel)
+
+
+class _Step(nn.Cell):
+    """One compiled graph: its inputs are the source shards of `moves` (aliases of the source parameters);
+    it writes every destination region into its parameter with `Assign` (a copy, never an alias).
+
+    Subclasses produce, for move i, a tensor covering `origins[i]` of the full tensor; `_emit` cuts this
+    rank's destination region out of it, casts and assigns. Where the backend cannot assign the
+    destination dtype, the value is returned instead (`returned` lists those moves in output order) and
+    `Resharder.run` hands it to `set_data`. Per-move constants are tuples indexed inside unrolled loops:
+    the graph is static.
+    """
+
+    collective = False
+
+    def __init__(self, moves: list[Move], dst_params, origins: list[Region], src_dtypes, order=None):
+        super().__init__(auto_prefix=False)
+        self.count = len(moves)
+        self.src_names = tuple(m.src_name for m in moves)
+        self.dst_names = tuple(m.dst_name for m in moves)
+        self.dst = ParameterTuple(dst_params)
+        self.dst_dtypes = tuple(p.dtype for p in dst_params)
+        cuts = [_slice_args(m.dst_region, origin) for m, origin in zip(moves, origins)]
+        self.cut = tuple(c is not None for c in cuts)
+        self.cut_args = tuple(c or ((), (), ()) for c in cuts)
+        self.assigned = tuple(_assignable(p.dtype) for p in dst_params)
+        # whether a returned value is new memory (else it may be the input itself, i.e. the source parameter)
+        self.fresh = tuple(self.collective or cut or src != dst
+                           for cut, src, dst in zip(self.cut, src_dtypes, self.dst_dtypes))
+        order = tuple(range(self.count)) if order is None else order  # the order construct emits moves in
+        self.returned = tuple(i for i in order if not self.assigned[i])
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def _emit(self, i, value, done, outs):
+        """Destination region of move i out of `value`, cast, then assigned (or appended to `outs`).
+
+        `done` is a scalar the graph returns that depends on every Assign: a graph whose output does not
+        depend on its Assigns may drop them.
+        """
+        if self.cut[i]:
+            begin, end, strides = self.cut_args[i]
+            value = ops.strided_slice(value, begin, end, strides)
+        if value.dtype != self.dst_dtypes[i]:
+            value = value.astype(self.dst_dtypes[i])
+        if self.assigned[i]:
+            return ops.depend(done, ops.assign(self.dst[i], value)), outs
+        return done, outs + [value]
+
+
+class _LocalStep(_Step):
+    """Moves whose destination region lies in this rank's own shard: slice, cast, assign."""
+
+    def __init__(self, moves: list[Move], dst_params, src_dtypes):
+        super().__init__(moves, dst_params, [m.src_region for m in moves], src_dtypes)
+
+    def construct(self, *srcs):
+        done, outs = ops.zeros((), ms.int32), []
+        for i in range(self.count):
+            done, outs = self._emit(i, srcs[i], done, outs)
+        return done, tuple(outs)
+
+
+class _ExchangeStep(_Step):
+    """A bucket of moves exchanged with one kind of collective (AllGather or AllReduce).
+
+    Moves whose message (this rank's part, in the wire dtype) is under `pack_below_bytes` share one
+    collective call (flattened and concatenated: per-call latency dominates small messages); every other
+    move gets its own call on its own contiguous tensor, so large values are never sliced out of a packed
+    buffer (a strided copy that MindSpore's CPU kernels make slow, especially in float16). Subclasses define
+    `_send` (this rank's flat message for move i), `_collect` (the collective), `_piece` (move i's part of
+    a packed result) and `_unpack` (a result -> the tensor covering its origin).
+    """
+
+    collective = True
+
+    def __init__(self, moves: list[Move], dst_params, origins: list[Region], src_dtypes, wire, sizes: list[int],
+                 pack_below_bytes: int):
+        small = [i for i, size in enumerate(sizes) if size * wire.itemsize < pack_below_bytes]
+        packed = tuple(small) if len(small) > 1 else ()
+        solo = tuple(i for i in range(len(moves)) if i not in packed)
+        super().__init__(moves, dst_params, origins, src_dtypes, order=packed + solo)
+        self.packed, self.solo = packed, solo
+        self.wire = wire
+        self.sizes = tuple(sizes)
+        self.pack_offsets = tuple(sum(self.sizes[k] for k in self.packed[:j]) for j in range(len(self.packed)))
+        self.n_packed, self.n_solo = len(self.packed), len(self.solo)
+
+    def _to_wire(self, value):
+        if value.dtype != self.wire:
+            value = value.astype(self.wire)
+        return value
+
+    def construct(self, *srcs):
+        done, outs = ops.zeros((), ms.int32), []
+        # Each collective call waits for the previous one's result: the graph may otherwise schedule
+        # independent calls in any order, and ranks whose graphs differ (a rank that contributes nothing
+        # sends constant zeros) would pair different calls.
+        previous = done
+        if self.n_packed > 0:
+            parts = []
+            for j in range(self.n_packed):
+                i = self.packed[j]
+                parts.append(self._send(i, srcs[i]))
+            received = self._collect(ops.depend(ops.concat(parts), previous))
+            previous = received
+            for j in range(self.n_packed):
+                i = self.packed[j]
+                piece = self._piece(received, self.pack_offsets[j], self.sizes[i])
+                done, outs = self._emit(i, self._unpack(i, piece), done, outs)
+        for j in range(self.n_solo):
+            i = self.solo[j]
+            received = self._collect(ops.depend(self._send(i, srcs[i]), previous))
+            previous = received
+            done, outs = self._emit(i, self._unpack(i, received), done, outs)
+        return done, tuple(outs)
+
+
+class _GatherStep(_ExchangeStep):
+    """A bucket exchanged over the whole world with AllGather.
+
+    Each rank sends its whole shard of every move. The result holds rank r's message as row r; ranks run
+    row-major over the source device matrix, so move i's rows reshaped to `grid_shape` =
+    (*dev_matrix, *shard_shape) and transposed by `perm` (each split device axis just before the tensor
+    dimension it splits) are the full tensor.
+    """
+
+    def __init__(self, moves: list[Move], dst_params, src_dtypes, src_layouts: list[ParamLayout], world: int, wire,
+                 pack_below_bytes: int):
+        full = [tuple(slice(0, n) for n in lay.full_shape) for lay in src_layouts]
+        for move, region in zip(moves, full):
+            if move.buffer_region != region or len(move.group) != world:
+                raise StrategyError(f"internal: {move.dst_name} is not a whole-tensor move over the world")
+        sizes = [math.prod(lay.local_shape) for lay in src_layouts]
+        super().__init__(moves, dst_params, full, src_dtypes, wire, sizes, pack_below_bytes)
+        self.all_gather = ops.AllGather()
+        self.world = world
+        grids, perms = zip(*(self._grid(lay) for lay in src_layouts))
+        self.grid_shapes = tuple(grids)
+        self.perms = tuple(perms)
+        self.transpose = tuple(p != tuple(sorted(p)) for p in perms)
+        self.full_shapes = tuple(lay.full_shape for lay in src_layouts)
+        self.bytes_sent = sum(sizes) * wire.itemsize
+        self.bytes_received = self.bytes_sent * world
+
+    @staticmethod
+    def _grid(lay: ParamLayout) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        ndev = len(lay.dev_matrix)
+        device_axis = lay._device_axis  # pylint: disable=protected-access
+        split = [None if m == NOT_SPLIT else device_axis(m) for m in lay.tensor_map]
+        unused = [a for a in range(ndev) if a not in split]  # all of size 1 when the group is the world
+        perm = list(unused)
+        for dim, axis in enumerate(split):
+            if axis is not None:
+                perm.append(axis)
+            perm.append(ndev + dim)
+        return tuple(lay.dev_matrix) + tuple(lay.local_shape), tuple(perm)
+
+    def _send(self, i, src):
+        return self._to_wire(src).reshape(-1)
+
+    def _collect(self, message):
+        return self.all_gather(message).reshape(self.world, -1)
+
+    def _piece(self, received, start, size):
+        return received[:, start:start + size]
+
+    def _unpack(self, i, rows):
+        grid = rows.reshape(self.grid_shapes[i])
+        if self.transpose[i]:
+            grid = grid.transpose(self.perms[i])
+        return grid.reshape(self.full_shapes[i])
+
+
+class _ReduceStep(_ExchangeStep):
+    """A bucket exchanged within a sub-group with AllReduce(SUM) of zero-padded contributions."""
+
+    def __init__(self, moves: list[Move], dst_params, src_dtypes, group: str, wire, pack_below_bytes: int):
+        sizes = [m.buffer_elements for m in moves]
+        super().__init__(moves, dst_params, [m.buffer_region for m in moves], src_dtypes, wire, sizes,
+                         pack_below_bytes)
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+        self.buffer_shapes = tuple(region_shape(m.buffer_region) for m in moves)
+        self.contributes = tuple(m.contribution is not None for m in moves)
+        takes = [_slice_args(m.contribution, m.src_region) if m.contribution else None for m in moves]
+        self.take = tuple(t is not None for t in takes)
+        self.take_args = tuple(t or ((), (), ()) for t in takes)
+        pads = [self._paddings(m) for m in moves]
+        self.pad = tuple(any(p) for p in pads)
+        self.paddings = tuple(pads)
+        self.bytes_sent = self.bytes_received = sum(sizes) * wire.itemsize
+
+    @staticmethod
+    def _paddings(move: Move) -> tuple[int, ...]:
+        """ops.pad amounts (last dimension first) placing the contribution inside the buffer."""
+        if move.contribution is None:
+            return ()
+        flat = []
+        for c, b in reversed(list(zip(move.contribution, move.buffer_region))):
+            flat += [c.start - b.start, b.stop - c.stop]
+        return tuple(flat)
+
+    def _send(self, i, src):
+        if not self.contributes[i]:
+            return ops.zeros((self.sizes[i],), self.wire)
+        part = src
+        if self.take[i]:
+            begin, end, strides = self.take_args[i]
+            part = ops.strided_slice(part, begin, end, strides)
+        part = self._to_wire(part)
+        if self.pad[i]:
+            part = ops.pad(part, self.paddings[i])
+        return part.reshape(-1)
+
+    def _collect(self, message):
+        return self.all_reduce(message)
+
+    def _piece(self, received, start, size):
+        return received[start:start + size]
+
+    def _unpack(self, i, flat):
+        return flat.reshape(self.buffer_shapes[i])
 
 
 @dataclass
@@ -148,10 +425,12 @@ class ReshardStats:
     buckets: int = 0
     bytes_sent: int = 0        # bytes this rank put into collectives
     seconds: float = 0.0
+    bytes_received: int = 0    # bytes the collectives returned to this rank
 
     def __str__(self):
         return (f"{self.parameters} params ({self.local_copies} local), {self.buckets} buckets, "
-                f"{self.bytes_sent / 2**20:.1f} MiB through collectives, {self.seconds:.3f}s")
+                f"{self.bytes_sent / 2**20:.1f} MiB sent / {self.bytes_received / 2**20:.1f} MiB received "
+                f"through collectives, {self.seconds:.3f}s")
 
 
 def _as_layouts(strategy, what: str) -> dict[str, ParamLayout]:
@@ -182,11 +461,17 @@ def _with_net_shapes(layouts: dict[str, ParamLayout], net: nn.Cell, what: str) -
 
 
 class Resharder:
-    """Moves `src_net`'s weights into `dst_net` (different layouts, same ranks); plan once, run every step."""
+    """Moves `src_net`'s weights into `dst_net` (different layouts, same ranks); plan once, run every step.
+
+    Construction plans the moves and builds one graph per bucket; the first `run()` compiles them, later
+    runs reuse them. `bucket_bytes` bounds what one graph moves (its memory peak); moves whose per-rank
+    message is under `pack_below_bytes` share a collective call within their bucket (a performance knob;
+    tests shrink it to cover both paths).
+    """
 
     def __init__(self, src_net: nn.Cell, dst_net: nn.Cell, src_strategy, dst_strategy,
                  name_map: Mapping[str, str] | None = None, rank: int | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, pack_below_bytes: int = PACK_BELOW_BYTES):
         src_layouts = _with_net_shapes(_as_layouts(src_strategy, "source"), src_net, "source")
         dst_layouts = _with_net_shapes(_as_layouts(dst_strategy, "destination"), dst_net, "destination")
         pairs = validate_pair(src_layouts, dst_layouts, name_map, "source", "destination", allow_unused_src=False)
@@ -202,63 +487,58 @@ class Resharder:
         self.dst_params = {p.name: p for p in dst_net.get_parameters()}
         self.moves = plan_reshard(src_layouts, dst_layouts, pairs, rank)
         self.bucket_bytes = bucket_bytes
-        self._reducers: dict[tuple[int, ...], _GroupAllReduce] = {}
+        self.pack_below_bytes = pack_below_bytes
+        self._steps = self._build_steps(src_layouts)
 
-    def _reducer(self, group: tuple[int, ...]) -> _GroupAllReduce:
-        if group not in self._reducers:
-            self._reducers[group] = _GroupAllReduce(ensure_group(list(group), self.world_size))
-        return self._reducers[group]
+    def _wire(self, moves: list[Move]):
+        return wire_dtype({self.src_params[m.src_name].dtype for m in moves},
+                          {self.dst_params[m.dst_name].dtype for m in moves})
 
-    def _wire_dtype(self, moves: list[Move]):
-        """float16 on the wire when every destination is float16 (exact for zero-padded sums), else float32."""
-        dst_dtypes = {self.dst_params[m.dst_name].dtype for m in moves}
-        return np.float16 if dst_dtypes == {ms.float16} else np.float32
+    def _params_of(self, moves: list[Move]):
+        """(destination parameters, source dtypes) of `moves`."""
+        return [self.dst_params[m.dst_name] for m in moves], [self.src_params[m.src_name].dtype for m in moves]
 
-    def _write(self, move: Move, values: np.ndarray) -> None:
-        param = self.dst_params[move.dst_name]
-        if tuple(values.shape) != tuple(param.shape):
-            raise StrategyError(f"internal: {move.dst_name} got {values.shape}, expected {param.shape}")
-        param.set_data(Tensor(np.ascontiguousarray(values), param.dtype))
+    def _build_steps(self, src_layouts: Mapping[str, ParamLayout]) -> list[_Step]:
+        """Local chunks first, then the buckets in the global order every rank follows."""
+        itemsize = max(self._wire(self.moves).itemsize, 2) if self.moves else 4
+        bucket_elements = max(1, self.bucket_bytes // itemsize)
+        steps: list[_Step] = []
+        for chunk in _chunks([m for m in self.moves if not m.group], bucket_elements):
+            steps.append(_LocalStep(chunk, *self._params_of(chunk)))
+        for bucket in make_buckets(self.moves, bucket_elements):
+            wire = self._wire(bucket.moves)
+            if len(bucket.group) == self.world_size:
+                steps.append(_GatherStep(bucket.moves, *self._params_of(bucket.moves),
+                                         [src_layouts[m.src_name] for m in bucket.moves], self.world_size, wire,
+                                         self.pack_below_bytes))
+            else:
+                group = ensure_group(list(bucket.group), self.world_size)
+                steps.append(_ReduceStep(bucket.moves, *self._params_of(bucket.moves), group, wire,
+                                         self.pack_below_bytes))
+        return steps
+
+    def _source(self, name: str) -> Tensor:
+        """A Tensor sharing the source parameter's memory: an input of the step graphs that, unlike the
+        Parameter itself, cannot clash by name with a destination parameter held by the graph."""
+        param = self.src_params[name]
+        if getattr(param, "has_init", False):
+            param.init_data()
+        return Tensor(param)
 
     def run(self) -> ReshardStats:
         """Moves the weights; returns what this rank did."""
         start = time.perf_counter()
-        stats = ReshardStats(parameters=len(self.moves))
-        host_cache: dict[str, np.ndarray] = {}
-
-        def src_values(name):
-            if name not in host_cache:
-                host_cache[name] = self.src_params[name].asnumpy()
-            return host_cache[name]
-
-        for move in self.moves:
-            if not move.group:
-                stats.local_copies += 1
-                self._write(move, src_values(move.src_name)[relative(move.dst_region, move.src_region)])
-        itemsize = max(np.dtype(self._wire_dtype(self.moves)).itemsize, 2)
-        for bucket in make_buckets(self.moves, max(1, self.bucket_bytes // itemsize)):
-            wire = self._wire_dtype(bucket.moves)
-            buffer = np.zeros(bucket.elements, wire)
-            offset = 0
-            for move in bucket.moves:
-                view = buffer[offset:offset + move.buffer_elements].reshape(
-                    [s.stop - s.start for s in move.buffer_region])
-                if move.contribution is not None:
-                    view[relative(move.contribution, move.buffer_region)] = \
-                        src_values(move.src_name)[relative(move.contribution, move.src_region)]
-                offset += move.buffer_elements
-            reduced = self._reducer(bucket.group)(Tensor(buffer)).asnumpy()
-            stats.buckets += 1
-            stats.bytes_sent += buffer.nbytes
-            offset = 0
-            for move in bucket.moves:
-                view = reduced[offset:offset + move.buffer_elements].reshape(
-                    [s.stop - s.start for s in move.buffer_region])
-                self._write(move, view[relative(move.dst_region, move.buffer_region)])
-                offset += move.buffer_elements
-            del buffer, reduced
+        stats = ReshardStats(parameters=len(self.moves), local_copies=sum(1 for m in self.moves if not m.group))
+        for step in self._steps:
+            _, returned = step(*[self._source(name) for name in step.src_names])
+            for i, value in zip(step.returned, returned):
+                self.dst_params[step.dst_names[i]].set_data(value if step.fresh[i] else value.copy())
+            if step.collective:
+                stats.buckets += 1
+                stats.bytes_sent += step.bytes_sent
+                stats.bytes_received += step.bytes_received
         stats.seconds = time.perf_counter() - start
-        logger.info("reshard rank %d: %s", self.rank, stats)
+        logger.debug("reshard rank %d: %s", self.rank, stats)
         return stats
 
 

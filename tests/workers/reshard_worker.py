@@ -1,7 +1,10 @@
-"""Worker for the online reshard tests: train-layout net -> infer-layout net (renamed, optionally fp16).
+"""Worker for the online reshard tests: train-layout net -> infer-layout net (renamed, optionally fp16/bf16).
 
 Each rank saves its source checkpoint (`src_ckpt/rank_<r>/net.ckpt`) and both strategy files, runs the
-online reshard and writes the destination tensors it got to `dst_rank_<r>.npz`.
+online reshard and writes the destination tensors it got to `dst_rank_<r>.npz`. `--dst_dtype` may list
+several dtypes (`float32,bfloat16`): the first destination is written as above, each further one (a
+separate net, same layout) to `dst_<dtype>_rank_<r>.npz`. bfloat16 tensors are stored as float32 (numpy
+has no bfloat16; the widening is exact).
 """
 import argparse
 import os
@@ -13,8 +16,8 @@ import mindspore as ms
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import load_full_state, param_split_axes
-from mindrlhf.parallel.reshard import Resharder
-from mindrlhf.parallel.strategy import full_shapes_from_local, net_layouts, save_net_strategy
+from mindrlhf.parallel.reshard import PACK_BELOW_BYTES, Resharder
+from mindrlhf.parallel.strategy import full_shapes_from_local, save_net_strategy
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True,
@@ -27,6 +30,7 @@ def main():
     parser.add_argument("--dst", required=True, help="dp,tp of the destination (infer) net")
     parser.add_argument("--dst_dtype", default="float32")
     parser.add_argument("--bucket_bytes", type=int, default=4096)
+    parser.add_argument("--pack_below_bytes", type=int, default=PACK_BELOW_BYTES)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -42,23 +46,35 @@ def main():
     full = full_shapes_from_local(src_layout, axes, {p.name: p.shape for p in src_net.get_parameters()})
     load_full_state(src_net, {n: rng.standard_normal(s).astype(np.float32) for n, s in sorted(full.items())},
                     src_layout)
-    dst_cfg = Qwen2Config(**CONFIG, compute_dtype=args.dst_dtype, param_init_type=args.dst_dtype)
-    dst_net = Qwen2ForCausalLM(dst_cfg, dst_layout)
-    dst_net.update_parameters_name("infer.")
+    dtypes = args.dst_dtype.split(",")
+    dst_nets = {}
+    for dtype in dtypes:
+        dst_cfg = Qwen2Config(**CONFIG, compute_dtype=dtype, param_init_type=dtype)
+        dst_nets[dtype] = Qwen2ForCausalLM(dst_cfg, dst_layout)
+        dst_nets[dtype].update_parameters_name("infer.")
 
     os.makedirs(f"{args.out}/src_ckpt/rank_{rank}", exist_ok=True)
     ms.save_checkpoint(src_net, f"{args.out}/src_ckpt/rank_{rank}/net.ckpt")
     src_strategy = save_net_strategy(src_net, src_layout, f"{args.out}/src_strategy_{rank}.ckpt")
-    dst_strategy = save_net_strategy(dst_net, dst_layout, f"{args.out}/dst_strategy_{rank}.ckpt")
+    dst_strategy = save_net_strategy(dst_nets[dtypes[0]], dst_layout, f"{args.out}/dst_strategy_{rank}.ckpt")
 
     name_map = {p.name: "infer." + p.name for p in src_net.get_parameters()}
-    resharder = Resharder(src_net, dst_net, src_strategy, dst_strategy, name_map, bucket_bytes=args.bucket_bytes)
-    stats = resharder.run()
-    stats_again = resharder.run()  # a second run (next GRPO step) reuses the plan and compiled graphs
-    assert stats_again.bytes_sent == stats.bytes_sent
-    np.savez(f"{args.out}/dst_rank_{rank}.npz",
-             **{p.name: p.asnumpy() for p in dst_net.get_parameters()},
-             __bytes_sent=np.array(stats.bytes_sent), __buckets=np.array(stats.buckets))
+    for i, (dtype, dst_net) in enumerate(dst_nets.items()):
+        resharder = Resharder(src_net, dst_net, src_strategy, dst_strategy, name_map, bucket_bytes=args.bucket_bytes,
+                              pack_below_bytes=args.pack_below_bytes)
+        stats = resharder.run()
+        stats_again = resharder.run()  # a second run (next GRPO step) reuses the plan and compiled graphs
+        assert stats_again.bytes_sent == stats.bytes_sent
+        out = f"{args.out}/dst_rank_{rank}.npz" if i == 0 else f"{args.out}/dst_{dtype}_rank_{rank}.npz"
+        np.savez(out, **{p.name: _host(p) for p in dst_net.get_parameters()},
+                 __bytes_sent=np.array(stats.bytes_sent), __buckets=np.array(stats.buckets))
+
+
+def _host(param) -> np.ndarray:
+    """The parameter as numpy; bfloat16 widened to float32 (exact)."""
+    if param.dtype == ms.bfloat16:
+        return param.astype(ms.float32).asnumpy()
+    return param.asnumpy()
 
 
 if __name__ == "__main__":
