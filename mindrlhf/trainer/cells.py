@@ -51,6 +51,20 @@ class GRPOLossNet(nn.Cell):
         return self.loss_cell(logp, old_logp, ref_logp, advantages, response_mask)
 
 
+class ResponseNLLLoss(nn.Cell):
+    """Supervised fine-tuning loss: token-mean negative log-likelihood of the responses, as (loss, loss)."""
+
+    def __init__(self, model: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.response_log_probs = ResponseLogProbs(model)
+
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
+        logp = self.response_log_probs(prompt_ids, prompt_mask, response_ids, response_mask)
+        mask = response_mask.astype(ms.float32)
+        loss = -(logp * mask).sum() / ops.maximum(mask.sum(), 1.0)
+        return loss, ops.stop_gradient(loss)
+
+
 class SPMDGradients(nn.Cell):
     """`(outputs, grads)` of a loss net returning `(loss, *stats)`, gradients averaged over the dp group.
 
