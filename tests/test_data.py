@@ -328,3 +328,14 @@ def test_cli_end_to_end_with_the_tiny_tokenizer(tmp_path):
     questions = [json.loads(line)["question"] for line in sample_lines]
     assert [ids.tolist() for ids in prompt_ids] == [tokenizer.encode(build_prompt(q, "r1_think")) for q in questions]
     assert solutions == [json.loads(line)["answer"] for line in sample_lines]
+
+
+def test_pad_rows_left_and_right():
+    from mindrlhf.data import pad_rows
+    ids, mask = pad_rows([[5, 6], [], [7, 8, 9]], 4, pad_token_id=0)
+    assert ids.tolist() == [[0, 0, 5, 6], [0, 0, 0, 0], [0, 7, 8, 9]]
+    assert mask.tolist() == [[0, 0, 1, 1], [0, 0, 0, 0], [0, 1, 1, 1]]
+    ids, mask = pad_rows([[5, 6]], 3, pad_token_id=1, side="right")
+    assert ids.tolist() == [[5, 6, 1]] and mask.tolist() == [[1, 1, 0]] and ids.dtype == np.int32
+    with pytest.raises(ValueError, match="row 0 has 3 tokens, more than the padded width 2"):
+        pad_rows([[1, 2, 3]], 2, 0)

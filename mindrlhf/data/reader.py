@@ -26,6 +26,26 @@ def bucket_length(length: int, buckets: Sequence[int] | None) -> int:
     raise ValueError(f"length {length} is longer than the largest length bucket {buckets[-1]}")
 
 
+def pad_rows(rows: Sequence[Sequence[int]], width: int, pad_token_id: int,
+             side: str = "left") -> tuple[np.ndarray, np.ndarray]:
+    """Token rows padded to `width`: (ids int32 [N, width], mask int32 [N, width], 1 on tokens).
+
+    `side="left"` for prompts (generation continues at the right edge), "right" for responses.
+    """
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', got {side!r}")
+    ids = np.full((len(rows), width), pad_token_id, dtype=np.int32)
+    mask = np.zeros((len(rows), width), dtype=np.int32)
+    for i, row in enumerate(rows):
+        if len(row) > width:
+            raise ValueError(f"row {i} has {len(row)} tokens, more than the padded width {width}")
+        if len(row):
+            where = slice(width - len(row), width) if side == "left" else slice(0, len(row))
+            ids[i, where] = row
+            mask[i, where] = 1
+    return ids, mask
+
+
 def read_prompt_records(mindrecord_path: str | os.PathLike) -> tuple[list[np.ndarray], list[str]]:
     """All (prompt_ids, solution) of a MindRecord written by `convert_to_mindrecord`, in file order."""
     mindrecord_path = os.fspath(mindrecord_path)
@@ -166,13 +186,8 @@ class PromptDataset:
         global_batch = self.epoch_order(epoch)[index * self.global_batch_size:(index + 1) * self.global_batch_size]
         padded_length = bucket_length(int(self._lengths[global_batch].max()), self.length_buckets)
         local = global_batch[self.dp_rank * self.batch_size:(self.dp_rank + 1) * self.batch_size]
-        prompt_ids = np.full((self.batch_size, padded_length), self.pad_token_id, dtype=np.int32)
-        attention_mask = np.zeros((self.batch_size, padded_length), dtype=np.int32)
-        for row, sample in enumerate(local):
-            ids = self._prompt_ids[sample]
-            if len(ids):
-                prompt_ids[row, -len(ids):] = ids
-                attention_mask[row, -len(ids):] = 1
+        prompt_ids, attention_mask = pad_rows([self._prompt_ids[sample] for sample in local], padded_length,
+                                              self.pad_token_id)
         return {
             "prompt_ids": prompt_ids,
             "attention_mask": attention_mask,

@@ -18,6 +18,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
+from mindrlhf.data.reader import pad_rows
 from mindrlhf.generation.config import GenerationConfig
 from mindrlhf.generation.sampling import greedy_tokens, sample_tokens, token_log_probs
 from mindrlhf.models.qwen2.modeling import KVCache, Qwen2ForCausalLM, positions_and_bias
@@ -149,11 +150,7 @@ class Generator:
         lengths = np.repeat(np.array([len(r) for r in rows], np.int64), n)
         bucket = cfg.bucket_for(int(lengths.max()))
         batch = len(rows) * n
-        ids = np.full((batch, bucket), cfg.pad_token_id, np.int32)
-        mask = np.zeros((batch, bucket), np.int32)
-        for j, row in enumerate(rows):
-            ids[j * n:(j + 1) * n, bucket - len(row):] = row
-            mask[j * n:(j + 1) * n, bucket - len(row):] = 1
+        ids, mask = pad_rows([row for row in rows for _ in range(n)], bucket, cfg.pad_token_id)
 
         start = time.perf_counter()
         steps = cfg.max_new_tokens
