@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +24,11 @@ from mindspore import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mindrlhf.data import build_prompt, read_problems  # noqa: E402
+from mindrlhf.data import build_prompt, pad_rows, read_problems  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer  # noqa: E402
 from mindrlhf.parallel.layers import init_random_weights  # noqa: E402
 from mindrlhf.trainer.cells import ResponseNLLLoss, SPMDTrainStep  # noqa: E402
+from mindrlhf.utils.atomic import atomic_output  # noqa: E402
 from mindrlhf.utils.logging import setup_logging  # noqa: E402
 
 logger = logging.getLogger("mindrlhf.tools.make_tiny_checkpoint")
@@ -42,22 +41,6 @@ def r1_completion(gsm8k_answer: str) -> str:
     reasoning, _, answer = gsm8k_answer.rpartition("####")
     reasoning = re.sub(r"<<[^>]*>>", "", reasoning).strip()
     return f"<think>\n{reasoning}\n</think>\n<answer>{answer.strip()}</answer>"
-
-
-def left_pad(rows: list[list[int]], width: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.full((len(rows), width), pad, np.int32)
-    mask = np.zeros((len(rows), width), np.int32)
-    for i, row in enumerate(rows):
-        ids[i, width - len(row):], mask[i, width - len(row):] = row, 1
-    return ids, mask
-
-
-def right_pad(rows: list[list[int]], width: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
-    ids = np.full((len(rows), width), pad, np.int32)
-    mask = np.zeros((len(rows), width), np.int32)
-    for i, row in enumerate(rows):
-        ids[i, :len(row)], mask[i, :len(row)] = row, 1
-    return ids, mask
 
 
 def build_examples(tokenizer, data_path, template):
@@ -87,26 +70,14 @@ def train(steps: int, batch_size: int, learning_rate: float, seed: int, data_pat
         if len(order) < batch_size:
             order = np.concatenate([order, rng.permutation(len(prompts))])
         picked, order = order[:batch_size], order[batch_size:]
-        prompt_ids, prompt_mask = left_pad([prompts[i] for i in picked], PROMPT_WIDTH, tokenizer.pad_token_id)
-        response_ids, response_mask = right_pad([responses[i] for i in picked], RESPONSE_WIDTH, tokenizer.pad_token_id)
+        prompt_ids, prompt_mask = pad_rows([prompts[i] for i in picked], PROMPT_WIDTH, tokenizer.pad_token_id)
+        response_ids, response_mask = pad_rows([responses[i] for i in picked], RESPONSE_WIDTH, tokenizer.pad_token_id,
+                                               side="right")
         loss, _ = step(*(ms.Tensor(a) for a in (prompt_ids, prompt_mask, response_ids, response_mask)))
         losses.append(float(loss.asnumpy()))
         if (index + 1) % 50 == 0 or index == 0:
             logger.info("step %d/%d | loss %.4f", index + 1, steps, losses[-1])
     return model, losses
-
-
-def save_atomically(model, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_", suffix=".ckpt", dir=directory)
-    os.close(fd)
-    os.unlink(tmp)
-    try:
-        ms.save_checkpoint(model, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def main(argv=None):
@@ -121,7 +92,8 @@ def main(argv=None):
     setup_logging()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     model, losses = train(args.steps, args.batch_size, args.learning_rate, args.seed, args.data)
-    save_atomically(model, args.output)
+    with atomic_output(args.output, ".ckpt") as tmp:
+        ms.save_checkpoint(model, tmp)
     logger.info("wrote %s (final loss %.4f, first %.4f)", args.output, losses[-1], losses[0])
 
 

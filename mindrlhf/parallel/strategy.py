@@ -14,11 +14,11 @@ from __future__ import annotations
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from mindrlhf.parallel.layout import NOT_SPLIT, TP_AXIS, Layout
+from mindrlhf.utils.atomic import atomic_output
 
 _STAGE_PREFIX = re.compile(r"^(?P<stage>\d+)-(?P<name>.+)$")
 _MAX_LISTED = 20
@@ -254,19 +254,11 @@ def _add_layout_item(strategy_map, lay: ParamLayout) -> None:
 
 
 def _atomic_write(path: str, data: bytes) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp_" + os.path.basename(path), dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
+    with atomic_output(path) as tmp:
+        with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def read_strategy_file(path: str | os.PathLike) -> dict[str, ParamLayout]:

@@ -10,6 +10,7 @@ import yaml
 
 from mindrlhf.configs.base import ConfigError, from_mapping, get_section, help_field, load_yaml, required_field
 from mindrlhf.configs.parallel import IGNORED_PARALLEL_KEYS, ParallelConfig
+from mindrlhf.utils.atomic import atomic_output
 
 DTYPES = ("float32", "float16", "bfloat16")
 
@@ -123,11 +124,9 @@ class Qwen2Config:
 
     def to_yaml(self, path: str | os.PathLike) -> None:
         """Writes the MindFormers-layout YAML (atomically)."""
-        path = os.fspath(path)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            yaml.safe_dump(self.to_dict(), f, sort_keys=False)
-        os.replace(tmp, path)
+        with atomic_output(path, ".yaml") as tmp:
+            with open(tmp, "w", encoding="utf-8") as f:
+                yaml.safe_dump(self.to_dict(), f, sort_keys=False)
 
     # ------------------------------------------------------------ HF config
     @classmethod

@@ -29,6 +29,7 @@ import numpy as np
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.models.qwen2.names import hf_to_ms_name, ms_to_hf_name
+from mindrlhf.utils.atomic import atomic_output
 
 
 class ConversionError(ValueError):
@@ -395,54 +396,24 @@ def hf_config_dict(cfg: Qwen2Config, dtype: str) -> dict:
 
 
 # --------------------------------------------------------------------------- atomic writers
-def _temp_name(path: str, suffix: str) -> str:
-    directory, base = os.path.split(path)
-    return os.path.join(directory, f".{base}.{os.getpid()}.partial{suffix}")
-
-
-def _remove_quietly(*paths: str) -> None:
-    for p in paths:
-        try:
-            os.remove(p)
-        except FileNotFoundError:
-            pass
-
-
 def save_ms_checkpoint(tensors: dict[str, np.ndarray], ckpt_path: str) -> None:
     """Writes {name: array} as one MindSpore ckpt via a temp file in the same folder, then os.replace."""
-    os.makedirs(os.path.dirname(os.path.abspath(ckpt_path)), exist_ok=True)
-    tmp = _temp_name(os.path.abspath(ckpt_path), ".ckpt")
-    ms_tmp = tmp[: -len(".ckpt")] + ".tmp"  # save_checkpoint's own temp name for `tmp`
-    try:
+    with atomic_output(ckpt_path, ".ckpt") as tmp:
         ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in tensors.items()], tmp)
-        os.replace(tmp, ckpt_path)
-    except BaseException:
-        _remove_quietly(tmp, ms_tmp)
-        raise
 
 
 def _save_safetensors(tensors: dict[str, np.ndarray], path: str) -> None:
     from safetensors.numpy import save_file
 
-    tmp = _temp_name(path, ".safetensors")
-    try:
+    with atomic_output(path, ".safetensors") as tmp:
         save_file({n: np.ascontiguousarray(a) for n, a in tensors.items()}, tmp, metadata={"format": "pt"})
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
 
 
 def _save_json(data: dict, path: str) -> None:
-    tmp = _temp_name(path, ".json")
-    try:
+    with atomic_output(path, ".json") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2)
             f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------- conversions

@@ -1,0 +1,29 @@
+"""Atomic output: the target is replaced only by a complete file; failures leave nothing behind."""
+import os
+
+import pytest
+
+from mindrlhf.utils.atomic import atomic_output
+
+
+def test_success_replaces_the_target(tmp_path):
+    target = tmp_path / "sub" / "out.yaml"
+    with atomic_output(target, ".yaml") as tmp:
+        assert tmp.endswith(".yaml") and os.path.dirname(tmp) == str(target.parent)
+        assert not target.exists()
+        with open(tmp, "w") as f:
+            f.write("new")
+    assert target.read_text() == "new"
+    assert os.listdir(target.parent) == ["out.yaml"]
+
+
+def test_failure_keeps_the_old_file_and_removes_every_leftover(tmp_path):
+    target = tmp_path / "model.ckpt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError, match="disk full"):
+        with atomic_output(target, ".ckpt") as tmp:
+            open(tmp, "w").write("half")
+            open(tmp[: -len(".ckpt")] + ".tmp", "w").write("writer's own temp")  # as save_checkpoint does
+            raise RuntimeError("disk full")
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["model.ckpt"]
