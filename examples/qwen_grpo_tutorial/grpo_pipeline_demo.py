@@ -15,8 +15,6 @@ import logging
 import time
 from typing import NamedTuple
 
-import numpy as np
-
 import mindspore as ms
 from mindspore import nn
 
