@@ -7,7 +7,6 @@ ReduceScatter), so each op below is a Cell with its own `bprop`.
 """
 from __future__ import annotations
 
-import mindspore as ms
 from mindspore import nn, ops
 
 
@@ -70,24 +69,19 @@ class GatherFromTensorParallel(nn.Cell):
 
 
 class MaxOverGroup(nn.Cell):
-    """Element-wise max over a group without a MAX reduction: gather by zero-padded AllReduce(SUM).
+    """Element-wise max over a group without a MAX reduction: gathered along a new last axis (as
+    :class:`GatherFromTensorParallel` does), then reduced locally.
 
     No gradient (used for the stabilising max of a softmax, which cancels out).
     """
 
     def __init__(self, group: str, group_size: int, group_rank: int):
         super().__init__()
-        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
-        self.group_size = group_size
-        self.group_rank = group_rank
+        self.gather = GatherFromTensorParallel(group, group_size, group_rank)
 
     def construct(self, x):
-        x = ops.stop_gradient(x)
-        stacked = ops.zeros((self.group_size,) + x.shape, x.dtype)
-        onehot = ops.one_hot(ms.Tensor(self.group_rank, ms.int32), self.group_size,
-                             ms.Tensor(1, x.dtype), ms.Tensor(0, x.dtype))
-        stacked = stacked + onehot.reshape((self.group_size,) + (1,) * x.ndim) * ops.expand_dims(x, 0)
-        return ops.max(self.all_reduce(stacked), axis=0)[0]
+        gathered = self.gather(ops.expand_dims(ops.stop_gradient(x), -1))
+        return ops.max(gathered, axis=-1)[0]
 
 
 class DataParallelGradReducer(nn.Cell):
