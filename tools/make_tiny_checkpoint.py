@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 from mindrlhf.data import build_prompt, pad_rows, read_problems  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer  # noqa: E402
 from mindrlhf.parallel.layers import init_random_weights  # noqa: E402
-from mindrlhf.trainer.cells import ResponseNLLLoss, SPMDTrainStep  # noqa: E402
+from mindrlhf.algorithms.policy_cells import ResponseNLLLoss  # noqa: E402
+from mindrlhf.parallel.spmd import SPMDTrainStep  # noqa: E402
 from mindrlhf.utils.atomic import atomic_output  # noqa: E402
 from mindrlhf.utils.logging import setup_logging  # noqa: E402
 

@@ -27,7 +27,8 @@ from mindrlhf.parallel.layers import init_random_weights
 from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.strategy import net_layouts
 from mindrlhf.reward import build_reward_fn
-from mindrlhf.trainer.cells import GRPOLossNet, ResponseLogProbs, SPMDTrainStep
+from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
+from mindrlhf.parallel.spmd import SPMDTrainStep
 from mindrlhf.utils.logging import format_metrics, setup_logging
 
 logger = logging.getLogger("mindrlhf.demo")

@@ -65,7 +65,7 @@ class _LastLogitsCell(nn.Cell):
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         h = self.model.model(input_ids, position_ids, attn_bias)
         h = ops.gather(h, index.reshape(1), 1)
-        return self.model._head(h[:, 0, :], True)  # pylint: disable=protected-access
+        return self.model.logits(h[:, 0, :])
 
 
 class Generator:

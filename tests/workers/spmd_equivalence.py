@@ -14,7 +14,7 @@ from mindspore import nn, ops
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import init_random_weights, param_split_axes
-from mindrlhf.trainer.cells import SPMDGradients, SPMDTrainStep
+from mindrlhf.parallel.spmd import SPMDGradients, SPMDTrainStep
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)

@@ -227,13 +227,15 @@ class Qwen2ForCausalLM(nn.Cell):
         self.lm_head = VocabParallelHead(config, self.layout)
         self.log_prob_of_labels = VocabParallelLogProbs(config.vocab_size, self.layout)
 
-    def _head(self, h, gather):
+    def logits(self, hidden, gather=True):
+        """lm_head on hidden states [.., D]: float32 logits over the whole vocabulary (`gather`) or over
+        this rank's vocabulary shard. Call inside a Cell's construct."""
         tied = self.model.tok_embeddings.embedding_weight if self.tie_word_embeddings else None
-        return self.lm_head(h, tied, gather)
+        return self.lm_head(hidden, tied, gather)
 
     def construct(self, input_ids, attention_mask=None):
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        return self._head(self.model(input_ids, position_ids, attn_bias), True)
+        return self.logits(self.model(input_ids, position_ids, attn_bias))
 
     def log_probs(self, input_ids, labels, attention_mask=None, temperature=1.0):
         """log softmax(logits / temperature)[labels] in float32, [B, S]. Call inside a Cell's construct.
@@ -242,7 +244,7 @@ class Qwen2ForCausalLM(nn.Cell):
         that the policy whose log-probs are trained is the one the samples came from.
         """
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        local_logits = self._head(self.model(input_ids, position_ids, attn_bias), False)
+        local_logits = self.logits(self.model(input_ids, position_ids, attn_bias), gather=False)
         if temperature != 1.0:
             local_logits = local_logits / temperature
         return self.log_prob_of_labels(local_logits, labels)
@@ -274,7 +276,7 @@ class _PrefillCell(_CachedCell):
     def construct(self, input_ids, attention_mask):
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         h = self.model.model(input_ids, position_ids, attn_bias, self.key_caches, self.value_caches)
-        return self.model._head(h[:, -1, :], True)  # pylint: disable=protected-access
+        return self.model.logits(h[:, -1, :])
 
 
 class _DecodeCell(_CachedCell):
@@ -284,7 +286,7 @@ class _DecodeCell(_CachedCell):
         batch = token_ids.shape[0]
         attn_bias = ((1.0 - valid_slots.astype(ms.float32)) * MASK_VALUE).reshape(batch, 1, 1, self.cache_length)
         h = self.model.model(token_ids, position_ids, attn_bias, self.key_caches, self.value_caches, slot_onehot)
-        return self.model._head(h[:, -1, :], True)  # pylint: disable=protected-access
+        return self.model.logits(h[:, -1, :])
 
 
 class KVCache:

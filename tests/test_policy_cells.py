@@ -8,7 +8,8 @@ from mindspore import nn
 from mindrlhf.algorithms import GRPOLossCell, grpo_policy_loss
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel.layers import init_random_weights
-from mindrlhf.trainer.cells import GRPOLossNet, ResponseLogProbs, SPMDTrainStep
+from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
+from mindrlhf.parallel.spmd import SPMDTrainStep
 
 CONFIG = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=64,
               seq_length=64, max_position_embedding=64, theta=10000.0)

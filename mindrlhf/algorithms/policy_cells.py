@@ -1,4 +1,4 @@
-"""The trainer's thin MindSpore cells: response log-probs, the GRPO loss net and the SPMD train step.
+"""Cells between a causal LM and the losses: response log-probs, the GRPO loss net and the SFT loss.
 
 Shapes are static: prompts are left-padded to a bucket width P and responses padded to R, so each cell
 compiles once per (batch, P, R).
@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import mindspore as ms
 from mindspore import nn, ops
-
-from mindrlhf.parallel.comm import DataParallelGradReducer
-from mindrlhf.parallel.layout import Layout
 
 
 class ResponseLogProbs(nn.Cell):
@@ -63,36 +60,3 @@ class ResponseNLLLoss(nn.Cell):
         mask = response_mask.astype(ms.float32)
         loss = -(logp * mask).sum() / ops.maximum(mask.sum(), 1.0)
         return loss, ops.stop_gradient(loss)
-
-
-class SPMDGradients(nn.Cell):
-    """`(outputs, grads)` of a loss net returning `(loss, *stats)`, gradients averaged over the dp group.
-
-    Tensor-parallel layers already produce correct shard gradients through their custom bprops, so only
-    data parallel needs a reduction here.
-    """
-
-    def __init__(self, loss_net: nn.Cell, params, layout: Layout | None = None):
-        super().__init__(auto_prefix=False)
-        layout = layout or Layout()
-        self.loss_net = loss_net
-        self.grad_fn = ops.value_and_grad(loss_net, None, params, has_aux=True)
-        self.grad_reducer = DataParallelGradReducer(layout.dp_group, layout.dp)
-
-    def construct(self, *inputs):
-        outputs, grads = self.grad_fn(*inputs)
-        return outputs, self.grad_reducer(grads)
-
-
-class SPMDTrainStep(nn.Cell):
-    """One optimizer step under explicit SPMD: :class:`SPMDGradients`, then the optimizer. Returns the outputs."""
-
-    def __init__(self, loss_net: nn.Cell, optimizer: nn.Optimizer, layout: Layout | None = None):
-        super().__init__(auto_prefix=False)
-        self.gradients = SPMDGradients(loss_net, optimizer.parameters, layout)
-        self.optimizer = optimizer
-
-    def construct(self, *inputs):
-        outputs, grads = self.gradients(*inputs)
-        self.optimizer(grads)
-        return outputs
