@@ -85,13 +85,17 @@ class MaxOverGroup(nn.Cell):
 
 
 class DataParallelGradReducer(nn.Cell):
-    """Averages a tuple of gradients over the data-parallel group (identity when dp == 1)."""
+    """Reduces a tuple of gradients over the data-parallel group (identity when dp == 1).
 
-    def __init__(self, group: str | None, dp_size: int):
+    `mean=True` averages (each dp rank's loss is a mean over its own rows); `mean=False` sums (each dp
+    rank's loss is its share of one global loss, e.g. token weights normalised over the global batch).
+    """
+
+    def __init__(self, group: str | None, dp_size: int, mean: bool = True):
         super().__init__()
         self.dp_size = dp_size
         self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group) if dp_size > 1 else None
-        self.scale = 1.0 / dp_size
+        self.scale = 1.0 / dp_size if mean else 1.0
 
     def construct(self, grads):
         if self.all_reduce is None:
