@@ -104,7 +104,7 @@ def main(argv=None) -> dict:
     prompts = [rng.integers(1, TINY["vocab_size"], size=int(rng.integers(args.max_prompt_len // 2,
                                                                           args.max_prompt_len + 1))).tolist()
                for _ in range(num_prompts)]
-    base = GenerationConfig(max_new_tokens=args.new_tokens, num_samples=args.num_samples, temperature=1.0,
+    base = GenerationConfig(max_new_tokens=args.new_tokens, num_generations=args.num_samples, temperature=1.0,
                             eos_token_ids=[], pad_token_id=0, prompt_buckets=args.buckets, seed=args.seed)
     rows, outputs = [], []
     for use_kv_cache in (True, False):

@@ -35,7 +35,7 @@ def model():
 
 
 def gen_config(**overrides) -> GenerationConfig:
-    base = dict(max_new_tokens=NEW, num_samples=1, do_sample=False, eos_token_ids=[], pad_token_id=PAD,
+    base = dict(max_new_tokens=NEW, num_generations=1, do_sample=False, eos_token_ids=[], pad_token_id=PAD,
                 prompt_buckets=[8, 16], seed=0)
     return GenerationConfig(**{**base, **overrides})
 
@@ -175,14 +175,14 @@ def test_degenerate_filters_equal_greedy(generator, filters):
 
 def test_samples_per_prompt_layout(generator):
     prompts = PROMPTS[:2]
-    out = run(generator, prompts, num_samples=3, do_sample=True, temperature=1.5, seed=2)
+    out = run(generator, prompts, num_generations=3, do_sample=True, temperature=1.5, seed=2)
     assert out.response_ids.shape == (6, NEW)
     for j, prompt in enumerate(prompts):
         for i in range(3):
             row = j * 3 + i
             np.testing.assert_array_equal(out.prompt_ids[row][out.prompt_mask[row] == 1], prompt)
         assert len({tuple(r) for r in out.response_ids[j * 3:(j + 1) * 3]}) > 1, "samples of a group all equal"
-    greedy = run(generator, prompts, num_samples=3)
+    greedy = run(generator, prompts, num_generations=3)
     for j in range(2):
         group = greedy.response_ids[j * 3:(j + 1) * 3]
         assert (group == group[0]).all()
@@ -277,7 +277,7 @@ def test_compiles_once_per_bucket_and_once_for_decode(model):
 
 @pytest.mark.parametrize("field,value", [
     ("top_p", 0.0), ("top_p", 1.5), ("temperature", -0.1), ("top_k", -1), ("max_new_tokens", 0),
-    ("num_samples", 0), ("prompt_buckets", []), ("prompt_buckets", [32, 16]), ("seed", -1),
+    ("num_generations", 0), ("prompt_buckets", []), ("prompt_buckets", [32, 16]), ("seed", -1),
     ("eos_token_ids", [-2]), ("pad_token_id", -1),
 ])
 def test_bad_config_names_field(field, value):

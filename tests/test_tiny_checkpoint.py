@@ -42,7 +42,7 @@ def test_bundled_policy_loads_completely_and_follows_the_format():
     tokenizer = Qwen2Tokenizer(TINY / "tokenizer" / "vocab.json", TINY / "tokenizer" / "merges.txt")
     problems = list(read_problems(SAMPLE))[:8]
     prompts = [tokenizer.encode(build_prompt(p.question, "r1_think")) for p in problems]
-    generator = Generator(model, GenerationConfig(max_new_tokens=96, num_samples=1, do_sample=False,
+    generator = Generator(model, GenerationConfig(max_new_tokens=96, num_generations=1, do_sample=False,
                                                   eos_token_ids=tokenizer.stop_token_ids,
                                                   pad_token_id=tokenizer.pad_token_id, prompt_buckets=[160]))
     out = generator.generate(prompts)

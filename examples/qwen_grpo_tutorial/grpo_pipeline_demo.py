@@ -111,7 +111,7 @@ def main(argv=None):
         resident = PHASE_PLAN[phase]
         swap.apply_plan(phase, resident=resident, offloaded=[g for g in swap.groups if g not in resident])
 
-    gen_config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_samples=args.num_samples,
+    gen_config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_generations=args.num_samples,
                                   temperature=args.temperature, eos_token_ids=tokenizer.stop_token_ids,
                                   pad_token_id=tokenizer.pad_token_id, prompt_buckets=[64, 128, 256],
                                   seed=args.seed)

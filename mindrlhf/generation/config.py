@@ -17,13 +17,13 @@ class GenerationConfig:
 
     Sampling order follows Hugging Face `generate` and vLLM: logits / temperature, then top-k, then top-p,
     then a categorical draw. Every field is host-side except the ones that fix graph shapes
-    (`max_new_tokens`, `prompt_buckets`, `use_kv_cache`, and the batch size `num_samples` contributes to).
+    (`max_new_tokens`, `prompt_buckets`, `use_kv_cache`, and the batch size `num_generations` contributes to).
     """
 
     max_new_tokens: int = help_field(
         512, "Response length budget; responses are padded to exactly this many tokens, so it is also the static "
              "width of everything the trainer sees per response. DeepSeekMath's GRPO used 1024.")
-    num_samples: int = help_field(
+    num_generations: int = help_field(
         8, "Responses sampled per prompt: GRPO's group size G (advantages are normalised within the group). "
            "DeepSeekMath used 64; TRL's default num_generations is 8. Sample i of prompt j is row j*G+i.")
     do_sample: bool = help_field(
@@ -81,7 +81,7 @@ class GenerationConfig:
                 raise ConfigError(f"generation.{name} {requirement}, got {getattr(self, name)!r}")
 
         check(_is_int(self.max_new_tokens) and self.max_new_tokens >= 1, "max_new_tokens", "must be an integer >= 1")
-        check(_is_int(self.num_samples) and self.num_samples >= 1, "num_samples", "must be an integer >= 1")
+        check(_is_int(self.num_generations) and self.num_generations >= 1, "num_generations", "must be an integer >= 1")
         check(isinstance(self.do_sample, bool), "do_sample", "must be true or false")
         check(isinstance(self.use_kv_cache, bool), "use_kv_cache", "must be true or false")
         check(_is_number(self.temperature) and math.isfinite(self.temperature) and self.temperature >= 0,

@@ -1,4 +1,4 @@
-"""`Generator`: batched sampling of `num_samples` responses per prompt with the static KV cache.
+"""`Generator`: batched sampling of `num_generations` responses per prompt with the static KV cache.
 
 The network runs in graphs with static shapes: prompts are left-padded to a bucket, so the prefill graph
 compiles once per (batch size, bucket) and the decode graph once per batch size (the cache length is fixed
@@ -30,7 +30,7 @@ GRAPHS = ("prefill", "decode", "forward")
 
 @dataclass
 class GenerationOutput:
-    """Rollout of B = num_prompts * num_samples rows; sample i of prompt j is row j * num_samples + i.
+    """Rollout of B = num_prompts * num_generations rows; sample i of prompt j is row j * num_generations + i.
 
     Masks are int32 (1 = token). `response_mask` is 1 up to and including the first EOS; after it
     `response_ids` hold pad_token_id and `log_probs` 0.
@@ -130,7 +130,7 @@ class Generator:
     # ------------------------------------------------------------- generation
     def generate(self, prompt_ids: Sequence[Sequence[int]] | np.ndarray, attention_mask: np.ndarray | None = None,
                  return_log_probs: bool = False) -> GenerationOutput:
-        """Samples `config.num_samples` responses for each prompt.
+        """Samples `config.num_generations` responses for each prompt.
 
         `prompt_ids` is a list of token-id lists, or a 2-D array whose real tokens are where
         `attention_mask` is 1 (any padding side; without a mask every entry is a token).
@@ -146,7 +146,7 @@ class Generator:
         """
         cfg = self.config
         rows = self._prompt_rows(prompt_ids, attention_mask)
-        n = cfg.num_samples
+        n = cfg.num_generations
         lengths = np.repeat(np.array([len(r) for r in rows], np.int64), n)
         bucket = cfg.bucket_for(int(lengths.max()))
         batch = len(rows) * n

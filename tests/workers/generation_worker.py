@@ -30,9 +30,9 @@ def main():
     net = Qwen2ForCausalLM(Qwen2Config(**CONFIG), layout)
     init_random_weights(net, layout, seed=11)
     base = dict(max_new_tokens=12, eos_token_ids=[3], pad_token_id=0, prompt_buckets=[16], seed=7)
-    sampled = Generator(net, GenerationConfig(num_samples=4, temperature=0.9, top_p=0.95, **base)).generate(
+    sampled = Generator(net, GenerationConfig(num_generations=4, temperature=0.9, top_p=0.95, **base)).generate(
         PROMPTS, return_log_probs=True)
-    greedy = Generator(net, GenerationConfig(num_samples=1, do_sample=False, **base)).generate(PROMPTS)
+    greedy = Generator(net, GenerationConfig(num_generations=1, do_sample=False, **base)).generate(PROMPTS)
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"rank_{layout.rank}.npz"), sampled=sampled.response_ids,
              sampled_mask=sampled.response_mask, log_probs=sampled.log_probs, greedy=greedy.response_ids)
