@@ -89,7 +89,7 @@ def test_layout_arithmetic_and_errors():
     assert layout.tp_group_ranks() == [2, 3] and layout.dp_group_ranks() == [1, 3]
     assert layout.dev_matrix == [2, 2]
     assert Layout(dp=2, tp=2, rank=1).tp_group == "mindrlhf_0_1"
-    with pytest.raises(LayoutError, match="does not match the job's world size 2"):
+    with pytest.raises(LayoutError, match="= 4 ranks, but the job has 2"):
         Layout.for_world(2, 2, 2, 0)
     with pytest.raises(LayoutError, match="rank 4 is outside"):
         Layout(dp=2, tp=2, rank=4)

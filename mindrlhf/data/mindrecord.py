@@ -178,8 +178,11 @@ def _jsonl_items(text: str) -> Iterator[tuple[int, object]]:
             yield line_no, err
 
 
-def write_mindrecord_atomically(records: list[dict], output_path: str | os.PathLike, description: str) -> None:
+def write_mindrecord_atomically(records: list[dict], output_path: str | os.PathLike, description: str,
+                                schema: dict | None = None) -> None:
     """Writes `records` to a one-shard MindRecord `output_path` (+ `.db`), replacing any old pair.
+
+    `schema` defaults to the prompt schema (`MINDRECORD_SCHEMA`).
 
     MindRecord stores its own file name inside, so the pair is written under the final name in a
     temporary folder next to the output and then moved into place.
@@ -193,7 +196,7 @@ def write_mindrecord_atomically(records: list[dict], output_path: str | os.PathL
     try:
         staged = os.path.join(staging_dir, os.path.basename(output_path))
         writer = FileWriter(staged, shard_num=1, overwrite=True)
-        writer.add_schema(MINDRECORD_SCHEMA, description)
+        writer.add_schema(schema or MINDRECORD_SCHEMA, description)
         for start in range(0, len(records), 1000):
             writer.write_raw_data(records[start:start + 1000])
         writer.commit()

@@ -101,3 +101,25 @@ class DataParallelGradReducer(nn.Cell):
         if self.all_reduce is None:
             return grads
         return tuple(self.all_reduce(g) * self.scale for g in grads)
+
+
+class WorldAllGather(nn.Cell):
+    """Concatenates every rank's `x` along axis 0, in rank order (the world group: works on every backend)."""
+
+    def __init__(self):
+        super().__init__()
+        self.all_gather = ops.AllGather()
+
+    def construct(self, x):
+        return self.all_gather(x)
+
+
+class GroupSum(nn.Cell):
+    """AllReduce(SUM) of `x` over `group` (a host-side reduction of metrics, or a barrier)."""
+
+    def __init__(self, group: str):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+
+    def construct(self, x):
+        return self.all_reduce(x)

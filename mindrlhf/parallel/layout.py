@@ -41,12 +41,19 @@ class Layout:
                               f"(world size {self.world_size})")
 
     @classmethod
-    def for_world(cls, dp: int, tp: int, world_size: int, rank: int) -> "Layout":
+    def for_world(cls, dp: int, tp: int, world_size: int, rank: int, source: str = "layout") -> "Layout":
         """A layout that must cover exactly `world_size` ranks (the job's)."""
         if dp * tp != world_size:
-            raise LayoutError(f"layout data_parallel={dp} x model_parallel={tp} = {dp * tp} does not match the "
-                              f"job's world size {world_size}")
+            raise LayoutError(f"{source}: data_parallel={dp} x model_parallel={tp} = {dp * tp} ranks, but the job "
+                              f"has {world_size}; the train and infer layouts must each cover every rank")
         return cls(dp=dp, tp=tp, rank=rank)
+
+    @classmethod
+    def from_config(cls, parallel_config, world_size: int, rank: int, source: str = "parallel_config") -> "Layout":
+        """The layout a YAML's `parallel_config` places a net in; it must cover the job's `world_size` ranks."""
+        if parallel_config.pipeline_stage != 1:
+            raise LayoutError(f"{source}: pipeline_stage={parallel_config.pipeline_stage} is not supported yet; use 1")
+        return cls.for_world(parallel_config.data_parallel, parallel_config.model_parallel, world_size, rank, source)
 
     # ---------------------------------------------------------------- arithmetic
     @property

@@ -1,0 +1,61 @@
+"""Command-line flags generated from the `GRPOConfig` fields, and one-line errors for every CLI."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from typing import Any
+
+from mindrlhf.configs.grpo_configs import SECTIONS, field_paths
+
+_DEST_PREFIX = "cfg__"
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _flag_kwargs(annotation: Any) -> dict:
+    origin = typing.get_origin(annotation)
+    if origin in (list, tuple):
+        (item,) = typing.get_args(annotation)[:1] or (str,)
+        return {"nargs": "+", "type": item if item in (int, float, str) else str}
+    if annotation is bool:
+        return {"type": _parse_bool, "metavar": "{true,false}"}
+    if annotation in (int, float, str):
+        return {"type": annotation}
+    return {"type": str}
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Adds one flag per GRPOConfig field: `--name` when the name is unique, `--section.name` always."""
+    hints = {section: typing.get_type_hints(cls) for section, cls in SECTIONS.items()}
+    for name, places in field_paths().items():
+        for section, field in places:
+            flags = [f"--{section}.{name}"]
+            if len(places) == 1:
+                flags.insert(0, f"--{name}")
+            group_help = field.metadata.get("help", "")
+            parser.add_argument(*flags, dest=f"{_DEST_PREFIX}{section}__{name}", default=None,
+                                help=f"[{section}] {group_help}", **_flag_kwargs(hints[section][name]))
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """`{section: {field: value}}` of the config flags given on the command line."""
+    overrides: dict[str, dict[str, Any]] = {}
+    for dest, value in vars(args).items():
+        if not dest.startswith(_DEST_PREFIX) or value is None:
+            continue
+        section, name = dest[len(_DEST_PREFIX):].split("__", 1)
+        overrides.setdefault(section, {})[name] = value
+    return overrides
+
+
+def section_field_names() -> dict[str, list[str]]:
+    """Section -> its field names (for docs and tests)."""
+    return {section: [f.name for f in dataclasses.fields(cls)] for section, cls in SECTIONS.items()}

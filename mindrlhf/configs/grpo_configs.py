@@ -1,0 +1,265 @@
+"""`GRPOConfig`: every setting of a GRPO run, one dataclass per concern, loadable from YAML and CLI flags.
+
+YAML layout (`--config grpo.yaml`), every section and field optional::
+
+    generation: {max_new_tokens: 256, num_generations: 8, temperature: 1.0, ...}
+    loss:       {beta: 0.04, epsilon_low: 0.2, epsilon_high: 0.2, aggregation: seq-mean-token-mean, ...}
+    reward:     {reward_funcs: [accuracy, format], reward_weights: [1.0, 0.5]}
+    optimizer:  {learning_rate: 1.0e-6, beta1: 0.9, beta2: 0.95, ...}
+    schedule:   {steps: 100, batch_size: 8, num_iterations: 1, ...}
+    checkpoint: {save_interval: 50, keep_last: 3}
+
+Each field is also a command-line flag of `grpo_one_stage.py` (`--num_generations 8`, or the dotted
+`--generation.num_generations 8` where a name is used by two sections).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from mindrlhf.configs.base import ConfigError, from_mapping, help_field, load_yaml
+from mindrlhf.generation.config import GenerationConfig
+
+
+@dataclass
+class LossConfig:
+    """The GRPO objective: clipped surrogate + beta * KL(policy || ref), and how it is normalised."""
+
+    beta: float = help_field(
+        0.04, "KL coefficient. 0.04 is DeepSeekMath's GRPO value (Shao et al. 2024); 0 drops the reference model "
+              "from the loss (DAPO, Dr. GRPO), though its log-probs are still logged.")
+    epsilon_low: float = help_field(
+        0.2, "Lower clip range: ratios below 1 - epsilon_low stop pushing a negative-advantage token down "
+             "(PPO's 0.2).")
+    epsilon_high: float = help_field(
+        0.2, "Upper clip range: ratios above 1 + epsilon_high stop pushing a positive-advantage token up. DAPO's "
+             "'clip-higher' uses 0.28 to keep exploration alive; 0.2 is the symmetric PPO/GRPO value.")
+    aggregation: str = help_field(
+        "seq-mean-token-mean", "How per-token losses become one number: 'seq-mean-token-mean' (GRPO paper: each "
+        "response weighs the same), 'token-mean' (DAPO: each token weighs the same, no length bias), "
+        "'seq-mean-token-sum'. Normalised over the global mini-batch, whatever the data-parallel split.")
+    kl_estimator: str = help_field(
+        "k3", "Per-token KL estimator (Schulman 2020): 'k3' (the GRPO paper's, unbiased and >= 0), 'k1', 'k2'.")
+    advantage_estimator: str = help_field(
+        "grpo", "'grpo': (r - group mean) / (group std + eps); 'dr_grpo': mean removed only (Liu et al. 2025).")
+    advantage_eps: float = help_field(1e-4, "Added to the group std before dividing (TRL and verl use 1e-4).")
+
+    def validate(self) -> None:
+        from mindrlhf.algorithms import ADVANTAGE_ESTIMATORS, check_loss_hyperparameters
+        try:
+            check_loss_hyperparameters(self.beta, self.epsilon_low, self.epsilon_high, self.aggregation,
+                                       self.kl_estimator)
+            ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
+        except ValueError as err:
+            raise ConfigError(f"loss: {err}") from None
+        if self.advantage_eps < 0:
+            raise ConfigError(f"loss.advantage_eps must be >= 0, got {self.advantage_eps}")
+
+
+@dataclass
+class RewardConfig:
+    """Rule rewards: registered names (`accuracy`, `format`) or user functions as `package.module:function`."""
+
+    reward_funcs: list[str] = help_field(
+        ["accuracy", "format"], "Reward functions summed with reward_weights. 'accuracy' (1 when the <answer> "
+        "matches the gold number) and 'format' (1 for <think>...</think><answer>...</answer>), as in DeepSeek-R1.")
+    reward_weights: list[float] = help_field(
+        [1.0, 0.5], "One weight per reward function. The format term is half the accuracy term so that a "
+                    "correct answer always beats a well-formatted wrong one.")
+
+    def validate(self) -> None:
+        from mindrlhf.reward import get_reward_function
+        if not self.reward_funcs:
+            raise ConfigError("reward.reward_funcs must list at least one reward function")
+        if len(self.reward_weights) != len(self.reward_funcs):
+            raise ConfigError(f"reward.reward_weights has {len(self.reward_weights)} value(s) "
+                              f"{self.reward_weights} but reward.reward_funcs has {len(self.reward_funcs)} "
+                              f"{self.reward_funcs}: give one weight per function")
+        for name in self.reward_funcs:
+            try:
+                get_reward_function(name)
+            except (ValueError, ImportError, TypeError) as err:
+                raise ConfigError(f"reward.reward_funcs: {err}") from None
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW with bias correction (as `torch.optim.AdamW`), learning-rate schedule and gradient clipping."""
+
+    learning_rate: float = help_field(
+        1e-6, "Peak learning rate. 1e-6 is TRL's GRPO default for billion-parameter policies; a tiny model "
+              "needs far more (the bundled run uses 1e-3).")
+    beta1: float = help_field(0.9, "Adam beta1 (first-moment decay), the usual value.")
+    beta2: float = help_field(
+        0.95, "Adam beta2. 0.95 rather than 0.999: the second moment adapts faster to the shifting gradient scale "
+              "of RL (the value of the seed tutorial and of most LLM training recipes).")
+    eps: float = help_field(1e-8, "Adam epsilon, as torch's default.")
+    weight_decay: float = help_field(
+        0.01, "Decoupled weight decay on matrices (norm weights and biases are not decayed), torch's AdamW default.")
+    lr_schedule: str = help_field(
+        "constant", "'constant' after warmup (TRL's GRPO default), or 'cosine' decay to min_lr_ratio at the last "
+                    "step.")
+    warmup_steps: int = help_field(0, "Linear warmup from 0 over this many optimizer updates.")
+    min_lr_ratio: float = help_field(0.0, "Cosine schedule: final learning rate as a fraction of the peak.")
+    max_grad_norm: float = help_field(
+        1.0, "Clip the global gradient norm (across tensor-parallel shards and data-parallel ranks) to this; "
+             "0 = no clipping. 1.0 is TRL's and verl's default.")
+
+    def validate(self) -> None:
+        checks = [
+            (self.learning_rate > 0, "learning_rate", "must be > 0"),
+            (0 <= self.beta1 < 1, "beta1", "must be in [0, 1)"),
+            (0 <= self.beta2 < 1, "beta2", "must be in [0, 1)"),
+            (self.eps > 0, "eps", "must be > 0"),
+            (self.weight_decay >= 0, "weight_decay", "must be >= 0"),
+            (self.lr_schedule in ("constant", "cosine"), "lr_schedule", "must be 'constant' or 'cosine'"),
+            (self.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
+            (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]"),
+            (self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 = no clipping)"),
+        ]
+        for ok, name, requirement in checks:
+            if not ok:
+                raise ConfigError(f"optimizer.{name} {requirement}, got {getattr(self, name)!r}")
+
+
+@dataclass
+class ScheduleConfig:
+    """How much data each step takes and how it is reused."""
+
+    steps: int = help_field(100, "GRPO steps (one rollout batch each).")
+    batch_size: int = help_field(
+        8, "Prompts per step over all ranks (the global batch); each yields num_generations responses. Must be "
+           "divisible by the inference layout's data_parallel.")
+    num_iterations: int = help_field(
+        1, "Passes over each rollout batch (GRPO's mu). With 1 the sampled policy is the trained one (ratio 1 at "
+           "the first update); > 1 recomputes old-policy log-probs (phase 'old') and makes clipping matter.")
+    mini_batch_size: int = help_field(
+        0, "Prompts per optimizer update (their responses included); 0 = the whole batch (one update per "
+           "iteration). Must divide batch_size; its responses must split evenly over the train data_parallel.")
+    ref_model_sync_steps: int = help_field(
+        0, "Copy the policy into the reference model every this many steps (TRL's sync_ref_model); 0 = never: "
+           "the reference stays the starting policy, as in DeepSeekMath.")
+    dynamic_sampling: bool = help_field(
+        False, "DAPO dynamic sampling: drop prompt groups whose rewards are all equal (no gradient) and refill from "
+               "the next prompts.")
+    max_sampling_retries: int = help_field(
+        3, "Dynamic sampling: extra rollout rounds per step before training on what was kept.")
+    seed: int = help_field(0, "Seed of data order and sampling (each data-parallel rank derives its own stream).")
+
+    def validate(self) -> None:
+        checks = [
+            (self.steps >= 1, "steps", "must be >= 1"),
+            (self.batch_size >= 1, "batch_size", "must be >= 1"),
+            (self.num_iterations >= 1, "num_iterations", "must be >= 1"),
+            (self.mini_batch_size >= 0, "mini_batch_size", "must be >= 0 (0 = whole batch)"),
+            (self.ref_model_sync_steps >= 0, "ref_model_sync_steps", "must be >= 0 (0 = never)"),
+            (self.max_sampling_retries >= 0, "max_sampling_retries", "must be >= 0"),
+            (self.seed >= 0, "seed", "must be >= 0"),
+        ]
+        for ok, name, requirement in checks:
+            if not ok:
+                raise ConfigError(f"schedule.{name} {requirement}, got {getattr(self, name)!r}")
+        if self.mini_batch_size and self.batch_size % self.mini_batch_size:
+            raise ConfigError(f"schedule.mini_batch_size={self.mini_batch_size} must divide "
+                              f"schedule.batch_size={self.batch_size}")
+
+    @property
+    def prompts_per_update(self) -> int:
+        return self.mini_batch_size or self.batch_size
+
+
+@dataclass
+class CheckpointConfig:
+    """When checkpoints are written and how many are kept."""
+
+    save_interval: int = help_field(
+        0, "Write a checkpoint every this many steps (and always after the last one); 0 = only at the end.")
+    keep_last: int = help_field(3, "Complete checkpoints kept; older ones are deleted after a newer one is written.")
+
+    def validate(self) -> None:
+        if self.save_interval < 0:
+            raise ConfigError(f"checkpoint.save_interval must be >= 0, got {self.save_interval}")
+        if self.keep_last < 1:
+            raise ConfigError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
+
+
+SECTIONS: dict[str, type] = {
+    "generation": GenerationConfig,
+    "loss": LossConfig,
+    "reward": RewardConfig,
+    "optimizer": OptimizerConfig,
+    "schedule": ScheduleConfig,
+    "checkpoint": CheckpointConfig,
+}
+
+
+@dataclass
+class GRPOConfig:
+    """All settings of a GRPO run (the model YAMLs hold the networks and their parallel layouts)."""
+
+    generation: GenerationConfig = dataclasses.field(
+        default_factory=lambda: GenerationConfig(max_new_tokens=256, prompt_buckets=[64, 128, 256, 512]))
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_dict(cls, data: Mapping, source: str = "<dict>") -> "GRPOConfig":
+        """Builds the config from a mapping of sections; unknown sections or fields are errors naming them."""
+        unknown = sorted(set(data) - set(SECTIONS))
+        if unknown:
+            raise ConfigError(f"{source}: unknown section(s) {unknown}; known sections: {list(SECTIONS)}")
+        config = cls()
+        sections = {}
+        for name, section_cls in SECTIONS.items():
+            values = dataclasses.asdict(getattr(config, name))
+            given = data.get(name) or {}
+            if not isinstance(given, Mapping):
+                raise ConfigError(f"{source}: section '{name}' must be a mapping, got {type(given).__name__}")
+            values.update(given)
+            sections[name] = from_mapping(section_cls, values, f"{source}: {name}")
+        return cls(**sections)
+
+    @classmethod
+    def from_yaml(cls, path: str) -> "GRPOConfig":
+        return cls.from_dict(load_yaml(path), source=path)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+
+    def replace(self, overrides: Mapping[str, Mapping[str, Any]], source: str = "command line") -> "GRPOConfig":
+        """A copy with `{section: {field: value}}` applied, validated like a YAML."""
+        data = self.to_dict()
+        for section, values in overrides.items():
+            data[section].update(values)
+        return GRPOConfig.from_dict(data, source)
+
+    # --------------------------------------------------------------- validation
+    def validate(self) -> None:
+        """Cross-section checks that need no model (per-section checks ran when the sections were built)."""
+        for name in SECTIONS:
+            section = getattr(self, name)
+            try:
+                section.validate()
+            except ConfigError as err:
+                message = str(err)
+                raise ConfigError(message if message.startswith(name) else f"{name}: {message}") from None
+        if self.generation.num_generations < 2:
+            raise ConfigError(f"generation.num_generations must be >= 2 for GRPO (a group of one has advantage 0 "
+                              f"everywhere, so nothing would be learned), got {self.generation.num_generations}")
+        if self.generation.greedy:
+            raise ConfigError("generation: GRPO needs sampling (do_sample true and temperature > 0): with greedy "
+                              "decoding every response of a group is identical and all advantages are zero")
+
+
+def field_paths() -> dict[str, list[tuple[str, dataclasses.Field]]]:
+    """Field name -> [(section, field)] over all sections (a name may appear in several sections)."""
+    paths: dict[str, list[tuple[str, dataclasses.Field]]] = {}
+    for section, section_cls in SECTIONS.items():
+        for field in dataclasses.fields(section_cls):
+            paths.setdefault(field.name, []).append((section, field))
+    return paths

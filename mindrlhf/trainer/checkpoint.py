@@ -1,0 +1,157 @@
+"""Trainer checkpoints: per-rank weights and optimizer moments, strategy files and a JSON meta, committed atomically.
+
+Layout of one checkpoint::
+
+    <save_ckpt_dir>/step_000004/
+        meta.json               step, world size, layouts, config, data position (written last)
+        train_strategy.ckpt     strategy file of the train net (`ParallelStrategyMap`)
+        infer_strategy.ckpt     strategy file of the inference layout (the reference net's shards)
+        rank_<r>/train.ckpt     train-net shards + AdamW state (`adam_m.*`, `adam_v.*`, `adam_step`)
+        rank_<r>/ref.ckpt       reference-net shards (inference layout)
+        rank_<r>/state.json     this rank's random streams
+
+Every rank writes into `.step_000004.partial/`; after a barrier rank 0 writes `meta.json` and renames the
+folder, so a checkpoint cut off mid-write is never a `step_*` folder with a meta and is never picked. The
+folder must be on a file system all nodes share (as MindSpore's own distributed checkpoints assume).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+META = "meta.json"
+TRAIN_CKPT = "train.ckpt"
+REF_CKPT = "ref.ckpt"
+RANK_STATE = "state.json"
+TRAIN_STRATEGY = "train_strategy.ckpt"
+INFER_STRATEGY = "infer_strategy.ckpt"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+# Config sections/fields a resumed run may change: how long it runs and how it checkpoints.
+RESUMABLE_CHANGES = {("schedule", "steps"), ("checkpoint", "save_interval"), ("checkpoint", "keep_last")}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed or loaded; the message names the folder and what differs."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def rank_dir(step_dir: str, rank: int) -> str:
+    return os.path.join(step_dir, f"rank_{rank}")
+
+
+def save_parameters(params: Iterable, path: str) -> None:
+    """Writes parameters (name -> data) as a MindSpore `.ckpt` with ordinary file permissions."""
+    import mindspore as ms
+
+    ms.save_checkpoint([{"name": p.name, "data": p} for p in params], path)
+    os.chmod(path, 0o644)  # MindSpore writes checkpoints read-only (0400)
+
+
+@dataclass
+class CheckpointWriter:
+    """Writes one checkpoint with every rank taking part; `barrier` synchronises the ranks."""
+
+    save_dir: str
+    rank: int
+    world_size: int
+    barrier: Callable[[], None]
+
+    def save(self, step: int, write_rank_files: Callable[[str], None], write_shared_files: Callable[[str], None],
+             meta: dict, keep_last: int) -> str:
+        """Runs the writers into a partial folder, then commits it as `step_<step>`; returns its path."""
+        final = os.path.join(self.save_dir, step_dir_name(step))
+        partial = os.path.join(self.save_dir, "." + step_dir_name(step) + ".partial")
+        if self.rank == 0:
+            os.makedirs(self.save_dir, exist_ok=True)
+            shutil.rmtree(partial, ignore_errors=True)
+            os.makedirs(partial)
+        self.barrier()
+        os.makedirs(rank_dir(partial, self.rank), exist_ok=True)
+        write_rank_files(rank_dir(partial, self.rank))
+        if self.rank == 0:
+            write_shared_files(partial)
+        self.barrier()
+        if self.rank == 0:
+            with open(os.path.join(partial, META), "w", encoding="utf-8") as f:
+                json.dump(meta, f, indent=1, sort_keys=True)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(partial, final)
+            self._prune(keep_last)
+        self.barrier()
+        return final
+
+    def _prune(self, keep_last: int) -> None:
+        for old in complete_checkpoints(self.save_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def complete_checkpoints(save_dir: str) -> list[str]:
+    """`step_*` folders of `save_dir` that hold a meta.json, oldest first."""
+    if not os.path.isdir(save_dir):
+        return []
+    found = []
+    for name in os.listdir(save_dir):
+        match = _STEP_DIR.match(name)
+        path = os.path.join(save_dir, name)
+        if match and os.path.isfile(os.path.join(path, META)):
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def read_meta(step_dir: str) -> dict:
+    path = os.path.join(step_dir, META)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: cannot read the checkpoint meta ({err})") from None
+
+
+def find_resume_checkpoint(resume: str, save_dir: str | None) -> str | None:
+    """The folder to resume from: `resume` = 'auto' (newest complete one in `save_dir`, None if there is
+    none) or a path to a `step_*` folder."""
+    if resume == "auto":
+        if not save_dir:
+            raise CheckpointError("--resume auto needs --save_ckpt_dir (where the checkpoints are)")
+        found = complete_checkpoints(save_dir)
+        return found[-1] if found else None
+    if not os.path.isfile(os.path.join(resume, META)):
+        raise CheckpointError(f"{resume}: not a complete checkpoint (no {META}); expected a step_* folder "
+                              "written by the trainer")
+    return resume
+
+
+def check_resumable(step_dir: str, meta: dict, world_size: int, layouts: dict, config: dict) -> None:
+    """Raises a one-line CheckpointError naming what differs between the checkpoint and this job."""
+    if meta.get("world_size") != world_size:
+        raise CheckpointError(f"{step_dir}: written by a job of {meta.get('world_size')} ranks, this job has "
+                              f"{world_size}; resume with the same world size (or convert it with "
+                              "tools/transform_checkpoint.py)")
+    for net, layout in layouts.items():
+        if meta.get("layouts", {}).get(net) != layout:
+            raise CheckpointError(f"{step_dir}: {net} layout {meta.get('layouts', {}).get(net)} differs from this "
+                                  f"job's {layout}")
+    saved = meta.get("config", {})
+    differing = []
+    for section, values in config.items():
+        for name, value in values.items():
+            if (section, name) in RESUMABLE_CHANGES:
+                continue
+            old = saved.get(section, {}).get(name, value)
+            if old != value:
+                differing.append(f"{section}.{name} {old!r} -> {value!r}")
+    if differing:
+        raise CheckpointError(f"{step_dir}: config differs from the checkpoint's: {'; '.join(differing)} (only "
+                              "schedule.steps and the checkpoint settings may change on resume)")
+    for rank in range(world_size):
+        for name in (TRAIN_CKPT, REF_CKPT, RANK_STATE):
+            path = os.path.join(rank_dir(step_dir, rank), name)
+            if not os.path.isfile(path):
+                raise CheckpointError(f"{path}: missing from the checkpoint")

@@ -1,0 +1,93 @@
+"""Runs a GRPO job from parsed command-line flags: config, tokenizer, communication, trainer; one-line errors."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Callable
+
+from mindrlhf.configs.base import ConfigError
+from mindrlhf.configs.cli import config_overrides
+from mindrlhf.configs.grpo_configs import GRPOConfig
+
+logger = logging.getLogger("mindrlhf.trainer")
+
+_LAUNCHED_BY_MSRUN = ("MS_WORKER_NUM", "MS_ROLE")
+
+
+def load_config(args: argparse.Namespace) -> GRPOConfig:
+    """`--config` YAML (or the defaults) with the command-line overrides applied, validated."""
+    config = GRPOConfig.from_yaml(args.config) if args.config else GRPOConfig()
+    overrides = config_overrides(args)
+    if overrides:
+        config = config.replace(overrides)
+    config.validate()
+    return config
+
+
+def load_job_tokenizer(args: argparse.Namespace):
+    from mindrlhf.models.qwen2.tokenizer import load_tokenizer
+
+    if not args.tokenizer_dir and not (args.vocab_path and args.merges_file_path):
+        raise ConfigError("tokenizer: give --tokenizer_dir, or --vocab_path and --merges_file_path")
+    return load_tokenizer(tokenizer_dir=args.tokenizer_dir, vocab_path=args.vocab_path,
+                          merges_file_path=args.merges_file_path)
+
+
+def _check_files(args: argparse.Namespace) -> None:
+    for flag in ("sft_path_train", "sft_path_infer", "mind_dataset_dir"):
+        path = getattr(args, flag)
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path}: --{flag} file not found")
+    for flag in ("load_sft_checkpoint_train", "load_sft_checkpoint_infer", "load_ref_checkpoint"):
+        path = getattr(args, flag)
+        if path and not os.path.exists(path):
+            raise ConfigError(f"{path}: --{flag} not found")
+
+
+def init_communication(use_parallel: str) -> tuple[int, int]:
+    """(world size, rank); initialises MindSpore communication when running under msrun (or asked to)."""
+    launched = any(os.environ.get(name) for name in _LAUNCHED_BY_MSRUN)
+    if use_parallel == "false" or (use_parallel == "auto" and not launched):
+        return 1, 0
+    from mindspore.communication import get_group_size, get_rank, init
+    init()
+    return get_group_size(), get_rank()
+
+
+def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -> int:
+    """Runs the job; returns the process exit code. Bad input prints `error: <where>: <problem>` and gives 2."""
+    import mindspore as ms
+
+    from mindrlhf.trainer.grpo_trainer import GRPOTrainer, JobOptions
+    from mindrlhf.utils.logging import setup_logging
+
+    try:
+        config = load_config(args)
+        _check_files(args)
+        tokenizer = load_job_tokenizer(args)
+    except (ConfigError, ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    ms.set_context(mode=ms.GRAPH_MODE)
+    world_size, rank = init_communication(args.use_parallel)
+    setup_logging(rank=rank)
+    job = JobOptions(sft_path_train=args.sft_path_train, sft_path_infer=args.sft_path_infer,
+                     mind_dataset_dir=args.mind_dataset_dir, output_dir=args.output_dir,
+                     save_ckpt_dir=args.save_ckpt_dir, load_sft_checkpoint_train=args.load_sft_checkpoint_train,
+                     load_sft_checkpoint_infer=args.load_sft_checkpoint_infer,
+                     load_ref_checkpoint=args.load_ref_checkpoint, save_data_file=args.save_data_file,
+                     tensorboard_dir=args.tensorboard_dir, resume=args.resume, init_seed=args.init_seed,
+                     only_save_strategy=args.only_save_strategy, enable_compile_cache=args.enable_compile_cache)
+    try:
+        trainer = GRPOTrainer(config, job, tokenizer, world_size, rank, callbacks)
+    except ValueError as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if job.only_save_strategy:
+        paths = trainer.save_strategies(os.path.join(job.output_dir, "strategy"))
+        logger.info("strategy files written: %s", ", ".join(paths.values()))
+        return 0
+    trainer.fit()
+    return 0

@@ -1,0 +1,74 @@
+"""Metrics sinks: one line per step in the log, JSONL in the output folder, optional TensorBoard events."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Mapping
+
+from mindrlhf.utils.logging import format_metrics
+
+logger = logging.getLogger("mindrlhf.trainer")
+
+# Shown on the per-step log line, in this order (everything goes to JSONL and TensorBoard).
+LINE_KEYS = (
+    "reward/mean", "reward/std", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/entropy", "actor/grad_norm",
+    "actor/lr", "response_length/mean", "response_length/clip_ratio", "timing_s/step",
+    "perf/tokens_per_s_per_device",
+)
+
+
+class MetricsWriter:
+    """Writes each step's metrics; only the rank that owns it (rank 0) writes anything."""
+
+    def __init__(self, output_dir: str | None, tensorboard_dir: str | None = None, enabled: bool = True,
+                 resume_step: int = 0):
+        self.enabled = enabled
+        self.jsonl_path = os.path.join(output_dir, "metrics.jsonl") if output_dir else None
+        self._tb = None
+        if not enabled:
+            return
+        if self.jsonl_path:
+            os.makedirs(output_dir, exist_ok=True)
+            _truncate_after_step(self.jsonl_path, resume_step)
+        if tensorboard_dir:
+            from tensorboardX import SummaryWriter
+            self._tb = SummaryWriter(tensorboard_dir, purge_step=resume_step + 1 if resume_step else None)
+
+    def write(self, step: int, total_steps: int, metrics: Mapping[str, float]) -> None:
+        if not self.enabled:
+            return
+        shown = {"step": f"{step}/{total_steps}"}
+        shown.update({key.split("/", 1)[-1] if key.startswith(("reward/", "actor/")) else key: metrics[key]
+                      for key in LINE_KEYS if key in metrics})
+        shown.update({k: v for k, v in metrics.items() if k.startswith("reward/") and k not in LINE_KEYS
+                      and k not in ("reward/frac_zero_std",)})
+        logger.info(format_metrics(shown))
+        if self.jsonl_path:
+            with open(self.jsonl_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, **_plain(metrics)}) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _plain(metrics: Mapping[str, float]) -> dict:
+    return {k: (float(v) if isinstance(v, float) else v) for k, v in metrics.items()}
+
+
+def _truncate_after_step(path: str, step: int) -> None:
+    """Keeps the JSONL lines of steps <= `step` (a resumed run rewrites what came after its checkpoint)."""
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(kept)

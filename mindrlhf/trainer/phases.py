@@ -1,0 +1,63 @@
+"""Phases of a GRPO step: entering one applies its swap plan, times it and names it in the metrics.
+
+In the spirit of verl's `marked_timer` and MindSpeed-RL's sharding manager, but as one mechanism: a phase
+is the only place where residency changes, so the plan (what is on device when) cannot drift from the code
+that uses the nets.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator
+
+from mindrlhf.parallel.swap import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS, SwapManager
+
+# Weight groups each phase needs on device; every other registered group is offloaded to host memory.
+PHASE_RESIDENT: dict[str, tuple[str, ...]] = {
+    "generate": (INFER_WEIGHTS,),
+    "reward": (),
+    "ref": (REF_WEIGHTS,),
+    "old": (INFER_WEIGHTS,),
+    "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
+    "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS),
+}
+PHASES = tuple(PHASE_RESIDENT)
+
+
+class Phases:
+    """`with phases("generate"):` applies the phase's swap plan, then times the block.
+
+    Times accumulate per step (a phase may run several times, e.g. generation rounds of dynamic sampling);
+    `step_metrics()` returns `timing_s/<phase>` and the swap bytes moved since `start_step()`.
+    """
+
+    def __init__(self, swap: SwapManager, resident: dict[str, tuple[str, ...]] | None = None):
+        self.swap = swap
+        self.resident = dict(resident or PHASE_RESIDENT)
+        self.seconds: dict[str, float] = {}
+        self.swap_bytes = 0
+        self.current: str | None = None
+
+    def start_step(self) -> None:
+        self.seconds = {}
+        self.swap_bytes = 0
+
+    @contextlib.contextmanager
+    def __call__(self, name: str, also_resident: tuple[str, ...] = ()) -> Iterator[None]:
+        if name not in self.resident:
+            raise KeyError(f"unknown phase {name!r}; phases: {list(self.resident)}")
+        resident = tuple(g for g in self.swap.groups if g in self.resident[name] or g in also_resident)
+        offloaded = tuple(g for g in self.swap.groups if g not in resident)
+        start = time.perf_counter()
+        self.swap_bytes += self.swap.apply_plan(name, resident=resident, offloaded=offloaded)
+        self.current = name
+        try:
+            yield
+        finally:
+            self.current = None
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def step_metrics(self) -> dict[str, float]:
+        metrics = {f"timing_s/{name}": round(seconds, 4) for name, seconds in self.seconds.items()}
+        metrics["swap/bytes_moved"] = int(self.swap_bytes)
+        return metrics

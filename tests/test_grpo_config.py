@@ -1,0 +1,93 @@
+"""GRPOConfig: YAML sections, generated CLI flags, validation messages naming the field."""
+import argparse
+import dataclasses
+
+import pytest
+
+from mindrlhf.configs.base import ConfigError
+from mindrlhf.configs.cli import add_config_flags, config_overrides, section_field_names
+from mindrlhf.configs.grpo_configs import SECTIONS, GRPOConfig
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    return config_overrides(parser.parse_args(argv))
+
+
+def test_every_field_has_help_text_and_a_flag():
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    flags = {opt for action in parser._actions for opt in action.option_strings}
+    for section, names in section_field_names().items():
+        for name in names:
+            field = next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
+            assert len(field.metadata.get("help", "")) > 20, f"{section}.{name} has no real help text"
+            assert f"--{section}.{name}" in flags
+    assert "--num_generations" in flags and "--learning_rate" in flags
+    # a name used by two sections only has the dotted flags
+    assert "--seed" not in flags and "--generation.seed" in flags and "--schedule.seed" in flags
+
+
+def test_flags_override_yaml_and_are_typed(tmp_path):
+    path = tmp_path / "grpo.yaml"
+    path.write_text("generation:\n  num_generations: 4\noptimizer:\n  learning_rate: 1e-5\n")
+    config = GRPOConfig.from_yaml(str(path))
+    assert config.generation.num_generations == 4 and config.optimizer.learning_rate == 1e-5
+    overrides = parse(["--num_generations", "6", "--reward_funcs", "accuracy", "--reward_weights", "2",
+                       "--dynamic_sampling", "true", "--schedule.seed", "7"])
+    config = config.replace(overrides)
+    assert config.generation.num_generations == 6
+    assert config.reward.reward_funcs == ["accuracy"] and config.reward.reward_weights == [2.0]
+    assert config.schedule.dynamic_sampling is True and config.schedule.seed == 7
+    assert config.optimizer.learning_rate == 1e-5  # untouched by the flags
+
+
+def test_defaults_follow_the_seed_tutorial():
+    config = GRPOConfig()
+    config.validate()
+    opt = config.optimizer
+    assert (opt.beta1, opt.beta2, opt.eps, opt.weight_decay) == (0.9, 0.95, 1e-8, 0.01)
+    assert config.loss.kl_estimator == "k3" and config.generation.num_generations >= 2
+
+
+@pytest.mark.parametrize("yaml_text, message", [
+    ("generation:\n  num_generationz: 4\n", r"generation: unknown field\(s\) 'num_generationz' \(did you mean "
+                                            r"'num_generations'\?\)"),
+    ("lossy:\n  beta: 1\n", r"unknown section\(s\) \['lossy'\]"),
+    ("optimizer:\n  learning_rate: fast\n", r"optimizer: field 'learning_rate' must be a number"),
+    ("optimizer:\n  beta2: 1.5\n", r"optimizer.beta2 must be in \[0, 1\)"),
+    ("schedule:\n  steps: 0\n", r"schedule.steps must be >= 1, got 0"),
+    ("schedule:\n  batch_size: 4\n  mini_batch_size: 3\n", r"schedule.mini_batch_size=3 must divide"),
+    ("loss:\n  aggregation: mean\n", r"loss: unknown loss aggregation 'mean'"),
+    ("loss:\n  kl_estimator: k9\n", r"unknown KL estimator 'k9'"),
+])
+def test_bad_yaml_names_the_file_and_field(tmp_path, yaml_text, message):
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=message) as info:
+        GRPOConfig.from_yaml(str(path)).validate()
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"generation": {"num_generations": 1}}, r"generation.num_generations must be >= 2"),
+    ({"generation": {"temperature": 0.0}}, r"GRPO needs sampling"),
+    ({"reward": {"reward_funcs": ["nosuch"], "reward_weights": [1.0]}},
+     r"command line: reward: reward.reward_funcs: unknown reward function .nosuch."),
+    ({"reward": {"reward_weights": [1.0]}}, r"reward.reward_weights has 1 value\(s\) \[1.0\] but "
+                                            r"reward.reward_funcs has 2"),
+])
+def test_cross_field_checks(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        GRPOConfig().replace(overrides).validate()
+
+
+def test_layout_from_config_covers_the_world():
+    from mindrlhf.configs.parallel import ParallelConfig
+    from mindrlhf.parallel.layout import Layout, LayoutError
+    layout = Layout.from_config(ParallelConfig(data_parallel=1, model_parallel=2), world_size=2, rank=1)
+    assert (layout.dp, layout.tp, layout.tp_rank) == (1, 2, 1)
+    with pytest.raises(LayoutError, match=r"train.yaml: parallel_config: data_parallel=2 x model_parallel=2 = 4 "
+                                          r"ranks, but the job has 2"):
+        Layout.from_config(ParallelConfig(data_parallel=2, model_parallel=2), 2, 0, "train.yaml: parallel_config")

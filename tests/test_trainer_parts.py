@@ -1,0 +1,142 @@
+"""Host-side pieces of the trainer: experience packing and splitting, phases and swap plans, checkpoint picking."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from mindrlhf.parallel.swap import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS, SwapManager
+from mindrlhf.trainer.checkpoint import (CheckpointError, CheckpointWriter, check_resumable, complete_checkpoints,
+                                         find_resume_checkpoint)
+from mindrlhf.trainer.experience import Experience, concat_experiences, group_unit, rows_of_rank, update_chunks
+from mindrlhf.trainer.phases import PHASE_RESIDENT, Phases
+
+
+def make_experience(rows, prompt_width, response_width, seed=0, pad=0):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, prompt_width + 1, rows)
+    prompt_mask = (np.arange(prompt_width)[None, :] >= prompt_width - lengths[:, None]).astype(np.int32)
+    prompt_ids = np.where(prompt_mask > 0, rng.integers(1, 150000, (rows, prompt_width)), pad).astype(np.int32)
+    response_mask = (np.arange(response_width)[None, :] < rng.integers(1, response_width + 1, rows)[:, None])
+    return Experience(prompt_ids, prompt_mask, rng.integers(0, 150000, (rows, response_width)).astype(np.int32),
+                      response_mask.astype(np.int32), rng.standard_normal((rows, response_width)).astype(np.float32),
+                      rng.standard_normal((rows, response_width)).astype(np.float32),
+                      rng.random(rows).astype(np.float32), rng.standard_normal(rows).astype(np.float32),
+                      {"accuracy": rng.random(rows).astype(np.float32)})
+
+
+def assert_same(a: Experience, b: Experience):
+    for name, value in a._arrays().items():
+        np.testing.assert_array_equal(value, b._arrays()[name], err_msg=name)
+        assert value.dtype == b._arrays()[name].dtype, name
+
+
+def test_pack_unpack_round_trips_exactly_including_large_token_ids():
+    exp = make_experience(6, 5, 7)
+    packed = exp.pack()
+    assert packed.dtype == np.float32 and packed.shape == (6, 5 * 2 + 7 * 4 + 3)
+    assert_same(exp.unpack(packed), exp)
+    # rows of another rank (as after a gather) unpack with the same layout
+    assert_same(exp.unpack(np.concatenate([packed, packed])), concat_experiences([exp, exp], 0))
+
+
+def test_concat_left_pads_narrower_prompts():
+    a, b = make_experience(2, 3, 4, seed=1), make_experience(2, 6, 4, seed=2)
+    both = concat_experiences([a, b], pad_token_id=0)
+    assert both.prompt_ids.shape == (4, 6)
+    for row in range(2):
+        kept = a.prompt_ids[row][a.prompt_mask[row] > 0]
+        np.testing.assert_array_equal(both.prompt_ids[row][both.prompt_mask[row] > 0], kept)
+        assert both.prompt_mask[row][:3].sum() == 0  # padding on the left
+    np.testing.assert_array_equal(both.prompt_ids[2:], b.prompt_ids)
+
+
+def test_update_chunks_and_rank_rows():
+    assert update_chunks(num_groups=4, groups_per_update=2, group_size=3) == [slice(0, 6), slice(6, 12)]
+    assert update_chunks(3, 2, 2) == [slice(0, 4), slice(4, 6)]
+    assert rows_of_rank(8, 2, 1) == slice(4, 8)
+    with pytest.raises(ValueError, match="6 rows cannot be split evenly over data_parallel=4"):
+        rows_of_rank(6, 4, 0)
+    assert group_unit(4, 2) == 1 and group_unit(3, 2) == 2 and group_unit(2, 8) == 4
+
+
+def make_swap():
+    import mindspore as ms
+    swap = SwapManager(device_target="CPU")
+    for i, group in enumerate((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS, INFER_WEIGHTS, REF_WEIGHTS)):
+        swap.register(group, [ms.Parameter(ms.Tensor(np.zeros(4 * (i + 1), np.float32)), name=f"{group}.p")])
+    return swap
+
+
+def test_phases_apply_their_swap_plan_and_time_themselves():
+    swap = make_swap()
+    phases = Phases(swap)
+    phases.start_step()
+    for name in ("generate", "reward", "ref", "train", "reshard"):
+        with phases(name):
+            assert {g for g in swap.groups if swap.is_resident(g)} == set(PHASE_RESIDENT[name])
+    with phases("reshard", also_resident=(REF_WEIGHTS,)):
+        assert swap.is_resident(REF_WEIGHTS) and swap.is_resident(INFER_WEIGHTS)
+    metrics = phases.step_metrics()
+    assert set(metrics) == {"timing_s/generate", "timing_s/reward", "timing_s/ref", "timing_s/train",
+                            "timing_s/reshard", "swap/bytes_moved"}
+    # generate offloads train (16 B) + moments (32 B) + ref (64 B); ref loads ref (64 B) ... all counted
+    assert metrics["swap/bytes_moved"] == sum(e.nbytes for e in swap.events)
+    with pytest.raises(KeyError, match="unknown phase 'sleep'"):
+        with phases("sleep"):
+            pass
+
+
+def write_fake_checkpoint(tmp_path, step, world=2, config=None):
+    writer = CheckpointWriter(str(tmp_path), rank=0, world_size=1, barrier=lambda: None)
+
+    def rank_files(folder):
+        for rank in range(world):
+            target = os.path.join(os.path.dirname(folder), f"rank_{rank}")
+            os.makedirs(target, exist_ok=True)
+            for name in ("train.ckpt", "ref.ckpt", "state.json"):
+                open(os.path.join(target, name), "w").close()
+
+    meta = {"step": step, "world_size": world, "layouts": {"train": "dp=1 x tp=2", "infer": "dp=2 x tp=1"},
+            "config": config or {"schedule": {"steps": 4, "batch_size": 4}}}
+    return writer.save(step, rank_files, lambda folder: None, meta, keep_last=2)
+
+
+def test_only_complete_checkpoints_are_picked_and_old_ones_pruned(tmp_path):
+    for step in (1, 2, 3):
+        write_fake_checkpoint(tmp_path, step)
+    assert [os.path.basename(p) for p in complete_checkpoints(str(tmp_path))] == ["step_000002", "step_000003"]
+    # a checkpoint cut off mid-write: no meta (or still the partial folder) -> never picked
+    os.makedirs(tmp_path / "step_000009" / "rank_0")
+    os.makedirs(tmp_path / ".step_000010.partial" / "rank_0")
+    assert find_resume_checkpoint("auto", str(tmp_path)).endswith("step_000003")
+    with pytest.raises(CheckpointError, match="step_000009: not a complete checkpoint"):
+        find_resume_checkpoint(str(tmp_path / "step_000009"), None)
+    assert find_resume_checkpoint("auto", str(tmp_path / "empty")) is None
+
+
+def test_resume_refuses_another_world_size_layout_or_config(tmp_path):
+    path = write_fake_checkpoint(tmp_path, 2)
+    meta = json.loads(open(os.path.join(path, "meta.json")).read())
+    layouts = meta["layouts"]
+    check_resumable(path, meta, 2, layouts, {"schedule": {"steps": 8, "batch_size": 4}})  # more steps: fine
+    with pytest.raises(CheckpointError, match="written by a job of 2 ranks, this job has 4"):
+        check_resumable(path, meta, 4, layouts, meta["config"])
+    with pytest.raises(CheckpointError, match="train layout dp=1 x tp=2 differs from this job's dp=2 x tp=1"):
+        check_resumable(path, meta, 2, {"train": "dp=2 x tp=1", "infer": "dp=2 x tp=1"}, meta["config"])
+    with pytest.raises(CheckpointError, match=r"schedule.batch_size 4 -> 8"):
+        check_resumable(path, meta, 2, layouts, {"schedule": {"steps": 4, "batch_size": 8}})
+    os.remove(os.path.join(path, "rank_1", "train.ckpt"))
+    with pytest.raises(CheckpointError, match="rank_1/train.ckpt: missing"):
+        check_resumable(path, meta, 2, layouts, meta["config"])
+
+
+def test_metrics_jsonl_is_cut_back_to_the_resumed_step(tmp_path):
+    from mindrlhf.trainer.metrics import MetricsWriter
+    writer = MetricsWriter(str(tmp_path))
+    for step in (1, 2, 3):
+        writer.write(step, 3, {"reward/mean": step / 10})
+    resumed = MetricsWriter(str(tmp_path), resume_step=2)
+    resumed.write(3, 3, {"reward/mean": 0.5})
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["reward/mean"]) for line in lines] == [(1, 0.1), (2, 0.2), (3, 0.5)]

@@ -1,0 +1,57 @@
+"""Worker: `grpo_one_stage.py` with a callback that checks, after every step on every rank, that the inference
+net holds exactly the train net's weights and that each phase ran with its swap plan; writes rank_<r>.json."""
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples" / "qwen_grpo_tutorial"))
+
+import grpo_one_stage  # noqa: E402
+
+from mindrlhf.parallel.swap import REF_WEIGHTS  # noqa: E402
+from mindrlhf.trainer.grpo_trainer import INFER_PREFIX  # noqa: E402
+from mindrlhf.trainer.phases import PHASE_RESIDENT  # noqa: E402
+
+RESULTS = {"steps": []}
+
+
+def check_step(trainer, step, metrics):
+    rank = trainer.rank
+    infer = {p.name: p for p in trainer.infer_net.trainable_params()}
+    mismatched = []
+    for param in trainer.train_net.trainable_params():
+        train_region = trainer.train_strategy[param.name].slice_of(rank)
+        infer_region = trainer.infer_strategy[INFER_PREFIX + param.name].slice_of(rank)
+        assert all(i.start <= t.start and t.stop <= i.stop for t, i in zip(train_region, infer_region)), param.name
+        relative = tuple(slice(t.start - i.start, t.stop - i.start) for t, i in zip(train_region, infer_region))
+        if not np.array_equal(infer[INFER_PREFIX + param.name].asnumpy()[relative], param.asnumpy()):
+            mismatched.append(param.name)
+    plan_errors = []
+    start = RESULTS.setdefault("plan_index", 0)
+    sync_ref = trainer.config.schedule.ref_model_sync_steps and step % trainer.config.schedule.ref_model_sync_steps == 0
+    for phase, resident in trainer.swap.phase_plan[start:]:
+        expected = set(PHASE_RESIDENT[phase]) | ({REF_WEIGHTS} if phase == "reshard" and sync_ref else set())
+        if set(resident) != expected:
+            plan_errors.append(f"{phase}: {sorted(resident)} != {sorted(expected)}")
+    phases = [phase for phase, _ in trainer.swap.phase_plan[start:]]
+    RESULTS["plan_index"] = len(trainer.swap.phase_plan)
+    RESULTS["steps"].append({"step": step, "mismatched": mismatched, "plan_errors": plan_errors, "phases": phases,
+                             "metrics": metrics})
+
+
+def main():
+    out = Path(os.environ["GRPO_WORKER_OUT"])
+    code = grpo_one_stage.main(sys.argv[1:], callbacks=[check_step])
+    from mindspore.communication import get_rank
+    rank = get_rank() if os.environ.get("MS_WORKER_NUM") else 0
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank_{rank}.json").write_text(json.dumps({**RESULTS, "exit_code": code}))
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
