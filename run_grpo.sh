@@ -1,22 +1,48 @@
 #!/usr/bin/env bash
-# The bundled tiny default, end to end and without downloads:
+# GRPO on the bundled tiny default, end to end and without downloads, the way a real run is launched:
 #   1. sets up .venv (first run only),
-#   2. converts the bundled GSM8K-style sample to a MindRecord with the bundled tiny tokenizer,
-#   3. runs GRPO steps in one process (CPU, GRAPH_MODE) from the bundled tiny policy, a 0.16M-parameter
-#      Qwen2 briefly fine-tuned on the sample (tools/make_tiny_checkpoint.py rebuilds it).
-# Extra arguments go to the GRPO script, e.g. `bash run_grpo.sh --steps 10 --num_samples 8`.
+#   2. converts the bundled GSM8K-style sample to a prompt MindRecord (rlhf_data.py),
+#   3. launches examples/qwen_grpo_tutorial/grpo_one_stage.py under msrun: train net tp=2, inference net dp=2
+#      on the same 2 ranks, weights resharded online after every update, idle nets swapped out.
+# Extra arguments go to grpo_one_stage.py, e.g. `bash run_grpo.sh --steps 10 --learning_rate 5e-4`.
+# Every variable below can be set from the environment; for several nodes run this script on each node with the
+# same MASTER_ADDR/MASTER_PORT/WORKER_NUM, its own NODE_RANK and LOCAL_WORKER_NUM, and an OUTPUT on a shared disk.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+WORKER_NUM="${WORKER_NUM:-2}"                     # ranks of the whole job (all nodes)
+LOCAL_WORKER_NUM="${LOCAL_WORKER_NUM:-$WORKER_NUM}" # ranks on this node
+MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+MASTER_PORT="${MASTER_PORT:-8118}"
+NODE_RANK="${NODE_RANK:-0}"
+OUTPUT="${OUTPUT:-$ROOT/output/tiny_grpo}"
+LOG_DIR="${LOG_DIR:-$OUTPUT/msrun_log}"
+TOKENIZER_DIR="${TOKENIZER_DIR:-$ROOT/model_configs/tiny/tokenizer}"
+DATA="${DATA:-$ROOT/examples/qwen_grpo_tutorial/data/gsm8k_sample.jsonl}"
+TRAIN_YAML="${TRAIN_YAML:-$ROOT/model_configs/tiny/train.yaml}"
+INFER_YAML="${INFER_YAML:-$ROOT/model_configs/tiny/infer.yaml}"
+GRPO_YAML="${GRPO_YAML:-$ROOT/model_configs/tiny/grpo.yaml}"
+POLICY_CKPT="${POLICY_CKPT:-$ROOT/model_configs/tiny/tiny_sft.ckpt}"
+
 bash "$ROOT/tools/bootstrap.sh"
 PY="$ROOT/.venv/bin/python"
-cd "$ROOT"
+export PATH="$ROOT/.venv/bin:$PATH"
 export GLOG_v="${GLOG_v:-3}"  # MindSpore: errors only
-OUT="${MINDRLHF_OUTPUT:-$ROOT/output/tiny_grpo}"
-mkdir -p "$OUT"
-TOK="$ROOT/model_configs/tiny/tokenizer"
-"$PY" examples/qwen_grpo_tutorial/rlhf_data.py --vocab_path "$TOK/vocab.json" --merges_file_path "$TOK/merges.txt" \
-    --file_path examples/qwen_grpo_tutorial/data/gsm8k_sample.jsonl --output_path "$OUT/gsm8k_sample.mindrecord" \
-    --template r1_think --max_prompt_length 256
-"$PY" examples/qwen_grpo_tutorial/grpo_pipeline_demo.py --config model_configs/tiny/model.yaml \
-    --vocab_path "$TOK/vocab.json" --merges_file_path "$TOK/merges.txt" --mindrecord "$OUT/gsm8k_sample.mindrecord" \
-    --load_checkpoint model_configs/tiny/tiny_sft.ckpt --max_new_tokens 96 --steps 5 --batch_size 4 --num_samples 4 "$@"
+cd "$ROOT"
+mkdir -p "$OUTPUT"
+"$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$DATA" \
+    --output_path "$OUTPUT/prompts.mindrecord" --template r1_think --max_prompt_length 256
+status=0
+msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR" \
+    --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True \
+    examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML" \
+    --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$OUTPUT/prompts.mindrecord" --config "$GRPO_YAML" \
+    --load_sft_checkpoint_train "$POLICY_CKPT" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard" \
+    "$@" || status=$?
+# rank 0's log holds the per-step lines; show them (msrun writes each rank's output to its own file)
+grep -h -E "step [0-9]+/|error|Error" "$LOG_DIR/worker_0.log" 2>/dev/null | grep -v WARNING || true
+if [ "$status" -ne 0 ]; then
+  echo "run_grpo.sh: the job failed (exit $status); logs: $LOG_DIR/worker_*.log" >&2
+  grep -h "^error:" "$LOG_DIR"/worker_*.log 2>/dev/null | sort -u >&2 || true
+fi
+exit "$status"

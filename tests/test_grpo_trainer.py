@@ -122,3 +122,82 @@ def test_resume_from_step_2_equals_the_straight_run(straight_run, tmp_path, monk
         for name in reference:
             np.testing.assert_allclose(resumed[name].asnumpy(), reference[name].asnumpy(), rtol=1e-6, atol=1e-7,
                                        err_msg=name)
+
+
+def msrun_command(log_dir, port, args, worker_num=2, local_worker_num=2, node_rank=0):
+    import sys
+    script = ROOT / "examples" / "qwen_grpo_tutorial" / "grpo_one_stage.py"
+    return [str(Path(sys.executable).parent / "msrun"), f"--worker_num={worker_num}",
+            f"--local_worker_num={local_worker_num}", "--master_addr=127.0.0.1", f"--master_port={port}",
+            f"--node_rank={node_rank}", "--join=True", f"--log_dir={log_dir}", str(script), *args]
+
+
+def msrun_env():
+    import os
+    import sys
+    return dict(os.environ, GLOG_v="3", PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+
+
+def test_two_nodes_of_one_worker_each_complete_a_step(tmp_path, mindrecord):
+    import subprocess
+
+    from msrun_utils import free_port
+    port = free_port()
+    args = job_args(mindrecord, tmp_path / "out", 1, ["--num_iterations", "1", "--mini_batch_size", "0"])
+    nodes = [subprocess.Popen(msrun_command(tmp_path / f"node{n}", port, args, local_worker_num=1, node_rank=n),
+                              env=msrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for n in (0, 1)]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    logs = "".join(log.read_text(errors="replace") for log in sorted(tmp_path.glob("node*/worker_*.log")))
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + logs[-3000:]
+    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["step"] == 1
+    assert (tmp_path / "out" / "checkpoints" / "step_000001" / "meta.json").is_file()
+
+
+def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path, mindrecord):
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    from msrun_utils import free_port
+    out = tmp_path / "out"
+    args = job_args(mindrecord, out, 50, ["--save_interval", "1", "--num_iterations", "1", "--mini_batch_size", "0"])
+    job = subprocess.Popen(msrun_command(tmp_path / "logs", free_port(), args), env=msrun_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 600
+        while not (out / "checkpoints" / "step_000002" / "meta.json").is_file():
+            assert job.poll() is None and time.time() < deadline, "the job ended before its second checkpoint"
+            time.sleep(0.5)
+        time.sleep(1.0)  # into step 3
+        workers = [p for p in psutil.Process(job.pid).children(recursive=True)
+                   if any("grpo_one_stage.py" in part for part in p.cmdline())]
+        victim = next(p for p in workers if p.environ().get("MS_NODE_ID") == "1")
+        killed_at = time.time()
+        victim.send_signal(signal.SIGKILL)
+        job.communicate(timeout=120)
+        took = time.time() - killed_at
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0
+    assert took < 60, f"the job took {took:.0f} s to end after a worker was killed"
+    logs = (tmp_path / "logs" / "worker_0.log").read_text(errors="replace") + \
+        (tmp_path / "logs" / "scheduler.log").read_text(errors="replace")
+    assert "node: 1 is timed out" in logs or "worker 1" in logs
+    from mindrlhf.trainer.checkpoint import complete_checkpoints
+    last = complete_checkpoints(str(out / "checkpoints"))[-1]
+    step = json.loads((Path(last) / "meta.json").read_text())["step"]
+    assert step >= 2
+    # the last complete checkpoint resumes and trains one more step
+    resumed = subprocess.run(msrun_command(tmp_path / "resume_logs", free_port(),
+                                           job_args(mindrecord, out, step + 1, ["--save_interval", "1",
+                                                                                "--num_iterations", "1",
+                                                                                "--mini_batch_size", "0",
+                                                                                "--resume"])),
+                             env=msrun_env(), capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert (out / "checkpoints" / f"step_{step + 1:06d}" / "meta.json").is_file()

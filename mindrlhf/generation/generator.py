@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -17,6 +18,7 @@ import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
+from tqdm import tqdm
 
 from mindrlhf.data.reader import pad_rows
 from mindrlhf.generation.config import GenerationConfig
@@ -129,7 +131,7 @@ class Generator:
 
     # ------------------------------------------------------------- generation
     def generate(self, prompt_ids: Sequence[Sequence[int]] | np.ndarray, attention_mask: np.ndarray | None = None,
-                 return_log_probs: bool = False) -> GenerationOutput:
+                 return_log_probs: bool = False, progress: bool = False) -> GenerationOutput:
         """Samples `config.num_generations` responses for each prompt.
 
         `prompt_ids` is a list of token-id lists, or a 2-D array whose real tokens are where
@@ -142,7 +144,8 @@ class Generator:
         does not must sample with temperature 1. Top-k/top-p truncation is not reflected in the log-probs.
 
         Sampling draws B uniforms from the Generator's stream per step: the stream advances across calls
-        (call `reseed` or assign `config` to restart it).
+        (call `reseed` or assign `config` to restart it). `progress` shows a bar over the decode steps when
+        stderr is a terminal (never in msrun log files).
         """
         cfg = self.config
         rows = self._prompt_rows(prompt_ids, attention_mask)
@@ -154,10 +157,13 @@ class Generator:
 
         start = time.perf_counter()
         steps = cfg.max_new_tokens
-        if cfg.use_kv_cache:
-            response, resp_mask, log_probs, steps = self._run_cached(ids, mask, lengths, return_log_probs)
-        else:
-            response, resp_mask, log_probs, steps = self._run_uncached(ids, mask, return_log_probs)
+        bar = tqdm(total=cfg.max_new_tokens, desc="generate", unit="tok", leave=False,
+                   disable=not (progress and sys.stderr.isatty()))
+        with bar:
+            if cfg.use_kv_cache:
+                response, resp_mask, log_probs, steps = self._run_cached(ids, mask, lengths, return_log_probs, bar)
+            else:
+                response, resp_mask, log_probs, steps = self._run_uncached(ids, mask, return_log_probs, bar)
         elapsed = time.perf_counter() - start
         self.last_stats = {"batch_size": batch, "prompt_bucket": bucket, "steps": steps, "seconds": elapsed,
                            "response_tokens": int(resp_mask.sum())}
@@ -238,7 +244,7 @@ class Generator:
                         self._caches[key].nbytes() / 2**20)
         return self._caches[key]
 
-    def _run_cached(self, ids, mask, prompt_lengths, return_log_probs):
+    def _run_cached(self, ids, mask, prompt_lengths, return_log_probs, bar):
         cfg = self.config
         batch, bucket = ids.shape
         cache = self._cache(batch)
@@ -250,6 +256,7 @@ class Generator:
         steps = cfg.max_new_tokens
         for t in range(cfg.max_new_tokens):
             tokens = self._step(t, logits, finished, response, resp_mask, log_probs)
+            bar.update()
             if finished.all() or t == cfg.max_new_tokens - 1:
                 steps = t + 1
                 break
@@ -260,7 +267,7 @@ class Generator:
                                Tensor(slot, ms.int32), Tensor(valid))
         return response, resp_mask, log_probs, steps
 
-    def _run_uncached(self, ids, mask, return_log_probs):
+    def _run_uncached(self, ids, mask, return_log_probs, bar):
         cfg = self.config
         batch, bucket = ids.shape
         if self._forward_cell is None:
@@ -275,6 +282,7 @@ class Generator:
             logits = self._run("forward", (), self._forward_cell, Tensor(buf), Tensor(buf_mask),
                                Tensor(bucket + t - 1, ms.int32))
             tokens = self._step(t, logits, finished, response, resp_mask, log_probs)
+            bar.update()
             if finished.all():
                 steps = t + 1
                 break

@@ -326,7 +326,8 @@ class GRPOTrainer:
         G = self.generator.config.num_generations
         batch = self.dataset.next_batch()
         with self.phases("generate"):
-            out = self.generator.generate(batch["prompt_ids"], batch["attention_mask"], return_log_probs=True)
+            out = self.generator.generate(batch["prompt_ids"], batch["attention_mask"], return_log_probs=True,
+                                          progress=self.rank == 0)
         with self.phases("reward"):
             completions = self.tokenizer.batch_decode(
                 [ids[mask.astype(bool)].tolist() for ids, mask in zip(out.response_ids, out.response_mask)],

@@ -1,0 +1,123 @@
+"""grpo_one_stage.py as a new user meets it: bad input gives one line `error: <where>: <problem>`, exit code 2,
+no traceback, and nothing written; --only_save_strategy writes strategy files MindSpore reads."""
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+TINY = ROOT / "model_configs" / "tiny"
+TOKENIZER = TINY / "tokenizer"
+SCRIPT = ROOT / "examples" / "qwen_grpo_tutorial" / "grpo_one_stage.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("grpo_one_stage", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def mindrecord(tmp_path_factory):
+    from mindrlhf.data import convert_to_mindrecord
+    from mindrlhf.models.qwen2 import Qwen2Tokenizer
+    out = tmp_path_factory.mktemp("data") / "sample.mindrecord"
+    tokenizer = Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")
+    convert_to_mindrecord(ROOT / "examples" / "qwen_grpo_tutorial" / "data" / "gsm8k_sample.jsonl", out, tokenizer,
+                          template="r1_think", max_prompt_length=256)
+    return out
+
+
+def base_args(mindrecord, out_dir, model_yaml=TINY / "model.yaml"):
+    return ["--sft_path_train", str(model_yaml), "--sft_path_infer", str(model_yaml), "--tokenizer_dir",
+            str(TOKENIZER), "--mind_dataset_dir", str(mindrecord), "--config", str(TINY / "grpo.yaml"),
+            "--output_dir", str(out_dir)]
+
+
+def yaml_with(tmp_path, name, replace):
+    text = (TINY / "model.yaml").read_text()
+    for old, new in replace:
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def bad_checkpoint(tmp_path):
+    import mindspore as ms
+    path = tmp_path / "other_shape.ckpt"
+    ms.save_checkpoint([{"name": "model.tok_embeddings.embedding_weight",
+                         "data": ms.Tensor(__import__("numpy").zeros((704, 32), "float32"))}], str(path))
+    return path
+
+
+CASES = {
+    "steps 0": (lambda tmp, rec: ["--steps", "0"], r"error: command line: schedule: schedule.steps must be >= 1"),
+    "one generation": (lambda tmp, rec: ["--num_generations", "1"], r"generation.num_generations must be >= 2"),
+    "unknown reward": (lambda tmp, rec: ["--reward_funcs", "nosuch", "--reward_weights", "1"],
+                       r"reward.reward_funcs: unknown reward function 'nosuch'"),
+    "weights count": (lambda tmp, rec: ["--reward_weights", "1.0"],
+                      r"reward.reward_weights has 1 value\(s\) \[1.0\] but reward.reward_funcs has 2"),
+    "misspelled yaml field": (
+        lambda tmp, rec: ["--config", str(_write(tmp / "g.yaml", "schedule:\n  stepz: 3\n"))],
+        r"g.yaml: schedule: unknown field\(s\) 'stepz' \(did you mean 'steps'\?\)"),
+    "vocab mismatch": (
+        lambda tmp, rec: ["--sft_path_train", str(yaml_with(tmp, "small_vocab.yaml", [("vocab_size: 704",
+                                                                                         "vocab_size: 512")]))],
+        r"tokenizer has 703 ids but .*small_vocab.yaml model_config.vocab_size is 512"),
+    "different models": (
+        lambda tmp, rec: ["--sft_path_infer", str(yaml_with(tmp, "deeper.yaml", [("num_layers: 2",
+                                                                                  "num_layers: 3")]))],
+        r"describe different models \(num_layers: 2 vs 3\)"),
+    "layout vs world": (lambda tmp, rec: ["--sft_path_train", str(TINY / "train.yaml")],
+                        r"train.yaml: parallel_config: data_parallel=1 x model_parallel=2 = 2 ranks, but the job has 1"),
+    "missing checkpoint": (lambda tmp, rec: ["--load_sft_checkpoint_train", str(tmp / "nope.ckpt")],
+                           r"nope.ckpt: --load_sft_checkpoint_train not found"),
+    "checkpoint of another shape": (lambda tmp, rec: ["--load_sft_checkpoint_train", str(bad_checkpoint(tmp))],
+                                    r"other_shape.ckpt: .*embedding_weight"),
+    "batch larger than the data": (lambda tmp, rec: ["--batch_size", "512"], r"do not fill one global batch"),
+    "missing data": (lambda tmp, rec: ["--mind_dataset_dir", str(tmp / "none.mindrecord")],
+                     r"none.mindrecord: --mind_dataset_dir file not found"),
+}
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, mindrecord, capsys, graph_mode):
+    make_args, message = CASES[case]
+    out_dir = tmp_path / "out"
+    code = load_script().main(base_args(mindrecord, out_dir) + make_args(tmp_path, mindrecord))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err and err[-1].startswith("error: "), err
+    assert __import__("re").search(message, err[-1]), err[-1]
+    assert not out_dir.exists()
+
+
+def test_a_bad_flag_from_the_shell_has_no_traceback(tmp_path, mindrecord):
+    env = dict(os.environ, GLOG_v="3")
+    proc = subprocess.run([sys.executable, str(SCRIPT), *base_args(mindrecord, tmp_path / "out"), "--steps", "0"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_only_save_strategy_writes_strategy_files_mindspore_reads(tmp_path, mindrecord, graph_mode):
+    import mindspore as ms
+    code = load_script().main(base_args(mindrecord, tmp_path / "out") + ["--only_save_strategy"])
+    assert code == 0
+    for net, prefix in (("train", ""), ("infer", "infer."), ("ref", "ref.")):
+        path = tmp_path / "out" / "strategy" / net / "ckpt_strategy_rank_0.ckpt"
+        strategy = ms.build_searched_strategy(str(path))
+        assert f"{prefix}model.layers.0.attention.wq.weight" in strategy
+    assert not (tmp_path / "out" / "checkpoints").exists()
