@@ -85,6 +85,15 @@ def test_greedy_matches_full_forward_loop(model, generator):
     assert len(set(out.response_ids.ravel().tolist())) > 3, "logits too flat: the test would prove little"
 
 
+def test_min_prompt_width_picks_a_wider_common_bucket(model, generator):
+    # data-parallel ranks share the global batch's width: short local prompts still use the wider bucket
+    generator.config = gen_config()
+    narrow = generator.generate(PROMPTS[:1])
+    wide = generator.generate(PROMPTS[:1], min_prompt_width=12)
+    assert narrow.prompt_ids.shape == (1, 8) and wide.prompt_ids.shape == (1, 16)
+    np.testing.assert_array_equal(wide.response_ids, narrow.response_ids)
+
+
 @pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "sampled"])
 def test_without_kv_cache_identical(generator, sampling):
     kw = dict(do_sample=sampling, temperature=1.0, seed=7)

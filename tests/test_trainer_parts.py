@@ -140,3 +140,31 @@ def test_metrics_jsonl_is_cut_back_to_the_resumed_step(tmp_path):
     resumed.write(3, 3, {"reward/mean": 0.5})
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(line["step"], line["reward/mean"]) for line in lines] == [(1, 0.1), (2, 0.2), (3, 0.5)]
+
+
+def read_event_scalars(folder):
+    """(tag, step, value) of every scalar in the TensorBoard event files of `folder` (TFRecord framing)."""
+    import struct
+
+    from tensorboardX.proto import event_pb2
+    scalars = []
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data = path.read_bytes()
+        offset = 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset:offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+            offset += 12 + length + 4
+            scalars += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
+    return scalars
+
+
+def test_tensorboard_events_hold_every_metric(tmp_path):
+    from mindrlhf.trainer.metrics import MetricsWriter
+    writer = MetricsWriter(str(tmp_path / "out"), str(tmp_path / "tb"))
+    writer.write(1, 2, {"reward/mean": 0.25, "actor/kl": 0.5})
+    writer.write(2, 2, {"reward/mean": 0.75, "actor/kl": float("nan")})
+    writer.close()
+    scalars = read_event_scalars(tmp_path / "tb")
+    assert ("reward/mean", 1, 0.25) in scalars and ("reward/mean", 2, 0.75) in scalars
+    assert ("actor/kl", 1, 0.5) in scalars and not any(tag == "actor/kl" and step == 2 for tag, step, _ in scalars)

@@ -131,7 +131,8 @@ class Generator:
 
     # ------------------------------------------------------------- generation
     def generate(self, prompt_ids: Sequence[Sequence[int]] | np.ndarray, attention_mask: np.ndarray | None = None,
-                 return_log_probs: bool = False, progress: bool = False) -> GenerationOutput:
+                 return_log_probs: bool = False, progress: bool = False,
+                 min_prompt_width: int = 0) -> GenerationOutput:
         """Samples `config.num_generations` responses for each prompt.
 
         `prompt_ids` is a list of token-id lists, or a 2-D array whose real tokens are where
@@ -145,13 +146,14 @@ class Generator:
 
         Sampling draws B uniforms from the Generator's stream per step: the stream advances across calls
         (call `reseed` or assign `config` to restart it). `progress` shows a bar over the decode steps when
-        stderr is a terminal (never in msrun log files).
+        stderr is a terminal (never in msrun log files). `min_prompt_width` makes the prompt bucket at least
+        that wide: data-parallel ranks pass the width of the global batch so that all produce the same shapes.
         """
         cfg = self.config
         rows = self._prompt_rows(prompt_ids, attention_mask)
         n = cfg.num_generations
         lengths = np.repeat(np.array([len(r) for r in rows], np.int64), n)
-        bucket = cfg.bucket_for(int(lengths.max()))
+        bucket = cfg.bucket_for(max(int(lengths.max()), min_prompt_width))
         batch = len(rows) * n
         ids, mask = pad_rows([row for row in rows for _ in range(n)], bucket, cfg.pad_token_id)
 

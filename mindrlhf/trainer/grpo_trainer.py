@@ -327,7 +327,7 @@ class GRPOTrainer:
         batch = self.dataset.next_batch()
         with self.phases("generate"):
             out = self.generator.generate(batch["prompt_ids"], batch["attention_mask"], return_log_probs=True,
-                                          progress=self.rank == 0)
+                                          progress=self.rank == 0, min_prompt_width=batch["prompt_ids"].shape[1])
         with self.phases("reward"):
             completions = self.tokenizer.batch_decode(
                 [ids[mask.astype(bool)].tolist() for ids, mask in zip(out.response_ids, out.response_mask)],

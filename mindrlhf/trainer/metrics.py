@@ -11,12 +11,14 @@ from mindrlhf.utils.logging import format_metrics
 
 logger = logging.getLogger("mindrlhf.trainer")
 
-# Shown on the per-step log line, in this order (everything goes to JSONL and TensorBoard).
-LINE_KEYS = (
-    "reward/mean", "reward/std", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/entropy", "actor/grad_norm",
-    "actor/lr", "response_length/mean", "response_length/clip_ratio", "timing_s/step",
-    "perf/tokens_per_s_per_device",
-)
+# The per-step log line: column name -> metric (everything goes to JSONL and TensorBoard). The README's
+# "Reading the log" explains each column.
+LINE_COLUMNS = {
+    "reward": "reward/mean", "reward_std": "reward/std", "pg_loss": "actor/pg_loss", "kl": "actor/kl",
+    "clipfrac": "actor/clipfrac", "entropy": "actor/entropy", "grad_norm": "actor/grad_norm", "lr": "actor/lr",
+    "resp_len": "response_length/mean", "clip_ratio": "response_length/clip_ratio", "step_s": "timing_s/step",
+    "tok/s/dev": "perf/tokens_per_s_per_device",
+}
 
 
 class MetricsWriter:
@@ -40,10 +42,10 @@ class MetricsWriter:
         if not self.enabled:
             return
         shown = {"step": f"{step}/{total_steps}"}
-        shown.update({key.split("/", 1)[-1] if key.startswith(("reward/", "actor/")) else key: metrics[key]
-                      for key in LINE_KEYS if key in metrics})
-        shown.update({k: v for k, v in metrics.items() if k.startswith("reward/") and k not in LINE_KEYS
-                      and k not in ("reward/frac_zero_std",)})
+        shown.update({column: metrics[key] for column, key in LINE_COLUMNS.items() if key in metrics})
+        reward_terms = {k.split("/", 1)[1]: v for k, v in metrics.items()
+                        if k.startswith("reward/") and k not in LINE_COLUMNS.values() and k != "reward/frac_zero_std"}
+        shown.update(reward_terms)
         logger.info(format_metrics(shown))
         if self.jsonl_path:
             with open(self.jsonl_path, "a", encoding="utf-8") as f:
