@@ -1,11 +1,13 @@
 """grpo_one_stage.py as a new user meets it: bad input gives one line `error: <where>: <problem>`, exit code 2,
 no traceback, and nothing written; --only_save_strategy writes strategy files MindSpore reads."""
 import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).parents[1]
@@ -121,3 +123,26 @@ def test_only_save_strategy_writes_strategy_files_mindspore_reads(tmp_path, mind
         strategy = ms.build_searched_strategy(str(path))
         assert f"{prefix}model.layers.0.attention.wq.weight" in strategy
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mindrecord, graph_mode):
+    from mindspore.dataset import MindDataset
+    out = tmp_path / "out"
+    code = load_script().main(base_args(mindrecord, out) + [
+        "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1", "--max_new_tokens", "24",
+        "--dynamic_sampling", "true", "--max_sampling_retries", "2", "--num_iterations", "1",
+        "--save_data_file", str(tmp_path / "exp" / "grpo")])
+    assert code == 0
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert 1 <= metrics["sampling/rounds"] <= 3
+    assert 0 <= metrics["sampling/kept_groups"] <= 4
+    records = list(MindDataset(str(tmp_path / "exp" / "grpo.step_000001.mindrecord"), shuffle=False)
+                   .create_dict_iterator(output_numpy=True))
+    assert len(records) == 16 * metrics["sampling/rounds"]  # every generated response, 4 prompts x 4 per round
+    first = records[0]
+    assert first["response_ids"].shape == (24,) and first["ref_logp"].shape == (24,)
+    lengths = [int(r["response_mask"].sum()) for r in records]
+    assert np.mean(lengths) == pytest.approx(metrics["response_length/mean"])
+    rewards = np.array([float(r["reward"]) for r in records])
+    assert rewards.mean() == pytest.approx(metrics["reward/mean"], abs=1e-6)
+    assert (out / "checkpoints" / "step_000001" / "meta.json").is_file()
