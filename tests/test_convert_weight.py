@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,14 +14,19 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
+from hf_fixtures import hf_logits, make_hf_model_dir
 from safetensors import safe_open
 from safetensors.torch import save_file as torch_save_safetensors
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from hf_fixtures import hf_logits, make_hf_model_dir
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.models.qwen2.convert import (
-    ConversionError, cast_array, convert_hf_to_ms, convert_ms_to_hf, expected_shapes, read_hf_state_dict,
+    ConversionError,
+    cast_array,
+    convert_hf_to_ms,
+    convert_ms_to_hf,
+    expected_shapes,
+    read_hf_state_dict,
 )
 from mindrlhf.models.qwen2.names import hf_to_ms_name, ms_to_hf_name
 
@@ -406,3 +412,65 @@ def test_ckpt_loads_into_network(hf_model, tmp_path, variant):
     assert not_loaded == [] and unused == []
     for name, param in net.parameters_and_names():
         np.testing.assert_array_equal(param.asnumpy(), params[param.name].asnumpy(), err_msg=name)
+
+
+def _write_trainer_checkpoint(weights: dict, step_dir: Path) -> None:
+    """A trainer step folder as tp=2 writes it: 2-D weights split along dim 0, AdamW entries beside them."""
+    from mindrlhf.parallel.layout import Layout
+    from mindrlhf.parallel.strategy import layouts_for, write_strategy_file
+    from mindrlhf.trainer.checkpoint import TRAIN_CKPT, TRAIN_STRATEGY, rank_dir, save_parameters
+
+    axes = {name: 0 if value.ndim == 2 else None for name, value in weights.items()}
+    layouts = layouts_for(Layout(dp=1, tp=2), axes, {name: value.shape for name, value in weights.items()})
+    write_strategy_file(step_dir / TRAIN_STRATEGY, layouts)
+    for rank in range(2):
+        os.makedirs(rank_dir(str(step_dir), rank))
+        params = [ms.Parameter(ms.Tensor(np.ascontiguousarray(weights[name][lay.slice_of(rank)])), name=name)
+                  for name, lay in layouts.items()]
+        params += [ms.Parameter(ms.Tensor(np.ones(p.shape, np.float32)), name=f"adam_m.{p.name}") for p in params[:2]]
+        params += [ms.Parameter(ms.Tensor(3.0, ms.float32), name="adam_step"),
+                   ms.Parameter(ms.Tensor(1e-3, ms.float32), name="learning_rate")]
+        save_parameters(params, os.path.join(rank_dir(str(step_dir), rank), TRAIN_CKPT))
+
+
+def test_cli_reverse_of_a_trainer_checkpoint_with_tokenizer(hf_model, tmp_path):
+    from mindrlhf.models.tokenizer import load_tokenizer
+    from mindrlhf.trainer.checkpoint import read_policy_weights
+
+    folder, model = hf_model("qwen2")
+    convert_hf_to_ms(folder, tmp_path / "m.ckpt", output_yaml=tmp_path / "m.yaml")
+    step_dir = tmp_path / "step_000003"
+    _write_trainer_checkpoint(read_policy_weights(str(tmp_path / "m.ckpt")), step_dir)
+    tokenizer_dir = ROOT / "model_configs" / "tiny" / "tokenizer"
+    back = tmp_path / "back"
+    res = run_cli("--reverse", "--mindspore_ckpt_path", step_dir, "--torch_ckpt_dir", back,
+                  "--config_path", tmp_path / "m.yaml", "--tokenizer_dir", tokenizer_dir)
+    assert res.returncode == 0, res.stderr
+    assert _files(back) == {"config.json", "model.safetensors", "vocab.json", "merges.txt"}
+    assert _safetensors_bytes(back) == _safetensors_bytes(folder)  # shards merged back bit for bit
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {oct(os.stat(back / name).st_mode & 0o777) for name in _files(back)} == {oct(0o666 & ~umask)}
+    reloaded = AutoModelForCausalLM.from_pretrained(back, attn_implementation="eager").eval()
+    assert torch.equal(hf_logits(reloaded, INPUT_IDS), hf_logits(model, INPUT_IDS))
+    text = "Natalia sold 48 clips in April, and then half as many in May."
+    assert AutoTokenizer.from_pretrained(back)(text)["input_ids"] == load_tokenizer(tokenizer_dir).encode(text)
+
+
+def test_cli_reverse_of_a_broken_trainer_checkpoint(hf_model, tmp_path, capsys):
+    from mindrlhf.trainer.checkpoint import read_policy_weights
+
+    folder, _ = hf_model("qwen2")
+    convert_hf_to_ms(folder, tmp_path / "m.ckpt", output_yaml=tmp_path / "m.yaml")
+    step_dir = tmp_path / "step_000003"
+    _write_trainer_checkpoint(read_policy_weights(str(tmp_path / "m.ckpt")), step_dir)
+    shutil.rmtree(step_dir / "rank_1")
+    args = ["--reverse", "--mindspore_ckpt_path", str(step_dir), "--torch_ckpt_dir", str(tmp_path / "back"),
+            "--config_path", str(tmp_path / "m.yaml")]
+    _check_error_output(CLI_MODULE.main(args), capsys.readouterr().err,
+                        [str(step_dir / "rank_1" / "train.ckpt"), "missing", "describes 2 ranks"])
+    assert not (tmp_path / "back").exists()
+    args[-1:] = [str(tmp_path / "m.yaml"), "--tokenizer_dir", str(tmp_path)]
+    _check_error_output(CLI_MODULE.main(args[:1] + ["--mindspore_ckpt_path", str(tmp_path / "m.ckpt")] + args[3:]),
+                        capsys.readouterr().err, [str(tmp_path), "no tokenizer files"])
+    assert not (tmp_path / "back").exists()

@@ -65,6 +65,18 @@ def test_templates():
     assert "<think>" in R1_THINK_SYSTEM_PROMPT and "<answer>" in R1_THINK_SYSTEM_PROMPT
     with pytest.raises(ValueError, match="unknown prompt template 'chatml'"):
         build_prompt(question, "chatml")
+    # `chat` and `r1_think` go through the tokenizer's renderer; `qwen_chat` is Qwen2.5's whatever the tokenizer
+    render = lambda messages: "|".join(m["role"] + ":" + m["content"] for m in messages)
+    assert build_prompt(question, "chat", render) == f"user:{question}"
+    assert build_prompt(question, "r1_think", render) == f"system:{R1_THINK_SYSTEM_PROMPT}|user:{question}"
+    assert build_prompt(question, "qwen_chat", render) == chat == build_prompt(question, "chat")
+
+
+def test_non_numeric_answers_only_when_allowed(tmp_path):
+    source = write_jsonl(tmp_path / "d.jsonl", [PROBLEMS[0], {"question": "Name a colour", "answer": "blue"}])
+    with pytest.raises(DataError, match=rf"^{re.escape(source)}:2: 'answer' has no gold number"):
+        list(read_problems(source))
+    assert [p.answer for p in read_problems(source, numeric_answers=False)] == [PROBLEMS[0]["answer"], "blue"]
 
 
 # ---------------------------------------------------------------- conversion
@@ -121,6 +133,7 @@ BAD_LINES = [
     ({"question": "q", "answer": ["#### 5"]}, "'answer' must be a string, got list"),
     ('["a list"]', "expected a JSON object, got list"),
     ({"question": "   ", "answer": "#### 5"}, "'question' is empty"),
+    ({"question": "q", "answer": "about a dozen"}, "'answer' has no gold number the accuracy reward can parse"),
     (PROBLEMS[1], None),
 ]
 
@@ -139,8 +152,8 @@ def test_bad_line_error_names_file_and_line(tmp_path, tokenizer, bad_index):
 def test_skip_bad_lines_counts_them(tmp_path, tokenizer):
     source = write_jsonl(tmp_path / "d.jsonl", [record for record, _ in BAD_LINES])
     stats = convert_to_mindrecord(source, str(tmp_path / "o.mindrecord"), tokenizer, skip_bad_lines=True)
-    assert (stats.written, stats.bad_lines) == (2, 6)
-    assert [m.split(": ", 1)[0] for m in stats.bad_line_messages] == [f"{source}:{n}" for n in range(2, 8)]
+    assert (stats.written, stats.bad_lines) == (2, 7)
+    assert [m.split(": ", 1)[0] for m in stats.bad_line_messages] == [f"{source}:{n}" for n in range(2, 9)]
     assert read_prompt_records(str(tmp_path / "o.mindrecord"))[1] == [PROBLEMS[0]["answer"], PROBLEMS[1]["answer"]]
 
 
@@ -299,7 +312,7 @@ def test_sample_data_is_gsm8k_style_and_reproducible():
         match = re.search(r"\n#### (-?\d+)$", record["answer"])
         assert match, record
         notes = re.findall(r"<<([^=>]+)=([^>]+)>>", record["answer"])
-        assert notes and all(eval(expr) == float(value) for expr, value in notes)  # noqa: S307 - own data
+        assert notes and all(eval(expr) == float(value) for expr, value in notes)
         assert float(notes[-1][1]) == int(match.group(1))
     spec = importlib.util.spec_from_file_location("make_sample", os.path.join(SAMPLE_DIR, "make_sample.py"))
     module = importlib.util.module_from_spec(spec)
@@ -318,7 +331,8 @@ def test_cli_end_to_end_with_the_tiny_tokenizer(tmp_path):
             "--merges_file_path", os.path.join(TINY_DIR, "merges.txt"), "--file_path", str(source),
             "--output_path", str(output), "--template", "r1_think", "--max_prompt_length", "150"]
     failed = subprocess.run(base, capture_output=True, text=True, timeout=120)
-    assert failed.returncode == 1 and f"{source}:6: invalid JSON" in failed.stderr and not output.exists()
+    assert failed.returncode == 2 and failed.stderr.startswith(f"error: {source}:6: invalid JSON"), failed.stderr
+    assert "Traceback" not in failed.stderr and not output.exists()
     done = subprocess.run(base + ["--skip_bad_lines"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "written: 10, dropped too long (> 150 tokens): 0, bad lines: 1" in done.stderr
@@ -328,6 +342,27 @@ def test_cli_end_to_end_with_the_tiny_tokenizer(tmp_path):
     questions = [json.loads(line)["question"] for line in sample_lines]
     assert [ids.tolist() for ids in prompt_ids] == [tokenizer.encode(build_prompt(q, "r1_think")) for q in questions]
     assert solutions == [json.loads(line)["answer"] for line in sample_lines]
+
+
+@pytest.mark.parametrize("case", ["empty dataset", "no gold number", "no tokenizer files", "missing input"])
+def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
+    script = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "rlhf_data.py")
+    source = tmp_path / "d.jsonl"
+    source.write_text({"no gold number": json.dumps({"question": "q?", "answer": "many"}) + "\n"}.get(case, ""),
+                      encoding="utf-8")
+    output = tmp_path / "out.mindrecord"
+    output.write_text("previous output", encoding="utf-8")
+    tokenizer_dir = str(tmp_path) if case == "no tokenizer files" else TINY_DIR
+    input_path = str(tmp_path / "nope.jsonl") if case == "missing input" else str(source)
+    expected = {"empty dataset": f"{source}: no prompt left to write",
+                "no gold number": f"{source}:1: 'answer' has no gold number",
+                "no tokenizer files": f"{tmp_path}: no tokenizer files",
+                "missing input": f"{input_path}: input data file not found"}[case]
+    proc = subprocess.run([sys.executable, script, "--tokenizer_dir", tokenizer_dir, "--file_path", input_path,
+                           "--output_path", str(output)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {expected}"), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert output.read_text(encoding="utf-8") == "previous output"
 
 
 def test_pad_rows_left_and_right():

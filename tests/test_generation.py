@@ -9,8 +9,16 @@ import pytest
 ms = pytest.importorskip("mindspore")
 
 from mindrlhf.configs.base import ConfigError, from_mapping  # noqa: E402
-from mindrlhf.generation import (GenerationConfig, Generator, nucleus_mask, sample_tokens,  # noqa: E402
-                                 token_log_probs, top_k_candidates, top_k_filter, top_p_filter)
+from mindrlhf.generation import (  # noqa: E402
+    GenerationConfig,
+    Generator,
+    nucleus_mask,
+    sample_tokens,
+    token_log_probs,
+    top_k_candidates,
+    top_k_filter,
+    top_p_filter,
+)
 from mindrlhf.generation.sampling import categorical, log_softmax  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from mindrlhf.parallel.layers import load_full_state, random_full_state  # noqa: E402

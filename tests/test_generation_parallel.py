@@ -1,7 +1,6 @@
 """Generation with a tensor-parallel inference net (KV cache split by kv heads) equals one process."""
 import numpy as np
 import pytest
-
 from msrun_utils import load_ranks, run_worker
 
 pytestmark = pytest.mark.msrun

@@ -69,15 +69,16 @@ CASES = {
         lambda tmp, rec: ["--config", str(_write(tmp / "g.yaml", "schedule:\n  stepz: 3\n"))],
         r"g.yaml: schedule: unknown field\(s\) 'stepz' \(did you mean 'steps'\?\)"),
     "vocab mismatch": (
-        lambda tmp, rec: ["--sft_path_train", str(yaml_with(tmp, "small_vocab.yaml", [("vocab_size: 704",
-                                                                                         "vocab_size: 512")]))],
+        lambda tmp, rec: [flag for name in ("--sft_path_train", "--sft_path_infer") for flag in (
+            name, str(yaml_with(tmp, "small_vocab.yaml", [("vocab_size: 704", "vocab_size: 512")])))],
         r"tokenizer has 703 ids but .*small_vocab.yaml model_config.vocab_size is 512"),
     "different models": (
         lambda tmp, rec: ["--sft_path_infer", str(yaml_with(tmp, "deeper.yaml", [("num_layers: 2",
                                                                                   "num_layers: 3")]))],
         r"describe different models \(num_layers: 2 vs 3\)"),
     "layout vs world": (lambda tmp, rec: ["--sft_path_train", str(TINY / "train.yaml")],
-                        r"train.yaml: parallel_config: data_parallel=1 x model_parallel=2 = 2 ranks, but the job has 1"),
+                        r"train.yaml: parallel_config: data_parallel=1 x model_parallel=2 = 2 ranks, "
+                        r"but the job has 1"),
     "missing checkpoint": (lambda tmp, rec: ["--load_sft_checkpoint_train", str(tmp / "nope.ckpt")],
                            r"nope.ckpt: --load_sft_checkpoint_train not found"),
     "checkpoint of another shape": (lambda tmp, rec: ["--load_sft_checkpoint_train", str(bad_checkpoint(tmp))],

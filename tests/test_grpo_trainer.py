@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from msrun_utils import run_worker
 
 ROOT = Path(__file__).parents[1]
@@ -161,7 +160,6 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
     import time
 
     import psutil
-
     from msrun_utils import free_port
     out = tmp_path / "out"
     args = job_args(mindrecord, out, 50, ["--save_interval", "1", "--num_iterations", "1", "--mini_batch_size", "0"])

@@ -6,7 +6,14 @@ import pytest
 
 ms = pytest.importorskip("mindspore")
 
-from mindrlhf.algorithms import LOSS_CELL_OUTPUT_NAMES, GRPOLossCell, grpo_policy_loss  # noqa: E402
+from mindrlhf.algorithms import (  # noqa: E402
+    KL_ESTIMATORS,
+    LOSS_CELL_OUTPUT_NAMES,
+    GRPOLossCell,
+    aggregation_weights,
+    grpo_policy_loss,
+    kl_penalty,
+)
 
 AGGREGATIONS = ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"]
 BETA, EPS_LOW, EPS_HIGH = 0.04, 0.2, 0.28
@@ -69,16 +76,18 @@ def analytic_grad(logp, old_logp, ref_logp, advantages, mask, aggregation, epsil
     return per_token * weight * mask
 
 
-def cell_value_and_grad(cell, arrays, has_aux=True):
+def cell_value_and_grad(cell, arrays, aggregation, has_aux=True):
+    """The cell on `arrays` with the token weights of `aggregation` over the whole batch."""
+    weights = aggregation_weights(arrays[4], aggregation).astype(np.float32)
     grad_fn = ms.value_and_grad(cell, grad_position=0, has_aux=has_aux)
-    outputs, grad = grad_fn(*(ms.Tensor(a) for a in arrays))
+    outputs, grad = grad_fn(*(ms.Tensor(a) for a in [*arrays, weights]))
     return [float(o.asnumpy()) for o in outputs], grad.asnumpy()
 
 
 @pytest.mark.parametrize("aggregation", AGGREGATIONS)
 def test_value_stats_and_grad_match_numpy(aggregation):
     arrays = fixed_batch()
-    outputs, grad = cell_value_and_grad(GRPOLossCell(BETA, EPS_LOW, EPS_HIGH, aggregation), arrays)
+    outputs, grad = cell_value_and_grad(GRPOLossCell(BETA, EPS_LOW, EPS_HIGH), arrays, aggregation)
     expected_loss, expected_stats = numpy_loss(*arrays, aggregation)
     values = dict(zip(LOSS_CELL_OUTPUT_NAMES, outputs))
     assert values["loss"] == pytest.approx(expected_loss, abs=1e-5)
@@ -93,8 +102,8 @@ def test_value_stats_and_grad_match_numpy(aggregation):
 
 def test_gradient_ignores_stats_without_has_aux():
     arrays = fixed_batch(seed=1)
-    cell = GRPOLossCell(BETA, EPS_LOW, EPS_HIGH, "token-mean")
-    _, grad = cell_value_and_grad(cell, arrays, has_aux=False)
+    cell = GRPOLossCell(BETA, EPS_LOW, EPS_HIGH)
+    _, grad = cell_value_and_grad(cell, arrays, "token-mean", has_aux=False)
     np.testing.assert_allclose(grad, analytic_grad(*arrays, "token-mean"), atol=1e-5)
 
 
@@ -105,16 +114,45 @@ def test_gradient_on_exact_clip_boundary():
     logp, _, ref_logp, advantages, mask = fixed_batch(seed=2)
     logp = np.where(mask > 0, logp, -1.0).astype(np.float32)
     arrays = [logp, logp.copy(), ref_logp, advantages, mask]
-    cell = GRPOLossCell(BETA, 0.0, 0.0, "seq-mean-token-mean")
-    outputs, grad = cell_value_and_grad(cell, arrays)
+    cell = GRPOLossCell(BETA, 0.0, 0.0)
+    outputs, grad = cell_value_and_grad(cell, arrays, "seq-mean-token-mean")
     values = dict(zip(LOSS_CELL_OUTPUT_NAMES, outputs))
     assert values["clipfrac"] == 0.0 and values["ratio_mean"] == pytest.approx(1.0)
     expected = analytic_grad(*arrays, "seq-mean-token-mean", epsilon_low=0.0, epsilon_high=0.0)
     np.testing.assert_allclose(grad, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_shares_of_row_blocks_add_up_to_the_whole_batch(aggregation):
+    """Data parallel: weights of the global batch, each block of rows on its own 'rank'; the shares of loss,
+    stats and gradient add up to the one-process values."""
+    arrays = fixed_batch(seed=4)
+    weights = aggregation_weights(arrays[4], aggregation).astype(np.float32)
+    cell = GRPOLossCell(BETA, EPS_LOW, EPS_HIGH)
+    grad_fn = ms.value_and_grad(cell, grad_position=0, has_aux=True)
+    whole, whole_grad = grad_fn(*(ms.Tensor(a) for a in [*arrays, weights]))
+    totals, grads = np.zeros(len(LOSS_CELL_OUTPUT_NAMES)), []
+    for rows in (slice(0, 1), slice(1, 4)):  # blocks of 1 and 3 rows with very different token counts
+        part = [a[rows] for a in arrays] + [weights[rows]]
+        outputs, grad = grad_fn(*(ms.Tensor(a) for a in part))
+        totals += [float(o.asnumpy()) for o in outputs]
+        grads.append(grad.asnumpy())
+    np.testing.assert_allclose(totals, [float(o.asnumpy()) for o in whole], atol=1e-6)
+    np.testing.assert_allclose(np.concatenate(grads), whole_grad.asnumpy(), atol=1e-7)
+
+
+def test_kl_estimators_are_the_same_names_and_values_in_numpy_and_mindspore():
+    from mindrlhf.algorithms.loss_cell import KL_CELL_ESTIMATORS
+    assert KL_CELL_ESTIMATORS.names() == KL_ESTIMATORS.names()
+    rng = np.random.default_rng(5)
+    logp, ref = rng.normal(-2, 1, (3, 4)).astype(np.float32), rng.normal(-2, 1, (3, 4)).astype(np.float32)
+    for name in KL_ESTIMATORS.names():
+        ours = KL_CELL_ESTIMATORS.get(name)(ms.Tensor(logp), ms.Tensor(ref)).asnumpy()
+        np.testing.assert_allclose(ours, kl_penalty(logp, ref, name), rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 def test_invalid_settings_fail_at_construction():
-    with pytest.raises(ValueError, match="unknown loss aggregation 'mean'"):
-        GRPOLossCell(aggregation="mean")
+    with pytest.raises(ValueError, match="unknown KL estimator 'k9'"):
+        GRPOLossCell(kl_estimator="k9")
     with pytest.raises(ValueError, match="epsilon_high must be a number >= 0"):
         GRPOLossCell(epsilon_high=-0.1)

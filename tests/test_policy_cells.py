@@ -1,14 +1,13 @@
 """Trainer cells: response log-probs slice the right positions; the loss net equals the numpy loss."""
+import mindspore as ms
 import numpy as np
 import pytest
-
-import mindspore as ms
 from mindspore import nn
 
-from mindrlhf.algorithms import GRPOLossCell, grpo_policy_loss
+from mindrlhf.algorithms import GRPOLossCell, aggregate, aggregation_weights, grpo_policy_loss
+from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, GRPOLossNet, ResponseLogProbs
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel.layers import init_random_weights
-from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
 from mindrlhf.parallel.spmd import SPMDTrainStep
 
 CONFIG = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=64,
@@ -36,7 +35,7 @@ def batch(seed=0):
     return prompt, prompt_mask, response, response_mask
 
 
-def numpy_response_logp(model, prompt, prompt_mask, response, response_mask, temperature=1.0):
+def numpy_response_logp(model, prompt, prompt_mask, response, response_mask, temperature=1.0, with_entropy=False):
     ids = np.concatenate([prompt, response], 1)
     mask = np.concatenate([prompt_mask, response_mask], 1)
     logits = model(ms.Tensor(ids), ms.Tensor(mask)).asnumpy().astype(np.float64) / temperature
@@ -44,7 +43,11 @@ def numpy_response_logp(model, prompt, prompt_mask, response, response_mask, tem
     log_softmax = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     p = prompt.shape[1]
     # the logits at position p-1+t predict response token t
-    return np.take_along_axis(log_softmax[:, p - 1:p - 1 + response.shape[1]], response[..., None], -1)[..., 0]
+    window = log_softmax[:, p - 1:p - 1 + response.shape[1]]
+    if with_entropy:
+        return (np.take_along_axis(window, response[..., None], -1)[..., 0],
+                -(np.exp(window) * window).sum(-1))
+    return np.take_along_axis(window, response[..., None], -1)[..., 0]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -63,13 +66,20 @@ def test_grpo_loss_net_equals_the_numpy_loss(model):
     old = (logp + rng.normal(0, 0.3, logp.shape)).astype(np.float32)
     ref = (logp + rng.normal(0, 0.3, logp.shape)).astype(np.float32)
     adv = np.array([1.0, -0.5, 0.7], np.float32)
+    _, entropy = numpy_response_logp(model, *data, temperature=0.8, with_entropy=True)
     for aggregation in ("seq-mean-token-mean", "token-mean"):
-        net = GRPOLossNet(model, GRPOLossCell(beta=0.04, epsilon_low=0.2, epsilon_high=0.28, aggregation=aggregation))
-        out = net(*map(ms.Tensor, (prompt, prompt_mask, response, response_mask, old, ref, adv)))
-        loss, stats = grpo_policy_loss(logp, old, ref, adv, response_mask, beta=0.04, epsilon_low=0.2,
+        weights = aggregation_weights(response_mask, aggregation).astype(np.float32)
+        net = GRPOLossNet(model, GRPOLossCell(beta=0.04, epsilon_low=0.2, epsilon_high=0.28), temperature=0.8)
+        out = dict(zip(GRPO_OUTPUT_NAMES, net(*map(ms.Tensor, (prompt, prompt_mask, response, response_mask, old,
+                                                                ref, adv, weights)))))
+        logp_t = numpy_response_logp(model, *data, temperature=0.8)
+        loss, stats = grpo_policy_loss(logp_t, old, ref, adv, response_mask, beta=0.04, epsilon_low=0.2,
                                        epsilon_high=0.28, aggregation=aggregation)
-        assert abs(float(out[0].asnumpy()) - loss) < 1e-5, aggregation
-        assert abs(float(out[2].asnumpy()) - stats["kl"]) < 1e-5
+        assert abs(float(out["actor/loss"].asnumpy()) - loss) < 1e-5, aggregation
+        assert abs(float(out["actor/kl"].asnumpy()) - stats["kl"]) < 1e-5
+        expected_entropy = aggregate(entropy, response_mask, aggregation)
+        assert float(out["actor/entropy"].asnumpy()) == pytest.approx(expected_entropy, rel=1e-5)
+        assert 0.1 < expected_entropy < np.log(model.config.vocab_size)
 
 
 def test_train_step_lowers_the_loss_on_a_fixed_batch(model):
@@ -78,7 +88,8 @@ def test_train_step_lowers_the_loss_on_a_fixed_batch(model):
     adv = np.array([1.0, 1.0, 1.0], np.float32)  # every response is good: raise its likelihood
     net = GRPOLossNet(model, GRPOLossCell(beta=0.0, epsilon_low=0.2, epsilon_high=1.0))
     step = SPMDTrainStep(net, nn.Adam(model.trainable_params(), learning_rate=1e-2))
-    inputs = [ms.Tensor(a) for a in (prompt, prompt_mask, response, response_mask, logp, logp, adv)]
+    weights = aggregation_weights(response_mask).astype(np.float32)
+    inputs = [ms.Tensor(a) for a in (prompt, prompt_mask, response, response_mask, logp, logp, adv, weights)]
     before = ResponseLogProbs(model)(*inputs[:4]).asnumpy()
     for _ in range(3):
         step(*inputs)

@@ -1,12 +1,11 @@
 """Qwen2/Llama network parity with Hugging Face transformers (GRAPH_MODE, fp32, CPU)."""
+import mindspore as ms
 import numpy as np
 import pytest
 import torch
-
-import mindspore as ms
-
 from hf_fixtures import hf_logits, make_hf_model_dir
-from mindrlhf.models.qwen2 import KVCache, Qwen2Config, Qwen2ForCausalLM, Qwen2LogProbs
+
+from mindrlhf.models.qwen2 import KVCache, Qwen2ForCausalLM, Qwen2LogProbs
 from mindrlhf.models.qwen2.convert import convert_hf_to_ms
 
 LOGIT_TOL = 1e-4

@@ -3,10 +3,10 @@ import os
 
 import numpy as np
 import pytest
+from msrun_utils import run_worker
 
 from mindrlhf.parallel.reshard import make_buckets, plan_reshard, source_group
 from mindrlhf.parallel.strategy import ParamLayout, StrategyError, read_strategy_file, write_strategy_file
-from msrun_utils import run_worker
 
 
 def lay(name, dev_matrix, tensor_map, shape):
@@ -69,10 +69,11 @@ def test_buckets_respect_the_size_bound_and_a_global_order():
 # ------------------------------------------------------------------------------- errors before moving
 def test_errors_name_parameters_and_layouts(tmp_path):
     import mindspore as ms
-    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-    from mindrlhf.parallel.reshard import Resharder
     from workers.reshard_worker import CONFIG
+
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
     from mindrlhf.parallel import Layout
+    from mindrlhf.parallel.reshard import Resharder
     from mindrlhf.parallel.strategy import net_layouts
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -108,7 +109,8 @@ def transform_oracle(out, src_strategy, dst_strategy_renamed, tmp_path):
 
 def rename_strategy(path, prefix, out_path):
     layouts = read_strategy_file(path)
-    renamed = {n[len(prefix):]: ParamLayout(n[len(prefix):], l.dev_matrix, l.tensor_map) for n, l in layouts.items()}
+    renamed = {n[len(prefix):]: ParamLayout(n[len(prefix):], lay.dev_matrix, lay.tensor_map)
+               for n, lay in layouts.items()}
     return write_strategy_file(out_path, renamed)
 
 
@@ -142,6 +144,7 @@ def test_online_reshard_equals_transform_checkpoints(tmp_path, src, dst, dtype, 
 
 def test_wire_dtype_is_the_narrowest_exact_one():
     import mindspore as ms
+
     from mindrlhf.parallel.reshard import wire_dtype
     cpu = {ms.float32, ms.float16}
     assert wire_dtype({ms.float32}, {ms.float16}, cpu) == ms.float16      # cast before sending halves bytes

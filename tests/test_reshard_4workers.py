@@ -11,10 +11,10 @@ import os
 
 import numpy as np
 import pytest
-
-from mindrlhf.parallel.strategy import read_strategy_file
 from msrun_utils import run_worker
 from test_reshard import rename_strategy, transform_oracle
+
+from mindrlhf.parallel.strategy import read_strategy_file
 
 WORKERS = 4
 

@@ -15,8 +15,8 @@ from mindrlhf.reward import (
     get_reward_function,
     last_boxed_content,
     parse_number,
+    rules,
 )
-from mindrlhf.reward import rules
 
 GSM8K_SOLUTION = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
                   "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")

@@ -1,7 +1,6 @@
 """Tensor and data parallel runs of a tiny Qwen2 equal the one-process run (msrun, CPU)."""
 import numpy as np
 import pytest
-
 from msrun_utils import load_ranks, run_worker
 
 pytestmark = pytest.mark.msrun
@@ -41,9 +40,37 @@ def test_parallel_run_matches_single_process(reference, tmp_path, dp, tp):
     np.testing.assert_allclose(logits, reference["logits"], atol=TOL)
     losses = np.mean([ranks[d * tp]["losses"] for d in range(dp)], axis=0)
     np.testing.assert_allclose(losses, reference["losses"], atol=TOL)
+    # the global gradient norm (tp shards summed, replicas once, after the dp reduction) is the one-process norm
+    for rank in ranks:
+        np.testing.assert_allclose(rank["first_grad_norm"], reference["first_grad_norm"], rtol=TOL)
+        np.testing.assert_allclose(rank["grad_norms"], reference["grad_norms"], rtol=TOL)
+    full_norm = np.sqrt(sum(np.square(reference[k].astype(np.float64)).sum() for k in reference
+                            if k.startswith("grad/")))
+    np.testing.assert_allclose(reference["first_grad_norm"], full_norm, rtol=1e-5)
     grad_keys = [k for k in reference if k.startswith("grad/")]
     assert len(grad_keys) > 20
     for key in grad_keys:
         np.testing.assert_allclose(assemble(ranks, dp, tp, key), reference[key], atol=TOL, err_msg=key)
     for key in (k for k in reference if k.startswith("weight/")):
         np.testing.assert_allclose(assemble(ranks, dp, tp, key), reference[key], atol=TOL, err_msg=key)
+
+
+@pytest.mark.parametrize("dp,tp", [(2, 1), (1, 2)], ids=["dp2", "tp2"])
+def test_grpo_loss_is_normalised_over_the_global_batch(reference, tmp_path, dp, tp):
+    """dp=2 with 18 response tokens on rank 0 and 4 on rank 1: the ranks' shares of loss, KL, clip fraction
+    and entropy add up to the one-process values, and the summed gradients equal the one-process ones, for
+    `token-mean` and `seq-mean-token-mean` (a per-rank mean would weigh rank 1's tokens 4.5x more). With
+    tp=2 the vocabulary-parallel entropy and log-probs equal the one-process ones."""
+    world = dp * tp
+    run_worker("spmd_equivalence.py", ["--dp", str(dp), "--tp", str(tp), "--out", str(tmp_path)], world,
+               tmp_path / "log")
+    ranks = load_ranks(tmp_path, world)
+    for name in ("token-mean", "seq-mean-token-mean"):
+        expected = reference[f"grpo_outputs/{name}"]
+        assert np.all(np.abs(expected[[1, 2, 3, 5]]) > 1e-4), expected  # pg_loss, kl, clipfrac, entropy not trivial
+        total = sum(ranks[d * tp][f"grpo_outputs/{name}"] for d in range(dp))
+        np.testing.assert_allclose(total, expected, rtol=1e-5, atol=1e-6, err_msg=name)
+        grad_keys = [k for k in reference if k.startswith(f"grpo_grad_{name}/")]
+        assert len(grad_keys) > 20
+        for key in grad_keys:
+            np.testing.assert_allclose(assemble(ranks, dp, tp, key), reference[key], atol=TOL, err_msg=key)

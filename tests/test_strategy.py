@@ -14,9 +14,17 @@ import pytest
 from mindspore.train import node_strategy_pb2
 
 from mindrlhf.parallel.layout import Layout
-from mindrlhf.parallel.strategy import (ParamLayout, StrategyError, full_shapes_from_local, layouts_for,
-                                        read_strategy_file, strategy_file_name, validate_pair, world_size_of,
-                                        write_strategy_file)
+from mindrlhf.parallel.strategy import (
+    ParamLayout,
+    StrategyError,
+    full_shapes_from_local,
+    layouts_for,
+    read_strategy_file,
+    strategy_file_name,
+    validate_pair,
+    world_size_of,
+    write_strategy_file,
+)
 
 SPLIT_AXES = {
     "model.layers.0.attention.wq.weight": 0,  # [H*hd, D], column parallel
@@ -126,7 +134,7 @@ def test_shapes_and_replication():
     assert lay.shard_index(1) == lay.shard_index(3) == (0, 1)
     assert ParamLayout("n", (2, 2), (-1,), (6,)).is_replicated
     with pytest.raises(StrategyError, match="full shape unknown"):
-        ParamLayout("w", (2,), (0,)).local_shape
+        _ = ParamLayout("w", (2,), (0,)).local_shape
     with pytest.raises(StrategyError, match="rank 4 outside"):
         lay.slice_of(4)
 

@@ -8,8 +8,15 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindrlhf.parallel.swap import (INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS, SwapError,
-                                    SwapManager, format_bytes)
+from mindrlhf.parallel.swap import (
+    INFER_WEIGHTS,
+    OPTIMIZER_MOMENTS,
+    REF_WEIGHTS,
+    TRAIN_WEIGHTS,
+    SwapError,
+    SwapManager,
+    format_bytes,
+)
 
 
 def make_params(prefix: str, dtype=np.float32) -> list[Parameter]:

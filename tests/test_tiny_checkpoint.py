@@ -2,10 +2,9 @@
 import importlib.util
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
 import pytest
-
-import mindspore as ms
 
 from mindrlhf.data import build_prompt, read_problems
 from mindrlhf.generation import GenerationConfig, Generator

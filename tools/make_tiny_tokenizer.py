@@ -46,7 +46,8 @@ def corpus_texts(data_path: str) -> list[str]:
                 record = json.loads(line)
                 question, answer = record["question"], record["answer"]
             except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise SystemExit(f"{data_path}:{line_no}: expected a JSON object with question and answer ({err})")
+                raise SystemExit(f"{data_path}:{line_no}: expected a JSON object with question and answer "
+                                 f"({err})") from None
             final = answer.rsplit("####", 1)[-1].strip()
             texts += [question, answer, f"<think>\n{answer}\n</think>\n<answer>{final}</answer>"]
     return texts

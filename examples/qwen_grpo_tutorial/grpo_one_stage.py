@@ -15,8 +15,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from mindrlhf.configs.cli import add_config_flags  # noqa: E402
-from mindrlhf.trainer.launch import run_job  # noqa: E402
+from mindrlhf.configs.cli import add_config_flags
+from mindrlhf.trainer.launch import run_job
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,14 +11,22 @@ from mindrlhf.algorithms.advantages import (
     group_advantages,
     grpo_advantages,
 )
-from mindrlhf.algorithms.aggregation import AGGREGATIONS, aggregate, seq_mean_token_mean, seq_mean_token_sum, token_mean
+from mindrlhf.algorithms.aggregation import (
+    AGGREGATIONS,
+    aggregate,
+    aggregation_weights,
+    seq_mean_token_mean,
+    seq_mean_token_sum,
+    token_mean,
+)
 from mindrlhf.algorithms.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3, kl_penalty
 from mindrlhf.algorithms.policy_loss import STAT_NAMES, check_loss_hyperparameters, grpo_policy_loss
 from mindrlhf.algorithms.registry import Registry
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "KL_ESTIMATORS", "STAT_NAMES", "GRPOLossCell", "LOSS_CELL_OUTPUT_NAMES",
-    "Registry", "aggregate", "check_loss_hyperparameters", "dr_grpo_advantages", "dynamic_sampling_mask",
+    "Registry", "aggregate", "aggregation_weights", "check_loss_hyperparameters", "dr_grpo_advantages",
+    "dynamic_sampling_mask",
     "expand_group_mask", "get_advantage_estimator", "group_advantages", "grpo_advantages", "grpo_policy_loss",
     "kl_k1", "kl_k2", "kl_k3", "kl_penalty", "seq_mean_token_mean", "seq_mean_token_sum", "token_mean",
 ]

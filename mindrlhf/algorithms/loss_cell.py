@@ -7,19 +7,40 @@ from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
 from mindrlhf.algorithms.policy_loss import check_loss_hyperparameters
+from mindrlhf.algorithms.registry import Registry
 
 OUTPUT_NAMES = ("loss", "pg_loss", "kl", "clipfrac", "ratio_mean")
 
+# The MindSpore twins of the numpy KL estimators, under the same names (tests check both registries agree).
+KL_CELL_ESTIMATORS: Registry = Registry("KL estimator")
+
+
+@KL_CELL_ESTIMATORS.register("k1")
+def _kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    return logp - ref_logp
+
+
+@KL_CELL_ESTIMATORS.register("k2")
+def _kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    return 0.5 * ops.square(logp - ref_logp)
+
+
+@KL_CELL_ESTIMATORS.register("k3")
+def _kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    ref_log_ratio = ref_logp - logp
+    return ops.exp(ref_log_ratio) - ref_log_ratio - 1.0
+
 
 class GRPOLossCell(nn.Cell):
-    """GRPO clipped surrogate + beta * KL(policy || ref), reduced with a named aggregation.
+    """GRPO clipped surrogate + beta * KL(policy || ref), reduced with token weights.
 
-    `construct(logp, old_logp, ref_logp, advantages, mask)` takes [B, T] log-probs of the sampled tokens
-    (policy, old policy, reference), advantages [B] and a 0/1 response mask [B, T]; it computes in float32
-    and returns the 0-d tensors `(loss, pg_loss, kl, clipfrac, ratio_mean)` (`OUTPUT_NAMES`), with the
-    stats aggregated like the loss (see `grpo_policy_loss`). The stats are wrapped in `stop_gradient`, so
-    `mindspore.value_and_grad(cell, grad_position=0)` differentiates only the loss, with or without
-    `has_aux=True`.
+    `construct(logp, old_logp, ref_logp, advantages, mask, token_weights)` takes [B, T] log-probs of the
+    sampled tokens (policy, old policy, reference), advantages [B], a 0/1 response mask [B, T] and the token
+    weights [B, T] of the aggregation (`mindrlhf.algorithms.aggregation_weights`, computed on the global
+    mini-batch); every output is `sum(token_weights * per-token value)`: on a data-parallel rank its share
+    of the global value. Returns the 0-d float32 tensors `(loss, pg_loss, kl, clipfrac, ratio_mean)`
+    (`OUTPUT_NAMES`); the stats are wrapped in `stop_gradient`, so `mindspore.value_and_grad(cell,
+    grad_position=0)` differentiates only the loss, with or without `has_aux=True`.
 
     Gradient: where the clip is active the token's policy term is taken as a constant (it is, locally);
     elsewhere, including a ratio exactly on a clip boundary, the unclipped `ratio * A` is used. This is done
@@ -28,37 +49,21 @@ class GRPOLossCell(nn.Cell):
     """
 
     def __init__(self, beta: float = 0.01, epsilon_low: float = 0.2, epsilon_high: float = 0.2,
-                 aggregation: str = "seq-mean-token-mean", kl_estimator: str = "k3"):
+                 kl_estimator: str = "k3"):
         super().__init__()
         self.beta, self.epsilon_low, self.epsilon_high = check_loss_hyperparameters(
-            beta, epsilon_low, epsilon_high, aggregation, kl_estimator)
-        self.aggregation = aggregation
+            beta, epsilon_low, epsilon_high, "token-mean", kl_estimator)
         self.kl_estimator = kl_estimator
+        self.kl = KL_CELL_ESTIMATORS.get(kl_estimator)
         self.clip_low = 1.0 - self.epsilon_low
         self.clip_high = 1.0 + self.epsilon_high
 
-    def _reduce(self, values: Tensor, mask: Tensor) -> Tensor:
-        masked = values * mask
-        if self.aggregation == "token-mean":
-            return masked.sum() / ops.maximum(mask.sum(), 1.0)
-        tokens_per_sequence = mask.sum(axis=1)
-        nonempty_sequences = ops.maximum(ops.cast(tokens_per_sequence > 0.0, mstype.float32).sum(), 1.0)
-        if self.aggregation == "seq-mean-token-sum":
-            return masked.sum() / nonempty_sequences
-        return (masked.sum(axis=1) / ops.maximum(tokens_per_sequence, 1.0)).sum() / nonempty_sequences
-
-    def _kl(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
-        if self.kl_estimator == "k1":
-            return logp - ref_logp
-        if self.kl_estimator == "k2":
-            return 0.5 * ops.square(logp - ref_logp)
-        ref_log_ratio = ref_logp - logp
-        return ops.exp(ref_log_ratio) - ref_log_ratio - 1.0
-
-    def construct(self, logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantages: Tensor, mask: Tensor):
+    def construct(self, logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantages: Tensor, mask: Tensor,
+                  token_weights: Tensor):
         mask = ops.cast(mask, mstype.float32)
         valid = mask > 0.0
         zeros = ops.zeros_like(mask)
+        weights = ops.select(valid, ops.cast(token_weights, mstype.float32), zeros)
         logp = ops.select(valid, ops.cast(logp, mstype.float32), zeros)
         old_logp = ops.select(valid, ops.cast(old_logp, mstype.float32), zeros)
         ref_logp = ops.select(valid, ops.cast(ref_logp, mstype.float32), zeros)
@@ -69,11 +74,11 @@ class GRPOLossCell(nn.Cell):
         clipped = ops.stop_gradient(ops.clamp(ratio, self.clip_low, self.clip_high) * token_advantages)
         clip_active = clipped < unclipped
         pg_token = -ops.select(clip_active, clipped, unclipped)
-        kl_token = self._kl(logp, ref_logp)
+        kl_token = self.kl(logp, ref_logp)
 
-        loss = self._reduce(pg_token + self.beta * kl_token, mask)
-        pg_loss = ops.stop_gradient(self._reduce(pg_token, mask))
-        kl = ops.stop_gradient(self._reduce(kl_token, mask))
-        clipfrac = ops.stop_gradient(self._reduce(ops.cast(clip_active, mstype.float32), mask))
-        ratio_mean = ops.stop_gradient(self._reduce(ratio, mask))
+        loss = (weights * (pg_token + self.beta * kl_token)).sum()
+        pg_loss = ops.stop_gradient((weights * pg_token).sum())
+        kl = ops.stop_gradient((weights * kl_token).sum())
+        clipfrac = ops.stop_gradient((weights * ops.cast(clip_active, mstype.float32)).sum())
+        ratio_mean = ops.stop_gradient((weights * ratio).sum())
         return loss, pg_loss, kl, clipfrac, ratio_mean

@@ -18,12 +18,14 @@ class ResponseLogProbs(nn.Cell):
     meaningless: mask them with the response mask.
     """
 
-    def __init__(self, model: nn.Cell, temperature: float = 1.0):
+    def __init__(self, model: nn.Cell, temperature: float = 1.0, with_entropy: bool = False):
         super().__init__(auto_prefix=False)
         if temperature <= 0:
-            raise ValueError(f"temperature must be > 0 for log-probs (greedy sampling scores at 1.0), got {temperature}")
+            raise ValueError(f"temperature must be > 0 for log-probs (greedy sampling scores at 1.0), "
+                             f"got {temperature}")
         self.model = model
         self.temperature = float(temperature)
+        self.with_entropy = with_entropy
 
     def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
         prompt_width = prompt_ids.shape[1]
@@ -31,21 +33,36 @@ class ResponseLogProbs(nn.Cell):
         input_ids = ops.concat((prompt_ids, response_ids), 1)
         attention_mask = ops.concat((prompt_mask.astype(ms.int32), response_mask.astype(ms.int32)), 1)
         labels = ops.concat((input_ids[:, 1:], ops.zeros((input_ids.shape[0], 1), input_ids.dtype)), 1)
+        response = slice(prompt_width - 1, prompt_width - 1 + response_width)
+        if self.with_entropy:
+            logp, entropy = self.model.log_probs(input_ids, labels, attention_mask, self.temperature, True)
+            return logp[:, response], entropy[:, response]
         logp = self.model.log_probs(input_ids, labels, attention_mask, self.temperature)
-        return logp[:, prompt_width - 1:prompt_width - 1 + response_width]
+        return logp[:, response]
+
+
+GRPO_OUTPUT_NAMES = ("actor/loss", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/ratio_mean",
+                     "actor/entropy")
 
 
 class GRPOLossNet(nn.Cell):
-    """Policy log-probs of the sampled responses fed to the GRPO loss cell; returns (loss, *stats)."""
+    """Policy log-probs of the sampled responses fed to the GRPO loss cell.
+
+    Returns `GRPO_OUTPUT_NAMES`: the loss cell's outputs and the token-weighted entropy of the policy
+    (softmax(logits / T) over the whole vocabulary), each this rank's share under the token weights.
+    """
 
     def __init__(self, model: nn.Cell, loss_cell: nn.Cell, temperature: float = 1.0):
         super().__init__(auto_prefix=False)
-        self.response_log_probs = ResponseLogProbs(model, temperature)
+        self.response_log_probs = ResponseLogProbs(model, temperature, with_entropy=True)
         self.loss_cell = loss_cell
 
-    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, old_logp, ref_logp, advantages):
-        logp = self.response_log_probs(prompt_ids, prompt_mask, response_ids, response_mask)
-        return self.loss_cell(logp, old_logp, ref_logp, advantages, response_mask)
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, old_logp, ref_logp, advantages,
+                  token_weights):
+        logp, entropy = self.response_log_probs(prompt_ids, prompt_mask, response_ids, response_mask)
+        outputs = self.loss_cell(logp, old_logp, ref_logp, advantages, response_mask, token_weights)
+        weights = token_weights.astype(ms.float32) * response_mask.astype(ms.float32)
+        return outputs + (ops.stop_gradient((weights * entropy).sum()),)
 
 
 class ResponseNLLLoss(nn.Cell):

@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-from mindrlhf.algorithms.aggregation import AGGREGATIONS
+from mindrlhf.algorithms.aggregation import AGGREGATIONS, aggregation_weights
 from mindrlhf.algorithms.kl import KL_ESTIMATORS, kl_penalty
 
 STAT_NAMES = ("kl", "clipfrac", "pg_loss", "ratio_mean")
@@ -96,12 +96,12 @@ def grpo_policy_loss(logp, old_logp, ref_logp, advantages, mask, beta: float = 0
     clip_active = clipped < unclipped
     pg_token = -np.minimum(unclipped, clipped)
     kl_token = kl_penalty(logp, ref_logp, kl_estimator)
-    reduce = AGGREGATIONS.get(aggregation)
-    loss = reduce(pg_token + beta * kl_token, mask)
+    weights = aggregation_weights(mask, aggregation)
+    loss = float((weights * (pg_token + beta * kl_token)).sum())
     stats = {
-        "kl": reduce(kl_token, mask),
-        "clipfrac": reduce(clip_active.astype(np.float64), mask),
-        "pg_loss": reduce(pg_token, mask),
-        "ratio_mean": reduce(ratio, mask),
+        "kl": float((weights * kl_token).sum()),
+        "clipfrac": float((weights * clip_active).sum()),
+        "pg_loss": float((weights * pg_token).sum()),
+        "ratio_mean": float((weights * ratio).sum()),
     }
     return loss, stats

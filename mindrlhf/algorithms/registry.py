@@ -1,7 +1,8 @@
 """Tiny name -> function registries (the verl `core_algos` style): variants are chosen by name from config."""
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
 

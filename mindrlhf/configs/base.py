@@ -6,7 +6,8 @@ import difflib
 import os
 import types
 import typing
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import yaml
 
@@ -15,14 +16,14 @@ class ConfigError(ValueError):
     """A user-facing configuration error; the message names the file and the field."""
 
 
-def help_field(default: Any, help: str, **kwargs) -> Any:  # noqa: A002 - "help" mirrors argparse/TRL
+def help_field(default: Any, help: str, **kwargs) -> Any:
     """A dataclass field with help text (shown in errors and docs)."""
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
     return dataclasses.field(default=default, metadata={"help": help}, **kwargs)
 
 
-def required_field(help: str) -> Any:  # noqa: A002
+def required_field(help: str) -> Any:
     """A dataclass field without a default (must be given)."""
     return dataclasses.field(metadata={"help": help})
 

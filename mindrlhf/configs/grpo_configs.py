@@ -15,8 +15,9 @@ Each field is also a command-line flag of `grpo_one_stage.py` (`--num_generation
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from mindrlhf.configs.base import ConfigError, from_mapping, help_field, load_yaml
 from mindrlhf.generation.config import GenerationConfig
@@ -208,7 +209,7 @@ class GRPOConfig:
 
     # ------------------------------------------------------------------ loading
     @classmethod
-    def from_dict(cls, data: Mapping, source: str = "<dict>") -> "GRPOConfig":
+    def from_dict(cls, data: Mapping, source: str = "<dict>") -> GRPOConfig:
         """Builds the config from a mapping of sections; unknown sections or fields are errors naming them."""
         unknown = sorted(set(data) - set(SECTIONS))
         if unknown:
@@ -225,13 +226,13 @@ class GRPOConfig:
         return cls(**sections)
 
     @classmethod
-    def from_yaml(cls, path: str) -> "GRPOConfig":
+    def from_yaml(cls, path: str) -> GRPOConfig:
         return cls.from_dict(load_yaml(path), source=path)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
-    def replace(self, overrides: Mapping[str, Mapping[str, Any]], source: str = "command line") -> "GRPOConfig":
+    def replace(self, overrides: Mapping[str, Mapping[str, Any]], source: str = "command line") -> GRPOConfig:
         """A copy with `{section: {field: value}}` applied, validated like a YAML."""
         data = self.to_dict()
         for section, values in overrides.items():

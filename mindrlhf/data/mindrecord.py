@@ -13,12 +13,14 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 
 from mindrlhf.data.templates import TEMPLATE_NAMES, build_prompt
+from mindrlhf.reward.math_answer import extract_gold_answer
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +39,11 @@ class DataError(ValueError):
 
 
 class TextTokenizer(Protocol):
-    """What conversion needs from a tokenizer (`Qwen2Tokenizer` has it)."""
+    """What conversion needs from a tokenizer (`Qwen2Tokenizer` and `HFTokenizer` have it)."""
 
     def batch_encode(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def apply_chat_template(self, messages: list[dict]) -> str: ...
 
 
 @dataclass
@@ -109,7 +113,7 @@ def _json_list_items(text: str, path: str) -> Iterator[tuple[int, object]]:
         raise DataError(f"{path}:{line_at(cursor)}: unexpected text after the end of the JSON list")
 
 
-def _check_record(record: object, prompt_key: str, answer_key: str) -> tuple[str, str]:
+def _check_record(record: object, prompt_key: str, answer_key: str, numeric_answers: bool) -> tuple[str, str]:
     """The (question, answer) strings of a record, or ValueError saying what is wrong with it."""
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
@@ -123,14 +127,19 @@ def _check_record(record: object, prompt_key: str, answer_key: str) -> tuple[str
         if not value.strip():
             raise ValueError(f"{key!r} is empty")
         values.append(value)
+    if numeric_answers and extract_gold_answer(values[1]) is None:
+        raise ValueError(f"{answer_key!r} has no gold number the accuracy reward can parse (expected '#### 42', "
+                         f"'\\boxed{{42}}' or a bare number), got {values[1][-60:]!r}")
     return values[0], values[1]
 
 
 def read_problems(path: str | os.PathLike, prompt_key: str = "question", answer_key: str = "answer",
-                  skip_bad_lines: bool = False, stats: ConversionStats | None = None) -> Iterator[Problem]:
+                  skip_bad_lines: bool = False, stats: ConversionStats | None = None,
+                  numeric_answers: bool = True) -> Iterator[Problem]:
     """Yields the problems of a JSON list or JSONL file (format detected from the first character).
 
-    A bad line (invalid JSON, missing key, non-string or empty value) raises `DataError("file:line: ...")`,
+    A bad line (invalid JSON, missing key, non-string or empty value, with `numeric_answers` an answer without
+    a gold number `extract_gold_answer` can parse) raises `DataError("file:line: ...")`,
     or with `skip_bad_lines` is counted in `stats` and skipped. Invalid JSON inside a JSON list is always
     fatal: the rest of the list cannot be located.
     """
@@ -154,7 +163,7 @@ def read_problems(path: str | os.PathLike, prompt_key: str = "question", answer_
         try:
             if isinstance(item, json.JSONDecodeError):
                 raise ValueError(f"invalid JSON: {item.msg} (column {item.colno})")
-            question, answer = _check_record(item, prompt_key, answer_key)
+            question, answer = _check_record(item, prompt_key, answer_key, numeric_answers)
         except ValueError as err:
             message = f"{path}:{line}: {err}"
             if not skip_bad_lines:
@@ -215,6 +224,7 @@ def convert_to_mindrecord(
     prompt_key: str = "question",
     answer_key: str = "answer",
     skip_bad_lines: bool = False,
+    numeric_answers: bool = True,
 ) -> ConversionStats:
     """Converts a GSM8K-style JSON list / JSONL file into a MindRecord of tokenised prompts.
 
@@ -228,8 +238,8 @@ def convert_to_mindrecord(
         raise ValueError(f"max_prompt_length must be positive, got {max_prompt_length}")
     input_path = os.fspath(input_path)
     stats = ConversionStats()
-    problems = list(read_problems(input_path, prompt_key, answer_key, skip_bad_lines, stats))
-    prompts = [build_prompt(problem.question, template) for problem in problems]
+    problems = list(read_problems(input_path, prompt_key, answer_key, skip_bad_lines, stats, numeric_answers))
+    prompts = [build_prompt(problem.question, template, tokenizer.apply_chat_template) for problem in problems]
     records = []
     for start in range(0, len(prompts), 512):
         token_ids = tokenizer.batch_encode(prompts[start:start + 512])

@@ -1,6 +1,8 @@
 """Prompt templates: how a dataset question becomes the text the policy model is prompted with."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from mindrlhf.models.qwen2.tokenizer import render_qwen_chat
 
 # R1-Zero style instruction: reason inside <think>, answer inside <answer> (what the `format` reward checks).
@@ -11,22 +13,30 @@ R1_THINK_SYSTEM_PROMPT = (
     "tags, i.e. <think> reasoning here </think><answer> answer here </answer>."
 )
 
-TEMPLATE_NAMES = ("qwen_chat", "r1_think", "raw")
+TEMPLATE_NAMES = ("chat", "qwen_chat", "r1_think", "raw")
+
+ChatRenderer = Callable[[list[dict]], str]
 
 
-def build_prompt(question: str, template: str) -> str:
+def build_prompt(question: str, template: str, render_chat: ChatRenderer | None = None) -> str:
     """The prompt text for `question` under `template`.
 
-    - `qwen_chat`: the Qwen2.5 chat template, question as the user message (default Qwen system prompt),
-      ending with the assistant generation prompt;
-    - `r1_think`: the same chat template with `R1_THINK_SYSTEM_PROMPT` as the system message;
+    - `chat`: the tokenizer's chat template (`render_chat`, e.g. a tokenizer's `apply_chat_template`), the
+      question as the user message, ending with the assistant generation prompt;
+    - `qwen_chat`: the Qwen2.5 chat template (default Qwen system prompt), whatever the tokenizer;
+    - `r1_think`: the chat template with `R1_THINK_SYSTEM_PROMPT` as the system message;
     - `raw`: the question text unchanged.
+
+    `render_chat` defaults to the Qwen2.5 template.
     """
+    render_chat = render_chat or render_qwen_chat
+    user = {"role": "user", "content": question}
+    if template == "chat":
+        return render_chat([user])
     if template == "qwen_chat":
-        return render_qwen_chat([{"role": "user", "content": question}], add_generation_prompt=True)
+        return render_qwen_chat([user], add_generation_prompt=True)
     if template == "r1_think":
-        return render_qwen_chat([{"role": "system", "content": R1_THINK_SYSTEM_PROMPT},
-                                 {"role": "user", "content": question}], add_generation_prompt=True)
+        return render_chat([{"role": "system", "content": R1_THINK_SYSTEM_PROMPT}, user])
     if template == "raw":
         return question
     raise ValueError(f"unknown prompt template {template!r}, expected one of {TEMPLATE_NAMES}")

@@ -11,12 +11,11 @@ import copy
 import logging
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
-
-import numpy as np
 
 import mindspore as ms
+import numpy as np
 from mindspore import Tensor, nn, ops
 from tqdm import tqdm
 

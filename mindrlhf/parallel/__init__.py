@@ -3,10 +3,16 @@
 Online resharding lives in :mod:`mindrlhf.parallel.reshard` (`reshard`, `Resharder`).
 """
 from mindrlhf.parallel.layout import DP_AXIS, NOT_SPLIT, TP_AXIS, Layout, LayoutError
-from mindrlhf.parallel.strategy import (ParamLayout, StrategyError, net_layouts, read_strategy_file,
-                                        save_net_strategy, validate_pair, write_strategy_file)
-from mindrlhf.parallel.swap import (INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS, SwapError,
-                                    SwapManager)
+from mindrlhf.parallel.strategy import (
+                                        ParamLayout,
+                                        StrategyError,
+                                        net_layouts,
+                                        read_strategy_file,
+                                        save_net_strategy,
+                                        validate_pair,
+                                        write_strategy_file,
+)
+from mindrlhf.parallel.swap import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS, SwapError, SwapManager
 
 __all__ = [
     "DP_AXIS", "INFER_WEIGHTS", "NOT_SPLIT", "OPTIMIZER_MOMENTS", "REF_WEIGHTS", "TP_AXIS", "TRAIN_WEIGHTS",

@@ -6,14 +6,17 @@ network-wide view is :func:`param_split_axes`, from which strategy files are wri
 """
 from __future__ import annotations
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, initializer
 
-from mindrlhf.parallel.comm import (CopyToTensorParallel, GatherFromTensorParallel, MaxOverGroup,
-                                    ReduceFromTensorParallel)
+from mindrlhf.parallel.comm import (
+    CopyToTensorParallel,
+    GatherFromTensorParallel,
+    MaxOverGroup,
+    ReduceFromTensorParallel,
+)
 from mindrlhf.parallel.layout import Layout, LayoutError
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
@@ -53,7 +56,8 @@ class ColumnParallelLinear(ParallelLayer):
                  gather_output: bool = False, param_dtype=ms.float32, compute_dtype=ms.float32, name: str = "linear"):
         super().__init__(layout)
         self.out_local = shard_size(out_features, self.tp_size, f"{name} output features")
-        self.weight = Parameter(initializer(Normal(INIT_STD), (self.out_local, in_features), param_dtype), name="weight")
+        self.weight = Parameter(initializer(Normal(INIT_STD), (self.out_local, in_features), param_dtype),
+                                name="weight")
         self.has_bias = has_bias
         self.bias = Parameter(initializer(Zero(), (self.out_local,), param_dtype), name="bias") if has_bias else None
         self.split_axes = {"weight": 0, "bias": 0} if has_bias else {"weight": 0}
@@ -88,7 +92,8 @@ class RowParallelLinear(ParallelLayer):
         super().__init__(layout)
         self.in_local = shard_size(in_features, self.tp_size, f"{name} input features")
         self.out_features = out_features
-        self.weight = Parameter(initializer(Normal(INIT_STD), (out_features, self.in_local), param_dtype), name="weight")
+        self.weight = Parameter(initializer(Normal(INIT_STD), (out_features, self.in_local), param_dtype),
+                                name="weight")
         self.has_bias = has_bias
         self.bias = Parameter(initializer(Zero(), (out_features,), param_dtype), name="bias") if has_bias else None
         self.split_axes = {"weight": 1, "bias": None} if has_bias else {"weight": 1}
@@ -136,7 +141,8 @@ class VocabParallelLogProbs(ParallelLayer):
     """log softmax(logits)[label] in float32 from vocab-split logits, without gathering the vocabulary.
 
     Per shard: the stabilising max is gathered without gradient, the partition function and the
-    label's logit are AllReduce(SUM)-ed with identity backward.
+    label's logit are AllReduce(SUM)-ed with identity backward. With `with_entropy` it also returns the
+    entropy of softmax(logits) per position (no gradient), from the same tp-reduced sums.
     """
 
     def __init__(self, vocab_size: int, layout: Layout | None = None):
@@ -148,16 +154,30 @@ class VocabParallelLogProbs(ParallelLayer):
             self.max_over_tp = MaxOverGroup(group, self.tp_size, self.tp_rank)
             self.sum_exp_over_tp = ReduceFromTensorParallel(group)
             self.label_logit_over_tp = ReduceFromTensorParallel(group)
+            self.entropy_over_tp = ReduceFromTensorParallel(group)
         else:
             self.max_over_tp = None
 
-    def construct(self, logits, labels):
+    def _entropy(self, shifted, sum_exp):
+        """log Z - sum_v p_v * shifted_v, with the sum over the vocabulary reduced over tp."""
+        shifted = ops.stop_gradient(shifted)
+        sum_exp = ops.stop_gradient(sum_exp)
+        weighted = (ops.exp(shifted) * shifted).sum(-1)
+        if self.max_over_tp is not None:
+            weighted = self.entropy_over_tp(weighted)
+        return ops.log(sum_exp) - weighted / sum_exp
+
+    def construct(self, logits, labels, with_entropy=False):
         logits = logits.astype(ms.float32)
         local_max = ops.stop_gradient(ops.max(logits, axis=-1, keepdims=True)[0])
         if self.max_over_tp is None:
             shifted = logits - local_max
             label_logit = ops.gather_elements(shifted, -1, ops.expand_dims(labels, -1)).squeeze(-1)
-            return label_logit - ops.log(ops.exp(shifted).sum(-1))
+            sum_exp = ops.exp(shifted).sum(-1)
+            logp = label_logit - ops.log(sum_exp)
+            if with_entropy:
+                return logp, self._entropy(shifted, sum_exp)
+            return logp
         global_max = self.max_over_tp(local_max)
         shifted = logits - global_max
         sum_exp = self.sum_exp_over_tp(ops.exp(shifted).sum(-1))
@@ -166,7 +186,10 @@ class VocabParallelLogProbs(ParallelLayer):
         local_labels = ops.where(in_shard, local_labels, ops.zeros_like(local_labels))
         label_logit = ops.gather_elements(shifted, -1, ops.expand_dims(local_labels, -1)).squeeze(-1)
         label_logit = self.label_logit_over_tp(label_logit * in_shard.astype(ms.float32))
-        return label_logit - ops.log(sum_exp)
+        logp = label_logit - ops.log(sum_exp)
+        if with_entropy:
+            return logp, self._entropy(shifted, sum_exp)
+        return logp
 
 
 class RMSNorm(nn.Cell):

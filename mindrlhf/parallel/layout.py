@@ -41,7 +41,7 @@ class Layout:
                               f"(world size {self.world_size})")
 
     @classmethod
-    def for_world(cls, dp: int, tp: int, world_size: int, rank: int, source: str = "layout") -> "Layout":
+    def for_world(cls, dp: int, tp: int, world_size: int, rank: int, source: str = "layout") -> Layout:
         """A layout that must cover exactly `world_size` ranks (the job's)."""
         if dp * tp != world_size:
             raise LayoutError(f"{source}: data_parallel={dp} x model_parallel={tp} = {dp * tp} ranks, but the job "
@@ -49,7 +49,7 @@ class Layout:
         return cls(dp=dp, tp=tp, rank=rank)
 
     @classmethod
-    def from_config(cls, parallel_config, world_size: int, rank: int, source: str = "parallel_config") -> "Layout":
+    def from_config(cls, parallel_config, world_size: int, rank: int, source: str = "parallel_config") -> Layout:
         """The layout a YAML's `parallel_config` places a net in; it must cover the job's `world_size` ranks."""
         if parallel_config.pipeline_stage != 1:
             raise LayoutError(f"{source}: pipeline_stage={parallel_config.pipeline_stage} is not supported yet; use 1")
@@ -86,7 +86,7 @@ class Layout:
         _, tp_rank = self.coords(rank)
         return [j * self.tp + tp_rank for j in range(self.dp)]
 
-    def with_rank(self, rank: int) -> "Layout":
+    def with_rank(self, rank: int) -> Layout:
         return Layout(dp=self.dp, tp=self.tp, rank=rank, pp=self.pp)
 
     def __str__(self) -> str:
@@ -103,7 +103,7 @@ class Layout:
         """Communication group of this rank's data-parallel peers (None when dp == 1)."""
         return group_name(self.dp_group_ranks(), self.world_size) if self.dp > 1 else None
 
-    def init_groups(self) -> "Layout":
+    def init_groups(self) -> Layout:
         """Creates this rank's tp and dp groups (once per process; idempotent). Needs `init()` first."""
         for ranks in (self.tp_group_ranks(), self.dp_group_ranks()):
             ensure_group(ranks, self.world_size)

@@ -29,8 +29,8 @@ import logging
 import math
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops

@@ -14,8 +14,10 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+
+import numpy as np
 
 from mindrlhf.parallel.layout import NOT_SPLIT, TP_AXIS, Layout
 from mindrlhf.utils.atomic import atomic_output
@@ -112,7 +114,7 @@ class ParamLayout:
         local = self.local_shape
         return tuple(slice(i * n, (i + 1) * n) for i, n in zip(self.shard_index(rank), local))
 
-    def with_full_shape(self, full_shape: Iterable[int]) -> "ParamLayout":
+    def with_full_shape(self, full_shape: Iterable[int]) -> ParamLayout:
         return ParamLayout(self.name, self.dev_matrix, self.tensor_map, tuple(full_shape))
 
     def full_shape_from_local(self, local_shape: Iterable[int]) -> tuple[int, ...]:
@@ -129,7 +131,7 @@ class ParamLayout:
                                 "use with_full_shape() first")
         return self.full_shape
 
-    def same_split(self, other: "ParamLayout") -> bool:
+    def same_split(self, other: ParamLayout) -> bool:
         """True if both layouts give every rank the same region (ignores names and shapes)."""
         return self.dev_matrix == other.dev_matrix and self.tensor_map == other.tensor_map
 
@@ -396,6 +398,32 @@ def net_layouts(net, layout: Layout) -> dict[str, ParamLayout]:
     axes = param_split_axes(net)
     local = {p.name: tuple(p.shape) for p in net.get_parameters()}
     return layouts_for(layout, axes, full_shapes_from_local(layout, axes, local))
+
+
+def merge_shards(shards: list[Mapping[str, np.ndarray]], layouts: Mapping[str, ParamLayout],
+                 source: str = "shards") -> dict[str, np.ndarray]:
+    """Full tensors of the parameters in `layouts` from the per-rank shards (`shards[rank]`: name -> array).
+
+    Full shapes come from the shard shapes; other entries of the shards (optimizer state) are ignored.
+    """
+    world = world_size_of(layouts, source)
+    if len(shards) != world:
+        raise StrategyError(f"{source}: {len(shards)} rank shards for a strategy of {world} ranks")
+    merged = {}
+    for name, lay in layouts.items():
+        missing = [rank for rank in range(world) if name not in shards[rank]]
+        if missing:
+            raise StrategyError(f"{source}: parameter '{name}' missing from the shards of ranks {missing}")
+        lay = lay.with_full_shape(lay.full_shape_from_local(shards[0][name].shape))
+        full = np.empty(lay.full_shape, dtype=shards[0][name].dtype)
+        for rank in range(world):
+            piece = shards[rank][name]
+            if tuple(piece.shape) != lay.local_shape:
+                raise StrategyError(f"{source}: '{name}' of rank {rank} has shape {list(piece.shape)}, "
+                                    f"expected {list(lay.local_shape)} ({lay.describe()})")
+            full[lay.slice_of(rank)] = piece
+        merged[name] = full
+    return merged
 
 
 def save_net_strategy(net, layout: Layout, path: str | os.PathLike) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from mindrlhf.reward.math_answer import answers_match, extract_completion_answer, extract_gold_answer
 

@@ -20,8 +20,10 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
+
+from mindrlhf.utils.atomic import make_ordinary_permissions
 
 META = "meta.json"
 TRAIN_CKPT = "train.ckpt"
@@ -51,7 +53,7 @@ def save_parameters(params: Iterable, path: str) -> None:
     import mindspore as ms
 
     ms.save_checkpoint([{"name": p.name, "data": p} for p in params], path)
-    os.chmod(path, 0o644)  # MindSpore writes checkpoints read-only (0400)
+    make_ordinary_permissions(path)
 
 
 @dataclass
@@ -112,6 +114,53 @@ def read_meta(step_dir: str) -> dict:
             return json.load(f)
     except (OSError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{path}: cannot read the checkpoint meta ({err})") from None
+
+
+def is_optimizer_state(name: str) -> bool:
+    """True for the AdamW entries a trainer `train.ckpt` holds besides the weights."""
+    return name.startswith(("adam_m.", "adam_v.")) or name in ("adam_step", "learning_rate")
+
+
+def read_policy_weights(path: str) -> dict:
+    """Policy weights (name -> numpy array) of a `.ckpt` file or of a trainer `step_*` folder (its rank
+    shards merged through the strategy file); optimizer entries are dropped. Errors name the file."""
+    import mindspore as ms
+
+    if os.path.isdir(path):
+        state = merge_trainer_checkpoint(path)
+    elif os.path.isfile(path):
+        try:
+            state = {name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()}
+        except (RuntimeError, ValueError) as err:
+            raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") \
+                from None
+    else:
+        raise CheckpointError(f"{path}: checkpoint not found (expected a .ckpt file or a trainer step folder)")
+    return {name: value for name, value in state.items() if not is_optimizer_state(name)}
+
+
+def merge_trainer_checkpoint(step_dir: str) -> dict:
+    """The full policy weights (name -> numpy array) of a trainer checkpoint folder: every rank's
+    `train.ckpt` merged through `train_strategy.ckpt`; optimizer entries are dropped."""
+    import mindspore as ms
+
+    from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_strategy_file, world_size_of
+
+    strategy_path = os.path.join(step_dir, TRAIN_STRATEGY)
+    if not os.path.isfile(strategy_path):
+        raise CheckpointError(f"{step_dir}: not a trainer checkpoint folder (no {TRAIN_STRATEGY})")
+    try:
+        layouts = read_strategy_file(strategy_path)
+        world = world_size_of(layouts, strategy_path)
+        shards = []
+        for rank in range(world):
+            path = os.path.join(rank_dir(step_dir, rank), TRAIN_CKPT)
+            if not os.path.isfile(path):
+                raise CheckpointError(f"{path}: missing ({strategy_path} describes {world} ranks)")
+            shards.append({name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()})
+        return merge_shards(shards, layouts, step_dir)
+    except (StrategyError, RuntimeError) as err:
+        raise CheckpointError(f"{step_dir}: cannot merge the rank checkpoints: {str(err).splitlines()[0]}") from None
 
 
 def find_resume_checkpoint(resume: str, save_dir: str | None) -> str | None:

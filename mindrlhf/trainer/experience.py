@@ -32,13 +32,13 @@ class Experience:
         arrays.update({f"reward_terms/{k}": v for k, v in self.reward_terms.items()})
         return arrays
 
-    def rows(self, index) -> "Experience":
+    def rows(self, index) -> Experience:
         """The rows selected by `index` (a slice, an index array or a boolean mask)."""
         arrays = {k: v[index] for k, v in self._arrays().items()}
         return Experience._from_arrays(arrays)
 
     @staticmethod
-    def _from_arrays(arrays: dict[str, np.ndarray]) -> "Experience":
+    def _from_arrays(arrays: dict[str, np.ndarray]) -> Experience:
         terms = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("reward_terms/")}
         plain = {k: v for k, v in arrays.items() if not k.startswith("reward_terms/")}
         return Experience(**plain, reward_terms=terms)
@@ -49,7 +49,7 @@ class Experience:
         columns = [np.asarray(v, np.float32).reshape(self.num_rows, -1) for v in self._arrays().values()]
         return np.concatenate(columns, axis=1)
 
-    def unpack(self, packed: np.ndarray) -> "Experience":
+    def unpack(self, packed: np.ndarray) -> Experience:
         """The inverse of `pack` for rows laid out like this experience's (any number of rows)."""
         out, start = {}, 0
         for name, value in self._arrays().items():

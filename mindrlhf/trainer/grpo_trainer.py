@@ -17,18 +17,28 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from mindrlhf.configs.base import ConfigError, help_field
 from mindrlhf.configs.grpo_configs import GRPOConfig
-from mindrlhf.trainer.checkpoint import (INFER_STRATEGY, RANK_STATE, REF_CKPT, TRAIN_CKPT, TRAIN_STRATEGY,
-                                         CheckpointWriter, check_resumable, find_resume_checkpoint, read_meta,
-                                         rank_dir, save_parameters)
-from mindrlhf.trainer.experience import (Experience, concat_experiences, group_unit, rows_of_rank,
-                                         update_chunks)
+from mindrlhf.trainer.checkpoint import (
+    INFER_STRATEGY,
+    RANK_STATE,
+    REF_CKPT,
+    TRAIN_CKPT,
+    TRAIN_STRATEGY,
+    CheckpointWriter,
+    check_resumable,
+    find_resume_checkpoint,
+    rank_dir,
+    read_meta,
+    read_policy_weights,
+    save_parameters,
+)
+from mindrlhf.trainer.experience import Experience, concat_experiences, group_unit, rows_of_rank, update_chunks
 from mindrlhf.trainer.phases import Phases
 
 logger = logging.getLogger("mindrlhf.trainer")
@@ -93,20 +103,9 @@ def load_weights(net, layout, path: str, prefix: str = "") -> None:
     Names in the file are the plain model names (as `tools/convert_weight.py` writes them); the net's own
     names may carry `prefix`. Optimizer entries in the file are ignored. Errors name the file.
     """
-    import mindspore as ms
-
     from mindrlhf.parallel.layers import load_full_state
 
-    if os.path.isdir(path):
-        from mindrlhf.models.qwen2.convert import merge_trainer_checkpoint
-        state = merge_trainer_checkpoint(path)
-    elif os.path.isfile(path):
-        try:
-            state = {name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()}
-        except (RuntimeError, ValueError) as err:
-            raise ConfigError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") from None
-    else:
-        raise ConfigError(f"{path}: checkpoint not found (expected a .ckpt file or a trainer step folder)")
+    state = read_policy_weights(path)
     plain = {}
     for name, value in state.items():
         for known in (INFER_PREFIX, REF_PREFIX):
@@ -171,7 +170,7 @@ class GRPOTrainer:
                               f"per update do not split evenly over the train data_parallel="
                               f"{self.train_layout.dp} ({job.sft_path_train})")
         if len(tokenizer) > train_cfg.vocab_size:
-            raise ConfigError(f"{getattr(tokenizer, 'vocab_path', 'tokenizer')}: the tokenizer has {len(tokenizer)} "
+            raise ConfigError(f"{tokenizer.source}: the tokenizer has {len(tokenizer)} "
                               f"ids but {job.sft_path_train} model_config.vocab_size is {train_cfg.vocab_size}: "
                               "tokenizer and model do not belong together")
         gen = dataclasses.replace(gen, eos_token_ids=list(tokenizer.stop_token_ids),

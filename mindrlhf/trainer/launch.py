@@ -5,7 +5,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.cli import config_overrides
@@ -27,7 +27,7 @@ def load_config(args: argparse.Namespace) -> GRPOConfig:
 
 
 def load_job_tokenizer(args: argparse.Namespace):
-    from mindrlhf.models.qwen2.tokenizer import load_tokenizer
+    from mindrlhf.models.tokenizer import load_tokenizer
 
     if not args.tokenizer_dir and not (args.vocab_path and args.merges_file_path):
         raise ConfigError("tokenizer: give --tokenizer_dir, or --vocab_path and --merges_file_path")

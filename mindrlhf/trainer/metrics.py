@@ -5,7 +5,7 @@ import json
 import logging
 import math
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from mindrlhf.utils.logging import format_metrics
 

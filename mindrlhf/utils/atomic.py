@@ -4,7 +4,17 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-from typing import Iterator
+from collections.abc import Iterator
+
+
+def make_ordinary_permissions(path: str | os.PathLike) -> None:
+    """Gives a written file the permissions of a normally created one (0666 minus the umask).
+
+    MindSpore's `save_checkpoint` leaves its files read-only (0400), which breaks overwriting and sharing.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 @contextlib.contextmanager
@@ -13,7 +23,8 @@ def atomic_output(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
 
     On any error the temporary file, and anything a writer left under the same stem (MindSpore's
     `save_checkpoint` writes `<stem>.tmp` first), are removed, and an existing `path` is untouched.
-    `suffix` keeps the extension that some writers require (e.g. `.ckpt`).
+    `suffix` keeps the extension that some writers require (e.g. `.ckpt`). The file gets ordinary
+    permissions (`make_ordinary_permissions`).
     """
     path = os.path.abspath(os.fspath(path))
     directory, base = os.path.split(path)
@@ -22,6 +33,7 @@ def atomic_output(path: str | os.PathLike, suffix: str = "") -> Iterator[str]:
     tmp = stem + suffix
     try:
         yield tmp
+        make_ordinary_permissions(tmp)
         os.replace(tmp, path)
     except BaseException:
         for leftover in glob.glob(glob.escape(stem) + "*"):

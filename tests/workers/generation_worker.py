@@ -2,9 +2,8 @@
 import argparse
 import os
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 
 from mindrlhf.generation import GenerationConfig, Generator
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM

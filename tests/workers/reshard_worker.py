@@ -9,9 +9,8 @@ has no bfloat16; the widening is exact).
 import argparse
 import os
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel import Layout

@@ -1,20 +1,24 @@
-"""Worker for the SPMD equivalence tests: forward, loss, gradients and 3 AdamW steps of a tiny Qwen2.
+"""Worker for the SPMD equivalence tests: forward, loss, gradients and 3 AdamW steps of a tiny Qwen2, and
+the GRPO loss with global token weights on responses of unequal lengths per data-parallel rank.
 
 Run with one process (reference, no msrun) or under msrun with `--dp/--tp`; each rank writes
-`<out>/rank_<r>.npz` with its logits, loss, local gradients and local weights after the steps.
+`<out>/rank_<r>.npz` with its logits, loss, local gradients and local weights after the steps, and per
+aggregation its shares of the GRPO outputs and its local GRPO gradients.
 """
 import argparse
 import os
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
+from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
+from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import init_random_weights, param_split_axes
 from mindrlhf.parallel.spmd import SPMDGradients, SPMDTrainStep
+from mindrlhf.trainer.optimizer import AdamW
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
@@ -32,6 +36,47 @@ class NLLLoss(nn.Cell):
         m = mask.astype(ms.float32)
         loss = -(logp * m).sum() / m.sum()
         return loss, ops.stop_gradient(loss)
+
+
+GRPO_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
+
+
+def grpo_batch(vocab_size: int) -> dict[str, np.ndarray]:
+    """A global batch of 4 responses; the first two (dp rank 0's) are much longer than the last two."""
+    rng = np.random.RandomState(2)
+    batch, prompt_len, response_len = 4, 6, 10
+    prompt_mask = np.ones((batch, prompt_len), np.int32)
+    prompt_mask[2, :2] = 0
+    response_mask = np.zeros((batch, response_len), np.int32)
+    for row, length in enumerate((10, 8, 3, 1)):
+        response_mask[row, :length] = 1
+    return {"prompt_ids": rng.randint(0, vocab_size, (batch, prompt_len)).astype(np.int32),
+            "prompt_mask": prompt_mask,
+            "response_ids": rng.randint(0, vocab_size, (batch, response_len)).astype(np.int32),
+            "response_mask": response_mask,
+            "advantages": rng.randn(batch).astype(np.float32),
+            "noise": rng.randn(2, batch, response_len).astype(np.float32)}
+
+
+def grpo_results(net, layout, params) -> dict[str, np.ndarray]:
+    """This rank's shares of the GRPO outputs and its local gradients, per aggregation (weights global)."""
+    data = grpo_batch(net.config.vocab_size)
+    per = data["response_mask"].shape[0] // layout.dp
+    mine = slice(layout.dp_rank * per, (layout.dp_rank + 1) * per)
+    inputs = [ms.Tensor(data[k][mine]) for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
+    logp = ResponseLogProbs(net)(*inputs).asnumpy()
+    noise = data["noise"][:, mine]
+    old_logp, ref_logp = logp + 0.1 * noise[0], logp + 0.3 * noise[1]  # ratios on both sides of the clip range
+    loss_net = GRPOLossNet(net, GRPOLossCell(beta=0.05, epsilon_low=0.05, epsilon_high=0.08, kl_estimator="k3"))
+    grads_of = SPMDGradients(loss_net, params, layout, grad_reduction="sum")
+    result = {}
+    for name in GRPO_AGGREGATIONS:
+        weights = aggregation_weights(data["response_mask"], name).astype(np.float32)[mine]
+        outputs, grads, _ = grads_of(*inputs, ms.Tensor(old_logp), ms.Tensor(ref_logp),
+                                     ms.Tensor(data["advantages"][mine]), ms.Tensor(weights))
+        result[f"grpo_outputs/{name}"] = np.array([float(o.asnumpy()) for o in outputs])
+        result.update({f"grpo_grad_{name}/{p.name}": g.asnumpy() for p, g in zip(params, grads)})
+    return result
 
 
 def main():
@@ -65,16 +110,21 @@ def main():
     ids_l, labels_l, mask_l = (ms.Tensor(a[sl]) for a in (ids, labels, mask))
 
     logits = net(ids_l, mask_l).asnumpy()
+    grpo = grpo_results(net, layout, net.trainable_params())
     loss_net = NLLLoss(net)
-    _, grads = SPMDGradients(loss_net, net.trainable_params(), layout)(ids_l, labels_l, mask_l)
+    _, grads, grad_norm = SPMDGradients(loss_net, net.trainable_params(), layout)(ids_l, labels_l, mask_l)
     first_grads = {p.name: g.asnumpy() for p, g in zip(net.trainable_params(), grads)}
-    optimizer = nn.AdamWeightDecay(net.trainable_params(), learning_rate=1e-3, weight_decay=0.01)
-    step = SPMDTrainStep(loss_net, optimizer, layout)
-    losses = []
+    optimizer = AdamW(net.trainable_params(), learning_rate=1e-3, weight_decay=0.01)
+    # a clip well below the gradient norm, so that every update is clipped by the global norm
+    step = SPMDTrainStep(loss_net, optimizer, layout, max_grad_norm=0.25 * float(grad_norm.asnumpy()))
+    losses, norms = [], []
     for _ in range(3):
-        loss, _ = step(ids_l, labels_l, mask_l)
+        (loss, _), norm = step(ids_l, labels_l, mask_l)
         losses.append(float(loss.asnumpy()))
-    result = {"logits": logits, "losses": np.array(losses)}
+        norms.append(float(norm.asnumpy()))
+    result = {"logits": logits, "losses": np.array(losses), "grad_norms": np.array(norms),
+              "first_grad_norm": grad_norm.asnumpy()}
+    result.update(grpo)
     result.update({f"grad/{k}": v for k, v in first_grads.items()})
     result.update({f"weight/{p.name}": p.asnumpy() for p in net.trainable_params()})
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in axes.items()})

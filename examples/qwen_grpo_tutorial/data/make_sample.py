@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import random
-from typing import Callable
+from collections.abc import Callable
 
 NAMES = ["Natalia", "Weng", "Betty", "Julie", "James", "Mark", "Albert", "Ken", "Alexis", "Tina",
          "Lin", "Priya", "Omar", "Sofia", "Mei", "Carlos"]

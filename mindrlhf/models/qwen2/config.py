@@ -20,7 +20,7 @@ IGNORED_MODEL_KEYS = frozenset({
     "repetition_penalty", "top_k", "top_p", "do_sample", "is_dynamic", "qkv_concat", "pretrain_seqlen",
     "extend_method", "scaling_factor", "layernorm_compute_type", "softmax_compute_type", "rotary_dtype",
     "emb_dropout_prob", "block_size", "num_blocks", "use_past_shard", "max_decode_length", "ignore_token_id",
-    "fine_grain_interleave", "use_rope_slice", "use_flash_attention", "auto_map", "multiple_of",
+    "fine_grain_interleave", "use_rope_slice", "auto_map", "multiple_of",
     "ffn_dim_multiplier", "hidden_act", "model_name", "use_attn_mask_compression", "parallel_optimizer",
 })
 
@@ -45,7 +45,8 @@ class Qwen2Config:
     seq_length: int = help_field(
         2048, "Longest sequence (prompt + response) the network handles; sizes the rotary table and KV cache.")
     max_position_embedding: int = help_field(
-        32768, "Longest position the checkpoint was trained for (HF max_position_embeddings); seq_length must not exceed it.")
+        32768, "Longest position the checkpoint was trained for (HF max_position_embeddings); seq_length must "
+        "not exceed it.")
     head_dim: int = help_field(0, "Per-head width; 0 means hidden_size // num_heads (the Qwen2 default).")
     rms_norm_eps: float = help_field(1e-6, "Epsilon of RMSNorm (Qwen2.5: 1e-6; Llama 2: 1e-5).")
     theta: float = help_field(1000000.0, "Rotary embedding base (HF rope_theta). Qwen2.5: 1e6; Llama 2: 1e4.")
@@ -56,7 +57,8 @@ class Qwen2Config:
         "float32", "dtype of matmuls: float32 or float16 on CPU, bfloat16 on Ascend (no bf16 CPU kernels).")
     param_init_type: str = help_field("float32", "dtype the weights are stored in on device.")
     bos_token_id: int = help_field(151643, "Begin-of-text token id.")
-    eos_token_id: int = help_field(151645, "End-of-sequence token id used to stop generation (<|im_end|> for Qwen chat).")
+    eos_token_id: int = help_field(151645,
+                                   "End-of-sequence token id used to stop generation (<|im_end|> for Qwen chat).")
     pad_token_id: int = help_field(151643, "Padding token id (<|endoftext|> for Qwen).")
     parallel_config: ParallelConfig = dataclasses.field(
         default_factory=ParallelConfig, metadata={"help": "Layout of this network (top-level `parallel_config`)."})
@@ -98,14 +100,14 @@ class Qwen2Config:
 
     # ------------------------------------------------------------------ YAML
     @classmethod
-    def from_yaml(cls, path: str | os.PathLike) -> "Qwen2Config":
+    def from_yaml(cls, path: str | os.PathLike) -> Qwen2Config:
         """Loads `model.model_config` (and the top-level `parallel_config`) of a MindFormers-layout YAML."""
         path = os.fspath(path)
         data = load_yaml(path)
         return cls.from_dict(data, source=path)
 
     @classmethod
-    def from_dict(cls, data: dict, source: str = "<dict>") -> "Qwen2Config":
+    def from_dict(cls, data: dict, source: str = "<dict>") -> Qwen2Config:
         model_cfg = get_section(data, "model.model_config", source)
         model_cfg.pop("parallel_config", None)
         parallel = from_mapping(ParallelConfig, get_section(data, "parallel_config", source, required=False),
@@ -130,7 +132,7 @@ class Qwen2Config:
 
     # ------------------------------------------------------------ HF config
     @classmethod
-    def from_hf(cls, config_json_path: str | os.PathLike, seq_length: int | None = None, **overrides) -> "Qwen2Config":
+    def from_hf(cls, config_json_path: str | os.PathLike, seq_length: int | None = None, **overrides) -> Qwen2Config:
         """Builds the config from a Hugging Face `config.json` (Qwen2 or Llama)."""
         path = os.fspath(config_json_path)
         if os.path.isdir(path):

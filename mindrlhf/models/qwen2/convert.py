@@ -20,8 +20,9 @@ import json
 import math
 import os
 import re
+import shutil
 import struct
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import mindspore as ms
 import numpy as np
@@ -456,12 +457,29 @@ def read_ms_checkpoint(ckpt_path: str | os.PathLike) -> dict[str, np.ndarray]:
     return {name: p.asnumpy() for name, p in params.items()}
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "generation_config.json")
+
+
+def tokenizer_files(tokenizer_dir: str | os.PathLike) -> list[str]:
+    """Paths of the tokenizer files (those of `TOKENIZER_FILES`) in a Hugging Face folder; an error if none."""
+    tokenizer_dir = os.fspath(tokenizer_dir)
+    present = [name for name in TOKENIZER_FILES if os.path.isfile(os.path.join(tokenizer_dir, name))]
+    if "tokenizer.json" not in present and not {"vocab.json", "merges.txt"} <= set(present):
+        raise ConversionError(f"{tokenizer_dir}: no tokenizer files (expected tokenizer.json, or vocab.json and "
+                              "merges.txt)")
+    return [os.path.join(tokenizer_dir, name) for name in present]
+
+
 def convert_ms_to_hf(ckpt_path: str | os.PathLike, config_path: str | os.PathLike, out_dir: str | os.PathLike,
-                     dtype: str | None = None) -> Qwen2Config:
+                     dtype: str | None = None, weights: dict[str, np.ndarray] | None = None,
+                     tokenizer_dir: str | os.PathLike | None = None) -> Qwen2Config:
     """Writes `out_dir/model.safetensors` + `config.json` (loadable by HF `from_pretrained`) from a ckpt.
 
     `config_path` is the model YAML the ckpt was made for (required: a ckpt does not carry its config).
-    `dtype` None keeps each tensor's dtype (so HF -> ckpt -> HF is bit-identical).
+    `weights`, when given, are used instead of reading `ckpt_path` (then only named in errors), e.g. the
+    merged shards of a trainer checkpoint. `dtype` None keeps each tensor's dtype (so HF -> ckpt -> HF is
+    bit-identical). `tokenizer_dir`: a folder whose tokenizer files are copied along.
     """
     ckpt_path, out_dir = os.fspath(ckpt_path), os.fspath(out_dir)
     try:
@@ -472,12 +490,18 @@ def convert_ms_to_hf(ckpt_path: str | os.PathLike, config_path: str | os.PathLik
     if stale:
         raise ConversionError(f"{out_dir}: already holds {_listing(stale)}, which HF would mix with the new "
                               f"{SAFE_WEIGHTS}; use an empty folder")
-    tensors = ms_to_hf_state_dict(read_ms_checkpoint(ckpt_path), cfg, ckpt_path, os.fspath(config_path))
+    tokenizer_paths = [] if tokenizer_dir is None else tokenizer_files(tokenizer_dir)
+    if weights is None:
+        weights = read_ms_checkpoint(ckpt_path)
+    tensors = ms_to_hf_state_dict(weights, cfg, ckpt_path, os.fspath(config_path))
     if dtype is not None:
         dtype = normalize_dtype(dtype)
         tensors = {n: cast_array(a, dtype, n) for n, a in tensors.items()}
     out_dtype = dtype or tensors["model.embed_tokens.weight"].dtype.name
     os.makedirs(out_dir, exist_ok=True)
+    for source in tokenizer_paths:
+        with atomic_output(os.path.join(out_dir, os.path.basename(source))) as tmp:
+            shutil.copyfile(source, tmp)
     _save_safetensors(tensors, os.path.join(out_dir, SAFE_WEIGHTS))
     _save_json(hf_config_dict(cfg, out_dtype), os.path.join(out_dir, "config.json"))
     return dataclasses.replace(cfg, param_init_type=out_dtype)

@@ -7,15 +7,23 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.comm import CopyToTensorParallel, GatherFromTensorParallel
-from mindrlhf.parallel.layers import (INIT_STD, ColumnParallelLinear, ParallelLayer, RMSNorm, RowParallelLinear,
-                                      VocabParallelEmbedding, VocabParallelLogProbs, shard_size, to_ms_dtype)
+from mindrlhf.parallel.layers import (
+    INIT_STD,
+    ColumnParallelLinear,
+    ParallelLayer,
+    RMSNorm,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabParallelLogProbs,
+    shard_size,
+    to_ms_dtype,
+)
 from mindrlhf.parallel.layout import Layout
 
 MASK_VALUE = -1e9  # additive attention bias of masked positions (float32)
@@ -237,17 +245,18 @@ class Qwen2ForCausalLM(nn.Cell):
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         return self.logits(self.model(input_ids, position_ids, attn_bias))
 
-    def log_probs(self, input_ids, labels, attention_mask=None, temperature=1.0):
+    def log_probs(self, input_ids, labels, attention_mask=None, temperature=1.0, with_entropy=False):
         """log softmax(logits / temperature)[labels] in float32, [B, S]. Call inside a Cell's construct.
 
         Position s scores labels[b, s] given input_ids[b, :s+1]. Use the sampling temperature, so
-        that the policy whose log-probs are trained is the one the samples came from.
+        that the policy whose log-probs are trained is the one the samples came from. With `with_entropy`
+        returns `(log_probs, entropy)`, the entropy of that distribution per position (no gradient).
         """
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         local_logits = self.logits(self.model(input_ids, position_ids, attn_bias), gather=False)
         if temperature != 1.0:
             local_logits = local_logits / temperature
-        return self.log_prob_of_labels(local_logits, labels)
+        return self.log_prob_of_labels(local_logits, labels, with_entropy)
 
 
 class Qwen2LogProbs(nn.Cell):
@@ -308,7 +317,7 @@ class KVCache:
         kv_local = config.n_kv_heads // model.layout.tp
         shape = (batch_size, kv_local, self.length, config.get_head_dim())
         dtype = to_ms_dtype(config.compute_dtype)
-        zeros = lambda: Tensor(np.zeros(shape, np.float32), dtype)  # noqa: E731
+        zeros = lambda: Tensor(np.zeros(shape, np.float32), dtype)
         self.key_caches = ParameterTuple(
             [Parameter(zeros(), name=f"kv_cache.key.{i}", requires_grad=False) for i in range(config.num_layers)])
         self.value_caches = ParameterTuple(

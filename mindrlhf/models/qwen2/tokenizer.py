@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
@@ -151,13 +151,15 @@ class Qwen2Tokenizer:
     """Qwen2/Qwen2.5 byte-level BPE tokenizer from `vocab.json` and `merges.txt`.
 
     Ids match Hugging Face's Qwen2 tokenizer of the same folder, added tokens included. `tokenizer_config_path`
-    defaults to the `tokenizer_config.json` beside `vocab_path` when there is one. `eos_token_id` is `<|im_end|>` (end of a chat turn); generation should stop on any of
+    defaults to the `tokenizer_config.json` beside `vocab_path` when there is one. `eos_token_id` is
+    `<|im_end|>` (end of a chat turn); generation should stop on any of
     `stop_token_ids` (`<|im_end|>` and `<|endoftext|>`); `pad_token_id` is `<|endoftext|>`.
     """
 
     def __init__(self, vocab_path: str | os.PathLike, merges_file_path: str | os.PathLike,
                  tokenizer_config_path: str | os.PathLike | None = None):
         self.vocab_path = os.fspath(vocab_path)
+        self.source = self.vocab_path  # what errors about this tokenizer name
         self.merges_file_path = os.fspath(merges_file_path)
         vocab = load_vocab(self.vocab_path)
         merges = load_merges(self.merges_file_path)

@@ -1,0 +1,87 @@
+"""AdamW as `torch.optim.AdamW` (with bias correction) and the learning-rate schedule as a pure function.
+
+MindSpore's `nn.AdamWeightDecay` has no bias correction: its update is m / (sqrt(v) + eps) from the first
+step, several times larger than torch's for the same learning rate, so hyper-parameters from verl/TRL papers
+would not transfer. The learning rate lives in a Parameter the host sets before each update, so that the
+schedule is a plain function of the update count and a resumed run continues it exactly.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
+
+
+def learning_rate_at(step: int, base_lr: float, warmup_steps: int = 0, total_steps: int = 1,
+                     schedule: str = "constant", min_lr_ratio: float = 0.0) -> float:
+    """Learning rate of update `step` (0 = the first): linear warmup over `warmup_steps` updates, then
+    constant or cosine decay to `base_lr * min_lr_ratio` at update `total_steps - 1`."""
+    if step < 0 or warmup_steps < 0 or total_steps < 1:
+        raise ValueError(f"need step >= 0, warmup_steps >= 0, total_steps >= 1; got {step}, {warmup_steps}, "
+                         f"{total_steps}")
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
+    if not 0.0 <= min_lr_ratio <= 1.0:
+        raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
+    if step < warmup_steps:
+        return base_lr * (step + 1) / warmup_steps
+    if schedule == "constant":
+        return base_lr
+    decay_steps = max(total_steps - 1 - warmup_steps, 1)
+    progress = min((step - warmup_steps) / decay_steps, 1.0)
+    return base_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def decays_by_default(param) -> bool:
+    """Weight decay on matrices only: norm weights and biases (1-D) are not decayed."""
+    return len(param.shape) > 1
+
+
+class AdamW(nn.Cell):
+    """`torch.optim.AdamW` in a graph: decoupled decay, then Adam with bias correction.
+
+    State: `adam_m.<name>`, `adam_v.<name>` per parameter, the update count `adam_step` and the float32
+    `learning_rate` the host sets with :meth:`set_learning_rate`. `construct(grads)` applies one update.
+    """
+
+    def __init__(self, params, learning_rate: float = 1e-6, beta1: float = 0.9, beta2: float = 0.95,
+                 eps: float = 1e-8, weight_decay: float = 0.01, decay: Callable | None = None):
+        super().__init__(auto_prefix=False)
+        self.parameters = ParameterTuple(list(params))
+        decay = decay or decays_by_default
+        self.moments1 = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_m.{p.name}",
+                                                  requires_grad=False) for p in self.parameters])
+        self.moments2 = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_v.{p.name}",
+                                                  requires_grad=False) for p in self.parameters])
+        self.adam_step = Parameter(Tensor(0.0, ms.float32), name="adam_step", requires_grad=False)
+        self.learning_rate = Parameter(Tensor(float(learning_rate), ms.float32), name="learning_rate",
+                                       requires_grad=False)
+        self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
+        self.decay_rates = tuple(float(weight_decay) if decay(p) else 0.0 for p in self.parameters)
+
+    def set_learning_rate(self, value: float) -> None:
+        self.learning_rate.set_data(Tensor(float(value), ms.float32))
+
+    def construct(self, grads):
+        step = self.adam_step + 1.0
+        lr = self.learning_rate
+        correction1 = 1.0 - ops.pow(self.beta1, step)
+        correction2 = 1.0 - ops.pow(self.beta2, step)
+        done = ops.assign(self.adam_step, step)
+        for i in range(len(self.parameters)):
+            param, m, v = self.parameters[i], self.moments1[i], self.moments2[i]
+            grad = grads[i].astype(ms.float32)
+            value = param.astype(ms.float32)
+            if self.decay_rates[i] > 0.0:
+                value = value * (1.0 - lr * self.decay_rates[i])
+            m_new = self.beta1 * m + (1.0 - self.beta1) * grad
+            v_new = self.beta2 * v + (1.0 - self.beta2) * ops.square(grad)
+            denom = ops.sqrt(v_new / correction2) + self.eps
+            value = value - (lr / correction1) * m_new / denom
+            done = ops.depend(done, ops.assign(m, m_new))
+            done = ops.depend(done, ops.assign(v, v_new))
+            done = ops.depend(done, ops.assign(param, value.astype(param.dtype)))
+        return done
