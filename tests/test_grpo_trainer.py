@@ -148,7 +148,13 @@ def test_two_nodes_of_one_worker_each_complete_a_step(tmp_path, mindrecord):
              for n in (0, 1)]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     logs = "".join(log.read_text(errors="replace") for log in sorted(tmp_path.glob("node*/worker_*.log")))
-    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + logs[-3000:]
+    # On one machine both msrun calls see the master address as their own and start a scheduler; the one that
+    # comes second cannot bind the port and its msrun exits non-zero although its worker completed (on two
+    # machines only node 0 starts one). So each node is judged by its worker's log, and one msrun must succeed.
+    assert 0 in [node.returncode for node in nodes], outputs[0][-2000:] + outputs[1][-2000:] + logs[-3000:]
+    for n in (0, 1):
+        worker_log = (tmp_path / f"node{n}" / f"worker_{n}.log").read_text(errors="replace")
+        assert "Traceback" not in worker_log and "error:" not in worker_log, worker_log[-3000:]
     lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["step"] == 1
     assert (tmp_path / "out" / "checkpoints" / "step_000001" / "meta.json").is_file()
