@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from tokenizers import Tokenizer
 
 from mindrlhf.models.qwen2.tokenizer import Qwen2Tokenizer
+from mindrlhf.models.tokenizer_base import TokenizersBackend
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -73,7 +74,7 @@ def compile_chat_template(template: str, source: str):
         raise ValueError(f"{source}: chat template does not compile: {err}") from None
 
 
-class HFTokenizer:
+class HFTokenizer(TokenizersBackend):
     """Tokenizer of a Hugging Face folder with `tokenizer.json`, with transformers' ids, decoding and chat template.
 
     `eos_token_id` is the config's eos token; generation stops on it and on the ids of
@@ -109,39 +110,6 @@ class HFTokenizer:
                     stops.append(token_id)
         self.stop_token_ids = stops
 
-    @property
-    def backend(self) -> Tokenizer:
-        """The underlying `tokenizers.Tokenizer`."""
-        return self._tokenizer
-
-    @property
-    def vocab_size(self) -> int:
-        """Number of ids, added tokens included."""
-        return self._tokenizer.get_vocab_size(with_added_tokens=True)
-
-    def token_to_id(self, token: str) -> int | None:
-        return self._tokenizer.token_to_id(token)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of `text`; `add_special_tokens` applies the folder's post-processor (e.g. a BOS)."""
-        if not isinstance(text, str):
-            raise TypeError(f"encode: expected str, got {type(text).__name__}")
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-
-    def batch_encode(self, texts: Iterable[str], add_special_tokens: bool = False) -> list[list[int]]:
-        """`encode` for many texts."""
-        texts = list(texts)
-        for position, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"batch_encode: item {position} is {type(text).__name__}, expected str")
-        return [enc.ids for enc in self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
-
-    def batch_decode(self, batch_ids: Iterable[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
-        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in batch_ids]
-
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                             tokenize: bool = False) -> str | list[int]:
         """Renders `messages` with the folder's chat template (as transformers does); its ids if `tokenize`."""
@@ -157,9 +125,6 @@ class HFTokenizer:
         except TemplateError as err:
             raise ValueError(f"apply_chat_template: {err}") from None
         return self.encode(text) if tokenize else text
-
-    def __len__(self) -> int:
-        return self.vocab_size
 
     def __repr__(self) -> str:
         return f"HFTokenizer(folder={self.folder!r}, vocab_size={self.vocab_size})"

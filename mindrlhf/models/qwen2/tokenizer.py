@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
+
+from mindrlhf.models.tokenizer_base import TokenizersBackend
 
 # Qwen2's pre-tokenizer: like GPT-4's cl100k pattern, but digits are split one by one (\p{N}).
 QWEN2_PRETOKENIZE_REGEX = (
@@ -147,7 +149,7 @@ def load_added_tokens(config_path: str, vocab_size: int) -> list[AddedToken]:
     return tokens
 
 
-class Qwen2Tokenizer:
+class Qwen2Tokenizer(TokenizersBackend):
     """Qwen2/Qwen2.5 byte-level BPE tokenizer from `vocab.json` and `merges.txt`.
 
     Ids match Hugging Face's Qwen2 tokenizer of the same folder, added tokens included. `tokenizer_config_path`
@@ -193,16 +195,6 @@ class Qwen2Tokenizer:
         return token_id
 
     @property
-    def backend(self) -> Tokenizer:
-        """The underlying `tokenizers.Tokenizer`."""
-        return self._tokenizer
-
-    @property
-    def vocab_size(self) -> int:
-        """Number of ids, including the added special tokens."""
-        return self._tokenizer.get_vocab_size(with_added_tokens=True)
-
-    @property
     def eos_token_id(self) -> int:
         """`<|im_end|>`: ends an assistant turn (Qwen2.5-Instruct's generation_config eos)."""
         return self.im_end_token_id
@@ -222,39 +214,6 @@ class Qwen2Tokenizer:
         """Ids of `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`."""
         return [self.endoftext_token_id, self.im_start_token_id, self.im_end_token_id]
 
-    def token_to_id(self, token: str) -> int | None:
-        """Id of a token string (byte-level form, e.g. 'Ġthe'), or None if unknown."""
-        return self._tokenizer.token_to_id(token)
-
-    def id_to_token(self, token_id: int) -> str | None:
-        """Token string of an id, or None if out of range."""
-        return self._tokenizer.id_to_token(token_id)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of `text`; special tokens written in the text are recognised.
-
-        Qwen adds no BOS/EOS, so `add_special_tokens` changes nothing; it exists for API compatibility.
-        """
-        if not isinstance(text, str):
-            raise TypeError(f"encode: expected str, got {type(text).__name__}")
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-
-    def batch_encode(self, texts: Iterable[str], add_special_tokens: bool = False) -> list[list[int]]:
-        """`encode` for many texts (in parallel inside `tokenizers`)."""
-        texts = list(texts)
-        for position, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise TypeError(f"batch_encode: item {position} is {type(text).__name__}, expected str")
-        return [enc.ids for enc in self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        """Text of `ids`; invalid UTF-8 byte sequences become U+FFFD (like Qwen's errors='replace')."""
-        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
-
-    def batch_decode(self, batch_ids: Iterable[Sequence[int]], skip_special_tokens: bool = False) -> list[str]:
-        """`decode` for many id lists."""
-        return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in batch_ids]
-
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, str]],
@@ -266,9 +225,6 @@ class Qwen2Tokenizer:
         text = render_qwen_chat(messages, add_generation_prompt=add_generation_prompt,
                                 default_system_prompt=default_system_prompt)
         return self.encode(text) if tokenize else text
-
-    def __len__(self) -> int:
-        return self.vocab_size
 
     def __repr__(self) -> str:
         return f"Qwen2Tokenizer(vocab_path={self.vocab_path!r}, vocab_size={self.vocab_size})"
