@@ -37,11 +37,22 @@ def rotary_tables(head_dim: int, length: int, theta: float) -> tuple[np.ndarray,
     return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
 
 
-def apply_rotary(x, cos, sin):
-    """Rotates [B, heads, S, hd] by cos/sin [B, 1, S, hd] in float32; returns x's dtype."""
+def rotate_half_matrix(head_dim: int) -> np.ndarray:
+    """R with x @ R == concat(-x[..., half:], x[..., :half]) (HF's rotate_half), exactly: one +-1 per column.
+
+    One small matmul instead of two strided slices, a negation and a concat, which cost more on CPU."""
+    half = head_dim // 2
+    matrix = np.zeros((head_dim, head_dim), np.float32)
+    matrix[np.arange(half) + half, np.arange(half)] = -1.0
+    matrix[np.arange(half), np.arange(half) + half] = 1.0
+    return matrix
+
+
+def apply_rotary(x, cos, sin, rotate_half):
+    """Rotates [B, heads, S, hd] by cos/sin [B, 1, S, hd] in float32 (`rotate_half`: `rotate_half_matrix`);
+    returns x's dtype."""
     x32 = x.astype(ms.float32)
-    half = x.shape[-1] // 2
-    rotated = ops.concat((-x32[..., half:], x32[..., :half]), -1)
+    rotated = ops.matmul(x32.reshape(-1, x.shape[-1]), rotate_half).reshape(x.shape)
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
@@ -58,6 +69,8 @@ class Qwen2Attention(nn.Cell):
         self.kv_heads_local = shard_size(config.n_kv_heads, tp, "n_kv_heads")
         self.kv_repeat = config.num_heads // config.n_kv_heads
         self.scale = 1.0 / math.sqrt(hd)
+        self.scores_matmul = ops.BatchMatMul(transpose_b=True)
+        self.rotate_half = Tensor(rotate_half_matrix(hd))
         kw = dict(layout=layout, param_dtype=param_dtype, compute_dtype=self.compute_dtype)
         bias = config.qkv_has_bias
         self.wq = ColumnParallelLinear(config.hidden_size, config.num_heads * hd, bias, name="wq", **kw)
@@ -68,20 +81,18 @@ class Qwen2Attention(nn.Cell):
     def _heads(self, x, batch, seq, heads):
         return x.reshape(batch, seq, heads, self.head_dim).transpose(0, 2, 1, 3)
 
-    def _repeat_kv(self, x):
-        if self.kv_repeat == 1:
-            return x
-        b, h, s, d = x.shape
-        x = ops.broadcast_to(ops.expand_dims(x, 2), (b, h, self.kv_repeat, s, d))
-        return x.reshape(b, h * self.kv_repeat, s, d)
+    def _by_kv_head(self, x, batch, seq):
+        """[B, heads, S, X] -> [B, kv_heads, group * S, X]: each kv head with the query heads that share it
+        (query head h uses kv head h // group), so attention needs no repeated copy of k and v."""
+        return x.reshape(batch, self.kv_heads_local, self.kv_repeat * seq, x.shape[-1])
 
-    def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_onehot=None):
+    def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_index=None):
         batch, seq, _ = x.shape
-        q = apply_rotary(self._heads(self.wq(x), batch, seq, self.heads_local), cos, sin)
-        k = apply_rotary(self._heads(self.wk(x), batch, seq, self.kv_heads_local), cos, sin)
+        q = apply_rotary(self._heads(self.wq(x), batch, seq, self.heads_local), cos, sin, self.rotate_half)
+        k = apply_rotary(self._heads(self.wk(x), batch, seq, self.kv_heads_local), cos, sin, self.rotate_half)
         v = self._heads(self.wv(x), batch, seq, self.kv_heads_local)
         if key_cache is not None:
-            if slot_onehot is None:
+            if slot_index is None:
                 # prefill: the `seq` new positions fill slots [0, seq)
                 length = key_cache.shape[2]
                 if seq < length:
@@ -91,19 +102,20 @@ class Qwen2Attention(nn.Cell):
                     ops.assign(key_cache, k.astype(key_cache.dtype))
                     ops.assign(value_cache, v.astype(value_cache.dtype))
             else:
-                # decode: one new position written at the slot selected by `slot_onehot` [1, 1, L, 1]
-                keep = 1 - slot_onehot
-                k = key_cache * keep + k.astype(key_cache.dtype) * slot_onehot
-                v = value_cache * keep + v.astype(value_cache.dtype) * slot_onehot
-                ops.assign(key_cache, k)
-                ops.assign(value_cache, v)
+                # decode: the new position is written in place at the (batch, head, slot) triples of
+                # `slot_index` [B, kv_heads, 3]; only B x kv_heads x head_dim values move
+                new_shape = (batch, self.kv_heads_local, self.head_dim)  # seq is 1: a reshape, not a slice
+                k = ops.scatter_nd_update(key_cache, slot_index, k.reshape(new_shape).astype(key_cache.dtype))
+                v = ops.scatter_nd_update(value_cache, slot_index, v.reshape(new_shape).astype(value_cache.dtype))
                 k = k.astype(self.compute_dtype)
                 v = v.astype(self.compute_dtype)
-        k = self._repeat_kv(k)
-        v = self._repeat_kv(v)
-        scores = ops.matmul(q, k.transpose(0, 1, 3, 2)).astype(ms.float32) * self.scale + attn_bias
+        length = k.shape[2]
+        scores = self.scores_matmul(self._by_kv_head(q, batch, seq), k)  # q k^T without a transposed copy of k
+        scores = scores.reshape(batch, self.heads_local, seq, length).astype(ms.float32) * self.scale + attn_bias
         probs = ops.softmax(scores, -1).astype(self.compute_dtype)
-        out = ops.matmul(probs, v).transpose(0, 2, 1, 3).reshape(batch, seq, self.heads_local * self.head_dim)
+        out = ops.matmul(self._by_kv_head(probs, batch, seq), v)
+        out = out.reshape(batch, self.heads_local, seq, self.head_dim).transpose(0, 2, 1, 3)
+        out = out.reshape(batch, seq, self.heads_local * self.head_dim)
         return self.wo(out)
 
 
@@ -134,8 +146,8 @@ class Qwen2DecoderLayer(nn.Cell):
         self.ffn_norm = RMSNorm(config.hidden_size, **norm_kw)
         self.feed_forward = Qwen2MLP(config, layout)
 
-    def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_onehot=None):
-        h = x + self.attention(self.attention_norm(x), cos, sin, attn_bias, key_cache, value_cache, slot_onehot)
+    def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_index=None):
+        h = x + self.attention(self.attention_norm(x), cos, sin, attn_bias, key_cache, value_cache, slot_index)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -155,7 +167,7 @@ class Qwen2Model(nn.Cell):
         self.cos_table = Tensor(cos)
         self.sin_table = Tensor(sin)
 
-    def construct(self, input_ids, position_ids, attn_bias, key_caches=None, value_caches=None, slot_onehot=None):
+    def construct(self, input_ids, position_ids, attn_bias, key_caches=None, value_caches=None, slot_index=None):
         h = self.tok_embeddings(input_ids)
         cos = ops.expand_dims(ops.gather(self.cos_table, position_ids, 0), 1)
         sin = ops.expand_dims(ops.gather(self.sin_table, position_ids, 0), 1)
@@ -164,7 +176,7 @@ class Qwen2Model(nn.Cell):
                 h = self.layers[i](h, cos, sin, attn_bias)
         else:
             for i in range(self.num_layers):
-                h = self.layers[i](h, cos, sin, attn_bias, key_caches[i], value_caches[i], slot_onehot)
+                h = self.layers[i](h, cos, sin, attn_bias, key_caches[i], value_caches[i], slot_index)
         return self.norm_out(h)
 
 
@@ -289,12 +301,18 @@ class _PrefillCell(_CachedCell):
 
 
 class _DecodeCell(_CachedCell):
+    def __init__(self, model: Qwen2ForCausalLM, key_caches, value_caches):
+        super().__init__(model, key_caches, value_caches)
+        batch, kv_heads = key_caches[0].shape[:2]
+        grid = np.stack(np.meshgrid(np.arange(batch), np.arange(kv_heads), indexing="ij"), -1).astype(np.int32)
+        self.batch_head_grid = Tensor(grid)  # [B, kv_heads, 2]: (b, h) of every cache row
+
     def construct(self, token_ids, position_ids, slot, valid_slots):
-        slot_onehot = ops.one_hot(slot, self.cache_length, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))
-        slot_onehot = slot_onehot.astype(self.key_caches[0].dtype).reshape(1, 1, self.cache_length, 1)
+        grid = self.batch_head_grid
+        slot_index = ops.concat((grid, ops.fill(ms.int32, grid.shape[:2] + (1,), 1) * slot), -1)
         batch = token_ids.shape[0]
         attn_bias = ((1.0 - valid_slots.astype(ms.float32)) * MASK_VALUE).reshape(batch, 1, 1, self.cache_length)
-        h = self.model.model(token_ids, position_ids, attn_bias, self.key_caches, self.value_caches, slot_onehot)
+        h = self.model.model(token_ids, position_ids, attn_bias, self.key_caches, self.value_caches, slot_index)
         return self.model.logits(h[:, -1, :])
 
 
