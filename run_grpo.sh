@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GRPO on the bundled tiny default, end to end and without downloads, the way a real run is launched:
 #   1. sets up .venv (first run only),
-#   2. converts the bundled GSM8K-style sample to a prompt MindRecord (rlhf_data.py),
+#   2. converts the bundled GSM8K-style sample and its held-out split to prompt MindRecords (rlhf_data.py),
 #   3. launches examples/qwen_grpo_tutorial/grpo_one_stage.py under msrun: train net tp=2, inference net dp=2
-#      on the same 2 ranks, weights resharded online after every update, idle nets swapped out.
+#      on the same 2 ranks, weights resharded online after every update, idle nets swapped out; held-out greedy
+#      accuracy before and after, ending with the line `held-out accuracy: before=..% after=..%`.
 # Extra arguments go to grpo_one_stage.py, e.g. `bash run_grpo.sh --steps 10 --learning_rate 5e-4`.
 # Every variable below can be set from the environment; for several nodes run this script on each node with the
 # same MASTER_ADDR/MASTER_PORT/WORKER_NUM, its own NODE_RANK and LOCAL_WORKER_NUM, and an OUTPUT on a shared disk.
@@ -19,6 +20,7 @@ OUTPUT="${OUTPUT:-$ROOT/output/tiny_grpo}"
 LOG_DIR="${LOG_DIR:-$OUTPUT/msrun_log}"
 TOKENIZER_DIR="${TOKENIZER_DIR:-$ROOT/model_configs/tiny/tokenizer}"
 DATA="${DATA:-$ROOT/examples/qwen_grpo_tutorial/data/gsm8k_sample.jsonl}"
+EVAL_DATA="${EVAL_DATA:-$ROOT/examples/qwen_grpo_tutorial/data/gsm8k_heldout.jsonl}"  # empty: no evaluation
 TRAIN_YAML="${TRAIN_YAML:-$ROOT/model_configs/tiny/train.yaml}"
 INFER_YAML="${INFER_YAML:-$ROOT/model_configs/tiny/infer.yaml}"
 GRPO_YAML="${GRPO_YAML:-$ROOT/model_configs/tiny/grpo.yaml}"
@@ -32,15 +34,22 @@ cd "$ROOT"
 mkdir -p "$OUTPUT"
 "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$DATA" \
     --output_path "$OUTPUT/prompts.mindrecord" --template r1_think --max_prompt_length 256
+EVAL_ARGS=()
+if [ -n "$EVAL_DATA" ]; then
+  "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$EVAL_DATA" \
+      --output_path "$OUTPUT/heldout.mindrecord" --template r1_think --max_prompt_length 256
+  EVAL_ARGS=(--eval_dataset_dir "$OUTPUT/heldout.mindrecord")
+fi
 status=0
 msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR" \
     --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True \
     examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML" \
     --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$OUTPUT/prompts.mindrecord" --config "$GRPO_YAML" \
     --load_sft_checkpoint_train "$POLICY_CKPT" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard" \
-    "$@" || status=$?
+    "${EVAL_ARGS[@]}" "$@" || status=$?
 # rank 0's log holds the per-step lines; show them (msrun writes each rank's output to its own file)
 grep -h -E "step [0-9]+/|error|Error" "$LOG_DIR/worker_0.log" 2>/dev/null | grep -v WARNING || true
+grep -h -o "held-out accuracy: before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true
 if [ "$status" -ne 0 ]; then
   echo "run_grpo.sh: the job failed (exit $status); logs: $LOG_DIR/worker_*.log" >&2
   grep -h "^error:" "$LOG_DIR"/worker_*.log 2>/dev/null | sort -u >&2 || true

@@ -318,6 +318,12 @@ def test_sample_data_is_gsm8k_style_and_reproducible():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert [json.dumps(p, ensure_ascii=False) for p in module.make_problems(64, 1234)] == lines
+    # the held-out split: same generator, another seed, no question of the training sample
+    with open(os.path.join(SAMPLE_DIR, "gsm8k_heldout.jsonl"), encoding="utf-8") as f:
+        heldout = f.read().splitlines()
+    train_questions = frozenset(json.loads(line)["question"] for line in lines)
+    assert len(heldout) == 64 and not train_questions & {json.loads(line)["question"] for line in heldout}
+    assert [json.dumps(p, ensure_ascii=False) for p in module.make_problems(64, 4321, train_questions)] == heldout
 
 
 def test_cli_end_to_end_with_the_tiny_tokenizer(tmp_path):

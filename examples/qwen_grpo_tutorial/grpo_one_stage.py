@@ -26,12 +26,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "is the train layout)")
     job.add_argument("--sft_path_infer", required=True, help="model YAML of the inference and reference nets")
     job.add_argument("--mind_dataset_dir", required=True, help="prompt MindRecord written by rlhf_data.py")
+    job.add_argument("--eval_dataset_dir", default="", help="held-out prompt MindRecord: greedy accuracy on every "
+                                                            "prompt before the first step, every eval_interval "
+                                                            "steps and after the last")
     job.add_argument("--tokenizer_dir", default=None, help="Hugging Face tokenizer folder (tokenizer.json or "
                                                            "vocab.json + merges.txt)")
     job.add_argument("--vocab_path", default=None, help="vocab.json (with --merges_file_path)")
     job.add_argument("--merges_file_path", default=None, help="merges.txt (with --vocab_path)")
     job.add_argument("--config", default=None, help="GRPOConfig YAML (sections generation, loss, reward, optimizer, "
-                                                    "schedule, checkpoint)")
+                                                    "schedule, checkpoint, eval)")
     job.add_argument("--output_dir", default="output/grpo", help="logs, metrics.jsonl, strategy files")
     job.add_argument("--save_ckpt_dir", default="", help="checkpoint folder (default <output_dir>/checkpoints)")
     job.add_argument("--load_sft_checkpoint_train", default="", help="starting policy: full .ckpt or trainer "

@@ -8,6 +8,7 @@ YAML layout (`--config grpo.yaml`), every section and field optional::
     optimizer:  {learning_rate: 1.0e-6, beta1: 0.9, beta2: 0.95, ...}
     schedule:   {steps: 100, batch_size: 8, num_iterations: 1, ...}
     checkpoint: {save_interval: 50, keep_last: 3}
+    eval:       {eval_interval: 0, eval_batch_size: 16}
 
 Each field is also a command-line flag of `grpo_one_stage.py` (`--num_generations 8`, or the dotted
 `--generation.num_generations 8` where a name is used by two sections).
@@ -185,6 +186,27 @@ class CheckpointConfig:
             raise ConfigError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
 
 
+@dataclass
+class EvalConfig:
+    """Held-out evaluation (`--eval_dataset_dir`): greedy accuracy on every prompt of the split."""
+
+    eval_interval: int = help_field(
+        0, "Evaluate every this many steps; 0 = only before the first step and after the last one (which is "
+           "always done when there is an eval dataset).")
+    eval_batch_size: int = help_field(
+        16, "Prompts per generation call on each inference data-parallel rank (one compiled shape; the last "
+            "batch is padded).")
+    eval_max_new_tokens: int = help_field(
+        0, "Longest evaluated answer; 0 = generation.max_new_tokens.")
+
+    def validate(self) -> None:
+        for name in ("eval_interval", "eval_max_new_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"eval.{name} must be >= 0, got {getattr(self, name)}")
+        if self.eval_batch_size < 1:
+            raise ConfigError(f"eval.eval_batch_size must be >= 1, got {self.eval_batch_size}")
+
+
 SECTIONS: dict[str, type] = {
     "generation": GenerationConfig,
     "loss": LossConfig,
@@ -192,6 +214,7 @@ SECTIONS: dict[str, type] = {
     "optimizer": OptimizerConfig,
     "schedule": ScheduleConfig,
     "checkpoint": CheckpointConfig,
+    "eval": EvalConfig,
 }
 
 
@@ -206,6 +229,7 @@ class GRPOConfig:
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
 
     # ------------------------------------------------------------------ loading
     @classmethod

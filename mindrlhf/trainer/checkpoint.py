@@ -32,8 +32,9 @@ RANK_STATE = "state.json"
 TRAIN_STRATEGY = "train_strategy.ckpt"
 INFER_STRATEGY = "infer_strategy.ckpt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-# Config sections/fields a resumed run may change: how long it runs and how it checkpoints.
-RESUMABLE_CHANGES = {("schedule", "steps"), ("checkpoint", "save_interval"), ("checkpoint", "keep_last")}
+# Config sections/fields a resumed run may change: how long it runs, how it checkpoints and evaluates.
+RESUMABLE_CHANGES = {("schedule", "steps"), ("checkpoint", "save_interval"), ("checkpoint", "keep_last"),
+                     ("eval", "eval_interval"), ("eval", "eval_batch_size"), ("eval", "eval_max_new_tokens")}
 
 
 class CheckpointError(ValueError):

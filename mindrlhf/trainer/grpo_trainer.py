@@ -54,6 +54,7 @@ class JobOptions:
     sft_path_train: str = help_field("", "Model YAML of the train net; its parallel_config is the train layout.")
     sft_path_infer: str = help_field("", "Model YAML of the inference (and reference) net: the infer layout.")
     mind_dataset_dir: str = help_field("", "Prompt MindRecord written by rlhf_data.py.")
+    eval_dataset_dir: str = help_field("", "Held-out prompt MindRecord: greedy accuracy before, during and after.")
     output_dir: str = help_field("output/grpo", "Logs, metrics.jsonl, strategy files.")
     save_ckpt_dir: str = help_field("", "Checkpoint folder (default: <output_dir>/checkpoints).")
     load_sft_checkpoint_train: str = help_field(
@@ -186,6 +187,8 @@ class GRPOTrainer:
                                      gen.pad_token_id, dp_rank=self.infer_layout.dp_rank,
                                      dp_size=self.infer_layout.dp, seed=sched.seed,
                                      length_buckets=gen.prompt_buckets)
+        self.eval_set = load_eval_set(job.eval_dataset_dir, gen.prompt_buckets) if job.eval_dataset_dir else None
+        self.eval_before: float | None = None
         resume_dir = find_resume_checkpoint(job.resume, job.checkpoint_dir) if job.resume else None
 
         if world_size > 1:
@@ -235,6 +238,9 @@ class GRPOTrainer:
         self.comm = HostCollectives(world_size, rank)
         self.generator = Generator(self.infer_net, gen)
         self.generator.rng = np.random.default_rng([gen.seed, self.infer_layout.dp_rank])
+        self.eval_generator = Generator(self.infer_net, dataclasses.replace(
+            gen, do_sample=False, num_generations=1,
+            max_new_tokens=config.eval.eval_max_new_tokens or gen.max_new_tokens))
         self.step = 0
         self.updates = 0
 
@@ -291,7 +297,8 @@ class GRPOTrainer:
             write_strategy_file(os.path.join(folder, INFER_STRATEGY), self.ref_strategy)
 
         meta = {"step": self.step, "updates": self.updates, "world_size": self.world_size,
-                "layouts": self._layouts_meta(), "data": self.dataset.state_dict(), "config": self.config.to_dict()}
+                "layouts": self._layouts_meta(), "data": self.dataset.state_dict(), "config": self.config.to_dict(),
+                "eval_before": self.eval_before}
         path = self.ckpt_writer.save(self.step, rank_files, shared_files, meta, self.config.checkpoint.keep_last)
         logger.info("checkpoint written: %s", path)
         return path
@@ -314,6 +321,7 @@ class GRPOTrainer:
             self.generator.rng.bit_generator.state = json.load(f)["generator_rng"]
         self.dataset.load_state_dict(meta["data"])
         self.step, self.updates = int(meta["step"]), int(meta["updates"])
+        self.eval_before = meta.get("eval_before")
         self.to_infer.run()
         logger.info("resumed from %s (step %d)", step_dir, self.step)
 
@@ -472,14 +480,51 @@ class GRPOTrainer:
         metrics["perf/tokens_per_s_per_device"] = round(tokens / self.world_size / elapsed, 2)
         return metrics
 
+    def evaluate(self) -> float:
+        """Greedy accuracy on every held-out prompt (`--eval_dataset_dir`), split over the infer dp ranks."""
+        from mindrlhf.reward.rules import accuracy_reward
+
+        prompts, solutions = self.eval_set
+        layout, size = self.infer_layout, self.config.eval.eval_batch_size
+        mine = np.array_split(np.arange(len(prompts)), layout.dp)[layout.dp_rank]
+        correct = 0.0
+        with self.phases("eval"):
+            for start in range(0, len(mine), size):
+                rows = mine[start:start + size]
+                batch = [prompts[i] for i in rows]
+                batch += [batch[0]] * (size - len(batch))  # one compiled batch shape; the copies are ignored
+                out = self.eval_generator.generate(batch, progress=self.rank == 0)
+                completions = self.tokenizer.batch_decode(
+                    [ids[mask.astype(bool)].tolist() for ids, mask in
+                     zip(out.response_ids[:len(rows)], out.response_mask[:len(rows)])], skip_special_tokens=True)
+                correct += sum(accuracy_reward(completions, [solutions[i] for i in rows]))
+        totals = self.comm.group_sum(np.array([correct, len(mine)]), layout.dp_group)
+        return float(totals[0] / totals[1])
+
+    def _evaluate_now(self) -> bool:
+        interval = self.config.eval.eval_interval
+        return self.eval_set is not None and (self.step == self.config.schedule.steps or
+                                              bool(interval and self.step % interval == 0))
+
     def fit(self) -> list[dict]:
-        """Runs the remaining steps (checkpoints every save_interval and at the end); returns their metrics."""
+        """Runs the remaining steps (checkpoints every save_interval and at the end); returns their metrics.
+
+        With an eval set: held-out accuracy before the first step, every eval_interval steps and after the
+        last one (`eval/accuracy`), and a final line `held-out accuracy: before=.. after=..`."""
         sched, ckpt = self.config.schedule, self.config.checkpoint
         history = []
+        if self.eval_set is not None and self.step == 0:
+            self.eval_before = self.evaluate()
+            logger.info("held-out accuracy before training: %.1f%% (%d prompts)", 100 * self.eval_before,
+                        len(self.eval_set[0]))
         if self.step >= sched.steps:
             logger.info("nothing to do: the checkpoint is at step %d of %d", self.step, sched.steps)
         while self.step < sched.steps:
             metrics = self.train_one_step()
+            if self._evaluate_now():
+                start = time.perf_counter()
+                metrics["eval/accuracy"] = self.evaluate()
+                metrics["timing_s/eval"] = round(time.perf_counter() - start, 4)
             history.append(metrics)
             self.metrics_writer.write(self.step, sched.steps, metrics)
             for callback in self.callbacks:
@@ -488,7 +533,27 @@ class GRPOTrainer:
                 self.save_checkpoint()
         self.metrics_writer.close()
         logger.info("%s", self.swap.summary())
+        if history and "eval/accuracy" in history[-1] and self.eval_before is not None:
+            logger.info("held-out accuracy: before=%.1f%% after=%.1f%%", 100 * self.eval_before,
+                        100 * history[-1]["eval/accuracy"])
         return history
+
+
+def load_eval_set(path: str, prompt_buckets) -> tuple[list[list[int]], list[str]]:
+    """(prompt ids, solutions) of a held-out prompt MindRecord; errors name the file."""
+    from mindrlhf.data.reader import read_prompt_records
+
+    try:
+        ids, solutions = read_prompt_records(path)
+    except (OSError, RuntimeError, ValueError) as err:
+        raise ConfigError(f"{path}: cannot read the eval MindRecord ({str(err).splitlines()[0]})") from None
+    if not ids:
+        raise ConfigError(f"{path}: the eval MindRecord holds no prompt")
+    longest = max(len(row) for row in ids)
+    if prompt_buckets and longest > max(prompt_buckets):
+        raise ConfigError(f"{path}: an eval prompt has {longest} tokens, more than the largest prompt bucket "
+                          f"{max(prompt_buckets)} (generation.prompt_buckets)")
+    return [row.tolist() for row in ids], solutions
 
 
 def _write_json(path: str, data: dict) -> None:

@@ -40,6 +40,8 @@ def _check_files(args: argparse.Namespace) -> None:
         path = getattr(args, flag)
         if not os.path.isfile(path):
             raise ConfigError(f"{path}: --{flag} file not found")
+    if args.eval_dataset_dir and not os.path.isfile(args.eval_dataset_dir):
+        raise ConfigError(f"{args.eval_dataset_dir}: --eval_dataset_dir file not found")
     for flag in ("load_sft_checkpoint_train", "load_sft_checkpoint_infer", "load_ref_checkpoint"):
         path = getattr(args, flag)
         if path and not os.path.exists(path):
@@ -74,7 +76,8 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     world_size, rank = init_communication(args.use_parallel)
     setup_logging(rank=rank)
     job = JobOptions(sft_path_train=args.sft_path_train, sft_path_infer=args.sft_path_infer,
-                     mind_dataset_dir=args.mind_dataset_dir, output_dir=args.output_dir,
+                     mind_dataset_dir=args.mind_dataset_dir, eval_dataset_dir=args.eval_dataset_dir,
+                     output_dir=args.output_dir,
                      save_ckpt_dir=args.save_ckpt_dir, load_sft_checkpoint_train=args.load_sft_checkpoint_train,
                      load_sft_checkpoint_infer=args.load_sft_checkpoint_infer,
                      load_ref_checkpoint=args.load_ref_checkpoint, save_data_file=args.save_data_file,

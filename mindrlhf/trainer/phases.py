@@ -15,6 +15,7 @@ from mindrlhf.parallel.swap import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS
 # Weight groups each phase needs on device; every other registered group is offloaded to host memory.
 PHASE_RESIDENT: dict[str, tuple[str, ...]] = {
     "generate": (INFER_WEIGHTS,),
+    "eval": (INFER_WEIGHTS,),
     "reward": (),
     "ref": (REF_WEIGHTS,),
     "old": (INFER_WEIGHTS,),

@@ -1,5 +1,13 @@
 """Writes gsm8k_sample.jsonl: GSM8K-style word problems generated from templates, deterministically.
 
+The held-out split the bundled run evaluates on is made the same way with another seed, without any
+question of the training sample:
+
+    python examples/qwen_grpo_tutorial/data/make_sample.py --num 64 --seed 4321 \
+        --exclude examples/qwen_grpo_tutorial/data/gsm8k_sample.jsonl \
+        --output examples/qwen_grpo_tutorial/data/gsm8k_heldout.jsonl
+
+
 Each line is {"question": ..., "answer": "<reasoning with <<a*b=c>> calculator notes>\\n#### N"}, the
 format of the GSM8K dataset, so the tutorial runs offline without downloading it. Needs only the
 standard library:
@@ -144,13 +152,16 @@ TEMPLATES: list[Callable[[random.Random], Problem]] = [
     shopping, marbles, train_trip, discount, savings, ages, cookies, company_revenue]
 
 
-def make_problems(num: int, seed: int) -> list[dict[str, str]]:
-    """`num` problems cycling through the templates; the same (num, seed) always gives the same list."""
+def make_problems(num: int, seed: int, exclude: frozenset[str] = frozenset()) -> list[dict[str, str]]:
+    """`num` problems cycling through the templates, none with a question in `exclude`; the same
+    (num, seed, exclude) always gives the same list."""
     rng = random.Random(seed)
-    problems = []
-    for index in range(num):
+    problems, index = [], 0
+    while len(problems) < num:
         question, lines, final = TEMPLATES[index % len(TEMPLATES)](rng)
-        problems.append({"question": question, "answer": "\n".join(lines) + f"\n#### {final}"})
+        index += 1
+        if question not in exclude:
+            problems.append({"question": question, "answer": "\n".join(lines) + f"\n#### {final}"})
     return problems
 
 
@@ -160,9 +171,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1234, help="random seed")
     parser.add_argument("--output", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                          "gsm8k_sample.jsonl"), help="output JSONL file")
+    parser.add_argument("--exclude", default=None, help="JSONL whose questions must not appear (the train split)")
     args = parser.parse_args()
+    exclude = frozenset()
+    if args.exclude:
+        with open(args.exclude, encoding="utf-8") as f:
+            exclude = frozenset(json.loads(line)["question"] for line in f if line.strip())
     with open(args.output, "w", encoding="utf-8") as f:
-        for problem in make_problems(args.num, args.seed):
+        for problem in make_problems(args.num, args.seed, exclude):
             f.write(json.dumps(problem, ensure_ascii=False) + "\n")
     print(f"wrote {args.num} problems to {args.output}")
 
