@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import statistics
@@ -23,6 +22,7 @@ if ROOT not in sys.path:
 
 import mindspore as ms  # noqa: E402
 
+from benchmarks.results_io import write_results  # noqa: E402
 from mindrlhf.generation import GenerationConfig, Generator, sample_tokens  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from mindrlhf.parallel.layers import init_random_weights  # noqa: E402
@@ -129,14 +129,7 @@ def main(argv=None) -> dict:
                         "cpus": os.cpu_count(), "device": "CPU"},
     }
     print_table(result)
-    out_dir = os.path.dirname(args.output)
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-    tmp = f"{args.output}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, args.output)
-    print(f"wrote {args.output}")
+    write_results(result, args.output)
     return result
 
 

@@ -30,6 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from benchmarks.results_io import write_results  # noqa: E402
+
 # Hugging Face config fields of the two model shapes (Qwen2.5-0.5B's, and a tiny one where per-step overhead
 # dominates); weights are random (seeded), converted once per work folder.
 MODELS = {
@@ -282,13 +284,7 @@ def main(argv=None) -> dict:
                               "python": platform.python_version(), "cpus": os.cpu_count(),
                               "torch_threads": torch.get_num_threads(), "loadavg": os.getloadavg()}}
     print_table(rows)
-    if os.path.dirname(args.output):
-        os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    tmp = f"{args.output}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, args.output)
-    print(f"wrote {args.output}")
+    write_results(result, args.output)
     return result
 
 
