@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -380,3 +381,30 @@ def test_pad_rows_left_and_right():
     assert ids.tolist() == [[5, 6, 1]] and mask.tolist() == [[1, 1, 0]] and ids.dtype == np.int32
     with pytest.raises(ValueError, match="row 0 has 3 tokens, more than the padded width 2"):
         pad_rows([[1, 2, 3]], 2, 0)
+
+
+def test_arithmetic_task_splits_are_correct_disjoint_and_reproducible(tmp_path):
+    from mindrlhf.reward.math_answer import extract_gold_answer
+
+    spec = importlib.util.spec_from_file_location("make_arithmetic", os.path.join(SAMPLE_DIR, "make_arithmetic.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--output_dir", str(tmp_path)])
+    splits = {}
+    for name in ("arithmetic_train.jsonl", "arithmetic_heldout.jsonl"):
+        committed = (Path(SAMPLE_DIR) / name).read_bytes()
+        assert (tmp_path / name).read_bytes() == committed, f"{name} is not what make_arithmetic.py writes"
+        splits[name] = [json.loads(line) for line in committed.decode().splitlines()]
+    train, heldout = splits["arithmetic_train.jsonl"], splits["arithmetic_heldout.jsonl"]
+    assert len(train) == 2000 and len(heldout) >= 200
+    assert not {p["question"] for p in train} & {p["question"] for p in heldout}
+    for problem in train + heldout:
+        *steps, final = problem["answer"].split("\n")
+        value = None
+        for step in steps:  # every worked step is right and the last one gives the answer
+            expr, result = step.split(" = ")
+            assert eval(expr) == int(result) >= 0, problem
+            value = int(result)
+        assert final == f"#### {value}" and extract_gold_answer(problem["answer"]) == value, problem
+    operators = {step.split(" ")[1] for p in train for step in p["answer"].split("\n")[:-1]}
+    assert operators == {"+", "-", "*"}
