@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# GRPO on the bundled tiny default, end to end and without downloads, the way a real run is launched:
+# GRPO on the bundled default, end to end and without downloads, the way a real run is launched:
 #   1. sets up .venv (first run only),
-#   2. converts the bundled GSM8K-style sample and its held-out split to prompt MindRecords (rlhf_data.py),
-#   3. launches examples/qwen_grpo_tutorial/grpo_one_stage.py under msrun: train net tp=2, inference net dp=2
+#   2. converts the policy's Hugging Face folder (MODEL_DIR: config.json + model.safetensors + tokenizer) to a
+#      MindSpore checkpoint with tools/convert_weight.py,
+#   3. converts the training problems and the held-out split to prompt MindRecords (rlhf_data.py),
+#   4. launches examples/qwen_grpo_tutorial/grpo_one_stage.py under msrun: train net tp=2, inference net dp=2
 #      on the same 2 ranks, weights resharded online after every update, idle nets swapped out; held-out greedy
-#      accuracy before and after, ending with the line `held-out accuracy: before=..% after=..%`.
+#      accuracy before and after, a plot of both in $OUTPUT/progress.png, ending with the line
+#      `held-out accuracy: before=..% after=..%`.
+# The default is the bundled 3.2M-parameter arithmetic policy (model_configs/arith, built by tools/sft_policy.py)
+# on arithmetic word problems (examples/qwen_grpo_tutorial/data/make_arithmetic.py); ~8 minutes on 2 CPU cores.
 # Extra arguments go to grpo_one_stage.py, e.g. `bash run_grpo.sh --steps 10 --learning_rate 5e-4`.
 # Every variable below can be set from the environment; for several nodes run this script on each node with the
 # same MASTER_ADDR/MASTER_PORT/WORKER_NUM, its own NODE_RANK and LOCAL_WORKER_NUM, and an OUTPUT on a shared disk.
@@ -16,28 +21,30 @@ LOCAL_WORKER_NUM="${LOCAL_WORKER_NUM:-$WORKER_NUM}" # ranks on this node
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-8118}"
 NODE_RANK="${NODE_RANK:-0}"
-OUTPUT="${OUTPUT:-$ROOT/output/tiny_grpo}"
+OUTPUT="${OUTPUT:-$ROOT/output/grpo}"
 LOG_DIR="${LOG_DIR:-$OUTPUT/msrun_log}"
-TOKENIZER_DIR="${TOKENIZER_DIR:-$ROOT/model_configs/tiny/tokenizer}"
-DATA="${DATA:-$ROOT/examples/qwen_grpo_tutorial/data/gsm8k_sample.jsonl}"
-EVAL_DATA="${EVAL_DATA:-$ROOT/examples/qwen_grpo_tutorial/data/gsm8k_heldout.jsonl}"  # empty: no evaluation
-TRAIN_YAML="${TRAIN_YAML:-$ROOT/model_configs/tiny/train.yaml}"
-INFER_YAML="${INFER_YAML:-$ROOT/model_configs/tiny/infer.yaml}"
-GRPO_YAML="${GRPO_YAML:-$ROOT/model_configs/tiny/grpo.yaml}"
-POLICY_CKPT="${POLICY_CKPT:-$ROOT/model_configs/tiny/tiny_sft.ckpt}"
-
+MODEL_DIR="${MODEL_DIR:-$ROOT/model_configs/arith/policy}"   # the policy to train: a Hugging Face folder
+TOKENIZER_DIR="${TOKENIZER_DIR:-$MODEL_DIR}"
+DATA="${DATA:-$ROOT/examples/qwen_grpo_tutorial/data/arithmetic_train.jsonl}"
+EVAL_DATA="${EVAL_DATA-$ROOT/examples/qwen_grpo_tutorial/data/arithmetic_heldout.jsonl}"  # empty: no evaluation
+TRAIN_YAML="${TRAIN_YAML:-$ROOT/model_configs/arith/train.yaml}"
+INFER_YAML="${INFER_YAML:-$ROOT/model_configs/arith/infer.yaml}"
+GRPO_YAML="${GRPO_YAML:-$ROOT/model_configs/arith/grpo.yaml}"
+MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-256}"
 bash "$ROOT/tools/bootstrap.sh"
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH"
 export GLOG_v="${GLOG_v:-3}"  # MindSpore: errors only
 cd "$ROOT"
 mkdir -p "$OUTPUT"
+"$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$OUTPUT/policy.ckpt" \
+    --config_path "$TRAIN_YAML"
 "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$DATA" \
-    --output_path "$OUTPUT/prompts.mindrecord" --template r1_think --max_prompt_length 256
+    --output_path "$OUTPUT/prompts.mindrecord" --template r1_think --max_prompt_length "$MAX_PROMPT_LENGTH"
 EVAL_ARGS=()
 if [ -n "$EVAL_DATA" ]; then
   "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$EVAL_DATA" \
-      --output_path "$OUTPUT/heldout.mindrecord" --template r1_think --max_prompt_length 256
+      --output_path "$OUTPUT/heldout.mindrecord" --template r1_think --max_prompt_length "$MAX_PROMPT_LENGTH"
   EVAL_ARGS=(--eval_dataset_dir "$OUTPUT/heldout.mindrecord")
 fi
 status=0
@@ -45,10 +52,11 @@ msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master
     --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True \
     examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML" \
     --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$OUTPUT/prompts.mindrecord" --config "$GRPO_YAML" \
-    --load_sft_checkpoint_train "$POLICY_CKPT" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard" \
+    --load_sft_checkpoint_train "$OUTPUT/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard" \
     "${EVAL_ARGS[@]}" "$@" || status=$?
 # rank 0's log holds the per-step lines; show them (msrun writes each rank's output to its own file)
 grep -h -E "step [0-9]+/|error|Error" "$LOG_DIR/worker_0.log" 2>/dev/null | grep -v WARNING || true
+[ -f "$OUTPUT/progress.png" ] && echo "plot: $OUTPUT/progress.png  metrics: $OUTPUT/metrics.jsonl  TensorBoard: $OUTPUT/tensorboard"
 grep -h -o "held-out accuracy: before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true
 if [ "$status" -ne 0 ]; then
   echo "run_grpo.sh: the job failed (exit $status); logs: $LOG_DIR/worker_*.log" >&2

@@ -446,14 +446,14 @@ def test_cli_reverse_of_a_trainer_checkpoint_with_tokenizer(hf_model, tmp_path):
     res = run_cli("--reverse", "--mindspore_ckpt_path", step_dir, "--torch_ckpt_dir", back,
                   "--config_path", tmp_path / "m.yaml", "--tokenizer_dir", tokenizer_dir)
     assert res.returncode == 0, res.stderr
-    assert _files(back) == {"config.json", "model.safetensors", "vocab.json", "merges.txt"}
+    assert _files(back) == {"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json"}
     assert _safetensors_bytes(back) == _safetensors_bytes(folder)  # shards merged back bit for bit
     umask = os.umask(0)
     os.umask(umask)
     assert {oct(os.stat(back / name).st_mode & 0o777) for name in _files(back)} == {oct(0o666 & ~umask)}
     reloaded = AutoModelForCausalLM.from_pretrained(back, attn_implementation="eager").eval()
     assert torch.equal(hf_logits(reloaded, INPUT_IDS), hf_logits(model, INPUT_IDS))
-    text = "Natalia sold 48 clips in April, and then half as many in May."
+    text = "<|im_start|>user\nNatalia sold 48 clips in April, and then half as many in May.<|im_end|>"
     assert AutoTokenizer.from_pretrained(back)(text)["input_ids"] == load_tokenizer(tokenizer_dir).encode(text)
 
 

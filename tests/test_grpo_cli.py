@@ -84,6 +84,8 @@ CASES = {
     "checkpoint of another shape": (lambda tmp, rec: ["--load_sft_checkpoint_train", str(bad_checkpoint(tmp))],
                                     r"other_shape.ckpt: .*embedding_weight"),
     "batch larger than the data": (lambda tmp, rec: ["--batch_size", "512"], r"do not fill one global batch"),
+    "micro-batch that does not divide": (lambda tmp, rec: ["--micro_batch_size_per_device", "3"],
+                                         r"schedule.micro_batch_size_per_device=3 must divide the 8 responses"),
     "missing data": (lambda tmp, rec: ["--mind_dataset_dir", str(tmp / "none.mindrecord")],
                      r"none.mindrecord: --mind_dataset_dir file not found"),
 }
@@ -149,6 +151,30 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
     assert (out / "checkpoints" / "step_000001" / "meta.json").is_file()
 
 
+def test_micro_batches_train_like_whole_mini_batches(tmp_path, mindrecord, graph_mode):
+    """--micro_batch_size_per_device (gradient accumulation): the same step as whole mini-batches."""
+    from mindrlhf.trainer.checkpoint import read_policy_weights
+
+    runs = {}
+    for micro in ("0", "2"):
+        out = tmp_path / f"micro{micro}"
+        code = load_script().main(base_args(mindrecord, out) + [
+            "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1",
+            "--micro_batch_size_per_device", micro])
+        assert code == 0
+        metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+        runs[micro] = metrics, read_policy_weights(str(out / "checkpoints" / "step_000001"))
+    (whole, whole_weights), (micro, micro_weights) = runs["0"], runs["2"]
+    assert micro["reward/mean"] == whole["reward/mean"] and whole["actor/updates"] == 4
+    assert whole["reward/frac_zero_std"] < 1 and whole["actor/grad_norm"] > 0  # there was something to learn
+    for key in ("actor/loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
+        assert micro[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
+    start = read_policy_weights(str(TINY / "tiny_sft.ckpt"))
+    assert any(not np.array_equal(whole_weights[n], start[n]) for n in start)
+    for name, value in whole_weights.items():
+        np.testing.assert_allclose(micro_weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, capsys):
     """--eval_dataset_dir: greedy accuracy on every held-out prompt before the first step (equal to an
     independent greedy evaluation of the starting policy) and after the last, and the final summary line."""
@@ -174,8 +200,10 @@ def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, ca
         "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1", "--max_new_tokens", "48",
         "--num_iterations", "1", "--eval_dataset_dir", str(eval_path), "--eval_batch_size", "4"])
     assert code == 0
-    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    recorded, metrics = (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
     before = json.loads((out / "checkpoints" / "step_000001" / "meta.json").read_text())["eval_before"]
+    assert recorded["step"] == 0 and recorded["eval/accuracy"] == before and metrics["step"] == 1
+    assert (out / "progress.png").read_bytes()[:4] == b"\x89PNG"
 
     gen = GRPOConfig.from_yaml(TINY / "grpo.yaml").generation
     model = Qwen2ForCausalLM(Qwen2Config.from_yaml(TINY / "model.yaml"))

@@ -25,8 +25,11 @@ def test_every_field_has_help_text_and_a_flag():
             assert len(field.metadata.get("help", "")) > 20, f"{section}.{name} has no real help text"
             assert f"--{section}.{name}" in flags
     assert "--num_generations" in flags and "--learning_rate" in flags
-    # a name used by two sections only has the dotted flags
-    assert "--seed" not in flags and "--generation.seed" in flags and "--schedule.seed" in flags
+    # a name used by two sections: the plain flag sets both, a dotted one sets its own section and wins
+    assert {"--seed", "--generation.seed", "--schedule.seed"} <= flags
+    assert config_overrides(parser.parse_args(["--seed", "3"])) == {"generation": {"seed": 3}, "schedule": {"seed": 3}}
+    assert config_overrides(parser.parse_args(["--seed", "3", "--schedule.seed", "5"])) == {
+        "generation": {"seed": 3}, "schedule": {"seed": 5}}
 
 
 def test_flags_override_yaml_and_are_typed(tmp_path):

@@ -8,7 +8,8 @@ from mindrlhf.algorithms import GRPOLossCell, aggregate, aggregation_weights, gr
 from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, GRPOLossNet, ResponseLogProbs
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel.layers import init_random_weights
-from mindrlhf.parallel.spmd import SPMDTrainStep
+from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDTrainStep
+from mindrlhf.trainer.optimizer import AdamW
 
 CONFIG = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=64,
               seq_length=64, max_position_embedding=64, theta=10000.0)
@@ -96,3 +97,31 @@ def test_train_step_lowers_the_loss_on_a_fixed_batch(model):
     after = ResponseLogProbs(model)(*inputs[:4]).asnumpy()
     mask = response_mask.astype(bool)
     assert after[mask].mean() > before[mask].mean() + 0.1
+
+
+def test_micro_batches_give_the_update_of_the_whole_batch(graph_mode):
+    """Gradient accumulation: one row at a time == all rows in one graph (outputs, clipped grad norm, weights)."""
+    prompt, prompt_mask, response, response_mask = batch(5)
+    rng = np.random.RandomState(5)
+    old = (rng.randn(*response.shape) * 0.1 - 3).astype(np.float32)
+    ref = (rng.randn(*response.shape) * 0.1 - 3).astype(np.float32)
+    adv = np.array([1.2, -0.4, -0.8], np.float32)
+    weights = aggregation_weights(response_mask, "token-mean").astype(np.float32)
+    arrays = (prompt, prompt_mask, response, response_mask, old, ref, adv, weights)
+    results = []
+    for micro in (3, 1):
+        net = Qwen2ForCausalLM(Qwen2Config(**CONFIG))
+        init_random_weights(net, seed=0)
+        loss_net = GRPOLossNet(net, GRPOLossCell(beta=0.04, epsilon_low=0.2, epsilon_high=0.28))
+        step = MicroBatchedTrainStep(loss_net, AdamW(net.trainable_params(), learning_rate=1e-2), grad_reduction="sum",
+                                     max_grad_norm=0.05)
+        micro_batches = [[ms.Tensor(a[i:i + micro]) for a in arrays] for i in range(0, 3, micro)]
+        history = [step(micro_batches) for _ in range(2)]
+        results.append((history, {p.name: p.asnumpy().copy() for p in net.trainable_params()}))
+    (whole, whole_weights), (micro, micro_weights) = results
+    for (outputs_a, norm_a), (outputs_b, norm_b) in zip(whole, micro):
+        np.testing.assert_allclose(outputs_b, outputs_a, rtol=1e-5, atol=1e-6)
+        assert norm_b == pytest.approx(norm_a, rel=1e-5) and norm_a > 0.05  # clipping was active
+    assert whole[0][1] != whole[1][1]  # the first update changed the weights the second saw
+    for name, value in whole_weights.items():
+        np.testing.assert_allclose(micro_weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -298,14 +298,29 @@ def test_tiny_tokenizer_compresses_the_sample_prompts(tiny):
     assert len(tiny.encode(text)) < len(text.encode("utf-8")) / 2
 
 
-def test_tiny_tokenizer_files_are_reproducible(tmp_path):
+@pytest.mark.parametrize("data, vocab_size, folder", [
+    ("gsm8k_sample.jsonl", 1000, TINY_DIR),
+    ("arithmetic_train.jsonl", 600, os.path.join(ROOT, "model_configs", "arith", "policy"))])
+def test_bundled_tokenizer_files_are_reproducible(tmp_path, data, vocab_size, folder):
     spec = importlib.util.spec_from_file_location("make_tiny_tokenizer",
                                                   os.path.join(ROOT, "tools", "make_tiny_tokenizer.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    vocab, merges = module.train_tiny_bpe(module.corpus_texts(module.DEFAULT_DATA), 1000)
+    data_path = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data", data)
+    vocab, merges = module.train_tiny_bpe(module.corpus_texts(data_path), vocab_size)
     module.write_tokenizer_files(vocab, merges, str(tmp_path))
-    for name in ("vocab.json", "merges.txt"):
-        assert (tmp_path / name).read_bytes() == open(os.path.join(TINY_DIR, name), "rb").read(), \
-            f"{name} is stale: rerun tools/make_tiny_tokenizer.py"
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        assert (tmp_path / name).read_bytes() == open(os.path.join(folder, name), "rb").read(), \
+            f"{folder}/{name} is stale: rerun tools/make_tiny_tokenizer.py"
     shutil.rmtree(tmp_path)
+
+
+def test_bundled_tokenizer_gives_transformers_the_same_ids():
+    """The folder's tokenizer_config.json declares the special tokens, so transformers splits the same way."""
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.AutoTokenizer.from_pretrained(TINY_DIR)
+    ours = Qwen2Tokenizer(os.path.join(TINY_DIR, "vocab.json"), os.path.join(TINY_DIR, "merges.txt"))
+    text = "<|im_start|>user\nTom has 3 apples and buys 12 more.<|im_end|>\n<|im_start|>assistant\n"
+    assert reference.encode(text) == ours.encode(text)
+    assert ours.encode(text)[0] == ours.im_start_token_id
+    assert reference.eos_token_id == ours.eos_token_id and reference.pad_token_id == ours.pad_token_id

@@ -173,3 +173,41 @@ def test_tensorboard_events_hold_every_metric(tmp_path):
     scalars = read_event_scalars(tmp_path / "tb")
     assert ("reward/mean", 1, 0.25) in scalars and ("reward/mean", 2, 0.75) in scalars
     assert ("actor/kl", 1, 0.5) in scalars and not any(tag == "actor/kl" and step == 2 for tag, step, _ in scalars)
+
+
+def test_record_adds_a_step_without_a_log_line(tmp_path, caplog):
+    from mindrlhf.trainer.metrics import MetricsWriter
+    writer = MetricsWriter(str(tmp_path), str(tmp_path / "tb"))
+    with caplog.at_level("INFO", logger="mindrlhf"):
+        writer.record(0, {"eval/accuracy": 0.25})
+    writer.write(1, 1, {"reward/mean": 0.5, "eval/accuracy": 0.5})
+    writer.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 0, "eval/accuracy": 0.25}, {"step": 1, "reward/mean": 0.5, "eval/accuracy": 0.5}]
+    assert not [r for r in caplog.records if "0.25" in r.getMessage()]
+    assert ("eval/accuracy", 0, 0.25) in read_event_scalars(tmp_path / "tb")
+
+
+def test_progress_series_and_plot(tmp_path):
+    from mindrlhf.trainer.plot import plot_progress, progress_series
+    records = [{"step": 0, "eval/accuracy": 0.2}, {"step": 1, "reward/mean": 0.5, "reward/accuracy": 0.1},
+               {"step": 2, "reward/mean": 0.9, "reward/accuracy": 0.4, "eval/accuracy": 0.35},
+               {"step": 2, "reward/mean": 0.7, "reward/accuracy": 0.3, "eval/accuracy": 0.3}]  # step 2 rewritten
+    series = progress_series(records)
+    assert series["reward/mean"] == ([1, 2], [0.5, 0.7])
+    assert series["reward/accuracy"] == ([1, 2], [0.1, 0.3])
+    assert series["eval/accuracy"] == ([0, 2], [0.2, 0.3])
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    plot_progress(str(metrics), str(tmp_path / "progress.png"))
+    data = (tmp_path / "progress.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_a_fresh_run_starts_a_new_metrics_file(tmp_path):
+    from mindrlhf.trainer.metrics import MetricsWriter
+    MetricsWriter(str(tmp_path)).record(0, {"eval/accuracy": 0.1})
+    fresh = MetricsWriter(str(tmp_path))
+    fresh.record(0, {"eval/accuracy": 0.2})
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [{"step": 0, "eval/accuracy": 0.2}]

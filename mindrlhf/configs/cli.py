@@ -9,6 +9,7 @@ from typing import Any
 from mindrlhf.configs.grpo_configs import SECTIONS, field_paths
 
 _DEST_PREFIX = "cfg__"
+_SHARED_PREFIX = "cfg_shared__"
 
 
 def _parse_bool(text: str) -> bool:
@@ -33,9 +34,15 @@ def _flag_kwargs(annotation: Any) -> dict:
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """Adds one flag per GRPOConfig field: `--name` when the name is unique, `--section.name` always."""
+    """Adds one flag per GRPOConfig field, `--section.name`, and `--name`: for a name that several sections
+    share (`seed`), `--name` sets it in all of them and `--section.name` in one (and wins)."""
     hints = {section: typing.get_type_hints(cls) for section, cls in SECTIONS.items()}
     for name, places in field_paths().items():
+        if len(places) > 1:
+            sections = ", ".join(section for section, _ in places)
+            parser.add_argument(f"--{name}", dest=f"{_SHARED_PREFIX}{name}", default=None,
+                                help=f"[{sections}] sets {name} in each of these sections",
+                                **_flag_kwargs(hints[places[0][0]][name]))
         for section, field in places:
             flags = [f"--{section}.{name}"]
             if len(places) == 1:
@@ -48,6 +55,12 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 def config_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """`{section: {field: value}}` of the config flags given on the command line."""
     overrides: dict[str, dict[str, Any]] = {}
+    places = field_paths()
+    for dest, value in vars(args).items():
+        if dest.startswith(_SHARED_PREFIX) and value is not None:
+            name = dest[len(_SHARED_PREFIX):]
+            for section, _ in places[name]:
+                overrides.setdefault(section, {})[name] = value
     for dest, value in vars(args).items():
         if not dest.startswith(_DEST_PREFIX) or value is None:
             continue

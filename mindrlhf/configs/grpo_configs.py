@@ -139,6 +139,12 @@ class ScheduleConfig:
     mini_batch_size: int = help_field(
         0, "Prompts per optimizer update (their responses included); 0 = the whole batch (one update per "
            "iteration). Must divide batch_size; its responses must split evenly over the train data_parallel.")
+    micro_batch_size_per_device: int = help_field(
+        0, "Responses per forward/backward on each train rank; their gradients are summed before the mini-batch's "
+           "one update (gradient accumulation, as verl's ppo_micro_batch_size_per_gpu). 0 = all of the rank's "
+           "responses of the mini-batch at once. Lower it when the train phase runs out of memory: activations "
+           "grow with responses x length (MindSpore on CPU keeps ~50 KB per token per layer of a 256-wide model). "
+           "The update is the same up to float rounding. Must divide the responses a train rank gets per update.")
     ref_model_sync_steps: int = help_field(
         0, "Copy the policy into the reference model every this many steps (TRL's sync_ref_model); 0 = never: "
            "the reference stays the starting policy, as in DeepSeekMath.")
@@ -155,6 +161,7 @@ class ScheduleConfig:
             (self.batch_size >= 1, "batch_size", "must be >= 1"),
             (self.num_iterations >= 1, "num_iterations", "must be >= 1"),
             (self.mini_batch_size >= 0, "mini_batch_size", "must be >= 0 (0 = whole batch)"),
+            (self.micro_batch_size_per_device >= 0, "micro_batch_size_per_device", "must be >= 0 (0 = all at once)"),
             (self.ref_model_sync_steps >= 0, "ref_model_sync_steps", "must be >= 0 (0 = never)"),
             (self.max_sampling_retries >= 0, "max_sampling_retries", "must be >= 0"),
             (self.seed >= 0, "seed", "must be >= 0"),

@@ -1,7 +1,9 @@
-"""Explicit-SPMD training cells: gradients averaged over the data-parallel group, then the optimizer."""
+"""Explicit-SPMD training cells: gradients reduced over the data-parallel group and clipped, then the optimizer;
+whole batches in one graph or micro-batches with gradient accumulation."""
 from __future__ import annotations
 
 import mindspore as ms
+import numpy as np
 from mindspore import nn, ops
 
 from mindrlhf.parallel.comm import DataParallelGradReducer
@@ -9,8 +11,8 @@ from mindrlhf.parallel.layers import param_split_axes
 from mindrlhf.parallel.layout import Layout
 
 
-class SPMDGradients(nn.Cell):
-    """`(outputs, grads, grad_norm)` of a loss net returning `(loss, *stats)`, gradients reduced over dp.
+class ReducedClippedGradients(nn.Cell):
+    """This rank's gradients -> `(grads, grad_norm)`: reduced over dp, then clipped by the global norm.
 
     Tensor-parallel layers already produce correct shard gradients through their custom bprops, so only
     data parallel needs a reduction here: `grad_reduction="mean"` when each dp rank's loss is a mean over
@@ -28,8 +30,6 @@ class SPMDGradients(nn.Cell):
         if max_grad_norm < 0:
             raise ValueError(f"max_grad_norm must be >= 0 (0 = no clipping), got {max_grad_norm}")
         layout = layout or Layout()
-        self.loss_net = loss_net
-        self.grad_fn = ops.value_and_grad(loss_net, None, params, has_aux=True)
         self.grad_reducer = DataParallelGradReducer(layout.dp_group, layout.dp, mean=grad_reduction == "mean")
         axes = param_split_axes(loss_net)
         self.split = tuple(layout.tp > 1 and axes.get(p.name) is not None for p in params)
@@ -49,13 +49,29 @@ class SPMDGradients(nn.Cell):
             split = self.tp_sum(split)
         return ops.sqrt(replicated + split)
 
-    def construct(self, *inputs):
-        outputs, grads = self.grad_fn(*inputs)
+    def construct(self, grads):
         grads = self.grad_reducer(grads)
         grad_norm = self._global_norm(grads)
         if self.max_grad_norm > 0:
             scale = ops.minimum(self.max_grad_norm / (grad_norm + 1e-6), 1.0)
             grads = tuple(g * scale.astype(g.dtype) for g in grads)
+        return grads, grad_norm
+
+
+class SPMDGradients(nn.Cell):
+    """`(outputs, grads, grad_norm)` of a loss net returning `(loss, *stats)`: the gradients reduced over dp and
+    clipped as :class:`ReducedClippedGradients` (whose arguments these are)."""
+
+    def __init__(self, loss_net: nn.Cell, params, layout: Layout | None = None, grad_reduction: str = "mean",
+                 max_grad_norm: float = 0.0):
+        super().__init__(auto_prefix=False)
+        self.loss_net = loss_net
+        self.grad_fn = ops.value_and_grad(loss_net, None, params, has_aux=True)
+        self.finish = ReducedClippedGradients(loss_net, params, layout, grad_reduction, max_grad_norm)
+
+    def construct(self, *inputs):
+        outputs, grads = self.grad_fn(*inputs)
+        grads, grad_norm = self.finish(grads)
         return outputs, grads, grad_norm
 
 
@@ -75,3 +91,64 @@ class SPMDTrainStep(nn.Cell):
         outputs, grads, grad_norm = self.gradients(*inputs)
         self.optimizer(grads)
         return outputs, grad_norm
+
+
+class LocalGradients(nn.Cell):
+    """`(outputs, grads)` of a loss net returning `(loss, *stats)`: this rank's gradients, not reduced."""
+
+    def __init__(self, loss_net: nn.Cell, params):
+        super().__init__(auto_prefix=False)
+        self.loss_net = loss_net
+        self.grad_fn = ops.value_and_grad(loss_net, None, params, has_aux=True)
+
+    def construct(self, *inputs):
+        return self.grad_fn(*inputs)
+
+
+class ApplyGradients(nn.Cell):
+    """This rank's (accumulated) gradients -> reduced over dp, clipped, one optimizer step; returns the norm
+    before clipping. Arguments as :class:`ReducedClippedGradients`."""
+
+    def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, layout: Layout | None = None,
+                 grad_reduction: str = "mean", max_grad_norm: float = 0.0):
+        super().__init__(auto_prefix=False)
+        self.finish = ReducedClippedGradients(loss_net, optimizer.parameters, layout, grad_reduction, max_grad_norm)
+        self.optimizer = optimizer
+
+    def construct(self, *grads):
+        grads, grad_norm = self.finish(grads)
+        self.optimizer(grads)
+        return grad_norm
+
+
+class MicroBatchedTrainStep:
+    """One optimizer step over a batch given as micro-batches (gradient accumulation): each micro-batch's
+    forward and backward run on their own, so activation memory is that of one micro-batch; the gradients
+    are summed, then reduced over dp, clipped and applied once. The loss of the batch must be the sum of
+    the micro-batches' losses (token weights normalised over the whole batch, as the GRPO loss's). One
+    micro-batch runs the fused :class:`SPMDTrainStep`.
+
+    Called with a list of micro-batches (each the loss net's input tensors), returns `(outputs, grad_norm)`:
+    the loss net's outputs summed over the micro-batches (numpy), the norm before clipping (float).
+    """
+
+    def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, layout: Layout | None = None,
+                 grad_reduction: str = "mean", max_grad_norm: float = 0.0):
+        self.whole = SPMDTrainStep(loss_net, optimizer, layout, grad_reduction, max_grad_norm)
+        self.local = LocalGradients(loss_net, optimizer.parameters)
+        self.apply = ApplyGradients(loss_net, optimizer, layout, grad_reduction, max_grad_norm)
+
+    def __call__(self, micro_batches):
+        if len(micro_batches) == 1:
+            outputs, grad_norm = self.whole(*micro_batches[0])
+            return np.array([o.asnumpy() for o in outputs], np.float64), float(grad_norm.asnumpy())
+        total, summed = None, None
+        for inputs in micro_batches:
+            outputs, grads = self.local(*inputs)
+            values = np.array([o.asnumpy() for o in outputs], np.float64)
+            if total is None:
+                total, summed = values, list(grads)
+            else:
+                total += values
+                summed = [ops.add(a, g) for a, g in zip(summed, grads)]
+        return total, float(self.apply(*summed).asnumpy())

@@ -139,7 +139,7 @@ class GRPOTrainer:
         from mindrlhf.parallel.host import HostCollectives
         from mindrlhf.parallel.layers import init_random_weights
         from mindrlhf.parallel.reshard import Resharder
-        from mindrlhf.parallel.spmd import SPMDTrainStep
+        from mindrlhf.parallel.spmd import MicroBatchedTrainStep
         from mindrlhf.parallel.strategy import net_layouts
         from mindrlhf.parallel.swap import SwapManager
         from mindrlhf.reward import build_reward_fn
@@ -170,6 +170,12 @@ class GRPOTrainer:
             raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {G} generations "
                               f"per update do not split evenly over the train data_parallel="
                               f"{self.train_layout.dp} ({job.sft_path_train})")
+        rows_per_rank = sched.prompts_per_update * G // self.train_layout.dp
+        if sched.micro_batch_size_per_device and rows_per_rank % sched.micro_batch_size_per_device:
+            raise ConfigError(f"schedule.micro_batch_size_per_device={sched.micro_batch_size_per_device} must "
+                              f"divide the {rows_per_rank} responses each train rank gets per update "
+                              f"({sched.prompts_per_update} prompts x {G} generations / train data_parallel="
+                              f"{self.train_layout.dp})")
         if len(tokenizer) > train_cfg.vocab_size:
             raise ConfigError(f"{tokenizer.source}: the tokenizer has {len(tokenizer)} "
                               f"ids but {job.sft_path_train} model_config.vocab_size is {train_cfg.vocab_size}: "
@@ -219,9 +225,9 @@ class GRPOTrainer:
                                weight_decay=config.optimizer.weight_decay)
         loss_cell = GRPOLossCell(beta=config.loss.beta, epsilon_low=config.loss.epsilon_low,
                                  epsilon_high=config.loss.epsilon_high, kl_estimator=config.loss.kl_estimator)
-        self.train_step = SPMDTrainStep(GRPOLossNet(self.train_net, loss_cell, gen.temperature), self.optimizer,
-                                        self.train_layout, grad_reduction="sum",
-                                        max_grad_norm=config.optimizer.max_grad_norm)
+        self.train_step = MicroBatchedTrainStep(GRPOLossNet(self.train_net, loss_cell, gen.temperature),
+                                                self.optimizer, self.train_layout, grad_reduction="sum",
+                                                max_grad_norm=config.optimizer.max_grad_norm)
         self.to_infer = Resharder(self.train_net, self.infer_net, self.train_strategy, self.infer_strategy,
                                   {n: INFER_PREFIX + n for n in self.train_strategy}, rank=rank)
         self.to_ref = Resharder(self.train_net, self.ref_net, self.train_strategy, self.ref_strategy,
@@ -418,12 +424,14 @@ class GRPOTrainer:
                 inputs = [part.prompt_ids[mine], part.prompt_mask[mine], part.response_ids[mine],
                           part.response_mask[mine], part.old_logp[mine], part.ref_logp[mine],
                           part.advantages[mine], weights[mine]]
-                outputs, grad_norm = self.train_step(*[ms.Tensor(a) for a in inputs])
-                shares = np.array([float(o.asnumpy()) for o in outputs], np.float32)
-                values = self.comm.group_sum(shares, layout.dp_group)
+                rows = len(inputs[0])
+                micro = cfg.schedule.micro_batch_size_per_device or rows
+                micro_batches = [[ms.Tensor(a[start:start + micro]) for a in inputs] for start in range(0, rows, micro)]
+                shares, grad_norm = self.train_step(micro_batches)
+                values = self.comm.group_sum(shares.astype(np.float32), layout.dp_group)
                 for name, value in zip(GRPO_OUTPUT_NAMES, values):
                     sums[name] = sums.get(name, 0.0) + float(value)
-                sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + float(grad_norm.asnumpy())
+                sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + grad_norm
                 self.updates += 1
                 count += 1
                 last_lr = lr
@@ -482,22 +490,15 @@ class GRPOTrainer:
 
     def evaluate(self) -> float:
         """Greedy accuracy on every held-out prompt (`--eval_dataset_dir`), split over the infer dp ranks."""
-        from mindrlhf.reward.rules import accuracy_reward
+        from mindrlhf.trainer.evaluation import count_correct
 
         prompts, solutions = self.eval_set
-        layout, size = self.infer_layout, self.config.eval.eval_batch_size
+        layout = self.infer_layout
         mine = np.array_split(np.arange(len(prompts)), layout.dp)[layout.dp_rank]
-        correct = 0.0
         with self.phases("eval"):
-            for start in range(0, len(mine), size):
-                rows = mine[start:start + size]
-                batch = [prompts[i] for i in rows]
-                batch += [batch[0]] * (size - len(batch))  # one compiled batch shape; the copies are ignored
-                out = self.eval_generator.generate(batch, progress=self.rank == 0)
-                completions = self.tokenizer.batch_decode(
-                    [ids[mask.astype(bool)].tolist() for ids, mask in
-                     zip(out.response_ids[:len(rows)], out.response_mask[:len(rows)])], skip_special_tokens=True)
-                correct += sum(accuracy_reward(completions, [solutions[i] for i in rows]))
+            correct = count_correct(self.eval_generator, self.tokenizer, [prompts[i] for i in mine],
+                                    [solutions[i] for i in mine], self.config.eval.eval_batch_size,
+                                    progress=self.rank == 0)
         totals = self.comm.group_sum(np.array([correct, len(mine)]), layout.dp_group)
         return float(totals[0] / totals[1])
 
@@ -514,7 +515,10 @@ class GRPOTrainer:
         sched, ckpt = self.config.schedule, self.config.checkpoint
         history = []
         if self.eval_set is not None and self.step == 0:
+            start = time.perf_counter()
             self.eval_before = self.evaluate()
+            self.metrics_writer.record(0, {"eval/accuracy": self.eval_before,
+                                           "timing_s/eval": round(time.perf_counter() - start, 4)})
             logger.info("held-out accuracy before training: %.1f%% (%d prompts)", 100 * self.eval_before,
                         len(self.eval_set[0]))
         if self.step >= sched.steps:
@@ -532,6 +536,12 @@ class GRPOTrainer:
             if self.step == sched.steps or (ckpt.save_interval and self.step % ckpt.save_interval == 0):
                 self.save_checkpoint()
         self.metrics_writer.close()
+        if self.metrics_writer.enabled and self.metrics_writer.jsonl_path:
+            from mindrlhf.trainer.plot import plot_progress
+
+            png = os.path.join(os.path.dirname(self.metrics_writer.jsonl_path), "progress.png")
+            plot_progress(self.metrics_writer.jsonl_path, png)
+            logger.info("plot of reward and held-out accuracy: %s", png)
         logger.info("%s", self.swap.summary())
         if history and "eval/accuracy" in history[-1] and self.eval_before is not None:
             logger.info("held-out accuracy: before=%.1f%% after=%.1f%%", 100 * self.eval_before,

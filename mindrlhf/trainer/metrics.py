@@ -47,9 +47,19 @@ class MetricsWriter:
                         if k.startswith("reward/") and k not in LINE_COLUMNS.values() and k != "reward/frac_zero_std"}
         shown.update(reward_terms)
         logger.info(format_metrics(shown))
+        self.record(step, metrics)
+
+    def record(self, step: int, metrics: Mapping[str, float]) -> None:
+        """JSONL and TensorBoard only, no log line: for values outside a training step (the evaluation before
+        the first step is recorded at step 0)."""
+        if not self.enabled:
+            return
         if self.jsonl_path:
             with open(self.jsonl_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": step, **_plain(metrics)}) + "\n")
+        self._add_scalars(step, metrics)
+
+    def _add_scalars(self, step: int, metrics: Mapping[str, float]) -> None:
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
@@ -66,8 +76,12 @@ def _plain(metrics: Mapping[str, float]) -> dict:
 
 
 def _truncate_after_step(path: str, step: int) -> None:
-    """Keeps the JSONL lines of steps <= `step` (a resumed run rewrites what came after its checkpoint)."""
+    """Keeps the JSONL lines of steps <= `step` (a resumed run rewrites what came after its checkpoint); a run
+    from the start (`step` 0) starts an empty file."""
     if not os.path.exists(path):
+        return
+    if step == 0:
+        open(path, "w", encoding="utf-8").close()
         return
     with open(path, encoding="utf-8") as f:
         lines = [line for line in f if line.strip()]

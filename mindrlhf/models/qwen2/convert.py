@@ -486,22 +486,45 @@ def convert_ms_to_hf(ckpt_path: str | os.PathLike, config_path: str | os.PathLik
         cfg = Qwen2Config.from_yaml(config_path)
     except ConfigError as err:
         raise ConversionError(str(err)) from None
+    if weights is None:
+        _refuse_stale_weights(out_dir)
+        if tokenizer_dir is not None:
+            tokenizer_files(tokenizer_dir)
+        weights = read_ms_checkpoint(ckpt_path)
+    return write_hf_folder(weights, cfg, out_dir, dtype, tokenizer_dir, source=ckpt_path,
+                           config_source=os.fspath(config_path))
+
+
+def _refuse_stale_weights(out_dir: str) -> None:
     stale = [n for n in (SAFE_INDEX, TORCH_INDEX, TORCH_WEIGHTS) if os.path.exists(os.path.join(out_dir, n))]
     if stale:
         raise ConversionError(f"{out_dir}: already holds {_listing(stale)}, which HF would mix with the new "
                               f"{SAFE_WEIGHTS}; use an empty folder")
+
+
+def write_hf_folder(weights: dict[str, np.ndarray], cfg: Qwen2Config, out_dir: str | os.PathLike,
+                    dtype: str | None = None, tokenizer_dir: str | os.PathLike | None = None,
+                    source: str = "<weights>", config_source: str = "<config>") -> Qwen2Config:
+    """Writes MindSpore-named `weights` as a HF folder (`model.safetensors` + `config.json`, and the tokenizer
+    files of `tokenizer_dir` unless it is `out_dir` itself); returns the config with the written dtype.
+
+    `dtype` None keeps each tensor's dtype. `source`/`config_source` name the inputs in errors.
+    """
+    out_dir = os.fspath(out_dir)
+    _refuse_stale_weights(out_dir)
     tokenizer_paths = [] if tokenizer_dir is None else tokenizer_files(tokenizer_dir)
-    if weights is None:
-        weights = read_ms_checkpoint(ckpt_path)
-    tensors = ms_to_hf_state_dict(weights, cfg, ckpt_path, os.fspath(config_path))
+    tensors = ms_to_hf_state_dict(weights, cfg, source, config_source)
     if dtype is not None:
         dtype = normalize_dtype(dtype)
         tensors = {n: cast_array(a, dtype, n) for n, a in tensors.items()}
     out_dtype = dtype or tensors["model.embed_tokens.weight"].dtype.name
     os.makedirs(out_dir, exist_ok=True)
-    for source in tokenizer_paths:
-        with atomic_output(os.path.join(out_dir, os.path.basename(source))) as tmp:
-            shutil.copyfile(source, tmp)
+    for path in tokenizer_paths:
+        target = os.path.join(out_dir, os.path.basename(path))
+        if os.path.exists(target) and os.path.samefile(path, target):
+            continue
+        with atomic_output(target) as tmp:
+            shutil.copyfile(path, tmp)
     _save_safetensors(tensors, os.path.join(out_dir, SAFE_WEIGHTS))
     _save_json(hf_config_dict(cfg, out_dtype), os.path.join(out_dir, "config.json"))
     return dataclasses.replace(cfg, param_init_type=out_dtype)

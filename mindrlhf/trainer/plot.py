@@ -1,0 +1,52 @@
+"""A PNG of a run's progress (reward per step, held-out accuracy at its evaluations) from `metrics.jsonl`."""
+from __future__ import annotations
+
+import json
+import os
+
+from mindrlhf.utils.atomic import atomic_output
+
+
+def progress_series(records: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
+    """(steps, values) of `reward/mean`, `reward/accuracy` and `eval/accuracy` (step 0 = before training).
+
+    A step logged twice (a resumed run rewrote it) keeps its last record."""
+    by_step: dict[int, dict] = {}
+    for record in records:
+        by_step.setdefault(int(record["step"]), {}).update(record)
+    series = {}
+    for key in ("reward/mean", "reward/accuracy", "eval/accuracy"):
+        points = [(step, float(r[key])) for step, r in sorted(by_step.items()) if key in r]
+        series[key] = ([s for s, _ in points], [v for _, v in points])
+    return series
+
+
+def read_metrics(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_progress(metrics_path: str, png_path: str) -> None:
+    """Writes `png_path`: training reward (and its accuracy term) per step, held-out accuracy per evaluation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = progress_series(read_metrics(metrics_path))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for key, label in (("reward/mean", "reward (weighted sum)"), ("reward/accuracy", "accuracy term")):
+        steps, values = series[key]
+        if steps:
+            left.plot(steps, values, label=label, linewidth=1.2)
+    left.set(title="training reward", xlabel="GRPO step")
+    left.legend()
+    left.grid(alpha=0.3)
+    steps, values = series["eval/accuracy"]
+    right.plot(steps, [100 * v for v in values], marker="o", color="tab:green")
+    right.set(title="held-out accuracy (greedy)", xlabel="GRPO step (0 = before)", ylabel="%")
+    right.grid(alpha=0.3)
+    os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
+    with atomic_output(png_path, ".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
