@@ -86,6 +86,9 @@ CASES = {
     "batch larger than the data": (lambda tmp, rec: ["--batch_size", "512"], r"do not fill one global batch"),
     "micro-batch that does not divide": (lambda tmp, rec: ["--micro_batch_size_per_device", "3"],
                                          r"schedule.micro_batch_size_per_device=3 must divide the 8 responses"),
+    "log-prob micro-batch that does not divide": (
+        lambda tmp, rec: ["--log_prob_micro_batch_size_per_device", "3"],
+        r"schedule.log_prob_micro_batch_size_per_device=3 must divide the 16 responses each inference rank"),
     "missing data": (lambda tmp, rec: ["--mind_dataset_dir", str(tmp / "none.mindrecord")],
                      r"none.mindrecord: --mind_dataset_dir file not found"),
 }
@@ -152,7 +155,8 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
 
 
 def test_micro_batches_train_like_whole_mini_batches(tmp_path, mindrecord, graph_mode):
-    """--micro_batch_size_per_device (gradient accumulation): the same step as whole mini-batches."""
+    """--micro_batch_size_per_device (gradient accumulation) and --log_prob_micro_batch_size_per_device (ref
+    log-probs a few rows at a time): the same step as whole batches."""
     from mindrlhf.trainer.checkpoint import read_policy_weights
 
     runs = {}
@@ -160,7 +164,7 @@ def test_micro_batches_train_like_whole_mini_batches(tmp_path, mindrecord, graph
         out = tmp_path / f"micro{micro}"
         code = load_script().main(base_args(mindrecord, out) + [
             "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1",
-            "--micro_batch_size_per_device", micro])
+            "--micro_batch_size_per_device", micro, "--log_prob_micro_batch_size_per_device", micro])
         assert code == 0
         metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
         runs[micro] = metrics, read_policy_weights(str(out / "checkpoints" / "step_000001"))

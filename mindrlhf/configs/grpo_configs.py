@@ -145,6 +145,12 @@ class ScheduleConfig:
            "responses of the mini-batch at once. Lower it when the train phase runs out of memory: activations "
            "grow with responses x length (MindSpore on CPU keeps ~50 KB per token per layer of a 256-wide model). "
            "The update is the same up to float rounding. Must divide the responses a train rank gets per update.")
+    log_prob_micro_batch_size_per_device: int = help_field(
+        0, "Responses per forward of the reference (and old-policy) log-prob passes on each inference rank (as "
+           "verl's log_prob_micro_batch_size_per_gpu); 0 = all of the rank's responses of a rollout at once. "
+           "Lower it when the ref phase runs out of memory: with Qwen's 152K vocabulary each token's logits and "
+           "their softmax take megabytes. The log-probs do not change. Must divide the responses an inference "
+           "rank generates per round (batch_size / inference data_parallel x num_generations).")
     ref_model_sync_steps: int = help_field(
         0, "Copy the policy into the reference model every this many steps (TRL's sync_ref_model); 0 = never: "
            "the reference stays the starting policy, as in DeepSeekMath.")
@@ -162,6 +168,8 @@ class ScheduleConfig:
             (self.num_iterations >= 1, "num_iterations", "must be >= 1"),
             (self.mini_batch_size >= 0, "mini_batch_size", "must be >= 0 (0 = whole batch)"),
             (self.micro_batch_size_per_device >= 0, "micro_batch_size_per_device", "must be >= 0 (0 = all at once)"),
+            (self.log_prob_micro_batch_size_per_device >= 0, "log_prob_micro_batch_size_per_device",
+             "must be >= 0 (0 = all at once)"),
             (self.ref_model_sync_steps >= 0, "ref_model_sync_steps", "must be >= 0 (0 = never)"),
             (self.max_sampling_retries >= 0, "max_sampling_retries", "must be >= 0"),
             (self.seed >= 0, "seed", "must be >= 0"),

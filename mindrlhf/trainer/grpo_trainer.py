@@ -176,6 +176,13 @@ class GRPOTrainer:
                               f"divide the {rows_per_rank} responses each train rank gets per update "
                               f"({sched.prompts_per_update} prompts x {G} generations / train data_parallel="
                               f"{self.train_layout.dp})")
+        rows_per_infer_rank = sched.batch_size // self.infer_layout.dp * G
+        if (sched.log_prob_micro_batch_size_per_device
+                and rows_per_infer_rank % sched.log_prob_micro_batch_size_per_device):
+            raise ConfigError(f"schedule.log_prob_micro_batch_size_per_device="
+                              f"{sched.log_prob_micro_batch_size_per_device} must divide the {rows_per_infer_rank} "
+                              f"responses each inference rank generates per round ({sched.batch_size} prompts / "
+                              f"inference data_parallel={self.infer_layout.dp} x {G} generations)")
         if len(tokenizer) > train_cfg.vocab_size:
             raise ConfigError(f"{tokenizer.source}: the tokenizer has {len(tokenizer)} "
                               f"ids but {job.sft_path_train} model_config.vocab_size is {train_cfg.vocab_size}: "
@@ -334,7 +341,6 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ one step
     def _rollout(self) -> tuple[Experience, dict]:
         """One generation round for this rank's prompts, scored and with ref (and old) log-probs."""
-        import mindspore as ms
 
         G = self.generator.config.num_generations
         batch = self.dataset.next_batch()
@@ -348,19 +354,28 @@ class GRPOTrainer:
             solutions = [s for s in batch["solution"] for _ in range(G)]
             rewards, terms = self.reward_fn(completions, solutions)
             advantages = self.advantage_fn(rewards, G, eps=self.config.loss.advantage_eps)
-        inputs = [ms.Tensor(a) for a in (out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask)]
+        inputs = (out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask)
         with self.phases("ref"):
-            ref_logp = self.ref_log_probs(*inputs).asnumpy()
+            ref_logp = self._log_probs(self.ref_log_probs, inputs)
         old_logp = out.log_probs
         if self.config.schedule.num_iterations > 1:
             with self.phases("old"):
-                old_logp = self.old_log_probs(*inputs).asnumpy()
+                old_logp = self._log_probs(self.old_log_probs, inputs)
         mask = out.response_mask.astype(np.float32)
         experience = Experience(out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,
                                 (old_logp * mask).astype(np.float32), (ref_logp * mask).astype(np.float32),
                                 rewards.astype(np.float32), advantages.astype(np.float32),
                                 {k: np.asarray(v, np.float32) for k, v in terms.items()})
         return experience, {"sample": completions[0]}
+
+    def _log_probs(self, cell, arrays) -> np.ndarray:
+        """`cell`'s response log-probs of the rows of `arrays`, log_prob_micro_batch_size_per_device rows per call."""
+        import mindspore as ms
+
+        rows = arrays[0].shape[0]
+        micro = self.config.schedule.log_prob_micro_batch_size_per_device or rows
+        return np.concatenate([cell(*(ms.Tensor(a[start:start + micro]) for a in arrays)).asnumpy()
+                               for start in range(0, rows, micro)])
 
     def _gather(self, local: Experience) -> Experience:
         return local.unpack(self.comm.gather_data_parallel_rows(local.pack(), self.infer_layout))
