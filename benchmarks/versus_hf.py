@@ -45,6 +45,9 @@ CASES = {
     "gen_0.5b": dict(kind="generate", model="0.5b", batch=8, prompt=64, new_tokens=32, target=2.0),
     "train_tiny": dict(kind="train", model="tiny", batch=16, seq=96, target=1.2),
     "train_0.5b": dict(kind="train", model="0.5b", batch=4, seq=128, target=1.5),
+    # the same step with gradient accumulation over 1-row micro-batches on our side (the trainer's
+    # micro_batch_size_per_device); torch still takes the 4 rows at once
+    "train_0.5b_micro": dict(kind="train", model="0.5b", batch=4, seq=128, micro=1, target=1.5),
 }
 ADAMW = dict(lr=1e-5, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01)
 SEQ_LENGTH = 256  # cache / position length on our side; every case fits
@@ -119,6 +122,23 @@ def timed(call, inner: int) -> tuple[float, list[float], object]:
     return warmup, times, first
 
 
+def scaled_loss(loss_net, scale: float):
+    """A loss net `(loss, stat)` with both outputs multiplied by `scale` (a Cell, built lazily: MindSpore is
+    imported in the child process only)."""
+    from mindspore import nn
+
+    class _Scaled(nn.Cell):
+        def __init__(self):
+            super().__init__(auto_prefix=False)
+            self.loss_net = loss_net
+
+        def construct(self, *inputs):
+            loss, stat = self.loss_net(*inputs)
+            return loss * scale, stat * scale
+
+    return _Scaled()
+
+
 def run_ours(case: dict, folder: str, inner: int) -> dict:
     import dataclasses
 
@@ -143,20 +163,23 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
         return {"warmup_s": warmup, "times_s": times, "tokens": case["batch"] * case["new_tokens"]}
     from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
     from mindrlhf.parallel import Layout
-    from mindrlhf.parallel.spmd import SPMDTrainStep
+    from mindrlhf.parallel.spmd import MicroBatchedTrainStep
     from mindrlhf.trainer.optimizer import AdamW
 
     optimizer = AdamW(model.trainable_params(), learning_rate=ADAMW["lr"], beta1=ADAMW["beta1"],
                       beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"])
-    step = SPMDTrainStep(ResponseNLLLoss(model), optimizer, Layout())
     # the first token as "prompt", the rest as "response": the loss covers every next-token prediction
-    inputs = [ms.Tensor(ids[:, :1].astype(np.int32)), ms.Tensor(np.ones((case["batch"], 1), np.int32)),
-              ms.Tensor(ids[:, 1:].astype(np.int32)), ms.Tensor(np.ones((case["batch"], case["seq"] - 1), np.int32))]
+    arrays = [ids[:, :1].astype(np.int32), np.ones((case["batch"], 1), np.int32), ids[:, 1:].astype(np.int32),
+              np.ones((case["batch"], case["seq"] - 1), np.int32)]
+    micro = case.get("micro", case["batch"])
+    # every row has the same token count, so the batch's token-mean loss is the mean of the micro-batches'
+    step = MicroBatchedTrainStep(scaled_loss(ResponseNLLLoss(model), micro / case["batch"]), optimizer, Layout())
+    micro_batches = [[ms.Tensor(a[start:start + micro]) for a in arrays] for start in range(0, case["batch"], micro)]
     losses = []
 
     def call():
-        (loss, _), _ = step(*inputs)
-        losses.append(float(loss.asnumpy()))
+        outputs, _ = step(micro_batches)
+        losses.append(float(outputs[0]))
 
     warmup, times, _ = timed(call, inner)
     return {"warmup_s": warmup, "times_s": times, "tokens": case["batch"] * case["seq"], "first_loss": losses[0]}
@@ -240,13 +263,13 @@ def summarize(case_name: str, runs: dict[str, list[dict]]) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    header = (f"{'case':<12}{'ours tok/s':>12}{'theirs tok/s':>14}{'ratio':>8}{'target':>8}"
+    header = (f"{'case':<18}{'ours tok/s':>12}{'theirs tok/s':>14}{'ratio':>8}{'target':>8}"
               f"{'ours GiB':>10}{'theirs GiB':>12}  first-loss diff")
     print(header)
     print("-" * len(header))
     for row in rows:
         loss = f"{row['first_loss_rel_diff']:.1e}" if "first_loss_rel_diff" in row else "-"
-        print(f"{row['case']:<12}{row['ours']['tokens_per_s']:>12.1f}{row['theirs']['tokens_per_s']:>14.1f}"
+        print(f"{row['case']:<18}{row['ours']['tokens_per_s']:>12.1f}{row['theirs']['tokens_per_s']:>14.1f}"
               f"{row['ratio']:>7.2f}x{row['target']:>7.1f}x{row['ours']['peak_rss_gib']:>10.2f}"
               f"{row['theirs']['peak_rss_gib']:>12.2f}  {loss}")
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
+from mindspore import Parameter, ParameterTuple, nn, ops
+from mindspore.common.initializer import initializer
 
 from mindrlhf.parallel.comm import DataParallelGradReducer
 from mindrlhf.parallel.layers import param_split_axes
@@ -93,16 +94,43 @@ class SPMDTrainStep(nn.Cell):
         return outputs, grad_norm
 
 
-class LocalGradients(nn.Cell):
-    """`(outputs, grads)` of a loss net returning `(loss, *stats)`: this rank's gradients, not reduced."""
+class AccumulateGradients(nn.Cell):
+    """Adds this rank's gradients of one micro-batch of a loss net returning `(loss, *stats)` to persistent
+    buffers, in place inside the graph (so only one micro-batch's gradients exist besides the buffers), and
+    returns the loss net's outputs. :meth:`zero` clears the buffers."""
 
     def __init__(self, loss_net: nn.Cell, params):
         super().__init__(auto_prefix=False)
         self.loss_net = loss_net
         self.grad_fn = ops.value_and_grad(loss_net, None, params, has_aux=True)
+        self.buffers = ParameterTuple(
+            Parameter(initializer("zeros", p.shape, p.dtype), name=f"grad_accumulator.{p.name}", requires_grad=False)
+            for p in params)
+        self.clear = _ZeroParameters(self.buffers)
 
     def construct(self, *inputs):
-        return self.grad_fn(*inputs)
+        outputs, grads = self.grad_fn(*inputs)
+        done = ops.zeros((), ms.float32)
+        for i in range(len(grads)):
+            done = ops.depend(done, ops.assign_add(self.buffers[i], grads[i]))
+        return (ops.depend(outputs[0], done),) + tuple(outputs[1:])  # an unused assign may be dropped
+
+    def zero(self) -> None:
+        self.clear()
+
+
+class _ZeroParameters(nn.Cell):
+    """Sets every given Parameter to zero, in place."""
+
+    def __init__(self, params: ParameterTuple):
+        super().__init__(auto_prefix=False)
+        self.params = params
+
+    def construct(self):
+        done = ops.zeros((), ms.float32)
+        for i in range(len(self.params)):
+            done = ops.depend(done, ops.assign(self.params[i], ops.zeros_like(self.params[i])))
+        return done
 
 
 class ApplyGradients(nn.Cell):
@@ -124,9 +152,9 @@ class ApplyGradients(nn.Cell):
 class MicroBatchedTrainStep:
     """One optimizer step over a batch given as micro-batches (gradient accumulation): each micro-batch's
     forward and backward run on their own, so activation memory is that of one micro-batch; the gradients
-    are summed, then reduced over dp, clipped and applied once. The loss of the batch must be the sum of
-    the micro-batches' losses (token weights normalised over the whole batch, as the GRPO loss's). One
-    micro-batch runs the fused :class:`SPMDTrainStep`.
+    are added in place to buffers (:class:`AccumulateGradients`), then reduced over dp, clipped and applied
+    once. The loss of the batch must be the sum of the micro-batches' losses (token weights normalised over
+    the whole batch, as the GRPO loss's). One micro-batch runs the fused :class:`SPMDTrainStep`.
 
     Called with a list of micro-batches (each the loss net's input tensors), returns `(outputs, grad_norm)`:
     the loss net's outputs summed over the micro-batches (numpy), the norm before clipping (float).
@@ -134,21 +162,21 @@ class MicroBatchedTrainStep:
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, layout: Layout | None = None,
                  grad_reduction: str = "mean", max_grad_norm: float = 0.0):
+        self.loss_net = loss_net
+        self.params = optimizer.parameters
         self.whole = SPMDTrainStep(loss_net, optimizer, layout, grad_reduction, max_grad_norm)
-        self.local = LocalGradients(loss_net, optimizer.parameters)
         self.apply = ApplyGradients(loss_net, optimizer, layout, grad_reduction, max_grad_norm)
+        self.accumulate = None  # its buffers (one gradient's worth of memory) only exist once micro-batches come
 
     def __call__(self, micro_batches):
         if len(micro_batches) == 1:
             outputs, grad_norm = self.whole(*micro_batches[0])
             return np.array([o.asnumpy() for o in outputs], np.float64), float(grad_norm.asnumpy())
-        total, summed = None, None
+        if self.accumulate is None:
+            self.accumulate = AccumulateGradients(self.loss_net, self.params)
+        total = 0.0
         for inputs in micro_batches:
-            outputs, grads = self.local(*inputs)
-            values = np.array([o.asnumpy() for o in outputs], np.float64)
-            if total is None:
-                total, summed = values, list(grads)
-            else:
-                total += values
-                summed = [ops.add(a, g) for a, g in zip(summed, grads)]
-        return total, float(self.apply(*summed).asnumpy())
+            total = total + np.array([o.asnumpy() for o in self.accumulate(*inputs)], np.float64)
+        grad_norm = float(self.apply(*self.accumulate.buffers).asnumpy())
+        self.accumulate.zero()
+        return total, grad_norm
