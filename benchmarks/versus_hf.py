@@ -163,7 +163,7 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
         return {"warmup_s": warmup, "times_s": times, "tokens": case["batch"] * case["new_tokens"]}
     from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
     from mindrlhf.parallel import Layout
-    from mindrlhf.parallel.spmd import MicroBatchedTrainStep
+    from mindrlhf.parallel.spmd import MicroBatchedTrainStep, split_micro_batches
     from mindrlhf.trainer.optimizer import AdamW
 
     optimizer = AdamW(model.trainable_params(), learning_rate=ADAMW["lr"], beta1=ADAMW["beta1"],
@@ -174,7 +174,7 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
     micro = case.get("micro", case["batch"])
     # every row has the same token count, so the batch's token-mean loss is the mean of the micro-batches'
     step = MicroBatchedTrainStep(scaled_loss(ResponseNLLLoss(model), micro / case["batch"]), optimizer, Layout())
-    micro_batches = [[ms.Tensor(a[start:start + micro]) for a in arrays] for start in range(0, case["batch"], micro)]
+    micro_batches = split_micro_batches(arrays, micro)
     losses = []
 
     def call():

@@ -8,7 +8,7 @@ from mindrlhf.algorithms import GRPOLossCell, aggregate, aggregation_weights, gr
 from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, GRPOLossNet, ResponseLogProbs
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel.layers import init_random_weights
-from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDTrainStep
+from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDTrainStep, split_micro_batches
 from mindrlhf.trainer.optimizer import AdamW
 
 CONFIG = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=64,
@@ -125,3 +125,14 @@ def test_micro_batches_give_the_update_of_the_whole_batch(graph_mode):
     assert whole[0][1] != whole[1][1]  # the first update changed the weights the second saw
     for name, value in whole_weights.items():
         np.testing.assert_allclose(micro_weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_split_micro_batches_keeps_row_order_and_pairs_the_arrays():
+    ids = np.arange(10).reshape(5, 2)
+    mask = np.arange(5)
+    parts = split_micro_batches([ids, mask], 2)
+    assert [len(p) for p in parts] == [2, 2, 2]
+    np.testing.assert_array_equal(np.concatenate([p[0].asnumpy() for p in parts]), ids)
+    assert [p[1].asnumpy().tolist() for p in parts] == [[0, 1], [2, 3], [4]]
+    whole = split_micro_batches([ids, mask], 0)
+    assert len(whole) == 1 and whole[0][0].shape == (5, 2)

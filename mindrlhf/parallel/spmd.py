@@ -149,6 +149,14 @@ class ApplyGradients(nn.Cell):
         return grad_norm
 
 
+def split_micro_batches(arrays, size: int) -> list[list[ms.Tensor]]:
+    """The rows of `arrays` (equal first dimensions) as consecutive micro-batches of `size` rows, each a list of
+    Tensors in the order of `arrays`; `size` 0 = one micro-batch of every row."""
+    rows = len(arrays[0])
+    size = size or rows
+    return [[ms.Tensor(a[start:start + size]) for a in arrays] for start in range(0, rows, size)]
+
+
 class MicroBatchedTrainStep:
     """One optimizer step over a batch given as micro-batches (gradient accumulation): each micro-batch's
     forward and backward run on their own, so activation memory is that of one micro-batch; the gradients

@@ -98,6 +98,13 @@ def check_tensor_parallel(cfg, tp: int, path: str) -> None:
                               f"model_parallel={tp}")
 
 
+def _check_micro_batch_size(sched, field: str, rows: int, whose: str) -> None:
+    """`schedule.<field>` (0 = all rows at once) must divide the `rows` it splits ("responses <whose>")."""
+    size = getattr(sched, field)
+    if size and rows % size:
+        raise ConfigError(f"schedule.{field}={size} must divide the {rows} responses {whose}")
+
+
 def load_weights(net, layout, path: str, prefix: str = "") -> None:
     """Loads a full `.ckpt` (split to this rank's shards) or a trainer step folder into `net`.
 
@@ -170,19 +177,14 @@ class GRPOTrainer:
             raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {G} generations "
                               f"per update do not split evenly over the train data_parallel="
                               f"{self.train_layout.dp} ({job.sft_path_train})")
-        rows_per_rank = sched.prompts_per_update * G // self.train_layout.dp
-        if sched.micro_batch_size_per_device and rows_per_rank % sched.micro_batch_size_per_device:
-            raise ConfigError(f"schedule.micro_batch_size_per_device={sched.micro_batch_size_per_device} must "
-                              f"divide the {rows_per_rank} responses each train rank gets per update "
-                              f"({sched.prompts_per_update} prompts x {G} generations / train data_parallel="
-                              f"{self.train_layout.dp})")
-        rows_per_infer_rank = sched.batch_size // self.infer_layout.dp * G
-        if (sched.log_prob_micro_batch_size_per_device
-                and rows_per_infer_rank % sched.log_prob_micro_batch_size_per_device):
-            raise ConfigError(f"schedule.log_prob_micro_batch_size_per_device="
-                              f"{sched.log_prob_micro_batch_size_per_device} must divide the {rows_per_infer_rank} "
-                              f"responses each inference rank generates per round ({sched.batch_size} prompts / "
-                              f"inference data_parallel={self.infer_layout.dp} x {G} generations)")
+        _check_micro_batch_size(sched, "micro_batch_size_per_device",
+                                sched.prompts_per_update * G // self.train_layout.dp,
+                                f"each train rank gets per update ({sched.prompts_per_update} prompts x {G} "
+                                f"generations / train data_parallel={self.train_layout.dp})")
+        _check_micro_batch_size(sched, "log_prob_micro_batch_size_per_device",
+                                sched.batch_size // self.infer_layout.dp * G,
+                                f"each inference rank generates per round ({sched.batch_size} prompts / "
+                                f"inference data_parallel={self.infer_layout.dp} x {G} generations)")
         if len(tokenizer) > train_cfg.vocab_size:
             raise ConfigError(f"{tokenizer.source}: the tokenizer has {len(tokenizer)} "
                               f"ids but {job.sft_path_train} model_config.vocab_size is {train_cfg.vocab_size}: "
@@ -341,7 +343,6 @@ class GRPOTrainer:
     # ------------------------------------------------------------------ one step
     def _rollout(self) -> tuple[Experience, dict]:
         """One generation round for this rank's prompts, scored and with ref (and old) log-probs."""
-
         G = self.generator.config.num_generations
         batch = self.dataset.next_batch()
         with self.phases("generate"):
@@ -370,12 +371,10 @@ class GRPOTrainer:
 
     def _log_probs(self, cell, arrays) -> np.ndarray:
         """`cell`'s response log-probs of the rows of `arrays`, log_prob_micro_batch_size_per_device rows per call."""
-        import mindspore as ms
+        from mindrlhf.parallel.spmd import split_micro_batches
 
-        rows = arrays[0].shape[0]
-        micro = self.config.schedule.log_prob_micro_batch_size_per_device or rows
-        return np.concatenate([cell(*(ms.Tensor(a[start:start + micro]) for a in arrays)).asnumpy()
-                               for start in range(0, rows, micro)])
+        return np.concatenate([cell(*micro_batch).asnumpy() for micro_batch in
+                               split_micro_batches(arrays, self.config.schedule.log_prob_micro_batch_size_per_device)])
 
     def _gather(self, local: Experience) -> Experience:
         return local.unpack(self.comm.gather_data_parallel_rows(local.pack(), self.infer_layout))
@@ -417,10 +416,9 @@ class GRPOTrainer:
 
     def _train(self, exp: Experience) -> dict:
         """num_iterations passes of mini-batch updates; returns the averaged actor metrics."""
-        import mindspore as ms
-
         from mindrlhf.algorithms import aggregation_weights
         from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES
+        from mindrlhf.parallel.spmd import split_micro_batches
         from mindrlhf.trainer.optimizer import learning_rate_at
 
         cfg, G = self.config, self.generator.config.num_generations
@@ -439,10 +437,8 @@ class GRPOTrainer:
                 inputs = [part.prompt_ids[mine], part.prompt_mask[mine], part.response_ids[mine],
                           part.response_mask[mine], part.old_logp[mine], part.ref_logp[mine],
                           part.advantages[mine], weights[mine]]
-                rows = len(inputs[0])
-                micro = cfg.schedule.micro_batch_size_per_device or rows
-                micro_batches = [[ms.Tensor(a[start:start + micro]) for a in inputs] for start in range(0, rows, micro)]
-                shares, grad_norm = self.train_step(micro_batches)
+                shares, grad_norm = self.train_step(
+                    split_micro_batches(inputs, cfg.schedule.micro_batch_size_per_device))
                 values = self.comm.group_sum(shares.astype(np.float32), layout.dp_group)
                 for name, value in zip(GRPO_OUTPUT_NAMES, values):
                     sums[name] = sums.get(name, 0.0) + float(value)

@@ -57,9 +57,6 @@ class MetricsWriter:
         if self.jsonl_path:
             with open(self.jsonl_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"step": step, **_plain(metrics)}) + "\n")
-        self._add_scalars(step, metrics)
-
-    def _add_scalars(self, step: int, metrics: Mapping[str, float]) -> None:
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
