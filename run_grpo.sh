@@ -53,7 +53,7 @@ msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master
     examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML" \
     --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$OUTPUT/prompts.mindrecord" --config "$GRPO_YAML" \
     --load_sft_checkpoint_train "$OUTPUT/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard" \
-    "${EVAL_ARGS[@]}" "$@" || status=$?
+    "${EVAL_ARGS[@]}" "$@" 2>&1 | tee "$OUTPUT/msrun.out" || status=${PIPESTATUS[0]}
 # rank 0's log holds the per-step lines; show them (msrun writes each rank's output to its own file)
 grep -h -E "step [0-9]+/|error|Error" "$LOG_DIR/worker_0.log" 2>/dev/null | grep -v WARNING || true
 [ -f "$OUTPUT/progress.png" ] && echo "plot: $OUTPUT/progress.png  metrics: $OUTPUT/metrics.jsonl  TensorBoard: $OUTPUT/tensorboard"
@@ -61,5 +61,7 @@ grep -h -o "held-out accuracy: before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | 
 if [ "$status" -ne 0 ]; then
   echo "run_grpo.sh: the job failed (exit $status); logs: $LOG_DIR/worker_*.log" >&2
   grep -h "^error:" "$LOG_DIR"/worker_*.log 2>/dev/null | sort -u >&2 || true
+  # msrun names the first failed worker by pid (its scheduler may blame a rank msrun killed afterwards)
+  "$PY" -m mindrlhf.trainer.postmortem "$OUTPUT/msrun.out" "$LOG_DIR" >&2 || true
 fi
 exit "$status"

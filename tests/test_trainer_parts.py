@@ -211,3 +211,23 @@ def test_a_fresh_run_starts_a_new_metrics_file(tmp_path):
     fresh.record(0, {"eval/accuracy": 0.2})
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lines == [{"step": 0, "eval/accuracy": 0.2}]
+
+
+def test_postmortem_maps_the_pid_msrun_saw_fail_first_to_its_rank(tmp_path):
+    from mindrlhf.trainer.postmortem import first_failed_worker, main
+
+    (tmp_path / "worker_0.log").write_text("12:00:00 [rank 0] INFO mindrlhf.trainer: rank 0 of 2 started as pid 4242 "
+                                           "on host\n")
+    (tmp_path / "worker_1.log").write_text("12:00:00 [rank 1] INFO mindrlhf.trainer: rank 1 of 2 started as pid 4343 "
+                                           "on host\nstep 3/50 ...\n")
+    msrun_output = ("[ERROR] ME(1:2,python):... Worker process 4343 exit with exception. Error code: -9.\n"
+                    "[ERROR] ME(1:2,python):... Worker process 4242 exit with exception. Error code: -15.\n"
+                    "The node: 0 is timed out.\n")
+    report = first_failed_worker(msrun_output, str(tmp_path))
+    assert report == f"rank 1 (pid 4343) failed first: killed by SIGKILL (exit -9); its log: {tmp_path}/worker_1.log"
+    assert first_failed_worker("Worker process 4242 exit with exception. Error code: 3.", str(tmp_path)) == \
+        f"rank 0 (pid 4242) failed first: exit 3; its log: {tmp_path}/worker_0.log"
+    assert first_failed_worker("Worker process 99 exit with exception. Error code: 1.", str(tmp_path)) is None
+    assert first_failed_worker("All workers successfully exit!", str(tmp_path)) is None
+    (tmp_path / "msrun.out").write_text(msrun_output)
+    assert main([str(tmp_path / "msrun.out"), str(tmp_path)]) == 0

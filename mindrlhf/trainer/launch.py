@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable
 
@@ -75,6 +76,8 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     ms.set_context(mode=ms.GRAPH_MODE)
     world_size, rank = init_communication(args.use_parallel)
     setup_logging(rank=rank)
+    # the pid lets `mindrlhf.trainer.postmortem` map msrun's "Worker process <pid> exit" to this rank
+    logger.info("rank %d of %d started as pid %d on %s", rank, world_size, os.getpid(), socket.gethostname())
     job = JobOptions(sft_path_train=args.sft_path_train, sft_path_infer=args.sft_path_infer,
                      mind_dataset_dir=args.mind_dataset_dir, eval_dataset_dir=args.eval_dataset_dir,
                      output_dir=args.output_dir,
