@@ -78,8 +78,9 @@ def test_every_step_reshards_into_the_infer_net_and_keeps_the_swap_plan(straight
                 "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/entropy", "actor/grad_norm", "actor/lr",
                 "response_length/mean", "response_length/max", "response_length/clip_ratio", "timing_s/generate",
                 "timing_s/reward", "timing_s/ref", "timing_s/old", "timing_s/train", "timing_s/reshard",
-                "timing_s/step", "perf/tokens_per_s_per_device", "swap/bytes_moved"):
+                "timing_s/step", "perf/tokens_per_s_per_device", "perf/max_rss_gib", "swap/bytes_moved"):
         assert key in lines[0], key
+    assert 0.1 < lines[0]["perf/max_rss_gib"] <= lines[-1]["perf/max_rss_gib"] < 24  # a peak: never decreases
     assert all(line["actor/kl"] >= 0 for line in lines) and lines[-1]["actor/kl"] > 0  # k3 >= 0; policy moved
     assert lines[0]["actor/updates"] == 4  # 2 iterations x (batch 4 / mini-batch 2)
     assert any(line["actor/clipfrac"] > 0 for line in lines)  # several updates per batch: clipping happens

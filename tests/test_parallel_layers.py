@@ -73,3 +73,23 @@ def test_loading_a_wrong_shape_names_the_parameter():
     del state["model.layers.1.feed_forward.w2.weight"]
     with pytest.raises(ValueError, match="missing from the state: model.layers.1.feed_forward.w2.weight"):
         load_full_state(target, state)
+
+
+def test_expand_as_broadcasts_large_operands_only_and_keeps_values():
+    import mindspore as ms
+    from mindspore import nn
+
+    from mindrlhf.parallel.layers import EXPAND_MIN_ELEMENTS, expand_as
+
+    class Scale(nn.Cell):
+        def construct(self, x, w):
+            full = expand_as(w, x)
+            return full, x * full
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(64).astype(np.float32)
+    for rows in (EXPAND_MIN_ELEMENTS // 64, 4):  # large: broadcast in the graph; small: left to the op
+        x = rng.standard_normal((rows, 64)).astype(np.float32)
+        full, product = Scale()(ms.Tensor(x), ms.Tensor(w))
+        assert full.shape == ((rows, 64) if rows * 64 >= EXPAND_MIN_ELEMENTS else (64,))
+        np.testing.assert_array_equal(product.asnumpy(), x * w)

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import math
 import os
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -497,6 +498,7 @@ class GRPOTrainer:
         metrics["timing_s/step"] = round(elapsed, 4)
         tokens = int(generated.prompt_mask.sum() + lengths.sum())
         metrics["perf/tokens_per_s_per_device"] = round(tokens / self.world_size / elapsed, 2)
+        metrics["perf/max_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
         return metrics
 
     def evaluate(self) -> float:

@@ -21,6 +21,7 @@ from mindrlhf.parallel.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
     VocabParallelLogProbs,
+    expand_as,
     shard_size,
     to_ms_dtype,
 )
@@ -53,7 +54,7 @@ def apply_rotary(x, cos, sin, rotate_half):
     returns x's dtype."""
     x32 = x.astype(ms.float32)
     rotated = ops.matmul(x32.reshape(-1, x.shape[-1]), rotate_half).reshape(x.shape)
-    return (x32 * cos + rotated * sin).astype(x.dtype)
+    return (x32 * expand_as(cos, x32) + rotated * expand_as(sin, x32)).astype(x.dtype)
 
 
 class Qwen2Attention(nn.Cell):
@@ -111,7 +112,8 @@ class Qwen2Attention(nn.Cell):
                 v = v.astype(self.compute_dtype)
         length = k.shape[2]
         scores = self.scores_matmul(self._by_kv_head(q, batch, seq), k)  # q k^T without a transposed copy of k
-        scores = scores.reshape(batch, self.heads_local, seq, length).astype(ms.float32) * self.scale + attn_bias
+        scores = scores.reshape(batch, self.heads_local, seq, length).astype(ms.float32) * self.scale
+        scores = scores + expand_as(attn_bias, scores)
         probs = ops.softmax(scores, -1).astype(self.compute_dtype)
         out = ops.matmul(self._by_kv_head(probs, batch, seq), v)
         out = out.reshape(batch, self.heads_local, seq, self.head_dim).transpose(0, 2, 1, 3)

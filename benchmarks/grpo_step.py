@@ -1,0 +1,151 @@
+"""Where a GRPO step's time goes: `bash run_grpo.sh` for a few steps, the per-phase split of each step.
+
+Runs the user's launcher (`run_grpo.sh`: convert, prompts, msrun, `grpo_one_stage.py`) on one of two models and
+reads `timing_s/*`, `perf/tokens_per_s_per_device` and `perf/max_rss_gib` from its `metrics.jsonl`:
+
+- `arith`: the bundled default (3.2M-parameter arithmetic policy, 8 prompts x 8 samples, train tp=2 / infer dp=2);
+- `0.5b`: Qwen2.5-0.5B's shape with seeded random weights (`versus_hf.py`'s, converted by the launcher like a
+  downloaded model), prompts from the arithmetic task, small batch (`--batch_size` prompts x 4 samples, 64 new
+  tokens, every token generated since random weights rarely end), one worker by default (memory).
+
+The first step also compiles the graphs, so the table shows it apart from the median of the later ones (with one
+step, the median column is that step).
+
+    .venv/bin/python benchmarks/grpo_step.py                       # arith, 4 steps, ~2 min
+    .venv/bin/python benchmarks/grpo_step.py --model 0.5b --workdir /tmp/vhf    # 1 step, ~22 GiB peak
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.results_io import write_results  # noqa: E402
+from benchmarks.versus_hf import model_dir, prepare_model  # noqa: E402
+
+PHASES = ("generate", "reward", "ref", "old", "train", "reshard")
+ARITH = os.path.join(ROOT, "model_configs", "arith")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=("arith", "0.5b"), default="arith")
+    p.add_argument("--steps", type=int, default=None,
+                   help="GRPO steps; the first one also compiles (default: 4 for arith, 1 for 0.5b, whose second "
+                        "step does not fit in 24 GiB)")
+    p.add_argument("--workers", type=int, default=None, help="msrun workers (default: 2 for arith, 1 for 0.5b)")
+    p.add_argument("--batch_size", type=int, default=2, help="0.5b: prompts per step (4 samples each)")
+    p.add_argument("--micro_batch_size", type=int, default=1,
+                   help="0.5b: micro_batch_size_per_device and log_prob_micro_batch_size_per_device")
+    p.add_argument("--infer_dtype", choices=("float32", "float16"), default="float32",
+                   help="0.5b: dtype of the inference and reference nets (float16 halves their memory)")
+    p.add_argument("--workdir", default=None, help="keeps the converted 0.5B model and the run's output")
+    p.add_argument("--output", default=None, help="default: benchmarks/results/grpo_step_<model>.json")
+    args = p.parse_args(argv)
+    args.steps = args.steps or (4 if args.model == "arith" else 1)
+    if args.steps < 1:
+        p.error("--steps: at least 1")
+    return args
+
+
+def yaml_with_layout(model_yaml: str, path: str, data_parallel: int, model_parallel: int, seq_length: int,
+                     dtype: str = "float32") -> None:
+    """A model YAML with its parallel_config replaced, seq_length/max_position_embedding and dtypes set."""
+    import yaml
+
+    with open(model_yaml) as f:
+        doc = yaml.safe_load(f)
+    doc["model"]["model_config"].update(seq_length=seq_length, max_position_embedding=seq_length,
+                                        compute_dtype=dtype, param_init_type=dtype)
+    doc["parallel_config"] = {"data_parallel": data_parallel, "model_parallel": model_parallel, "pipeline_stage": 1}
+    with open(path, "w") as f:
+        yaml.safe_dump(doc, f, sort_keys=False)
+
+
+def launcher_env(args: argparse.Namespace, out: str) -> tuple[dict, list[str]]:
+    """Environment and extra flags for run_grpo.sh."""
+    workers = args.workers or (2 if args.model == "arith" else 1)
+    env = dict(os.environ, OUTPUT=out, EVAL_DATA="", WORKER_NUM=str(workers), LOCAL_WORKER_NUM=str(workers),
+               MASTER_PORT=str(8200 + os.getpid() % 500))
+    flags = ["--steps", str(args.steps)]
+    if args.model == "0.5b":
+        folder = model_dir(args.workdir, "0.5b")
+        prepare_model(args.workdir, "0.5b")
+        # 0.5B's 14 heads / 2 kv heads allow tp 1 or 2; every net tp=workers (an infer dp replica per rank
+        # would hold whole copies of the infer and reference nets on each rank: 24 GiB is not enough)
+        train, infer = os.path.join(out, "train.yaml"), os.path.join(out, "infer.yaml")
+        yaml_with_layout(os.path.join(folder, "model.yaml"), train, 1, workers, 512)
+        yaml_with_layout(os.path.join(folder, "model.yaml"), infer, 1, workers, 512, args.infer_dtype)
+        env.update(MODEL_DIR=os.path.join(folder, "hf"), TOKENIZER_DIR=os.path.join(ARITH, "policy"),
+                   TRAIN_YAML=train, INFER_YAML=infer)
+        flags += ["--batch_size", str(args.batch_size), "--num_generations", "4", "--max_new_tokens", "64",
+                  "--mini_batch_size", "0", "--micro_batch_size_per_device", str(args.micro_batch_size),
+                  "--log_prob_micro_batch_size_per_device", str(args.micro_batch_size), "--learning_rate", "1e-6"]
+    return env, flags
+
+
+def later_steps(lines: list[dict]) -> list[dict]:
+    """The steps after the first (which also compiles), or the first if it is the only one."""
+    return lines[1:] or lines
+
+
+def phase_table(lines: list[dict]) -> list[dict]:
+    """Per phase: seconds of the first step, median of the later steps, share of the later steps' time."""
+    later = later_steps(lines)
+    step_median = statistics.median(line["timing_s/step"] for line in later)
+    rows = []
+    for phase in (*PHASES, "step"):
+        key = f"timing_s/{phase}"
+        if key not in lines[0]:
+            continue
+        median = statistics.median(line[key] for line in later)
+        rows.append({"phase": phase, "first_s": lines[0][key], "median_s": median,
+                     "share": median / step_median})
+    return rows
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    args.workdir = args.workdir or tempfile.mkdtemp(prefix="grpo_step_")
+    out = os.path.join(args.workdir, f"grpo_step_{args.model}")
+    os.makedirs(out, exist_ok=True)
+    env, flags = launcher_env(args, out)
+    proc = subprocess.run(["bash", os.path.join(ROOT, "run_grpo.sh"), *flags], env=env, cwd=ROOT,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: run_grpo.sh failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    rows = phase_table(lines)
+    later = later_steps(lines)
+    summary = {"tokens_per_s_per_device": statistics.median(line["perf/tokens_per_s_per_device"] for line in later),
+               "max_rss_gib_rank0": max(line["perf/max_rss_gib"] for line in lines),
+               "response_tokens_mean": statistics.median(line["response_length/mean"] for line in later)}
+    over = f"the other {len(later)}" if len(lines) > 1 else "the first, compiles included"
+    print(f"GRPO step, model {args.model}, {env['WORKER_NUM']} worker(s), {len(lines)} step(s) (the first also "
+          f"compiles; median of {over})")
+    print(f"{'phase':<10}{'first s':>10}{'median s':>10}{'share':>8}")
+    for row in rows:
+        print(f"{row['phase']:<10}{row['first_s']:>10.3f}{row['median_s']:>10.3f}{row['share']:>8.1%}")
+    print(f"tokens/s/device {summary['tokens_per_s_per_device']:.1f}; rank 0 peak RSS "
+          f"{summary['max_rss_gib_rank0']:.2f} GiB; mean response {summary['response_tokens_mean']:.1f} tokens")
+    result = {"benchmark": "grpo_step", "model": args.model, "workers": int(env["WORKER_NUM"]), "flags": flags,
+              "phases": rows, **summary, "steps": lines, "machine": platform.machine(),
+              "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
+    write_results(result, args.output or os.path.join(ROOT, "benchmarks", "results", f"grpo_step_{args.model}.json"))
+    return result
+
+
+if __name__ == "__main__":
+    main()
