@@ -31,8 +31,9 @@ if ROOT not in sys.path:
 
 from benchmarks.results_io import write_results  # noqa: E402
 from benchmarks.versus_hf import model_dir, prepare_model  # noqa: E402
+from mindrlhf.trainer.phases import PHASES  # noqa: E402
 
-PHASES = ("generate", "reward", "ref", "old", "train", "reshard")
+STEP_PHASES = tuple(p for p in PHASES if p != "eval")  # evaluation is timed apart from the step
 ARITH = os.path.join(ROOT, "model_configs", "arith")
 
 
@@ -53,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output", default=None, help="default: benchmarks/results/grpo_step_<model>.json")
     args = p.parse_args(argv)
     args.steps = args.steps or (4 if args.model == "arith" else 1)
+    args.workers = args.workers or (2 if args.model == "arith" else 1)
     if args.steps < 1:
         p.error("--steps: at least 1")
     return args
@@ -74,7 +76,7 @@ def yaml_with_layout(model_yaml: str, path: str, data_parallel: int, model_paral
 
 def launcher_env(args: argparse.Namespace, out: str) -> tuple[dict, list[str]]:
     """Environment and extra flags for run_grpo.sh."""
-    workers = args.workers or (2 if args.model == "arith" else 1)
+    workers = args.workers
     env = dict(os.environ, OUTPUT=out, EVAL_DATA="", WORKER_NUM=str(workers), LOCAL_WORKER_NUM=str(workers),
                MASTER_PORT=str(8200 + os.getpid() % 500))
     flags = ["--steps", str(args.steps)]
@@ -104,7 +106,7 @@ def phase_table(lines: list[dict]) -> list[dict]:
     later = later_steps(lines)
     step_median = statistics.median(line["timing_s/step"] for line in later)
     rows = []
-    for phase in (*PHASES, "step"):
+    for phase in (*STEP_PHASES, "step"):
         key = f"timing_s/{phase}"
         if key not in lines[0]:
             continue
@@ -133,14 +135,14 @@ def main(argv=None) -> dict:
                "max_rss_gib_rank0": max(line["perf/max_rss_gib"] for line in lines),
                "response_tokens_mean": statistics.median(line["response_length/mean"] for line in later)}
     over = f"the other {len(later)}" if len(lines) > 1 else "the first, compiles included"
-    print(f"GRPO step, model {args.model}, {env['WORKER_NUM']} worker(s), {len(lines)} step(s) (the first also "
+    print(f"GRPO step, model {args.model}, {args.workers} worker(s), {len(lines)} step(s) (the first also "
           f"compiles; median of {over})")
     print(f"{'phase':<10}{'first s':>10}{'median s':>10}{'share':>8}")
     for row in rows:
         print(f"{row['phase']:<10}{row['first_s']:>10.3f}{row['median_s']:>10.3f}{row['share']:>8.1%}")
     print(f"tokens/s/device {summary['tokens_per_s_per_device']:.1f}; rank 0 peak RSS "
           f"{summary['max_rss_gib_rank0']:.2f} GiB; mean response {summary['response_tokens_mean']:.1f} tokens")
-    result = {"benchmark": "grpo_step", "model": args.model, "workers": int(env["WORKER_NUM"]), "flags": flags,
+    result = {"benchmark": "grpo_step", "model": args.model, "workers": args.workers, "flags": flags,
               "phases": rows, **summary, "steps": lines, "machine": platform.machine(),
               "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
     write_results(result, args.output or os.path.join(ROOT, "benchmarks", "results", f"grpo_step_{args.model}.json"))
