@@ -266,6 +266,17 @@ def test_sampling_is_seeded_and_never_draws_zero_probability():
     assert (draws[:, 0] == 2).all() and set(draws[:, 1].tolist()) == {1, 3}
 
 
+def test_sampling_with_log_probs_gives_the_same_tokens_and_log_probs_as_apart():
+    logits = np.random.default_rng(2).normal(size=(32, 300)).astype(np.float32) * 3
+    for kw in (dict(), dict(temperature=0.7), dict(top_k=20), dict(top_p=0.8, temperature=1.3)):
+        tokens = sample_tokens(logits, np.random.default_rng(5), **kw)
+        both, log_probs = sample_tokens(logits, np.random.default_rng(5), return_log_probs=True, **kw)
+        np.testing.assert_array_equal(both, tokens)
+        expected = token_log_probs(logits, tokens, kw.get("temperature", 1.0))
+        np.testing.assert_array_equal(log_probs, expected)
+        assert log_probs.dtype == np.float32 and (log_probs < 0).all()
+
+
 def test_token_log_probs_with_temperature():
     logits = np.array([[1.0, 2.0, 3.0]])
     expected = np.log(np.exp(2.0 / 0.5) / np.exp(np.array([1.0, 2.0, 3.0]) / 0.5).sum())

@@ -144,3 +144,18 @@ def test_clipping_equals_torch_clip_grad_norm():
     assert max(torch_norms) > 1.0  # the clip was active
     for p in loss_net.weights:
         np.testing.assert_allclose(p.asnumpy(), theirs[p.name], rtol=1e-5, atol=1e-6, err_msg=p.name)
+
+
+def test_sum_of_squares_by_rows_equals_the_full_sum(graph_mode):
+    from mindrlhf.parallel.spmd import sum_of_squares
+
+    class SumsOfSquares(nn.Cell):
+        def construct(self, *xs):
+            return tuple(sum_of_squares(x) for x in xs)
+
+    rng = np.random.default_rng(4)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in ((), (7,), (5, 3), (2, 3, 4))]
+    got = SumsOfSquares()(*(Tensor(a) for a in arrays))
+    for a, value in zip(arrays, got):
+        assert value.shape == ()
+        assert float(value.asnumpy()) == pytest.approx(float((a.astype(np.float64) ** 2).sum()), rel=1e-6)

@@ -120,6 +120,32 @@ def test_only_complete_checkpoints_are_picked_and_old_ones_pruned(tmp_path):
     assert find_resume_checkpoint("auto", str(tmp_path / "empty")) is None
 
 
+def test_saved_parameters_load_as_mindspore_saves_them_in_any_chunking(tmp_path, monkeypatch):
+    import mindspore as ms
+    from mindspore import Parameter, Tensor
+
+    import mindrlhf.trainer.checkpoint as checkpoint
+
+    rng = np.random.default_rng(0)
+    params = [Parameter(Tensor(rng.standard_normal((7, 13)).astype(np.float32)), name="w"),
+              Parameter(Tensor(rng.standard_normal(9).astype(np.float16)), name="half"),
+              Parameter(Tensor(np.int32(5)), name="count"), Parameter(Tensor(3.5, ms.float32), name="scalar"),
+              Parameter(Tensor(rng.standard_normal((4, 30)).astype(np.float32), ms.bfloat16), name="bf16")]
+    ms.save_checkpoint(params, str(tmp_path / "theirs.ckpt"))
+    theirs = ms.load_checkpoint(str(tmp_path / "theirs.ckpt"))
+    for chunk in (100, 1 << 20):  # 7 x 13 float32 in four records; everything in one
+        monkeypatch.setattr(checkpoint, "CHECKPOINT_CHUNK_BYTES", chunk)
+        path = tmp_path / f"ours_{chunk}.ckpt"
+        checkpoint.save_parameters(params, str(path))
+        ours = ms.load_checkpoint(str(path))
+        assert list(ours) == list(theirs)
+        for name, value in theirs.items():
+            assert ours[name].dtype == value.dtype and ours[name].shape == value.shape, name
+            np.testing.assert_array_equal(ours[name].float().asnumpy(), value.float().asnumpy(), err_msg=name)
+        assert oct(os.stat(path).st_mode & 0o777) != oct(0o400)  # not MindSpore's read-only
+    assert sorted(os.listdir(tmp_path)) == ["ours_100.ckpt", f"ours_{1 << 20}.ckpt", "theirs.ckpt"]
+
+
 def test_resume_refuses_another_world_size_layout_or_config(tmp_path):
     path = write_fake_checkpoint(tmp_path, 2)
     meta = json.loads(open(os.path.join(path, "meta.json")).read())

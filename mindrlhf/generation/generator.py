@@ -210,20 +210,23 @@ class Generator:
                         self.first_call_seconds[signature])
         return out
 
-    def _select(self, logits: np.ndarray) -> np.ndarray:
+    def _select(self, logits: np.ndarray, with_log_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """The tokens chosen from `logits` [B, V] and (if asked) their log-probs, see `generate`."""
         cfg = self.config
-        if cfg.greedy:
-            return greedy_tokens(logits)
-        return sample_tokens(logits, self.rng, cfg.temperature, cfg.top_k, cfg.top_p)
+        if not cfg.greedy:
+            if with_log_probs:
+                return sample_tokens(logits, self.rng, cfg.temperature, cfg.top_k, cfg.top_p, return_log_probs=True)
+            return sample_tokens(logits, self.rng, cfg.temperature, cfg.top_k, cfg.top_p), None
+        tokens = greedy_tokens(logits)
+        return tokens, token_log_probs(logits, tokens) if with_log_probs else None
 
     def _step(self, t, logits, finished, response, resp_mask, log_probs) -> np.ndarray:
         """Chooses step t's tokens, records them; returns the tokens fed to the next step."""
         cfg = self.config
         alive = ~finished
-        tokens = self._select(logits)
+        tokens, token_lp = self._select(logits, log_probs is not None)
         if log_probs is not None:
-            temperature = 1.0 if cfg.greedy else cfg.temperature
-            log_probs[:, t] = np.where(alive, token_log_probs(logits, tokens, temperature), 0.0)
+            log_probs[:, t] = np.where(alive, token_lp, 0.0)
         tokens = np.where(alive, tokens, cfg.pad_token_id).astype(np.int32)
         response[:, t] = tokens
         resp_mask[:, t] = alive

@@ -89,11 +89,13 @@ def categorical(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def sample_tokens(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0) -> np.ndarray:
+                  top_p: float = 1.0, return_log_probs: bool = False):
     """Token ids [B] drawn from logits [B, V]: / temperature, then top-k, then top-p, then a categorical draw.
 
     Consumes exactly B uniforms from `rng` per call. Top-p acts on the distribution renormalised after
-    top-k (as Hugging Face's warpers do); with top-k set, only the k candidates are sorted.
+    top-k (as Hugging Face's warpers do); with top-k set, only the k candidates are sorted. With
+    `return_log_probs`, returns `(tokens, token_log_probs(logits, tokens, temperature))`; without filtering
+    both come from one log-softmax over the vocabulary (the same numbers as computing them apart).
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 for sampling; use greedy_tokens for argmax")
@@ -101,16 +103,23 @@ def sample_tokens(logits: np.ndarray, rng: np.random.Generator, temperature: flo
     vocab = scaled.shape[-1]
     indices = None
     if 0 < top_k < vocab:
-        scaled, indices = top_k_candidates(scaled, top_k)
+        candidates, indices = top_k_candidates(scaled, top_k)
     elif top_p < 1.0:
         indices = np.argsort(-scaled, axis=-1, kind="stable")
-        scaled = np.take_along_axis(scaled, indices, axis=-1)
-    if top_p < 1.0:
-        scaled = np.where(nucleus_mask(scaled, top_p), scaled, -np.inf)
-    choice = categorical(softmax(scaled), rng)
+        candidates = np.take_along_axis(scaled, indices, axis=-1)
     if indices is None:
-        return choice.astype(np.int64)
-    return np.take_along_axis(indices, choice[:, None], axis=-1)[:, 0].astype(np.int64)
+        full_log_probs = log_softmax(scaled)
+        tokens = categorical(np.exp(full_log_probs), rng).astype(np.int64)
+        if not return_log_probs:
+            return tokens
+        return tokens, np.take_along_axis(full_log_probs, tokens[:, None], axis=-1)[:, 0].astype(np.float32)
+    if top_p < 1.0:
+        candidates = np.where(nucleus_mask(candidates, top_p), candidates, -np.inf)
+    choice = categorical(softmax(candidates), rng)
+    tokens = np.take_along_axis(indices, choice[:, None], axis=-1)[:, 0].astype(np.int64)
+    if not return_log_probs:
+        return tokens
+    return tokens, token_log_probs(logits, tokens, temperature)
 
 
 def greedy_tokens(logits: np.ndarray) -> np.ndarray:

@@ -12,6 +12,15 @@ from mindrlhf.parallel.layers import param_split_axes
 from mindrlhf.parallel.layout import Layout
 
 
+def sum_of_squares(x):
+    """Sum of the squares of all elements of `x`, by rows: a full reduction of a large tensor is several times
+    slower on MindSpore's CPU backend than reducing the last axis first (Qwen2.5-0.5B's embedding gradient
+    [151936, 896]: 0.85 s as square().sum(), 0.21 s as the squared norms of its rows)."""
+    if x.ndim < 2:
+        return ops.square(x).sum()
+    return ops.square(ops.norm(x, dim=-1)).sum()
+
+
 class ReducedClippedGradients(nn.Cell):
     """This rank's gradients -> `(grads, grad_norm)`: reduced over dp, then clipped by the global norm.
 
@@ -41,7 +50,7 @@ class ReducedClippedGradients(nn.Cell):
         replicated = ops.zeros((), ms.float32)
         split = ops.zeros((), ms.float32)
         for i in range(len(grads)):
-            square = ops.square(grads[i].astype(ms.float32)).sum()
+            square = sum_of_squares(grads[i].astype(ms.float32))
             if self.split[i]:
                 split = split + square
             else:

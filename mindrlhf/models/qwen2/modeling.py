@@ -315,7 +315,8 @@ class _DecodeCell(_CachedCell):
         batch = token_ids.shape[0]
         attn_bias = ((1.0 - valid_slots.astype(ms.float32)) * MASK_VALUE).reshape(batch, 1, 1, self.cache_length)
         h = self.model.model(token_ids, position_ids, attn_bias, self.key_caches, self.value_caches, slot_index)
-        return self.model.logits(h[:, -1, :])
+        # one position per row: a reshape (a strided slice of [B, 1, D] costs as much as a small matmul here)
+        return self.model.logits(h.reshape(batch, h.shape[-1]))
 
 
 class KVCache:
