@@ -203,12 +203,18 @@ def test_failed_save_leaves_no_partial_file(hf_model, tmp_path, monkeypatch):
     convert_hf_to_ms(folder, ckpt)
     before = ckpt.read_bytes()
 
-    def broken_save(save_obj, ckpt_file_name, **kwargs):
-        Path(ckpt_file_name).with_suffix(".tmp").write_bytes(b"half")
-        Path(ckpt_file_name).write_bytes(b"half")
-        raise OSError("disk full")
+    import mindrlhf.utils.checkpoint_file as checkpoint_file
 
-    monkeypatch.setattr(ms, "save_checkpoint", broken_save)
+    tensor_bytes = checkpoint_file._bytes_and_dtype
+    written = []
+
+    def disk_full_after_two_tensors(value):  # the file already holds two tensors' records when it fails
+        written.append(value)
+        if len(written) > 2:
+            raise OSError("disk full")
+        return tensor_bytes(value)
+
+    monkeypatch.setattr(checkpoint_file, "_bytes_and_dtype", disk_full_after_two_tensors)
     with pytest.raises(OSError, match="disk full"):
         convert_hf_to_ms(folder, ckpt)
     assert _files(out_dir) == {"model.ckpt"}

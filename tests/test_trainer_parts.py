@@ -124,7 +124,8 @@ def test_saved_parameters_load_as_mindspore_saves_them_in_any_chunking(tmp_path,
     import mindspore as ms
     from mindspore import Parameter, Tensor
 
-    import mindrlhf.trainer.checkpoint as checkpoint
+    import mindrlhf.utils.checkpoint_file as checkpoint_file
+    from mindrlhf.trainer.checkpoint import save_parameters
 
     rng = np.random.default_rng(0)
     params = [Parameter(Tensor(rng.standard_normal((7, 13)).astype(np.float32)), name="w"),
@@ -133,17 +134,22 @@ def test_saved_parameters_load_as_mindspore_saves_them_in_any_chunking(tmp_path,
               Parameter(Tensor(rng.standard_normal((4, 30)).astype(np.float32), ms.bfloat16), name="bf16")]
     ms.save_checkpoint(params, str(tmp_path / "theirs.ckpt"))
     theirs = ms.load_checkpoint(str(tmp_path / "theirs.ckpt"))
-    for chunk in (100, 1 << 20):  # 7 x 13 float32 in four records; everything in one
-        monkeypatch.setattr(checkpoint, "CHECKPOINT_CHUNK_BYTES", chunk)
-        path = tmp_path / f"ours_{chunk}.ckpt"
-        checkpoint.save_parameters(params, str(path))
+    arrays = [(p.name, p.asnumpy()) for p in params]  # the converter's input (bfloat16: MindSpore's numpy dtype)
+    for chunk, source in ((100, "params"), (1 << 20, "params"), (100, "arrays")):  # 7 x 13 float32: 4 records, 1
+        monkeypatch.setattr(checkpoint_file, "CHECKPOINT_CHUNK_BYTES", chunk)
+        path = tmp_path / f"ours_{source}_{chunk}.ckpt"
+        if source == "params":
+            save_parameters(params, str(path))
+        else:
+            checkpoint_file.write_checkpoint(arrays, str(path))
         ours = ms.load_checkpoint(str(path))
         assert list(ours) == list(theirs)
         for name, value in theirs.items():
             assert ours[name].dtype == value.dtype and ours[name].shape == value.shape, name
             np.testing.assert_array_equal(ours[name].float().asnumpy(), value.float().asnumpy(), err_msg=name)
         assert oct(os.stat(path).st_mode & 0o777) != oct(0o400)  # not MindSpore's read-only
-    assert sorted(os.listdir(tmp_path)) == ["ours_100.ckpt", f"ours_{1 << 20}.ckpt", "theirs.ckpt"]
+    assert sorted(os.listdir(tmp_path)) == ["ours_arrays_100.ckpt", "ours_params_100.ckpt",
+                                            f"ours_params_{1 << 20}.ckpt", "theirs.ckpt"]
 
 
 def test_resume_refuses_another_world_size_layout_or_config(tmp_path):

@@ -213,12 +213,11 @@ class Generator:
     def _select(self, logits: np.ndarray, with_log_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """The tokens chosen from `logits` [B, V] and (if asked) their log-probs, see `generate`."""
         cfg = self.config
-        if not cfg.greedy:
-            if with_log_probs:
-                return sample_tokens(logits, self.rng, cfg.temperature, cfg.top_k, cfg.top_p, return_log_probs=True)
-            return sample_tokens(logits, self.rng, cfg.temperature, cfg.top_k, cfg.top_p), None
-        tokens = greedy_tokens(logits)
-        return tokens, token_log_probs(logits, tokens) if with_log_probs else None
+        if cfg.greedy:
+            tokens = greedy_tokens(logits)
+            return tokens, token_log_probs(logits, tokens) if with_log_probs else None
+        chosen = sample_tokens(logits, self.rng, cfg.temperature, cfg.top_k, cfg.top_p, return_log_probs=with_log_probs)
+        return chosen if with_log_probs else (chosen, None)
 
     def _step(self, t, logits, finished, response, resp_mask, log_probs) -> np.ndarray:
         """Chooses step t's tokens, records them; returns the tokens fed to the next step."""

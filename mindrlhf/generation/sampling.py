@@ -94,8 +94,8 @@ def sample_tokens(logits: np.ndarray, rng: np.random.Generator, temperature: flo
 
     Consumes exactly B uniforms from `rng` per call. Top-p acts on the distribution renormalised after
     top-k (as Hugging Face's warpers do); with top-k set, only the k candidates are sorted. With
-    `return_log_probs`, returns `(tokens, token_log_probs(logits, tokens, temperature))`; without filtering
-    both come from one log-softmax over the vocabulary (the same numbers as computing them apart).
+    `return_log_probs`, returns `(tokens, token_log_probs(logits, tokens, temperature))`, from the same
+    log-softmax that the unfiltered draw uses (the same numbers as computing them apart).
     """
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 for sampling; use greedy_tokens for argmax")
@@ -107,19 +107,18 @@ def sample_tokens(logits: np.ndarray, rng: np.random.Generator, temperature: flo
     elif top_p < 1.0:
         indices = np.argsort(-scaled, axis=-1, kind="stable")
         candidates = np.take_along_axis(scaled, indices, axis=-1)
+    full_log_probs = log_softmax(scaled) if indices is None or return_log_probs else None
     if indices is None:
-        full_log_probs = log_softmax(scaled)
-        tokens = categorical(np.exp(full_log_probs), rng).astype(np.int64)
-        if not return_log_probs:
-            return tokens
-        return tokens, np.take_along_axis(full_log_probs, tokens[:, None], axis=-1)[:, 0].astype(np.float32)
-    if top_p < 1.0:
-        candidates = np.where(nucleus_mask(candidates, top_p), candidates, -np.inf)
-    choice = categorical(softmax(candidates), rng)
-    tokens = np.take_along_axis(indices, choice[:, None], axis=-1)[:, 0].astype(np.int64)
+        tokens = categorical(np.exp(full_log_probs), rng)
+    else:
+        if top_p < 1.0:
+            candidates = np.where(nucleus_mask(candidates, top_p), candidates, -np.inf)
+        choice = categorical(softmax(candidates), rng)
+        tokens = np.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
+    tokens = tokens.astype(np.int64)
     if not return_log_probs:
         return tokens
-    return tokens, token_log_probs(logits, tokens, temperature)
+    return tokens, _at_tokens(full_log_probs, tokens)
 
 
 def greedy_tokens(logits: np.ndarray) -> np.ndarray:
@@ -129,5 +128,9 @@ def greedy_tokens(logits: np.ndarray) -> np.ndarray:
 
 def token_log_probs(logits: np.ndarray, tokens: np.ndarray, temperature: float = 1.0) -> np.ndarray:
     """log softmax(logits / temperature) at `tokens`, float32 [B]. Top-k/top-p are not applied."""
-    lp = log_softmax(np.asarray(logits, np.float64) / temperature)
-    return np.take_along_axis(lp, np.asarray(tokens, np.int64)[:, None], axis=-1)[:, 0].astype(np.float32)
+    return _at_tokens(log_softmax(np.asarray(logits, np.float64) / temperature), tokens)
+
+
+def _at_tokens(log_probs: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """float32 [B]: each row's entry of `log_probs` [B, V] at its token."""
+    return np.take_along_axis(log_probs, np.asarray(tokens, np.int64)[:, None], axis=-1)[:, 0].astype(np.float32)

@@ -23,7 +23,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from mindrlhf.utils.atomic import atomic_output
+from mindrlhf.utils.checkpoint_file import write_checkpoint
 
 META = "meta.json"
 TRAIN_CKPT = "train.ckpt"
@@ -49,42 +49,9 @@ def rank_dir(step_dir: str, rank: int) -> str:
     return os.path.join(step_dir, f"rank_{rank}")
 
 
-# bytes of one record of a parameter in a written .ckpt (MindSpore's loader joins the records of a name)
-CHECKPOINT_CHUNK_BYTES = 64 << 20
-
-
-def _host_bytes(param) -> memoryview:
-    """The parameter's data as bytes, without a copy where numpy can view it (all but bfloat16)."""
-    import mindspore as ms
-    import numpy as np
-
-    if param.dtype == ms.bfloat16:
-        return memoryview(param.get_bytes())
-    return memoryview(np.ascontiguousarray(param.asnumpy()).reshape(-1)).cast("B")
-
-
 def save_parameters(params: Iterable, path: str) -> None:
-    """Writes parameters as a MindSpore `.ckpt` (`mindspore.load_checkpoint` reads it), atomically, with ordinary
-    file permissions.
-
-    Each parameter is written in records of at most `CHECKPOINT_CHUNK_BYTES`, straight from its memory: the
-    write needs ~2 records of extra memory. `mindspore.save_checkpoint` holds ~3 copies of the largest
-    parameter (1.5 GiB for Qwen2.5-0.5B's embedding and its AdamW moments), which got a 0.5B GRPO run on a
-    24 GiB machine OOM-killed while it saved.
-    """
-    from mindspore.train.checkpoint_pb2 import Checkpoint
-
-    with atomic_output(path, ".ckpt") as tmp, open(tmp, "wb") as f:
-        for param in params:
-            data = _host_bytes(param)
-            for start in range(0, max(len(data), 1), CHECKPOINT_CHUNK_BYTES):
-                record = Checkpoint()
-                value = record.value.add()
-                value.tag = param.name
-                value.tensor.dims.extend(param.shape)
-                value.tensor.tensor_type = str(param.dtype)
-                value.tensor.tensor_content = data[start:start + CHECKPOINT_CHUNK_BYTES].tobytes()
-                f.write(record.SerializeToString())
+    """Writes parameters as a MindSpore `.ckpt` under their names (`write_checkpoint`: streamed, atomic)."""
+    write_checkpoint(((param.name, param) for param in params), path)
 
 
 @dataclass

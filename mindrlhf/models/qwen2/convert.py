@@ -31,6 +31,7 @@ from mindrlhf.configs.base import ConfigError
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.models.qwen2.names import hf_to_ms_name, ms_to_hf_name
 from mindrlhf.utils.atomic import atomic_output
+from mindrlhf.utils.checkpoint_file import write_checkpoint
 
 
 class ConversionError(ValueError):
@@ -398,9 +399,8 @@ def hf_config_dict(cfg: Qwen2Config, dtype: str) -> dict:
 
 # --------------------------------------------------------------------------- atomic writers
 def save_ms_checkpoint(tensors: dict[str, np.ndarray], ckpt_path: str) -> None:
-    """Writes {name: array} as one MindSpore ckpt via a temp file in the same folder, then os.replace."""
-    with atomic_output(ckpt_path, ".ckpt") as tmp:
-        ms.save_checkpoint([{"name": n, "data": ms.Tensor(a)} for n, a in tensors.items()], tmp)
+    """Writes {name: array} as one MindSpore ckpt (`write_checkpoint`: streamed, atomic)."""
+    write_checkpoint(tensors.items(), ckpt_path)
 
 
 def _save_safetensors(tensors: dict[str, np.ndarray], path: str) -> None:
