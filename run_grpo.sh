@@ -54,8 +54,6 @@ msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master
     --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$OUTPUT/prompts.mindrecord" --config "$GRPO_YAML" \
     --load_sft_checkpoint_train "$OUTPUT/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard" \
     "${EVAL_ARGS[@]}" "$@" 2>&1 | tee "$OUTPUT/msrun.out" || status=${PIPESTATUS[0]}
-# rank 0's log holds the per-step lines; show them (msrun writes each rank's output to its own file)
-grep -h -E "step [0-9]+/|error|Error" "$LOG_DIR/worker_0.log" 2>/dev/null | grep -v WARNING || true
 [ -f "$OUTPUT/progress.png" ] && echo "plot: $OUTPUT/progress.png  metrics: $OUTPUT/metrics.jsonl  TensorBoard: $OUTPUT/tensorboard"
 grep -h -o "held-out accuracy: before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true
 if [ "$status" -ne 0 ]; then

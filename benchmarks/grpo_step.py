@@ -6,13 +6,17 @@ reads `timing_s/*`, `perf/tokens_per_s_per_device` and `perf/max_rss_gib` from i
 - `arith`: the bundled default (3.2M-parameter arithmetic policy, 8 prompts x 8 samples, train tp=2 / infer dp=2);
 - `0.5b`: Qwen2.5-0.5B's shape with seeded random weights (`versus_hf.py`'s, converted by the launcher like a
   downloaded model), prompts from the arithmetic task, small batch (`--batch_size` prompts x 4 samples, 64 new
-  tokens, every token generated since random weights rarely end), one worker by default (memory).
+  tokens, every token generated since random weights rarely end), one worker by default (memory);
+- `smollm2`: SmolLM2-135M's shape (Llama, vocab 49152, 30 layers, 9 heads: tp is impossible on 2 ranks, so
+  train dp=2 / infer dp=2), seeded random weights, 2 prompts x 4 samples, 64 new tokens, 2 workers, the
+  trainer's default micro-batch sizes (what a user runs): the memory per worker is the number to watch.
 
 The first step also compiles the graphs, so the table shows it apart from the median of the later ones (with one
 step, the median column is that step).
 
     .venv/bin/python benchmarks/grpo_step.py                       # arith, 4 steps, ~2 min
     .venv/bin/python benchmarks/grpo_step.py --model 0.5b --workdir /tmp/vhf    # 2 steps, ~10 min, ~22 GiB peak
+    .venv/bin/python benchmarks/grpo_step.py --model smollm2 --workdir /tmp/vhf # 2 steps, 2 workers
 """
 from __future__ import annotations
 
@@ -40,20 +44,27 @@ ARITH = os.path.join(ROOT, "model_configs", "arith")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--model", choices=("arith", "0.5b"), default="arith")
+    p.add_argument("--model", choices=("arith", "0.5b", "smollm2"), default="arith")
     p.add_argument("--steps", type=int, default=None,
                    help="GRPO steps; the first one also compiles (default: 4 for arith, 2 for 0.5b)")
-    p.add_argument("--workers", type=int, default=None, help="msrun workers (default: 2 for arith, 1 for 0.5b)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="msrun workers (default: 1 for 0.5b, 2 otherwise)")
     p.add_argument("--batch_size", type=int, default=2, help="0.5b: prompts per step (4 samples each)")
-    p.add_argument("--micro_batch_size", type=int, default=1,
-                   help="0.5b: micro_batch_size_per_device and log_prob_micro_batch_size_per_device")
+    p.add_argument("--micro_batch_size", type=int, default=None,
+                   help="micro_batch_size_per_device and log_prob_micro_batch_size_per_device (default: 1 for "
+                        "0.5b, the trainer's default otherwise)")
     p.add_argument("--infer_dtype", choices=("float32", "float16"), default="float32",
                    help="0.5b: dtype of the inference and reference nets (float16 halves their memory)")
+    p.add_argument("--train_layout", default=None, metavar="DPxTP",
+                   help="arith: override the train YAML's layout, e.g. 1x2 (tp=2) or 2x1 (dp=2)")
+    p.add_argument("--infer_layout", default=None, metavar="DPxTP", help="arith: same for the inference YAML")
     p.add_argument("--workdir", default=None, help="keeps the converted 0.5B model and the run's output")
     p.add_argument("--output", default=None, help="default: benchmarks/results/grpo_step_<model>.json")
     args = p.parse_args(argv)
     args.steps = args.steps or (4 if args.model == "arith" else 2)
-    args.workers = args.workers or (2 if args.model == "arith" else 1)
+    args.workers = args.workers or (1 if args.model == "0.5b" else 2)
+    if args.micro_batch_size is None and args.model == "0.5b":
+        args.micro_batch_size = 1
     if args.steps < 1:
         p.error("--steps: at least 1")
     return args
@@ -79,19 +90,34 @@ def launcher_env(args: argparse.Namespace, out: str) -> tuple[dict, list[str]]:
     env = dict(os.environ, OUTPUT=out, EVAL_DATA="", WORKER_NUM=str(workers), LOCAL_WORKER_NUM=str(workers),
                MASTER_PORT=str(8200 + os.getpid() % 500))
     flags = ["--steps", str(args.steps)]
+    if args.micro_batch_size is not None:
+        flags += ["--micro_batch_size_per_device", str(args.micro_batch_size),
+                  "--log_prob_micro_batch_size_per_device", str(args.micro_batch_size)]
+    if args.model == "arith":
+        for net, layout in (("train", args.train_layout), ("infer", args.infer_layout)):
+            if layout:
+                dp, tp = (int(x) for x in layout.split("x"))
+                path = os.path.join(out, f"{net}.yaml")
+                yaml_with_layout(os.path.join(ARITH, f"{net}.yaml"), path, dp, tp, 256)
+                env[f"{net.upper()}_YAML"] = path
+        return env, flags
+    folder = model_dir(args.workdir, args.model)
+    prepare_model(args.workdir, args.model)
+    train, infer = os.path.join(out, "train.yaml"), os.path.join(out, "infer.yaml")
     if args.model == "0.5b":
-        folder = model_dir(args.workdir, "0.5b")
-        prepare_model(args.workdir, "0.5b")
         # 0.5B's 14 heads / 2 kv heads allow tp 1 or 2; every net tp=workers (an infer dp replica per rank
         # would hold whole copies of the infer and reference nets on each rank: 24 GiB is not enough)
-        train, infer = os.path.join(out, "train.yaml"), os.path.join(out, "infer.yaml")
         yaml_with_layout(os.path.join(folder, "model.yaml"), train, 1, workers, 512)
         yaml_with_layout(os.path.join(folder, "model.yaml"), infer, 1, workers, 512, args.infer_dtype)
-        env.update(MODEL_DIR=os.path.join(folder, "hf"), TOKENIZER_DIR=os.path.join(ARITH, "policy"),
-                   TRAIN_YAML=train, INFER_YAML=infer)
-        flags += ["--batch_size", str(args.batch_size), "--num_generations", "4", "--max_new_tokens", "64",
-                  "--mini_batch_size", "0", "--micro_batch_size_per_device", str(args.micro_batch_size),
-                  "--log_prob_micro_batch_size_per_device", str(args.micro_batch_size), "--learning_rate", "1e-6"]
+        flags += ["--batch_size", str(args.batch_size), "--learning_rate", "1e-6"]
+    else:
+        # 9 heads / 3 kv heads: no tp on 2 ranks; both nets data parallel
+        yaml_with_layout(os.path.join(folder, "model.yaml"), train, workers, 1, 512)
+        yaml_with_layout(os.path.join(folder, "model.yaml"), infer, workers, 1, 512, args.infer_dtype)
+        flags += ["--batch_size", "2", "--learning_rate", "1e-6"]
+    env.update(MODEL_DIR=os.path.join(folder, "hf"), TOKENIZER_DIR=os.path.join(ARITH, "policy"),
+               TRAIN_YAML=train, INFER_YAML=infer)
+    flags += ["--num_generations", "4", "--max_new_tokens", "64", "--mini_batch_size", "0"]
     return env, flags
 
 
@@ -131,7 +157,7 @@ def main(argv=None) -> dict:
     rows = phase_table(lines)
     later = later_steps(lines)
     summary = {"tokens_per_s_per_device": statistics.median(line["perf/tokens_per_s_per_device"] for line in later),
-               "max_rss_gib_rank0": max(line["perf/max_rss_gib"] for line in lines),
+               "max_rss_gib_per_rank": max(line["perf/max_rss_gib"] for line in lines),
                "response_tokens_mean": statistics.median(line["response_length/mean"] for line in later)}
     over = f"the other {len(later)}" if len(lines) > 1 else "the first, compiles included"
     print(f"GRPO step, model {args.model}, {args.workers} worker(s), {len(lines)} step(s) (the first also "
@@ -139,8 +165,8 @@ def main(argv=None) -> dict:
     print(f"{'phase':<10}{'first s':>10}{'median s':>10}{'share':>8}")
     for row in rows:
         print(f"{row['phase']:<10}{row['first_s']:>10.3f}{row['median_s']:>10.3f}{row['share']:>8.1%}")
-    print(f"tokens/s/device {summary['tokens_per_s_per_device']:.1f}; rank 0 peak RSS "
-          f"{summary['max_rss_gib_rank0']:.2f} GiB; mean response {summary['response_tokens_mean']:.1f} tokens")
+    print(f"tokens/s/device {summary['tokens_per_s_per_device']:.1f}; peak RSS of the largest rank "
+          f"{summary['max_rss_gib_per_rank']:.2f} GiB; mean response {summary['response_tokens_mean']:.1f} tokens")
     result = {"benchmark": "grpo_step", "model": args.model, "workers": args.workers, "flags": flags,
               "phases": rows, **summary, "steps": lines, "machine": platform.machine(),
               "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}

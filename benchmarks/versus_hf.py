@@ -39,6 +39,9 @@ MODELS = {
                  num_key_value_heads=2, intermediate_size=688, tie_word_embeddings=False),
     "0.5b": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True),
+    # SmolLM2-135M-Instruct's shape (Llama architecture: no qkv bias), a real small model users bring
+    "smollm2": dict(arch="llama", vocab_size=49152, hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=1536, tie_word_embeddings=True),
 }
 CASES = {
     "gen_tiny": dict(kind="generate", model="tiny", batch=16, prompt=32, new_tokens=64, target=1.5),
@@ -83,15 +86,16 @@ def prepare_model(workdir: str, name: str) -> None:
     if os.path.isfile(os.path.join(folder, "model.yaml")):
         return
     import torch
-    from transformers import Qwen2Config as HFQwen2Config
-    from transformers import Qwen2ForCausalLM as HFQwen2ForCausalLM
+    import transformers
 
     from mindrlhf.models.qwen2.convert import convert_hf_to_ms
 
+    fields = dict(MODELS[name])
+    prefix = "Llama" if fields.pop("arch", "qwen2") == "llama" else "Qwen2"
     torch.manual_seed(0)
-    config = HFQwen2Config(**MODELS[name], max_position_embeddings=4096, rope_theta=1000000.0,
-                           torch_dtype="float32")
-    HFQwen2ForCausalLM(config).save_pretrained(os.path.join(folder, "hf"))
+    config = getattr(transformers, f"{prefix}Config")(**fields, max_position_embeddings=4096, rope_theta=1000000.0,
+                                                      torch_dtype="float32")
+    getattr(transformers, f"{prefix}ForCausalLM")(config).save_pretrained(os.path.join(folder, "hf"))
     convert_hf_to_ms(os.path.join(folder, "hf"), os.path.join(folder, "model.ckpt"), dtype="fp32",
                      output_yaml=os.path.join(folder, "model.yaml.tmp"))
     os.replace(os.path.join(folder, "model.yaml.tmp"), os.path.join(folder, "model.yaml"))

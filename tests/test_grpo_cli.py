@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tolerances import assert_weights_close_after_adam
 
 ROOT = Path(__file__).parents[1]
 TINY = ROOT / "model_configs" / "tiny"
@@ -89,6 +90,7 @@ CASES = {
     "log-prob micro-batch that does not divide": (
         lambda tmp, rec: ["--log_prob_micro_batch_size_per_device", "3"],
         r"schedule.log_prob_micro_batch_size_per_device=3 must divide the 16 responses each inference rank"),
+    "negative threads": (lambda tmp, rec: ["--cpu_threads", "-1"], r"error: --cpu_threads must be >= 0"),
     "missing data": (lambda tmp, rec: ["--mind_dataset_dir", str(tmp / "none.mindrecord")],
                      r"none.mindrecord: --mind_dataset_dir file not found"),
 }
@@ -175,8 +177,10 @@ def test_micro_batches_train_like_whole_mini_batches(tmp_path, mindrecord, graph
         assert micro[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
     start = read_policy_weights(str(TINY / "tiny_sft.ckpt"))
     assert any(not np.array_equal(whole_weights[n], start[n]) for n in start)
-    for name, value in whole_weights.items():
-        np.testing.assert_allclose(micro_weights[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+    # 4 AdamW updates at lr 1e-3 (tiny/grpo.yaml, constant): a near-zero gradient's float noise moves its weight
+    # by a fraction of lr, so the weights are compared in units of lr * updates (tests/tolerances.py)
+    assert_weights_close_after_adam(micro_weights, whole_weights, lr=1e-3, updates=whole["actor/updates"],
+                                    what="micro-batched vs whole")
 
 
 def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, capsys):

@@ -43,6 +43,8 @@ def test_default_run_learns_and_ends_with_the_accuracy_line(run):
     out, stdout = run
     last = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"held-out accuracy: before=\d+\.\d% after=\d+\.\d%", last), last
+    for step in (1, STEPS):  # each step line shown once (live from msrun, not repeated from the worker log)
+        assert len(re.findall(rf"step {step}/{STEPS} \|", stdout)) == 1, stdout[-3000:]
 
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0]

@@ -1,6 +1,7 @@
 """Host-side pieces of the trainer: experience packing and splitting, phases and swap plans, checkpoint picking."""
 import json
 import os
+import resource
 
 import numpy as np
 import pytest
@@ -82,9 +83,19 @@ def test_phases_apply_their_swap_plan_and_time_themselves():
             assert {g for g in swap.groups if swap.is_resident(g)} == set(PHASE_RESIDENT[name])
     with phases("reshard", also_resident=(REF_WEIGHTS,)):
         assert swap.is_resident(REF_WEIGHTS) and swap.is_resident(INFER_WEIGHTS)
+    import psutil
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # enough to raise the process's lifetime peak (earlier tests may have set it) by 256 MiB inside this phase
+    ballast = bytearray(max(0, peak - psutil.Process().memory_info().rss) + (256 << 20))
+    with phases("eval"):
+        ballast[::4096] = b"\1" * len(ballast[::4096])
     metrics = phases.step_metrics()
-    assert set(metrics) == {"timing_s/generate", "timing_s/reward", "timing_s/ref", "timing_s/train",
-                            "timing_s/reshard", "swap/bytes_moved"}
+    names = ("generate", "reward", "ref", "train", "reshard", "eval")
+    assert set(metrics) == {f"timing_s/{n}" for n in names} | {f"memory/peak_gib_after_{n}" for n in names} | {
+        "swap/bytes_moved"}
+    peaks = [metrics[f"memory/peak_gib_after_{n}"] for n in names]
+    assert peaks == sorted(peaks) and peaks[-1] - peaks[-2] > 0.2, peaks  # the jump is in the phase that made it
+    del ballast
     # generate offloads train (16 B) + moments (32 B) + ref (64 B); ref loads ref (64 B) ... all counted
     assert metrics["swap/bytes_moved"] == sum(e.nbytes for e in swap.events)
     with pytest.raises(KeyError, match="unknown phase 'sleep'"):
@@ -263,3 +274,13 @@ def test_postmortem_maps_the_pid_msrun_saw_fail_first_to_its_rank(tmp_path):
     assert first_failed_worker("All workers successfully exit!", str(tmp_path)) is None
     (tmp_path / "msrun.out").write_text(msrun_output)
     assert main([str(tmp_path / "msrun.out"), str(tmp_path)]) == 0
+
+
+def test_cpu_threads_share_the_host_cores_between_its_ranks():
+    from mindrlhf.trainer.launch import threads_per_rank
+
+    assert threads_per_rank(cores=2, ranks_on_host=2) == 1
+    assert threads_per_rank(cores=2, ranks_on_host=1) == 2
+    assert threads_per_rank(cores=16, ranks_on_host=3) == 5
+    assert threads_per_rank(cores=2, ranks_on_host=4) == 1  # never 0
+    assert threads_per_rank(cores=2, ranks_on_host=2, requested=3) == 3  # an explicit --cpu_threads wins

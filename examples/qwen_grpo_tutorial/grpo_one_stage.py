@@ -51,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="initialise MindSpore communication (auto: when launched by msrun)")
     job.add_argument("--only_save_strategy", action="store_true", help="write the nets' strategy files and exit")
     job.add_argument("--enable_compile_cache", action="store_true", help="turn on MindSpore's compile cache")
+    job.add_argument("--cpu_threads", type=int, default=0,
+                     help="CPU backend: kernel threads per rank (0 = the host's cores / the ranks on this host)")
     job.add_argument("--init_seed", type=int, default=0, help="seed of random weights when no checkpoint is given")
     add_config_flags(parser.add_argument_group("GRPOConfig fields"))
     return parser

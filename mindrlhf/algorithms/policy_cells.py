@@ -14,8 +14,8 @@ class ResponseLogProbs(nn.Cell):
 
     Wraps a causal LM exposing `log_probs(input_ids, labels, attention_mask, temperature)`
     (Qwen2ForCausalLM); `temperature` must be the sampling temperature (the generator reports
-    log-probs of softmax(logits / T) too). Positions after a response's end are computed but
-    meaningless: mask them with the response mask.
+    log-probs of softmax(logits / T) too). Only the response positions go through the head. Positions after
+    a response's end are computed but meaningless: mask them with the response mask.
     """
 
     def __init__(self, model: nn.Cell, temperature: float = 1.0, with_entropy: bool = False):
@@ -28,17 +28,18 @@ class ResponseLogProbs(nn.Cell):
         self.with_entropy = with_entropy
 
     def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
+        # the last response token predicts nothing that is scored: the model reads P + R - 1 tokens and
+        # scores its last R positions, which predict response tokens 0 .. R-1
         prompt_width = prompt_ids.shape[1]
         response_width = response_ids.shape[1]
-        input_ids = ops.concat((prompt_ids, response_ids), 1)
-        attention_mask = ops.concat((prompt_mask.astype(ms.int32), response_mask.astype(ms.int32)), 1)
-        labels = ops.concat((input_ids[:, 1:], ops.zeros((input_ids.shape[0], 1), input_ids.dtype)), 1)
-        response = slice(prompt_width - 1, prompt_width - 1 + response_width)
+        input_ids, attention_mask = prompt_ids, prompt_mask.astype(ms.int32)
+        if response_width > 1:
+            input_ids = ops.concat((input_ids, response_ids[:, :response_width - 1]), 1)
+            attention_mask = ops.concat((attention_mask, response_mask[:, :response_width - 1].astype(ms.int32)), 1)
+        first = prompt_width - 1
         if self.with_entropy:
-            logp, entropy = self.model.log_probs(input_ids, labels, attention_mask, self.temperature, True)
-            return logp[:, response], entropy[:, response]
-        logp = self.model.log_probs(input_ids, labels, attention_mask, self.temperature)
-        return logp[:, response]
+            return self.model.log_probs(input_ids, response_ids, attention_mask, self.temperature, True, first)
+        return self.model.log_probs(input_ids, response_ids, attention_mask, self.temperature, False, first)
 
 
 GRPO_OUTPUT_NAMES = ("actor/loss", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/ratio_mean",

@@ -141,16 +141,21 @@ class ScheduleConfig:
            "iteration). Must divide batch_size; its responses must split evenly over the train data_parallel.")
     micro_batch_size_per_device: int = help_field(
         0, "Responses per forward/backward on each train rank; their gradients are summed before the mini-batch's "
-           "one update (gradient accumulation, as verl's ppo_micro_batch_size_per_gpu). 0 = all of the rank's "
-           "responses of the mini-batch at once. Lower it when the train phase runs out of memory: activations "
-           "grow with responses x length (MindSpore on CPU keeps ~50 KB per token per layer of a 256-wide model). "
-           "The update is the same up to float rounding. Must divide the responses a train rank gets per update.")
+           "one update (gradient accumulation, as verl's ppo_micro_batch_size_per_gpu). 0 = auto: the most of the "
+           "rank's responses of the mini-batch whose activations fit activation_memory_gib (all of them for small "
+           "models). The update is the same up to float rounding. Must divide the responses a train rank gets per "
+           "update.")
     log_prob_micro_batch_size_per_device: int = help_field(
         0, "Responses per forward of the reference (and old-policy) log-prob passes on each inference rank (as "
-           "verl's log_prob_micro_batch_size_per_gpu); 0 = all of the rank's responses of a rollout at once. "
-           "Lower it when the ref phase runs out of memory: with Qwen's 152K vocabulary each token's logits and "
-           "their softmax take megabytes. The log-probs do not change. Must divide the responses an inference "
-           "rank generates per round (batch_size / inference data_parallel x num_generations).")
+           "verl's log_prob_micro_batch_size_per_gpu); 0 = auto, as micro_batch_size_per_device. The log-probs do "
+           "not change. Must divide the responses an inference rank generates per round (batch_size / inference "
+           "data_parallel x num_generations).")
+    activation_memory_gib: float = help_field(
+        1.5, "Activation memory per rank that the auto micro-batch sizes (0) aim at, in GiB, estimated from the "
+             "model's shape and the padded lengths (mindrlhf.trainer.memory_budget). Activations grow with "
+             "responses x length x layers (MindSpore on CPU keeps ~170 KB per token per layer of a 576-wide "
+             "model when training) and the scored positions' logits with the vocabulary: a 135M model's 4 x 224 "
+             "tokens need ~5 GB in one call. Raise it on a large-memory device for fewer, larger calls.")
     ref_model_sync_steps: int = help_field(
         0, "Copy the policy into the reference model every this many steps (TRL's sync_ref_model); 0 = never: "
            "the reference stays the starting policy, as in DeepSeekMath.")
@@ -167,9 +172,10 @@ class ScheduleConfig:
             (self.batch_size >= 1, "batch_size", "must be >= 1"),
             (self.num_iterations >= 1, "num_iterations", "must be >= 1"),
             (self.mini_batch_size >= 0, "mini_batch_size", "must be >= 0 (0 = whole batch)"),
-            (self.micro_batch_size_per_device >= 0, "micro_batch_size_per_device", "must be >= 0 (0 = all at once)"),
+            (self.micro_batch_size_per_device >= 0, "micro_batch_size_per_device", "must be >= 0 (0 = auto)"),
             (self.log_prob_micro_batch_size_per_device >= 0, "log_prob_micro_batch_size_per_device",
-             "must be >= 0 (0 = all at once)"),
+             "must be >= 0 (0 = auto)"),
+            (self.activation_memory_gib > 0, "activation_memory_gib", "must be > 0"),
             (self.ref_model_sync_steps >= 0, "ref_model_sync_steps", "must be >= 0 (0 = never)"),
             (self.max_sampling_retries >= 0, "max_sampling_retries", "must be >= 0"),
             (self.seed >= 0, "seed", "must be >= 0"),

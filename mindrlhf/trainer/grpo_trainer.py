@@ -100,7 +100,7 @@ def check_tensor_parallel(cfg, tp: int, path: str) -> None:
 
 
 def _check_micro_batch_size(sched, field: str, rows: int, whose: str) -> None:
-    """`schedule.<field>` (0 = all rows at once) must divide the `rows` it splits ("responses <whose>")."""
+    """`schedule.<field>` (0 = auto) must divide the `rows` it splits ("responses <whose>")."""
     size = getattr(sched, field)
     if size and rows % size:
         raise ConfigError(f"schedule.{field}={size} must divide the {rows} responses {whose}")
@@ -215,6 +215,8 @@ class GRPOTrainer:
                            compile_cache_path=os.path.join(job.output_dir, "compile_cache", f"rank_{rank}"))
 
         # ---- nets
+        self.train_cfg, self.infer_cfg = train_cfg, infer_cfg
+        self._micro_rows_logged: set[tuple] = set()
         self.train_net = Qwen2ForCausalLM(train_cfg, self.train_layout)
         self.infer_net = Qwen2ForCausalLM(infer_cfg, self.infer_layout)
         self.infer_net.update_parameters_name(INFER_PREFIX)
@@ -370,12 +372,39 @@ class GRPOTrainer:
                                 {k: np.asarray(v, np.float32) for k, v in terms.items()})
         return experience, {"sample": completions[0]}
 
+    def _micro_rows(self, kind: str, rows: int, prompt_width: int, response_width: int) -> int:
+        """Rows per graph call of the `kind` ("train" or "log_prob") pass: the configured micro-batch size, or
+        (0) the most rows whose estimated activations fit schedule.activation_memory_gib."""
+        from mindrlhf.trainer import memory_budget
+
+        sched = self.config.schedule
+        configured = sched.micro_batch_size_per_device if kind == "train" else \
+            sched.log_prob_micro_batch_size_per_device
+        if configured:
+            return configured
+        cfg, tp = (self.train_cfg, self.train_layout.tp) if kind == "train" else (self.infer_cfg, self.infer_layout.tp)
+        tokens = prompt_width + response_width - 1
+        shape = dict(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, heads=cfg.num_heads,
+                     vocab=cfg.vocab_size, tp=tp)
+        if kind == "train":
+            per_row = memory_budget.train_bytes_per_row(tokens, response_width, layers=cfg.num_layers, **shape)
+        else:
+            per_row = memory_budget.log_prob_bytes_per_row(tokens, response_width, **shape)
+        chosen = memory_budget.rows_per_call(rows, per_row, int(sched.activation_memory_gib * 2**30))
+        if (kind, rows, tokens, chosen) not in self._micro_rows_logged:
+            self._micro_rows_logged.add((kind, rows, tokens, chosen))
+            logger.info("%s micro-batches: %d of %d rows per call (auto: ~%.0f MiB of activations a row at %d "
+                        "tokens, schedule.activation_memory_gib=%g)", kind, chosen, rows, per_row / 2**20, tokens,
+                        sched.activation_memory_gib)
+        return chosen
+
     def _log_probs(self, cell, arrays) -> np.ndarray:
-        """`cell`'s response log-probs of the rows of `arrays`, log_prob_micro_batch_size_per_device rows per call."""
+        """`cell`'s response log-probs of the rows of `arrays` (prompt ids, prompt mask, response ids, response
+        mask), a micro-batch of rows per call (`_micro_rows`)."""
         from mindrlhf.parallel.spmd import split_micro_batches
 
-        return np.concatenate([cell(*micro_batch).asnumpy() for micro_batch in
-                               split_micro_batches(arrays, self.config.schedule.log_prob_micro_batch_size_per_device)])
+        size = self._micro_rows("log_prob", len(arrays[0]), arrays[0].shape[1], arrays[2].shape[1])
+        return np.concatenate([cell(*micro_batch).asnumpy() for micro_batch in split_micro_batches(arrays, size)])
 
     def _gather(self, local: Experience) -> Experience:
         return local.unpack(self.comm.gather_data_parallel_rows(local.pack(), self.infer_layout))
@@ -438,8 +467,8 @@ class GRPOTrainer:
                 inputs = [part.prompt_ids[mine], part.prompt_mask[mine], part.response_ids[mine],
                           part.response_mask[mine], part.old_logp[mine], part.ref_logp[mine],
                           part.advantages[mine], weights[mine]]
-                shares, grad_norm = self.train_step(
-                    split_micro_batches(inputs, cfg.schedule.micro_batch_size_per_device))
+                size = self._micro_rows("train", len(inputs[0]), inputs[0].shape[1], inputs[2].shape[1])
+                shares, grad_norm = self.train_step(split_micro_batches(inputs, size))
                 values = self.comm.group_sum(shares.astype(np.float32), layout.dp_group)
                 for name, value in zip(GRPO_OUTPUT_NAMES, values):
                     sums[name] = sums.get(name, 0.0) + float(value)
@@ -498,7 +527,8 @@ class GRPOTrainer:
         metrics["timing_s/step"] = round(elapsed, 4)
         tokens = int(generated.prompt_mask.sum() + lengths.sum())
         metrics["perf/tokens_per_s_per_device"] = round(tokens / self.world_size / elapsed, 2)
-        metrics["perf/max_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        metrics["perf/max_rss_gib"] = round(float(self.comm.all_gather(np.array([rss], np.float32)).max()), 3)
         return metrics
 
     def evaluate(self) -> float:

@@ -59,6 +59,35 @@ def init_communication(use_parallel: str) -> tuple[int, int]:
     return get_group_size(), get_rank()
 
 
+def threads_per_rank(cores: int, ranks_on_host: int, requested: int = 0) -> int:
+    """CPU kernel threads for one rank: `requested`, or (0) this host's cores shared evenly by its ranks.
+
+    MindSpore sizes each process's kernel thread pool on its own (25 threads by default); ranks sharing a few
+    cores then oversubscribe them, and barrier-style pools collapse (2 ranks on 2 cores: the bundled job's
+    updates ran 2x slower than one process)."""
+    return requested or max(1, cores // max(1, ranks_on_host))
+
+
+def configure_cpu_threads(requested: int, world_size: int) -> int | None:
+    """Sets the CPU kernel thread pool of this process (CPU backend only, once per process: MindSpore refuses
+    a second setting); returns the threads set, or None."""
+    import mindspore as ms
+    from mindspore._c_expression import RuntimeConf
+
+    if ms.get_context("device_target") != "CPU" or RuntimeConf.get_instance().is_op_threads_num_configured():
+        return None
+    from mindspore.device_context.cpu.op_tuning import threads_num
+
+    ranks_on_host = 1
+    if world_size > 1:
+        from mindspore.communication import get_local_rank_size
+        ranks_on_host = get_local_rank_size()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = threads_per_rank(cores, ranks_on_host, requested)
+    threads_num(threads)
+    return threads
+
+
 def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -> int:
     """Runs the job; returns the process exit code. Bad input prints `error: <where>: <problem>` and gives 2."""
     import mindspore as ms
@@ -68,6 +97,8 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
 
     try:
         config = load_config(args)
+        if args.cpu_threads < 0:
+            raise ConfigError(f"--cpu_threads must be >= 0 (0 = cores / ranks on this host), got {args.cpu_threads}")
         _check_files(args)
         tokenizer = load_job_tokenizer(args)
     except (ConfigError, ValueError, OSError) as err:
@@ -76,6 +107,9 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     ms.set_context(mode=ms.GRAPH_MODE)
     world_size, rank = init_communication(args.use_parallel)
     setup_logging(rank=rank)
+    threads = configure_cpu_threads(args.cpu_threads, world_size)
+    if threads:
+        logger.info("CPU kernel threads per rank: %d", threads)
     # the pid lets `mindrlhf.trainer.postmortem` map msrun's "Worker process <pid> exit" to this rank
     logger.info("rank %d of %d started as pid %d on %s", rank, world_size, os.getpid(), socket.gethostname())
     job = JobOptions(sft_path_train=args.sft_path_train, sft_path_infer=args.sft_path_infer,

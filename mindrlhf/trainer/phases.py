@@ -7,6 +7,7 @@ that uses the nets.
 from __future__ import annotations
 
 import contextlib
+import resource
 import time
 from collections.abc import Iterator
 
@@ -29,18 +30,22 @@ class Phases:
     """`with phases("generate"):` applies the phase's swap plan, then times the block.
 
     Times accumulate per step (a phase may run several times, e.g. generation rounds of dynamic sampling);
-    `step_metrics()` returns `timing_s/<phase>` and the swap bytes moved since `start_step()`.
+    `step_metrics()` returns `timing_s/<phase>`, `memory/peak_gib_after_<phase>` (the process's peak resident
+    memory so far when the phase last ended: the phase where it jumps is the one that raised it) and the swap
+    bytes moved since `start_step()`.
     """
 
     def __init__(self, swap: SwapManager, resident: dict[str, tuple[str, ...]] | None = None):
         self.swap = swap
         self.resident = dict(resident or PHASE_RESIDENT)
         self.seconds: dict[str, float] = {}
+        self.peak_gib: dict[str, float] = {}
         self.swap_bytes = 0
         self.current: str | None = None
 
     def start_step(self) -> None:
         self.seconds = {}
+        self.peak_gib = {}
         self.swap_bytes = 0
 
     @contextlib.contextmanager
@@ -57,8 +62,10 @@ class Phases:
         finally:
             self.current = None
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+            self.peak_gib[name] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
 
     def step_metrics(self) -> dict[str, float]:
         metrics = {f"timing_s/{name}": round(seconds, 4) for name, seconds in self.seconds.items()}
+        metrics.update({f"memory/peak_gib_after_{name}": gib for name, gib in self.peak_gib.items()})
         metrics["swap/bytes_moved"] = int(self.swap_bytes)
         return metrics

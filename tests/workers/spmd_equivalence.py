@@ -1,4 +1,4 @@
-"""Worker for the SPMD equivalence tests: forward, loss, gradients and 3 AdamW steps of a tiny Qwen2, and
+"""Worker for the SPMD equivalence tests: forward, loss, gradients and UPDATES AdamW steps of a tiny Qwen2, and
 the GRPO loss with global token weights on responses of unequal lengths per data-parallel rank.
 
 Run with one process (reference, no msrun) or under msrun with `--dp/--tp`; each rank writes
@@ -22,6 +22,7 @@ from mindrlhf.trainer.optimizer import AdamW
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
+LEARNING_RATE, UPDATES = 1e-3, 3  # AdamW steps before the weights are saved (saved too: the tests' tolerance unit)
 
 
 class NLLLoss(nn.Cell):
@@ -114,16 +115,17 @@ def main():
     loss_net = NLLLoss(net)
     _, grads, grad_norm = SPMDGradients(loss_net, net.trainable_params(), layout)(ids_l, labels_l, mask_l)
     first_grads = {p.name: g.asnumpy() for p, g in zip(net.trainable_params(), grads)}
-    optimizer = AdamW(net.trainable_params(), learning_rate=1e-3, weight_decay=0.01)
+    optimizer = AdamW(net.trainable_params(), learning_rate=LEARNING_RATE, weight_decay=0.01)
     # a clip well below the gradient norm, so that every update is clipped by the global norm
     step = SPMDTrainStep(loss_net, optimizer, layout, max_grad_norm=0.25 * float(grad_norm.asnumpy()))
     losses, norms = [], []
-    for _ in range(3):
+    for _ in range(UPDATES):
         (loss, _), norm = step(ids_l, labels_l, mask_l)
         losses.append(float(loss.asnumpy()))
         norms.append(float(norm.asnumpy()))
     result = {"logits": logits, "losses": np.array(losses), "grad_norms": np.array(norms),
-              "first_grad_norm": grad_norm.asnumpy()}
+              "first_grad_norm": grad_norm.asnumpy(), "adam/lr": np.array(LEARNING_RATE),
+              "adam/updates": np.array(UPDATES)}
     result.update(grpo)
     result.update({f"grad/{k}": v for k, v in first_grads.items()})
     result.update({f"weight/{p.name}": p.asnumpy() for p in net.trainable_params()})

@@ -259,15 +259,22 @@ class Qwen2ForCausalLM(nn.Cell):
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         return self.logits(self.model(input_ids, position_ids, attn_bias))
 
-    def log_probs(self, input_ids, labels, attention_mask=None, temperature=1.0, with_entropy=False):
-        """log softmax(logits / temperature)[labels] in float32, [B, S]. Call inside a Cell's construct.
+    def log_probs(self, input_ids, labels, attention_mask=None, temperature=1.0, with_entropy=False,
+                  first_position=0):
+        """log softmax(logits / temperature)[labels] in float32, [B, S - first_position]. Call inside a Cell's
+        construct.
 
-        Position s scores labels[b, s] given input_ids[b, :s+1]. Use the sampling temperature, so
-        that the policy whose log-probs are trained is the one the samples came from. With `with_entropy`
+        Position s (>= `first_position`) scores labels[b, s - first_position] given input_ids[b, :s+1]; earlier
+        positions only feed attention and never reach the head, so the [tokens, vocab] logits (and their
+        gradient) exist for the scored positions only (TRL's `logits_to_keep`). Use the sampling temperature,
+        so that the policy whose log-probs are trained is the one the samples came from. With `with_entropy`
         returns `(log_probs, entropy)`, the entropy of that distribution per position (no gradient).
         """
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        local_logits = self.logits(self.model(input_ids, position_ids, attn_bias), gather=False)
+        hidden = self.model(input_ids, position_ids, attn_bias)
+        if first_position:
+            hidden = hidden[:, first_position:, :]
+        local_logits = self.logits(hidden, gather=False)
         if temperature != 1.0:
             local_logits = local_logits / temperature
         return self.log_prob_of_labels(local_logits, labels, with_entropy)
