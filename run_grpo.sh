@@ -4,8 +4,9 @@
 #   2. converts the policy's Hugging Face folder (MODEL_DIR: config.json + model.safetensors + tokenizer) to a
 #      MindSpore checkpoint with tools/convert_weight.py,
 #   3. converts the training problems and the held-out split to prompt MindRecords (rlhf_data.py),
-#   4. launches examples/qwen_grpo_tutorial/grpo_one_stage.py under msrun: train net tp=2, inference net dp=2
-#      on the same 2 ranks, weights resharded online after every update, idle nets swapped out; held-out greedy
+#   4. launches examples/qwen_grpo_tutorial/grpo_one_stage.py under msrun: train and inference nets on the same
+#      2 ranks (the layouts of TRAIN_YAML and INFER_YAML; the bundled ones are both data parallel, the fastest
+#      here), weights resharded online after every update, idle nets swapped out; held-out greedy
 #      accuracy before and after, a plot of both in $OUTPUT/progress.png, ending with the line
 #      `held-out accuracy: before=..% after=..%`.
 # The default is the bundled 3.2M-parameter arithmetic policy (model_configs/arith, built by tools/sft_policy.py)

@@ -1,5 +1,5 @@
 """`bash run_grpo.sh`, the README's first command, shortened: the bundled policy through the converter, the data
-tool and msrun (train tp=2, infer dp=2); the reward rises, the run ends with the held-out accuracy line, and its
+tool and msrun (train dp=2, infer dp=2); the reward rises, the run ends with the held-out accuracy line, and its
 checkpoint converts back to a Hugging Face folder that `transformers` loads and that answers like the policy."""
 import json
 import os

@@ -151,11 +151,11 @@ class ScheduleConfig:
            "not change. Must divide the responses an inference rank generates per round (batch_size / inference "
            "data_parallel x num_generations).")
     activation_memory_gib: float = help_field(
-        1.5, "Activation memory per rank that the auto micro-batch sizes (0) aim at, in GiB, estimated from the "
+        1.0, "Activation memory per rank that the auto micro-batch sizes (0) aim at, in GiB, estimated from the "
              "model's shape and the padded lengths (mindrlhf.trainer.memory_budget). Activations grow with "
-             "responses x length x layers (MindSpore on CPU keeps ~170 KB per token per layer of a 576-wide "
-             "model when training) and the scored positions' logits with the vocabulary: a 135M model's 4 x 224 "
-             "tokens need ~5 GB in one call. Raise it on a large-memory device for fewer, larger calls.")
+             "responses x length x layers (MindSpore on CPU keeps ~90 KB per token per layer of a 576-wide model "
+             "when training: a 135M model's 4 x 224 tokens need ~2.4 GB in one call) and the scored positions' "
+             "logits with the vocabulary. Raise it on a large-memory device for fewer, larger calls.")
     ref_model_sync_steps: int = help_field(
         0, "Copy the policy into the reference model every this many steps (TRL's sync_ref_model); 0 = never: "
            "the reference stays the starting policy, as in DeepSeekMath.")

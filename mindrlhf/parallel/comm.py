@@ -100,6 +100,8 @@ class DataParallelGradReducer(nn.Cell):
     def construct(self, grads):
         if self.all_reduce is None:
             return grads
+        if self.scale == 1.0:  # a sum: no gradient-sized product (the CPU backend keeps each op's output)
+            return tuple(self.all_reduce(g) for g in grads)
         return tuple(self.all_reduce(g) * self.scale for g in grads)
 
 

@@ -1,10 +1,11 @@
 """Rows per graph call from an activation-memory budget: what a micro-batch size of 0 ("auto") resolves to.
 
 Pure arithmetic on the model's shape. The per-token constants are measured, not derived: MindSpore's CPU backend
-keeps the activations a backward pass needs plus several working buffers per op (SmolLM2-135M's shape, 4 x 224
-tokens, 4 and 8 layers: ~170 KB per token per layer in the train graph; the [tokens, vocab] float32 logits and
-their log-softmax, exp and gradient ~4 copies). They overestimate a little on purpose: a run that fits is worth
-more than a few percent of speed.
+keeps the activations a backward pass needs plus several working buffers per op (SmolLM2-135M's shape, 30 layers,
+223 tokens, 1 vs 2 rows: +0.6 GB a row, ~90 KB per token per layer in the train graph; the [tokens, vocab] float32
+logits and their log-softmax, exp and gradient ~4 copies). They overestimate a little on purpose: a run that fits
+is worth more than a few percent of speed. What a graph holds besides activations (gradients, optimizer state,
+weights) is not in the budget.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def train_bytes_per_row(tokens: int, scored: int, hidden: int, intermediate: int
 
     `tokens`: positions the model reads (prompt bucket + response width - 1); `scored`: positions that reach the
     head (the response width); `heads`, `intermediate` and `vocab` are split over `tp`."""
-    per_token_layer = 48 * hidden + 6 * intermediate // tp + 4 * (heads // tp) * tokens
+    per_token_layer = 24 * hidden + 3 * intermediate // tp + 2 * (heads // tp) * tokens
     return FLOAT_BYTES * (tokens * layers * per_token_layer + scored * 4 * vocab // tp)
 
 
