@@ -67,4 +67,3 @@ def assert_weights_close_after_adam(actual: Mapping, expected: Mapping, lr: floa
         f"{label}the {quantile}th percentile of |weight diff| over {pooled.size} elements is {typical:.3g} "
         f"(= {typical / (lr * updates):.3g} of lr * updates), more than {typical_fraction} of lr * updates "
         f"(lr {lr}, {updates} updates): too many weights moved differently to be the few noise-driven ones")
-

@@ -36,10 +36,8 @@ class ResponseLogProbs(nn.Cell):
         if response_width > 1:
             input_ids = ops.concat((input_ids, response_ids[:, :response_width - 1]), 1)
             attention_mask = ops.concat((attention_mask, response_mask[:, :response_width - 1].astype(ms.int32)), 1)
-        first = prompt_width - 1
-        if self.with_entropy:
-            return self.model.log_probs(input_ids, response_ids, attention_mask, self.temperature, True, first)
-        return self.model.log_probs(input_ids, response_ids, attention_mask, self.temperature, False, first)
+        return self.model.log_probs(input_ids, response_ids, attention_mask, self.temperature, self.with_entropy,
+                                    prompt_width - 1)
 
 
 GRPO_OUTPUT_NAMES = ("actor/loss", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/ratio_mean",

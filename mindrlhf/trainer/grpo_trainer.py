@@ -16,7 +16,6 @@ import dataclasses
 import logging
 import math
 import os
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from mindrlhf.trainer.checkpoint import (
     save_parameters,
 )
 from mindrlhf.trainer.experience import Experience, concat_experiences, group_unit, rows_of_rank, update_chunks
-from mindrlhf.trainer.phases import Phases
+from mindrlhf.trainer.phases import Phases, peak_rss_gib
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -527,8 +526,8 @@ class GRPOTrainer:
         metrics["timing_s/step"] = round(elapsed, 4)
         tokens = int(generated.prompt_mask.sum() + lengths.sum())
         metrics["perf/tokens_per_s_per_device"] = round(tokens / self.world_size / elapsed, 2)
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        metrics["perf/max_rss_gib"] = round(float(self.comm.all_gather(np.array([rss], np.float32)).max()), 3)
+        peaks = self.comm.all_gather(np.array([peak_rss_gib()], np.float32))
+        metrics["perf/max_rss_gib"] = round(float(peaks.max()), 3)
         return metrics
 
     def evaluate(self) -> float:

@@ -26,6 +26,11 @@ PHASE_RESIDENT: dict[str, tuple[str, ...]] = {
 PHASES = tuple(PHASE_RESIDENT)
 
 
+def peak_rss_gib() -> float:
+    """This process's peak resident memory so far, GiB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
 class Phases:
     """`with phases("generate"):` applies the phase's swap plan, then times the block.
 
@@ -62,7 +67,7 @@ class Phases:
         finally:
             self.current = None
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-            self.peak_gib[name] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
+            self.peak_gib[name] = round(peak_rss_gib(), 3)
 
     def step_metrics(self) -> dict[str, float]:
         metrics = {f"timing_s/{name}": round(seconds, 4) for name, seconds in self.seconds.items()}

@@ -1,4 +1,4 @@
-"""Worker for the SPMD equivalence tests: forward, loss, gradients and UPDATES AdamW steps of a tiny Qwen2, and
+"""Worker for the SPMD equivalence tests: forward, loss, gradients and `UPDATES` AdamW steps of a tiny Qwen2, and
 the GRPO loss with global token weights on responses of unequal lengths per data-parallel rank.
 
 Run with one process (reference, no msrun) or under msrun with `--dp/--tp`; each rank writes
