@@ -166,9 +166,9 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
         warmup, times, _ = timed(lambda: gen.generate(prompts), inner)
         return {"warmup_s": warmup, "times_s": times, "tokens": case["batch"] * case["new_tokens"]}
     from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
+    from mindrlhf.optim import AdamW
     from mindrlhf.parallel import Layout
     from mindrlhf.parallel.spmd import MicroBatchedTrainStep, split_micro_batches
-    from mindrlhf.trainer.optimizer import AdamW
 
     optimizer = AdamW(model.trainable_params(), learning_rate=ADAMW["lr"], beta1=ADAMW["beta1"],
                       beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"])

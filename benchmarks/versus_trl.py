@@ -156,13 +156,14 @@ def trl_config(settings: dict, steps: int) -> dict:
     Settings TRL cannot express raise ValueError.
     """
     gen, loss, opt, sched = settings["generation"], settings["loss"], settings["optimizer"], settings["schedule"]
+    algo = settings["algorithm"]
     unsupported = [
         (loss["aggregation"] not in LOSS_TYPES, f"loss.aggregation {loss['aggregation']!r}"),
         (loss["kl_estimator"] != "k3", f"loss.kl_estimator {loss['kl_estimator']!r} (TRL: k3)"),
-        (loss["advantage_estimator"] not in SCALE_REWARDS, f"loss.advantage_estimator {loss['advantage_estimator']!r}"),
-        (loss["advantage_eps"] != 1e-4, "loss.advantage_eps != 1e-4 (TRL's constant)"),
+        (algo["adv_estimator"] not in SCALE_REWARDS, f"algorithm.adv_estimator {algo['adv_estimator']!r}"),
+        (algo["advantage_eps"] != 1e-4, "algorithm.advantage_eps != 1e-4 (TRL's constant)"),
         (opt["lr_schedule"] != "constant", f"optimizer.lr_schedule {opt['lr_schedule']!r}"),
-        (sched["dynamic_sampling"], "schedule.dynamic_sampling"),
+        (algo["dynamic_sampling"], "algorithm.dynamic_sampling"),
         (sched["ref_model_sync_steps"] != 0, "schedule.ref_model_sync_steps"),
         (not gen["do_sample"], "generation.do_sample false"),
     ]
@@ -183,7 +184,7 @@ def trl_config(settings: dict, steps: int) -> dict:
         max_steps=steps * updates * sched["num_iterations"], shuffle_dataset=False, seed=sched["seed"],
         max_completion_length=gen["max_new_tokens"], temperature=gen["temperature"], top_k=gen["top_k"],
         top_p=gen["top_p"], beta=loss["beta"], epsilon=loss["epsilon_low"], epsilon_high=loss["epsilon_high"],
-        loss_type=LOSS_TYPES[loss["aggregation"]], scale_rewards=SCALE_REWARDS[loss["advantage_estimator"]],
+        loss_type=LOSS_TYPES[loss["aggregation"]], scale_rewards=SCALE_REWARDS[algo["adv_estimator"]],
         reward_weights=list(settings["reward"]["reward_weights"]), learning_rate=opt["learning_rate"],
         adam_beta1=opt["beta1"], adam_beta2=opt["beta2"], adam_epsilon=opt["eps"], weight_decay=opt["weight_decay"],
         max_grad_norm=opt["max_grad_norm"], warmup_steps=opt["warmup_steps"], lr_scheduler_type="constant_with_warmup",

@@ -57,9 +57,25 @@ def test_group_size_one_gives_zero_advantages():
     np.testing.assert_array_equal(group_advantages([1.0, 0.0, 3.0], 1), np.zeros(3))
 
 
-def test_dr_grpo_only_centers():
-    np.testing.assert_allclose(get_advantage_estimator("dr_grpo")([1, 0, 0, 0], 4), [0.75, -0.25, -0.25, -0.25])
-    np.testing.assert_allclose(get_advantage_estimator("grpo")([1, 0, 0, 1], 4), group_advantages([1, 0, 0, 1], 4))
+def test_estimators_return_token_level_advantages_and_returns():
+    from types import SimpleNamespace
+
+    mask = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]], np.int32)
+    settings = SimpleNamespace(advantage_eps=1e-4)
+
+    def run(name, rewards):
+        return get_advantage_estimator(name)({"rewards": np.array(rewards, np.float32), "response_mask": mask}, 4,
+                                             settings)
+
+    advantages, returns = run("dr_grpo", [1, 0, 0, 0])
+    np.testing.assert_allclose(advantages, np.array([[0.75, 0.75, 0], [-0.25, 0, 0], [-0.25] * 3, [-0.25, -0.25, 0]]))
+    np.testing.assert_array_equal(returns, advantages)
+    advantages, _ = run("grpo", [1, 0, 0, 1])
+    np.testing.assert_allclose(advantages, group_advantages([1, 0, 0, 1], 4)[:, None] * mask, rtol=1e-6)
+    # RLOO: 1 - (0 + 0 + 1) / 3 = 2/3 for a winner, 0 - 2/3 for a loser
+    advantages, _ = run("rloo", [1, 0, 0, 1])
+    np.testing.assert_allclose(advantages[:, 0], [2 / 3, -2 / 3, -2 / 3, 2 / 3], rtol=1e-6)
+    assert advantages.dtype == np.float32 and (advantages[mask == 0] == 0).all()
     with pytest.raises(ValueError, match="unknown advantage estimator 'ppo'"):
         get_advantage_estimator("ppo")
 

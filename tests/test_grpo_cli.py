@@ -153,6 +153,11 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
     assert np.mean(lengths) == pytest.approx(metrics["response_length/mean"])
     rewards = np.array([float(r["reward"]) for r in records])
     assert rewards.mean() == pytest.approx(metrics["reward/mean"], abs=1e-6)
+    # token-level advantages: each response's group-normalised reward on its valid tokens, 0 on padding
+    from mindrlhf.algorithms import group_advantages
+    advantages, masks = np.stack([r["advantages"] for r in records]), np.stack([r["response_mask"] for r in records])
+    np.testing.assert_allclose(advantages, group_advantages(rewards, 4)[:, None] * masks, atol=1e-6)
+    np.testing.assert_array_equal(np.stack([r["returns"] for r in records]), advantages)
     assert (out / "checkpoints" / "step_000001" / "meta.json").is_file()
 
 

@@ -42,8 +42,27 @@ def test_flags_override_yaml_and_are_typed(tmp_path):
     config = config.replace(overrides)
     assert config.generation.num_generations == 6
     assert config.reward.reward_funcs == ["accuracy"] and config.reward.reward_weights == [2.0]
-    assert config.schedule.dynamic_sampling is True and config.schedule.seed == 7
+    assert config.algorithm.dynamic_sampling is True and config.schedule.seed == 7
     assert config.optimizer.learning_rate == 1e-5  # untouched by the flags
+
+
+def test_fields_that_moved_to_algorithm_keep_their_old_names(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("loss:\n  advantage_estimator: dr_grpo\n  advantage_eps: 0.01\n  beta: 0.0\n"
+                    "schedule:\n  dynamic_sampling: true\n  max_sampling_retries: 5\n")
+    config = GRPOConfig.from_yaml(str(path))
+    assert config.algorithm.adv_estimator == "dr_grpo" and config.algorithm.advantage_eps == 0.01
+    assert config.algorithm.dynamic_sampling is True and config.algorithm.max_sampling_retries == 5
+    assert config.loss.beta == 0.0
+    config = GRPOConfig().replace(parse(["--advantage_estimator", "rloo", "--schedule.dynamic_sampling", "true"]))
+    assert config.algorithm.adv_estimator == "rloo" and config.algorithm.dynamic_sampling is True
+    assert GRPOConfig().replace(parse(["--adv_estimator", "dr_grpo"])).algorithm.adv_estimator == "dr_grpo"
+    path.write_text("loss:\n  advantage_estimator: dr_grpo\nalgorithm:\n  adv_estimator: grpo\n")
+    with pytest.raises(ConfigError, match="loss.advantage_estimator='dr_grpo' and algorithm.adv_estimator='grpo' "
+                                          "disagree"):
+        GRPOConfig.from_yaml(str(path))
+    with pytest.raises(ConfigError, match="algorithm.adv_estimator: unknown advantage estimator 'ppo'"):
+        GRPOConfig().replace({"algorithm": {"adv_estimator": "ppo"}})
 
 
 def test_defaults_follow_the_seed_tutorial():

@@ -100,6 +100,26 @@ def test_value_stats_and_grad_match_numpy(aggregation):
     assert np.all(grad[arrays[4] == 0] == 0.0)
 
 
+def test_token_level_advantages_match_numpy_and_broadcast_per_response_ones():
+    logp, old_logp, ref_logp, advantages, mask = fixed_batch(seed=2)
+    rng = np.random.default_rng(3)
+    token_advantages = (advantages[:, None] + rng.normal(0, 0.5, mask.shape)).astype(np.float32)
+    token_advantages[0, 5] = np.inf  # padding
+    arrays = [logp, old_logp, ref_logp, token_advantages, mask]
+    outputs, grad = cell_value_and_grad(GRPOLossCell(BETA, EPS_LOW, EPS_HIGH), arrays, "token-mean")
+    expected_loss, _ = numpy_loss(*arrays, "token-mean")
+    assert outputs[0] == pytest.approx(expected_loss, abs=1e-5)
+    np.testing.assert_allclose(grad, finite_difference_grad(*arrays, "token-mean"), atol=1e-5)
+    assert abs(expected_loss - numpy_loss(logp, old_logp, ref_logp, advantages, mask, "token-mean")[0]) > 1e-3
+    # a per-response advantage repeated over the tokens is the same loss as the [B] form
+    repeated = [logp, old_logp, ref_logp, np.repeat(advantages[:, None], mask.shape[1], 1), mask]
+    same, same_grad = cell_value_and_grad(GRPOLossCell(BETA, EPS_LOW, EPS_HIGH), repeated, "token-mean")
+    broadcast, broadcast_grad = cell_value_and_grad(GRPOLossCell(BETA, EPS_LOW, EPS_HIGH),
+                                                    [logp, old_logp, ref_logp, advantages, mask], "token-mean")
+    np.testing.assert_allclose(same, broadcast, atol=1e-6)
+    np.testing.assert_allclose(same_grad, broadcast_grad, atol=1e-6)
+
+
 def test_gradient_ignores_stats_without_has_aux():
     arrays = fixed_batch(seed=1)
     cell = GRPOLossCell(BETA, EPS_LOW, EPS_HIGH)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
 
-from mindrlhf.trainer.optimizer import AdamW, learning_rate_at
+from mindrlhf.optim import AdamW, learning_rate_at
 
 pytestmark = pytest.mark.usefixtures("graph_mode")
 

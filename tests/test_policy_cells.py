@@ -8,9 +8,9 @@ from tolerances import assert_weights_close_after_adam
 from mindrlhf.algorithms import GRPOLossCell, aggregate, aggregation_weights, grpo_policy_loss
 from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, GRPOLossNet, ResponseLogProbs
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.optim import AdamW
 from mindrlhf.parallel.layers import init_random_weights
 from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDTrainStep, split_micro_batches
-from mindrlhf.trainer.optimizer import AdamW
 
 CONFIG = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=64,
               seq_length=64, max_position_embedding=64, theta=10000.0)

@@ -6,7 +6,7 @@ import resource
 import numpy as np
 import pytest
 
-from mindrlhf.parallel.swap import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS, SwapManager
+from mindrlhf.parallel.swap import SwapError, SwapManager
 from mindrlhf.trainer.checkpoint import (
     CheckpointError,
     CheckpointWriter,
@@ -15,7 +15,18 @@ from mindrlhf.trainer.checkpoint import (
     find_resume_checkpoint,
 )
 from mindrlhf.trainer.experience import Experience, concat_experiences, group_unit, rows_of_rank, update_chunks
-from mindrlhf.trainer.phases import PHASE_RESIDENT, Phases
+from mindrlhf.trainer.phases import PHASES, Phases
+from mindrlhf.trainer.roles import (
+    INFER_WEIGHTS,
+    OPTIMIZER_MOMENTS,
+    REF_WEIGHTS,
+    TRAIN_WEIGHTS,
+    Actor,
+    Reference,
+    Role,
+    RuleReward,
+    phase_plan,
+)
 
 
 def make_experience(rows, prompt_width, response_width, seed=0, pad=0):
@@ -24,23 +35,44 @@ def make_experience(rows, prompt_width, response_width, seed=0, pad=0):
     prompt_mask = (np.arange(prompt_width)[None, :] >= prompt_width - lengths[:, None]).astype(np.int32)
     prompt_ids = np.where(prompt_mask > 0, rng.integers(1, 150000, (rows, prompt_width)), pad).astype(np.int32)
     response_mask = (np.arange(response_width)[None, :] < rng.integers(1, response_width + 1, rows)[:, None])
-    return Experience(prompt_ids, prompt_mask, rng.integers(0, 150000, (rows, response_width)).astype(np.int32),
-                      response_mask.astype(np.int32), rng.standard_normal((rows, response_width)).astype(np.float32),
-                      rng.standard_normal((rows, response_width)).astype(np.float32),
-                      rng.random(rows).astype(np.float32), rng.standard_normal(rows).astype(np.float32),
-                      {"accuracy": rng.random(rows).astype(np.float32)})
+    token_values = rng.standard_normal((rows, response_width)).astype(np.float32)
+    return Experience({
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+        "response_ids": rng.integers(0, 150000, (rows, response_width)).astype(np.int32),
+        "response_mask": response_mask.astype(np.int32),
+        "old_logp": rng.standard_normal((rows, response_width)).astype(np.float32),
+        "ref_logp": rng.standard_normal((rows, response_width)).astype(np.float32),
+        "rewards": rng.random(rows).astype(np.float32), "advantages": token_values,
+        "reward/accuracy": rng.random(rows).astype(np.float32)})
 
 
 def assert_same(a: Experience, b: Experience):
-    for name, value in a._arrays().items():
-        np.testing.assert_array_equal(value, b._arrays()[name], err_msg=name)
-        assert value.dtype == b._arrays()[name].dtype, name
+    assert list(a) == list(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+        assert a[name].dtype == b[name].dtype, name
+
+
+def test_experience_is_a_table_of_named_columns():
+    exp = make_experience(4, 3, 5)
+    assert exp.num_rows == 4 and "advantages" in exp and exp.advantages is exp["advantages"]
+    assert set(exp.reward_terms) == {"accuracy"}
+    values = np.ones((4, 5), np.float32)
+    with_values = exp.with_columns(values=values)
+    assert with_values.values is values and "values" not in exp  # a column may be called "values"
+    np.testing.assert_array_equal(with_values.rows(np.array([True, False, True, False])).values, values[:2])
+    with pytest.raises(AttributeError, match="no column 'returns'"):
+        exp.returns  # noqa: B018
+    with pytest.raises(ValueError, match="different row counts"):
+        exp.with_columns(values=values[:3])
+    with pytest.raises(ValueError, match="cannot concatenate"):
+        concat_experiences([exp, with_values], 0)
 
 
 def test_pack_unpack_round_trips_exactly_including_large_token_ids():
     exp = make_experience(6, 5, 7)
     packed = exp.pack()
-    assert packed.dtype == np.float32 and packed.shape == (6, 5 * 2 + 7 * 4 + 3)
+    assert packed.dtype == np.float32 and packed.shape == (6, 5 * 2 + 7 * 5 + 2)
     assert_same(exp.unpack(packed), exp)
     # rows of another rank (as after a gather) unpack with the same layout
     assert_same(exp.unpack(np.concatenate([packed, packed])), concat_experiences([exp, exp], 0))
@@ -74,13 +106,36 @@ def make_swap():
     return swap
 
 
+def test_the_phase_plan_follows_from_the_roles():
+    plan = phase_plan([Actor, Reference, RuleReward], PHASES)
+    assert plan == {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
+                    "gather": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
+                    "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "eval": (INFER_WEIGHTS,)}
+
+
+def test_a_role_refuses_to_run_a_net_whose_group_is_offloaded():
+    swap = make_swap()
+
+    class Probe(Role):
+        name = "probe"
+
+    role = Probe()
+    role.require((REF_WEIGHTS,), "log_probs")  # not attached: nothing to check
+    role.attach(swap)
+    role.require((REF_WEIGHTS, INFER_WEIGHTS), "log_probs")
+    swap.offload(REF_WEIGHTS, "train")
+    with pytest.raises(SwapError, match="'probe.log_probs' uses offloaded swap group\\(s\\) ref_weights"):
+        role.require((REF_WEIGHTS,), "log_probs")
+
+
 def test_phases_apply_their_swap_plan_and_time_themselves():
     swap = make_swap()
-    phases = Phases(swap)
+    plan = phase_plan([Actor, Reference, RuleReward], PHASES)
+    phases = Phases(swap, plan)
     phases.start_step()
-    for name in ("generate", "reward", "ref", "train", "reshard"):
+    for name in ("generate", "reward", "ref", "gather", "train", "reshard"):
         with phases(name):
-            assert {g for g in swap.groups if swap.is_resident(g)} == set(PHASE_RESIDENT[name])
+            assert {g for g in swap.groups if swap.is_resident(g)} == set(plan[name])
     with phases("reshard", also_resident=(REF_WEIGHTS,)):
         assert swap.is_resident(REF_WEIGHTS) and swap.is_resident(INFER_WEIGHTS)
     import psutil
@@ -90,7 +145,7 @@ def test_phases_apply_their_swap_plan_and_time_themselves():
     with phases("eval"):
         ballast[::4096] = b"\1" * len(ballast[::4096])
     metrics = phases.step_metrics()
-    names = ("generate", "reward", "ref", "train", "reshard", "eval")
+    names = ("generate", "reward", "ref", "gather", "train", "reshard", "eval")
     assert set(metrics) == {f"timing_s/{n}" for n in names} | {f"memory/peak_gib_after_{n}" for n in names} | {
         "swap/bytes_moved"}
     peaks = [metrics[f"memory/peak_gib_after_{n}"] for n in names]

@@ -36,9 +36,9 @@ from mindrlhf.algorithms.policy_cells import ResponseNLLLoss  # noqa: E402
 from mindrlhf.data import build_prompt, pad_rows, read_problems  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from mindrlhf.models.tokenizer import load_tokenizer  # noqa: E402
+from mindrlhf.optim import AdamW, learning_rate_at  # noqa: E402
 from mindrlhf.parallel.layers import init_random_weights  # noqa: E402
 from mindrlhf.parallel.spmd import SPMDTrainStep  # noqa: E402
-from mindrlhf.trainer.optimizer import AdamW, learning_rate_at  # noqa: E402
 from mindrlhf.utils.atomic import atomic_output  # noqa: E402
 from mindrlhf.utils.logging import setup_logging  # noqa: E402
 

@@ -4,12 +4,12 @@
 """
 from mindrlhf.algorithms.advantages import (
     ADVANTAGE_ESTIMATORS,
-    dr_grpo_advantages,
+    broadcast_over_tokens,
     dynamic_sampling_mask,
     expand_group_mask,
     get_advantage_estimator,
     group_advantages,
-    grpo_advantages,
+    rloo_advantages,
 )
 from mindrlhf.algorithms.aggregation import (
     AGGREGATIONS,
@@ -20,14 +20,13 @@ from mindrlhf.algorithms.aggregation import (
     token_mean,
 )
 from mindrlhf.algorithms.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3, kl_penalty
-from mindrlhf.algorithms.policy_loss import STAT_NAMES, check_loss_hyperparameters, grpo_policy_loss
-from mindrlhf.algorithms.registry import Registry
+from mindrlhf.algorithms.policy_loss import check_loss_hyperparameters, grpo_policy_loss
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "KL_ESTIMATORS", "STAT_NAMES", "GRPOLossCell", "LOSS_CELL_OUTPUT_NAMES",
-    "Registry", "aggregate", "aggregation_weights", "check_loss_hyperparameters", "dr_grpo_advantages",
-    "dynamic_sampling_mask",
-    "expand_group_mask", "get_advantage_estimator", "group_advantages", "grpo_advantages", "grpo_policy_loss",
+    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "KL_ESTIMATORS", "GRPOLossCell", "LOSS_CELL_OUTPUT_NAMES",
+    "aggregate", "aggregation_weights", "broadcast_over_tokens", "check_loss_hyperparameters",
+    "dynamic_sampling_mask", "expand_group_mask", "get_advantage_estimator", "group_advantages", "grpo_policy_loss",
+    "rloo_advantages",
     "kl_k1", "kl_k2", "kl_k3", "kl_penalty", "seq_mean_token_mean", "seq_mean_token_sum", "token_mean",
 ]
 

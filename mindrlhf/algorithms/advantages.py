@@ -1,4 +1,5 @@
-"""Group-relative advantages (GRPO) and DAPO's dynamic-sampling filter, in numpy.
+"""Advantage estimators chosen by name (GRPO, Dr. GRPO, RLOO; GAE in `ppo.py`) and DAPO's dynamic-sampling
+filter, in numpy.
 
 Rewards are laid out as consecutive groups: samples ``[g * group_size, (g + 1) * group_size)`` are the
 ``group_size`` completions of prompt ``g`` (the order the generator produces them in).
@@ -9,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from mindrlhf.algorithms.registry import Registry
+from mindrlhf.utils.registry import Registry
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator")
 
@@ -60,21 +61,57 @@ def group_advantages(rewards, group_size: int, eps: float = 1e-4, scale_by_std: 
     return centered.reshape(-1).astype(np.float32)
 
 
+def broadcast_over_tokens(per_response, response_mask) -> np.ndarray:
+    """One value per response [N] repeated over its valid tokens [N, R] (0 on padding), float32."""
+    mask = np.asarray(response_mask, dtype=np.float32)
+    values = np.asarray(per_response, dtype=np.float32)
+    if mask.ndim != 2 or values.shape != (mask.shape[0],):
+        raise ValueError(f"expected per-response values [N] and a response mask [N, R], got {values.shape} and "
+                         f"{mask.shape}")
+    return values[:, None] * mask
+
+
+def rloo_advantages(rewards, group_size: int) -> np.ndarray:
+    """RLOO (Ahmadian et al. 2024): r_i minus the mean of the other samples of its group, float32 [batch]."""
+    grouped = _grouped_rewards(rewards, group_size)
+    if grouped.shape[1] == 1:
+        return np.zeros(grouped.size, dtype=np.float32)
+    k = grouped.shape[1]
+    leave_one_out = (grouped.sum(axis=1, keepdims=True) - grouped) / (k - 1)
+    return (grouped - leave_one_out).reshape(-1).astype(np.float32)
+
+
+# Estimators take the experience (a table with at least `rewards` [N] and `response_mask` [N, R]; GAE also
+# reads `token_rewards` and `values`), the group size and the `algorithm` settings, and return token-level
+# (advantages, returns), both float32 [N, R] and 0 on padding (verl's `compute_advantage` contract). Outcome
+# estimators broadcast one value per response; their returns are the advantages, as in verl.
 @ADVANTAGE_ESTIMATORS.register("grpo")
-def grpo_advantages(rewards, group_size: int, eps: float = 1e-4) -> np.ndarray:
-    """GRPO: group mean removed, divided by the group std (see `group_advantages`)."""
-    return group_advantages(rewards, group_size, eps=eps, scale_by_std=True)
+def grpo_estimator(batch, group_size: int, settings) -> tuple[np.ndarray, np.ndarray]:
+    """GRPO: group mean removed, divided by the group std + advantage_eps (see `group_advantages`)."""
+    per_response = group_advantages(batch["rewards"], group_size, eps=settings.advantage_eps)
+    advantages = broadcast_over_tokens(per_response, batch["response_mask"])
+    return advantages, advantages
 
 
 @ADVANTAGE_ESTIMATORS.register("dr_grpo")
-def dr_grpo_advantages(rewards, group_size: int, eps: float = 1e-4) -> np.ndarray:
-    """Dr. GRPO: group mean removed, no std scaling (`eps` is unused; kept for a common signature)."""
-    del eps
-    return group_advantages(rewards, group_size, scale_by_std=False)
+def dr_grpo_estimator(batch, group_size: int, settings) -> tuple[np.ndarray, np.ndarray]:
+    """Dr. GRPO: group mean removed, no std scaling."""
+    del settings
+    per_response = group_advantages(batch["rewards"], group_size, scale_by_std=False)
+    advantages = broadcast_over_tokens(per_response, batch["response_mask"])
+    return advantages, advantages
+
+
+@ADVANTAGE_ESTIMATORS.register("rloo")
+def rloo_estimator(batch, group_size: int, settings) -> tuple[np.ndarray, np.ndarray]:
+    """RLOO: leave-one-out baseline within each group (`rloo_advantages`)."""
+    del settings
+    advantages = broadcast_over_tokens(rloo_advantages(batch["rewards"], group_size), batch["response_mask"])
+    return advantages, advantages
 
 
 def get_advantage_estimator(name: str):
-    """The advantage function registered as `name` (`grpo`, `dr_grpo`)."""
+    """The estimator registered as `name` (`grpo`, `dr_grpo`, `rloo`, `gae`)."""
     return ADVANTAGE_ESTIMATORS.get(name)
 
 

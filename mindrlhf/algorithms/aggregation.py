@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mindrlhf.algorithms.registry import Registry
+from mindrlhf.utils.registry import Registry
 
 AGGREGATIONS: Registry = Registry("loss aggregation")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mindrlhf.algorithms.registry import Registry
+from mindrlhf.utils.registry import Registry
 
 KL_ESTIMATORS: Registry = Registry("KL estimator")
 

@@ -7,7 +7,7 @@ from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
 from mindrlhf.algorithms.policy_loss import check_loss_hyperparameters
-from mindrlhf.algorithms.registry import Registry
+from mindrlhf.utils.registry import Registry
 
 OUTPUT_NAMES = ("loss", "pg_loss", "kl", "clipfrac", "ratio_mean")
 
@@ -35,9 +35,10 @@ class GRPOLossCell(nn.Cell):
     """GRPO clipped surrogate + beta * KL(policy || ref), reduced with token weights.
 
     `construct(logp, old_logp, ref_logp, advantages, mask, token_weights)` takes [B, T] log-probs of the
-    sampled tokens (policy, old policy, reference), advantages [B], a 0/1 response mask [B, T] and the token
-    weights [B, T] of the aggregation (`mindrlhf.algorithms.aggregation_weights`, computed on the global
-    mini-batch); every output is `sum(token_weights * per-token value)`: on a data-parallel rank its share
+    sampled tokens (policy, old policy, reference), advantages [B, T] (or [B], broadcast over the tokens), a
+    0/1 response mask [B, T] and the token weights [B, T] of the aggregation
+    (`mindrlhf.algorithms.aggregation_weights`, computed on the global mini-batch); every output is
+    `sum(token_weights * per-token value)`: on a data-parallel rank its share
     of the global value. Returns the 0-d float32 tensors `(loss, pg_loss, kl, clipfrac, ratio_mean)`
     (`OUTPUT_NAMES`); the stats are wrapped in `stop_gradient`, so `mindspore.value_and_grad(cell,
     grad_position=0)` differentiates only the loss, with or without `has_aux=True`.
@@ -67,11 +68,15 @@ class GRPOLossCell(nn.Cell):
         logp = ops.select(valid, ops.cast(logp, mstype.float32), zeros)
         old_logp = ops.select(valid, ops.cast(old_logp, mstype.float32), zeros)
         ref_logp = ops.select(valid, ops.cast(ref_logp, mstype.float32), zeros)
-        token_advantages = ops.expand_dims(ops.cast(advantages, mstype.float32), 1)
+        advantages = ops.cast(advantages, mstype.float32)
+        if advantages.ndim == 1:
+            advantages = ops.expand_dims(advantages, 1)
+        else:
+            advantages = ops.select(valid, advantages, zeros)
 
         ratio = ops.exp(logp - old_logp)
-        unclipped = ratio * token_advantages
-        clipped = ops.stop_gradient(ops.clamp(ratio, self.clip_low, self.clip_high) * token_advantages)
+        unclipped = ratio * advantages
+        clipped = ops.stop_gradient(ops.clamp(ratio, self.clip_low, self.clip_high) * advantages)
         clip_active = clipped < unclipped
         pg_token = -ops.select(clip_active, clipped, unclipped)
         kl_token = self.kl(logp, ref_logp)

@@ -17,8 +17,6 @@ import numpy as np
 from mindrlhf.algorithms.aggregation import AGGREGATIONS, aggregation_weights
 from mindrlhf.algorithms.kl import KL_ESTIMATORS, kl_penalty
 
-STAT_NAMES = ("kl", "clipfrac", "pg_loss", "ratio_mean")
-
 
 def _check_number(name: str, value, low: float, high: float = np.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not low <= float(value) <= high:
@@ -49,23 +47,27 @@ def _validated_inputs(logp, old_logp, ref_logp, advantages, mask):
             raise ValueError(f"{name} must have the shape of logp {logp.shape}, got {array.shape}")
         arrays[name] = array
     advantages = np.asarray(advantages, dtype=np.float64)
-    if advantages.shape != (logp.shape[0],):
-        raise ValueError(f"advantages must have shape ({logp.shape[0]},) [batch], got {advantages.shape}")
-    if not np.isfinite(advantages).all():
-        bad = np.flatnonzero(~np.isfinite(advantages)).tolist()
-        raise ValueError(f"advantages must be finite, got non-finite values at indices {bad}")
+    if advantages.shape == (logp.shape[0],):
+        if not np.isfinite(advantages).all():
+            bad = np.flatnonzero(~np.isfinite(advantages)).tolist()
+            raise ValueError(f"advantages must be finite, got non-finite values at indices {bad}")
+        advantages = np.broadcast_to(advantages[:, None], logp.shape)
+    elif advantages.shape != logp.shape:
+        raise ValueError(f"advantages must have shape ({logp.shape[0]},) [batch] or {logp.shape} [batch, "
+                         f"response_len], got {advantages.shape}")
+    arrays["advantages"] = advantages
     mask = arrays["mask"]
     if not np.isin(mask, (0.0, 1.0)).all():
         raise ValueError("mask must hold only 0 and 1")
     valid = mask > 0
-    for name in ("logp", "old_logp", "ref_logp"):
+    for name in ("logp", "old_logp", "ref_logp", "advantages"):
         bad = valid & ~np.isfinite(arrays[name])
         if bad.any():
             where = np.argwhere(bad)[0].tolist()
             raise ValueError(f"{name} must be finite where mask is 1, got {arrays[name][tuple(where)]} at {where}")
         # Padding may hold anything (even inf); zero it so it cannot leak NaN into masked sums.
         arrays[name] = np.where(valid, arrays[name], 0.0)
-    return arrays["logp"], arrays["old_logp"], arrays["ref_logp"], advantages, mask
+    return arrays["logp"], arrays["old_logp"], arrays["ref_logp"], arrays["advantages"], mask
 
 
 def grpo_policy_loss(logp, old_logp, ref_logp, advantages, mask, beta: float = 0.01, epsilon_low: float = 0.2,
@@ -73,7 +75,8 @@ def grpo_policy_loss(logp, old_logp, ref_logp, advantages, mask, beta: float = 0
                      kl_estimator: str = "k3") -> tuple[float, dict[str, float]]:
     """GRPO clipped surrogate + beta * KL(policy || ref) (DeepSeekMath eq. 3; clip-higher from DAPO).
 
-    Shapes: logp, old_logp, ref_logp, mask [B, T] (mask 0/1), advantages [B]. Computed in float64.
+    Shapes: logp, old_logp, ref_logp, mask [B, T] (mask 0/1), advantages [B, T] (token level) or [B] (one per
+    response, broadcast over its tokens). Computed in float64.
     The clip is "active" on a token when the clipped term is the one `min` picks and it differs from the
     unclipped one (ratio > 1 + epsilon_high with A > 0, ratio < 1 - epsilon_low with A < 0); there the
     token's policy-gradient term is constant in logp.
@@ -90,9 +93,8 @@ def grpo_policy_loss(logp, old_logp, ref_logp, advantages, mask, beta: float = 0
         beta, epsilon_low, epsilon_high, aggregation, kl_estimator)
     logp, old_logp, ref_logp, advantages, mask = _validated_inputs(logp, old_logp, ref_logp, advantages, mask)
     ratio = np.exp(logp - old_logp)
-    token_advantages = advantages[:, None]
-    unclipped = ratio * token_advantages
-    clipped = np.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * token_advantages
+    unclipped = ratio * advantages
+    clipped = np.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high) * advantages
     clip_active = clipped < unclipped
     pg_token = -np.minimum(unclipped, clipped)
     kl_token = kl_penalty(logp, ref_logp, kl_estimator)

@@ -148,7 +148,3 @@ def from_mapping(cls, values: Mapping, source: str, ignored_keys: frozenset = fr
             raise ConfigError(f"{source}: {err}") from None
     return obj
 
-
-def field_help(cls) -> dict[str, str]:
-    """Field name -> help text, for docs and CLI help."""
-    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}

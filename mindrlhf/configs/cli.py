@@ -6,7 +6,7 @@ import dataclasses
 import typing
 from typing import Any
 
-from mindrlhf.configs.grpo_configs import SECTIONS, field_paths
+from mindrlhf.configs.grpo_configs import MOVED_FIELDS, SECTIONS, field_paths
 
 _DEST_PREFIX = "cfg__"
 _SHARED_PREFIX = "cfg_shared__"
@@ -50,6 +50,11 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             group_help = field.metadata.get("help", "")
             parser.add_argument(*flags, dest=f"{_DEST_PREFIX}{section}__{name}", default=None,
                                 help=f"[{section}] {group_help}", **_flag_kwargs(hints[section][name]))
+    taken = set(field_paths())
+    for (old_section, old_name), (section, name) in MOVED_FIELDS.items():
+        flags = [f"--{old_section}.{old_name}"] + ([f"--{old_name}"] if old_name not in taken else [])
+        parser.add_argument(*flags, dest=f"{_DEST_PREFIX}{section}__{name}", default=None,
+                            help=f"old name of --{section}.{name}", **_flag_kwargs(hints[section][name]))
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 YAML layout (`--config grpo.yaml`), every section and field optional::
 
+    algorithm:  {adv_estimator: grpo, advantage_eps: 1.0e-4, dynamic_sampling: false, ...}
     generation: {max_new_tokens: 256, num_generations: 8, temperature: 1.0, ...}
     loss:       {beta: 0.04, epsilon_low: 0.2, epsilon_high: 0.2, aggregation: seq-mean-token-mean, ...}
     reward:     {reward_funcs: [accuracy, format], reward_weights: [1.0, 0.5]}
@@ -43,20 +44,66 @@ class LossConfig:
         "'seq-mean-token-sum'. Normalised over the global mini-batch, whatever the data-parallel split.")
     kl_estimator: str = help_field(
         "k3", "Per-token KL estimator (Schulman 2020): 'k3' (the GRPO paper's, unbiased and >= 0), 'k1', 'k2'.")
-    advantage_estimator: str = help_field(
-        "grpo", "'grpo': (r - group mean) / (group std + eps); 'dr_grpo': mean removed only (Liu et al. 2025).")
-    advantage_eps: float = help_field(1e-4, "Added to the group std before dividing (TRL and verl use 1e-4).")
 
     def validate(self) -> None:
-        from mindrlhf.algorithms import ADVANTAGE_ESTIMATORS, check_loss_hyperparameters
+        from mindrlhf.algorithms import check_loss_hyperparameters
         try:
             check_loss_hyperparameters(self.beta, self.epsilon_low, self.epsilon_high, self.aggregation,
                                        self.kl_estimator)
-            ADVANTAGE_ESTIMATORS.get(self.advantage_estimator)
         except ValueError as err:
             raise ConfigError(f"loss: {err}") from None
-        if self.advantage_eps < 0:
-            raise ConfigError(f"loss.advantage_eps must be >= 0, got {self.advantage_eps}")
+
+
+@dataclass
+class AlgorithmConfig:
+    """What is neither loss nor schedule: the advantage estimator and its settings, KL in the reward, sampling
+    filters."""
+
+    adv_estimator: str = help_field(
+        "grpo", "Advantage estimator: 'grpo' ((r - group mean) / (group std + eps), DeepSeekMath), 'dr_grpo' (group "
+                "mean removed only, Liu et al. 2025), 'rloo' (leave-one-out baseline, Ahmadian et al. 2024); "
+                "'gae' (PPO, needs a critic: --sft_path_critic).")
+    advantage_eps: float = help_field(1e-4, "Added to the group std before dividing (TRL and verl use 1e-4).")
+    gamma: float = help_field(
+        1.0, "GAE discount. 1.0 in verl, OpenRLHF and MindSpeed-RL: a response is one episode with the reward at "
+             "its end, so discounting would only favour short answers.")
+    lam: float = help_field(
+        1.0, "GAE lambda. 1.0 (verl, OpenRLHF) makes the advantage the Monte-Carlo return minus the value, unbiased "
+             "whatever the critic's early errors; MindSpeed-RL's 0.95 trades some bias for variance.")
+    use_kl_in_reward: bool = help_field(
+        False, "Subtract kl_coef * KL(policy || ref) from every response token's reward (classic PPO-RLHF, "
+               "InstructGPT) instead of adding beta * KL to the loss; set loss.beta to 0 when using it.")
+    kl_ctrl: str = help_field(
+        "fixed", "KL-in-reward coefficient: 'fixed' or 'adaptive' (Ziegler et al. 2019: moves the coefficient so "
+                 "that the KL tracks kl_target over kl_horizon samples).")
+    kl_coef: float = help_field(0.001, "KL-in-reward coefficient (the adaptive controller's start), verl's default.")
+    kl_target: float = help_field(0.1, "Adaptive controller: the KL per response to hold.")
+    kl_horizon: int = help_field(10000, "Adaptive controller: samples over which the coefficient may double.")
+    dynamic_sampling: bool = help_field(
+        False, "DAPO dynamic sampling: drop prompt groups whose rewards are all equal (no gradient) and refill from "
+               "the next prompts.")
+    max_sampling_retries: int = help_field(
+        3, "Dynamic sampling: extra rollout rounds per step before training on what was kept.")
+
+    def validate(self) -> None:
+        from mindrlhf.algorithms import ADVANTAGE_ESTIMATORS
+        try:
+            ADVANTAGE_ESTIMATORS.get(self.adv_estimator)
+        except ValueError as err:
+            raise ConfigError(f"algorithm.adv_estimator: {err}") from None
+        checks = [
+            (self.advantage_eps >= 0, "advantage_eps", "must be >= 0"),
+            (0 <= self.gamma <= 1, "gamma", "must be in [0, 1]"),
+            (0 <= self.lam <= 1, "lam", "must be in [0, 1]"),
+            (self.kl_ctrl in ("fixed", "adaptive"), "kl_ctrl", "must be 'fixed' or 'adaptive'"),
+            (self.kl_coef >= 0, "kl_coef", "must be >= 0"),
+            (self.kl_target > 0, "kl_target", "must be > 0"),
+            (self.kl_horizon > 0, "kl_horizon", "must be > 0"),
+            (self.max_sampling_retries >= 0, "max_sampling_retries", "must be >= 0"),
+        ]
+        for ok, name, requirement in checks:
+            if not ok:
+                raise ConfigError(f"algorithm.{name} {requirement}, got {getattr(self, name)!r}")
 
 
 @dataclass
@@ -159,11 +206,6 @@ class ScheduleConfig:
     ref_model_sync_steps: int = help_field(
         0, "Copy the policy into the reference model every this many steps (TRL's sync_ref_model); 0 = never: "
            "the reference stays the starting policy, as in DeepSeekMath.")
-    dynamic_sampling: bool = help_field(
-        False, "DAPO dynamic sampling: drop prompt groups whose rewards are all equal (no gradient) and refill from "
-               "the next prompts.")
-    max_sampling_retries: int = help_field(
-        3, "Dynamic sampling: extra rollout rounds per step before training on what was kept.")
     seed: int = help_field(0, "Seed of data order and sampling (each data-parallel rank derives its own stream).")
 
     def validate(self) -> None:
@@ -177,7 +219,6 @@ class ScheduleConfig:
              "must be >= 0 (0 = auto)"),
             (self.activation_memory_gib > 0, "activation_memory_gib", "must be > 0"),
             (self.ref_model_sync_steps >= 0, "ref_model_sync_steps", "must be >= 0 (0 = never)"),
-            (self.max_sampling_retries >= 0, "max_sampling_retries", "must be >= 0"),
             (self.seed >= 0, "seed", "must be >= 0"),
         ]
         for ok, name, requirement in checks:
@@ -228,7 +269,16 @@ class EvalConfig:
             raise ConfigError(f"eval.eval_batch_size must be >= 1, got {self.eval_batch_size}")
 
 
+# Fields that moved to another section: the old place keeps working in YAML files and as a flag.
+MOVED_FIELDS: dict[tuple[str, str], tuple[str, str]] = {
+    ("loss", "advantage_estimator"): ("algorithm", "adv_estimator"),
+    ("loss", "advantage_eps"): ("algorithm", "advantage_eps"),
+    ("schedule", "dynamic_sampling"): ("algorithm", "dynamic_sampling"),
+    ("schedule", "max_sampling_retries"): ("algorithm", "max_sampling_retries"),
+}
+
 SECTIONS: dict[str, type] = {
+    "algorithm": AlgorithmConfig,
     "generation": GenerationConfig,
     "loss": LossConfig,
     "reward": RewardConfig,
@@ -243,6 +293,7 @@ SECTIONS: dict[str, type] = {
 class GRPOConfig:
     """All settings of a GRPO run (the model YAMLs hold the networks and their parallel layouts)."""
 
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
     generation: GenerationConfig = dataclasses.field(
         default_factory=lambda: GenerationConfig(max_new_tokens=256, prompt_buckets=[64, 128, 256, 512]))
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
@@ -256,6 +307,7 @@ class GRPOConfig:
     @classmethod
     def from_dict(cls, data: Mapping, source: str = "<dict>") -> GRPOConfig:
         """Builds the config from a mapping of sections; unknown sections or fields are errors naming them."""
+        data = _move_old_fields(data, source)
         unknown = sorted(set(data) - set(SECTIONS))
         if unknown:
             raise ConfigError(f"{source}: unknown section(s) {unknown}; known sections: {list(SECTIONS)}")
@@ -280,7 +332,7 @@ class GRPOConfig:
     def replace(self, overrides: Mapping[str, Mapping[str, Any]], source: str = "command line") -> GRPOConfig:
         """A copy with `{section: {field: value}}` applied, validated like a YAML."""
         data = self.to_dict()
-        for section, values in overrides.items():
+        for section, values in _move_old_fields(overrides, source).items():
             data[section].update(values)
         return GRPOConfig.from_dict(data, source)
 
@@ -300,6 +352,24 @@ class GRPOConfig:
         if self.generation.greedy:
             raise ConfigError("generation: GRPO needs sampling (do_sample true and temperature > 0): with greedy "
                               "decoding every response of a group is identical and all advantages are zero")
+
+
+def _move_old_fields(data: Mapping, source: str) -> dict:
+    """`data` with fields given at their old place (`MOVED_FIELDS`) moved to the new one."""
+    moved = {name: dict(values) if isinstance(values, Mapping) else values for name, values in data.items()}
+    for (old_section, old_name), (new_section, new_name) in MOVED_FIELDS.items():
+        section = moved.get(old_section)
+        if not isinstance(section, dict) or old_name not in section:
+            continue
+        value = section.pop(old_name)
+        target = moved.setdefault(new_section, {}) or {}
+        moved[new_section] = target
+        if new_name in target and target[new_name] != value:
+            raise ConfigError(f"{source}: {old_section}.{old_name}={value!r} and {new_section}.{new_name}="
+                              f"{target[new_name]!r} disagree ({old_section}.{old_name} is the old name of "
+                              f"{new_section}.{new_name}: give one)")
+        target[new_name] = value
+    return moved
 
 
 def field_paths() -> dict[str, list[tuple[str, dataclasses.Field]]]:

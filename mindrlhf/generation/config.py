@@ -68,9 +68,12 @@ class GenerationConfig:
 
     def bucket_for(self, prompt_length: int) -> int:
         """The smallest bucket >= prompt_length; a ConfigError when none is long enough."""
-        for bucket in sorted(self.prompt_buckets):
-            if prompt_length <= bucket:
-                return bucket
+        from mindrlhf.data.reader import bucket_length
+
+        try:
+            return bucket_length(prompt_length, sorted(self.prompt_buckets))
+        except ValueError:
+            pass
         raise ConfigError(f"generation.prompt_buckets: a prompt of {prompt_length} tokens is longer than the largest "
                           f"bucket {max(self.prompt_buckets)}; add a larger bucket or truncate the prompts")
 

@@ -12,10 +12,10 @@ from mindrlhf.parallel.strategy import (
                                         validate_pair,
                                         write_strategy_file,
 )
-from mindrlhf.parallel.swap import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS, SwapError, SwapManager
+from mindrlhf.parallel.swap import SwapError, SwapManager
 
 __all__ = [
-    "DP_AXIS", "INFER_WEIGHTS", "NOT_SPLIT", "OPTIMIZER_MOMENTS", "REF_WEIGHTS", "TP_AXIS", "TRAIN_WEIGHTS",
+    "DP_AXIS", "NOT_SPLIT", "TP_AXIS",
     "Layout", "LayoutError", "ParamLayout", "StrategyError", "SwapError", "SwapManager", "net_layouts",
     "read_strategy_file", "save_net_strategy", "validate_pair", "write_strategy_file",
 ]

@@ -86,9 +86,6 @@ class Layout:
         _, tp_rank = self.coords(rank)
         return [j * self.tp + tp_rank for j in range(self.dp)]
 
-    def with_rank(self, rank: int) -> Layout:
-        return Layout(dp=self.dp, tp=self.tp, rank=rank, pp=self.pp)
-
     def __str__(self) -> str:
         return f"dp={self.dp} x tp={self.tp}"
 

@@ -4,8 +4,9 @@ On Ascend a group is offloaded with `Parameter._offload()` (copies to host and f
 loaded back with `Parameter._load()`. Elsewhere (CPU) these calls are no-ops, so only the bookkeeping runs;
 the phase plan (what is resident when) is logged, can be asserted, and is reported in bytes either way.
 
-Using an offloaded group is an error: phases call :meth:`SwapManager.check_resident` (or run their nets
-through :meth:`SwapManager.guard`), which raises naming the operation and the groups. In ``debug`` mode on a
+Using an offloaded group is an error: the code that runs a net first calls :meth:`SwapManager.check_resident`
+(the trainer's roles do), which raises naming the operation and the groups. Group names are the caller's (the
+RL roles live in `mindrlhf.trainer.roles`). In ``debug`` mode on a
 backend without real offload, offloading also stashes a copy of the values and fills float parameters with
 NaN until they are loaded again, so a read that bypasses the checks shows up as NaN in CPU tests.
 """
@@ -13,15 +14,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
-
-TRAIN_WEIGHTS = "train_weights"
-OPTIMIZER_MOMENTS = "optimizer_moments"
-INFER_WEIGHTS = "infer_weights"
-REF_WEIGHTS = "ref_weights"
 
 _OFFLOAD, _LOAD = "offload", "load"
 
@@ -231,19 +227,6 @@ class SwapManager:
         if offloaded:
             raise SwapError(f"'{op_name}' uses offloaded swap group(s) {', '.join(offloaded)}; "
                             f"load them first (resident now: {', '.join(self._resident_names()) or 'none'})")
-
-    def guard(self, fn: Callable, groups: str | Iterable[str], op_name: str | None = None) -> Callable:
-        """`fn` (e.g. a Cell) wrapped so that each call first checks that `groups` are resident."""
-        groups = (groups,) if isinstance(groups, str) else tuple(groups)
-        for group in groups:
-            self._group(group)
-        name = op_name or getattr(fn, "cls_name", None) or getattr(fn, "__name__", type(fn).__name__)
-
-        def guarded(*args, **kwargs):
-            self.check_resident(groups, name)
-            return fn(*args, **kwargs)
-
-        return guarded
 
     def _resident_names(self) -> list[str]:
         return [name for name, g in self._groups.items() if g.resident]

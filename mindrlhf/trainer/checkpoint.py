@@ -175,8 +175,10 @@ def find_resume_checkpoint(resume: str, save_dir: str | None) -> str | None:
     return resume
 
 
-def check_resumable(step_dir: str, meta: dict, world_size: int, layouts: dict, config: dict) -> None:
-    """Raises a one-line CheckpointError naming what differs between the checkpoint and this job."""
+def check_resumable(step_dir: str, meta: dict, world_size: int, layouts: dict, config: dict,
+                    rank_files: Iterable[str] = (TRAIN_CKPT, REF_CKPT, RANK_STATE)) -> None:
+    """Raises a one-line CheckpointError naming what differs between the checkpoint and this job (including
+    a missing `rank_files` entry of any rank)."""
     if meta.get("world_size") != world_size:
         raise CheckpointError(f"{step_dir}: written by a job of {meta.get('world_size')} ranks, this job has "
                               f"{world_size}; resume with the same world size (or convert it with "
@@ -198,7 +200,7 @@ def check_resumable(step_dir: str, meta: dict, world_size: int, layouts: dict, c
         raise CheckpointError(f"{step_dir}: config differs from the checkpoint's: {'; '.join(differing)} (only "
                               "schedule.steps and the checkpoint settings may change on resume)")
     for rank in range(world_size):
-        for name in (TRAIN_CKPT, REF_CKPT, RANK_STATE):
+        for name in rank_files:
             path = os.path.join(rank_dir(step_dir, rank), name)
             if not os.path.isfile(path):
                 raise CheckpointError(f"{path}: missing from the checkpoint")

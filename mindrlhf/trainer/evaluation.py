@@ -4,6 +4,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def decode_completions(tokenizer, response_ids, response_mask) -> list[str]:
+    """The text of each response row (its valid tokens only, special tokens dropped)."""
+    return tokenizer.batch_decode([ids[mask.astype(bool)].tolist() for ids, mask in zip(response_ids, response_mask)],
+                                  skip_special_tokens=True)
+
+
 def count_correct(generator, tokenizer, prompts: Sequence[Sequence[int]], solutions: Sequence[str],
                   batch_size: int, progress: bool = False) -> float:
     """Sum of the accuracy reward of `generator`'s answers to `prompts` (generated `batch_size` at a time).
@@ -19,8 +25,6 @@ def count_correct(generator, tokenizer, prompts: Sequence[Sequence[int]], soluti
         rows = len(batch)
         batch += [batch[0]] * (batch_size - rows)
         out = generator.generate(batch, progress=progress)
-        completions = tokenizer.batch_decode(
-            [ids[mask.astype(bool)].tolist() for ids, mask in zip(out.response_ids[:rows], out.response_mask[:rows])],
-            skip_special_tokens=True)
+        completions = decode_completions(tokenizer, out.response_ids[:rows], out.response_mask[:rows])
         correct += sum(accuracy_reward(completions, list(solutions[start:start + rows])))
     return correct

@@ -1,83 +1,117 @@
-"""Experience of one GRPO step as host arrays: packed for one gather, concatenated across sampling rounds,
-split into mini-batches and into each train data-parallel rank's rows."""
+"""Experience of one RL step as a table of named host-array columns: packed for one gather, concatenated across
+sampling rounds, split into mini-batches and into each train data-parallel rank's rows.
+
+Rows are responses (sample i of prompt j is row j * G + i). Columns the loop fills, by phase:
+
+    prompt_ids, prompt_mask       int32 [N, P]   left-padded prompts (rollout)
+    response_ids, response_mask   int32 [N, R]   (rollout)
+    old_logp, ref_logp            float32 [N, R] log-probs of the sampled tokens (rollout, ref, old)
+    values                        float32 [N, R] critic values (PPO)
+    rewards                       float32 [N]    the sequence reward (reward)
+    reward/<function>             float32 [N]    each reward function's unweighted term (reward)
+    token_rewards                 float32 [N, R] per-token rewards the estimator reads (reward, KL-in-reward)
+    advantages, returns           float32 [N, R] (advantage estimator)
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
 from mindrlhf.data.reader import pad_rows
 
+PROMPT_COLUMNS = ("prompt_ids", "prompt_mask")
+REWARD_TERM_PREFIX = "reward/"
 
-@dataclass
+
 class Experience:
-    """Rows of responses (sample i of prompt j is row j * G + i); token arrays are [N, P] or [N, R]."""
+    """Named columns of equal row count; read as `exp["advantages"]` or `exp.advantages`.
 
-    prompt_ids: np.ndarray  # int32 [N, P], left-padded
-    prompt_mask: np.ndarray  # int32 [N, P]
-    response_ids: np.ndarray  # int32 [N, R]
-    response_mask: np.ndarray  # int32 [N, R]
-    old_logp: np.ndarray  # float32 [N, R]: log-probs under the policy that sampled
-    ref_logp: np.ndarray  # float32 [N, R]
-    rewards: np.ndarray  # float32 [N]
-    advantages: np.ndarray  # float32 [N]
-    reward_terms: dict[str, np.ndarray] = field(default_factory=dict)  # float32 [N] per reward function
+    Not a `Mapping` on purpose: a column may be called `values` or `items`."""
+
+    def __init__(self, columns: Mapping[str, np.ndarray]):
+        columns = {name: np.asarray(value) for name, value in columns.items()}
+        rows = {value.shape[0] for value in columns.values()}
+        if len(rows) > 1:
+            sizes = {name: value.shape[0] for name, value in columns.items()}
+            raise ValueError(f"experience columns have different row counts: {sizes}")
+        self._columns = columns
+
+    # ------------------------------------------------------------------ mapping
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self._columns[name]
+        except KeyError:
+            raise KeyError(f"experience has no column {name!r}; columns: {list(self._columns)}") from None
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            return self._columns[name]
+        except KeyError:
+            raise AttributeError(f"experience has no column {name!r}; columns: {list(self._columns)}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._columns
 
     @property
     def num_rows(self) -> int:
-        return int(self.response_ids.shape[0])
+        return int(next(iter(self._columns.values())).shape[0]) if self._columns else 0
 
-    def _arrays(self) -> dict[str, np.ndarray]:
-        arrays = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "reward_terms"}
-        arrays.update({f"reward_terms/{k}": v for k, v in self.reward_terms.items()})
-        return arrays
+    @property
+    def reward_terms(self) -> dict[str, np.ndarray]:
+        """Each reward function's term, by function name."""
+        return {name[len(REWARD_TERM_PREFIX):]: value for name, value in self._columns.items()
+                if name.startswith(REWARD_TERM_PREFIX)}
+
+    def with_columns(self, **columns: np.ndarray) -> Experience:
+        """A copy with `columns` added or replaced."""
+        return Experience({**self._columns, **columns})
 
     def rows(self, index) -> Experience:
         """The rows selected by `index` (a slice, an index array or a boolean mask)."""
-        arrays = {k: v[index] for k, v in self._arrays().items()}
-        return Experience._from_arrays(arrays)
-
-    @staticmethod
-    def _from_arrays(arrays: dict[str, np.ndarray]) -> Experience:
-        terms = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("reward_terms/")}
-        plain = {k: v for k, v in arrays.items() if not k.startswith("reward_terms/")}
-        return Experience(**plain, reward_terms=terms)
+        return Experience({name: value[index] for name, value in self._columns.items()})
 
     # ------------------------------------------------------------------ packing
     def pack(self) -> np.ndarray:
         """One float32 matrix [N, columns] (token ids are exact in float32 up to 2**24)."""
-        columns = [np.asarray(v, np.float32).reshape(self.num_rows, -1) for v in self._arrays().values()]
-        return np.concatenate(columns, axis=1)
+        parts = [np.asarray(v, np.float32).reshape(self.num_rows, -1) for v in self._columns.values()]
+        return np.concatenate(parts, axis=1)
 
     def unpack(self, packed: np.ndarray) -> Experience:
         """The inverse of `pack` for rows laid out like this experience's (any number of rows)."""
         out, start = {}, 0
-        for name, value in self._arrays().items():
+        for name, value in self._columns.items():
             width = int(np.prod(value.shape[1:], dtype=np.int64)) if value.ndim > 1 else 1
             column = packed[:, start:start + width].reshape((packed.shape[0],) + value.shape[1:])
             out[name] = np.rint(column).astype(value.dtype) if np.issubdtype(value.dtype, np.integer) \
                 else column.astype(value.dtype)
             start += width
-        return Experience._from_arrays(out)
+        return Experience(out)
 
 
 def concat_experiences(parts: list[Experience], pad_token_id: int) -> Experience:
-    """Rows of all parts; prompts are left-padded to the widest part."""
+    """Rows of all parts (same columns); prompts are left-padded to the widest part."""
     if len(parts) == 1:
         return parts[0]
+    names = list(parts[0])
+    for part in parts[1:]:
+        if list(part) != names:
+            raise ValueError(f"cannot concatenate experiences with columns {names} and {list(part)}")
     width = max(p.prompt_ids.shape[1] for p in parts)
-    arrays = {}
-    for name in parts[0]._arrays():
-        values = []
-        for part in parts:
-            value = part._arrays()[name]
-            if name in ("prompt_ids", "prompt_mask") and value.shape[1] < width:
-                rows = [row[mask.astype(bool)] for row, mask in zip(part.prompt_ids, part.prompt_mask)]
-                ids, mask = pad_rows(rows, width, pad_token_id)
-                value = ids if name == "prompt_ids" else mask
-            values.append(value)
-        arrays[name] = np.concatenate(values, axis=0)
-    return Experience._from_arrays(arrays)
+    padded = []
+    for part in parts:
+        if part.prompt_ids.shape[1] < width:
+            rows = [row[mask.astype(bool)] for row, mask in zip(part.prompt_ids, part.prompt_mask)]
+            ids, mask = pad_rows(rows, width, pad_token_id)
+            part = part.with_columns(prompt_ids=ids.astype(part.prompt_ids.dtype),
+                                     prompt_mask=mask.astype(part.prompt_mask.dtype))
+        padded.append(part)
+    return Experience({name: np.concatenate([p[name] for p in padded], axis=0) for name in names})
 
 
 def update_chunks(num_groups: int, groups_per_update: int, group_size: int) -> list[slice]:

@@ -1,4 +1,4 @@
-"""Runs a GRPO job from parsed command-line flags: config, tokenizer, communication, trainer; one-line errors."""
+"""Runs an RL job from parsed command-line flags: config, tokenizer, communication, trainer; one-line errors."""
 from __future__ import annotations
 
 import argparse
@@ -11,15 +11,16 @@ from collections.abc import Callable
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.cli import config_overrides
 from mindrlhf.configs.grpo_configs import GRPOConfig
+from mindrlhf.configs.job import JobOptions
 
 logger = logging.getLogger("mindrlhf.trainer")
 
 _LAUNCHED_BY_MSRUN = ("MS_WORKER_NUM", "MS_ROLE")
 
 
-def load_config(args: argparse.Namespace) -> GRPOConfig:
-    """`--config` YAML (or the defaults) with the command-line overrides applied, validated."""
-    config = GRPOConfig.from_yaml(args.config) if args.config else GRPOConfig()
+def load_config(job: JobOptions, args: argparse.Namespace) -> GRPOConfig:
+    """`--config` YAML (or the defaults) with the command-line overrides of `args` applied, validated."""
+    config = GRPOConfig.from_yaml(job.config) if job.config else GRPOConfig()
     overrides = config_overrides(args)
     if overrides:
         config = config.replace(overrides)
@@ -27,24 +28,24 @@ def load_config(args: argparse.Namespace) -> GRPOConfig:
     return config
 
 
-def load_job_tokenizer(args: argparse.Namespace):
+def load_job_tokenizer(job: JobOptions):
     from mindrlhf.models.tokenizer import load_tokenizer
 
-    if not args.tokenizer_dir and not (args.vocab_path and args.merges_file_path):
+    if not job.tokenizer_dir and not (job.vocab_path and job.merges_file_path):
         raise ConfigError("tokenizer: give --tokenizer_dir, or --vocab_path and --merges_file_path")
-    return load_tokenizer(tokenizer_dir=args.tokenizer_dir, vocab_path=args.vocab_path,
-                          merges_file_path=args.merges_file_path)
+    return load_tokenizer(tokenizer_dir=job.tokenizer_dir or None, vocab_path=job.vocab_path or None,
+                          merges_file_path=job.merges_file_path or None)
 
 
-def _check_files(args: argparse.Namespace) -> None:
+def _check_files(job: JobOptions) -> None:
     for flag in ("sft_path_train", "sft_path_infer", "mind_dataset_dir"):
-        path = getattr(args, flag)
+        path = getattr(job, flag)
         if not os.path.isfile(path):
             raise ConfigError(f"{path}: --{flag} file not found")
-    if args.eval_dataset_dir and not os.path.isfile(args.eval_dataset_dir):
-        raise ConfigError(f"{args.eval_dataset_dir}: --eval_dataset_dir file not found")
+    if job.eval_dataset_dir and not os.path.isfile(job.eval_dataset_dir):
+        raise ConfigError(f"{job.eval_dataset_dir}: --eval_dataset_dir file not found")
     for flag in ("load_sft_checkpoint_train", "load_sft_checkpoint_infer", "load_ref_checkpoint"):
-        path = getattr(args, flag)
+        path = getattr(job, flag)
         if path and not os.path.exists(path):
             raise ConfigError(f"{path}: --{flag} not found")
 
@@ -92,36 +93,29 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     """Runs the job; returns the process exit code. Bad input prints `error: <where>: <problem>` and gives 2."""
     import mindspore as ms
 
-    from mindrlhf.trainer.grpo_trainer import GRPOTrainer, JobOptions
+    from mindrlhf.trainer.rl_trainer import RLTrainer
     from mindrlhf.utils.logging import setup_logging
 
+    job = JobOptions.from_args(args)
     try:
-        config = load_config(args)
-        if args.cpu_threads < 0:
-            raise ConfigError(f"--cpu_threads must be >= 0 (0 = cores / ranks on this host), got {args.cpu_threads}")
-        _check_files(args)
-        tokenizer = load_job_tokenizer(args)
+        config = load_config(job, args)
+        if job.cpu_threads < 0:
+            raise ConfigError(f"--cpu_threads must be >= 0 (0 = cores / ranks on this host), got {job.cpu_threads}")
+        _check_files(job)
+        tokenizer = load_job_tokenizer(job)
     except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     ms.set_context(mode=ms.GRAPH_MODE)
-    world_size, rank = init_communication(args.use_parallel)
+    world_size, rank = init_communication(job.use_parallel)
     setup_logging(rank=rank)
-    threads = configure_cpu_threads(args.cpu_threads, world_size)
+    threads = configure_cpu_threads(job.cpu_threads, world_size)
     if threads:
         logger.info("CPU kernel threads per rank: %d", threads)
     # the pid lets `mindrlhf.trainer.postmortem` map msrun's "Worker process <pid> exit" to this rank
     logger.info("rank %d of %d started as pid %d on %s", rank, world_size, os.getpid(), socket.gethostname())
-    job = JobOptions(sft_path_train=args.sft_path_train, sft_path_infer=args.sft_path_infer,
-                     mind_dataset_dir=args.mind_dataset_dir, eval_dataset_dir=args.eval_dataset_dir,
-                     output_dir=args.output_dir,
-                     save_ckpt_dir=args.save_ckpt_dir, load_sft_checkpoint_train=args.load_sft_checkpoint_train,
-                     load_sft_checkpoint_infer=args.load_sft_checkpoint_infer,
-                     load_ref_checkpoint=args.load_ref_checkpoint, save_data_file=args.save_data_file,
-                     tensorboard_dir=args.tensorboard_dir, resume=args.resume, init_seed=args.init_seed,
-                     only_save_strategy=args.only_save_strategy, enable_compile_cache=args.enable_compile_cache)
     try:
-        trainer = GRPOTrainer(config, job, tokenizer, world_size, rank, callbacks)
+        trainer = RLTrainer(config, job, tokenizer, world_size, rank, callbacks)
     except ValueError as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""Phases of a GRPO step: entering one applies its swap plan, times it and names it in the metrics.
+"""Phases of an RL step: entering one applies its swap plan, times it and names it in the metrics.
 
 In the spirit of verl's `marked_timer` and MindSpeed-RL's sharding manager, but as one mechanism: a phase
 is the only place where residency changes, so the plan (what is on device when) cannot drift from the code
@@ -11,19 +11,11 @@ import resource
 import time
 from collections.abc import Iterator
 
-from mindrlhf.parallel.swap import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS, SwapManager
+from mindrlhf.parallel.swap import SwapManager
 
-# Weight groups each phase needs on device; every other registered group is offloaded to host memory.
-PHASE_RESIDENT: dict[str, tuple[str, ...]] = {
-    "generate": (INFER_WEIGHTS,),
-    "eval": (INFER_WEIGHTS,),
-    "reward": (),
-    "ref": (REF_WEIGHTS,),
-    "old": (INFER_WEIGHTS,),
-    "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
-    "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS),
-}
-PHASES = tuple(PHASE_RESIDENT)
+# The phases of a step, in order (eval runs between steps). What is resident in each follows from the roles
+# (`mindrlhf.trainer.roles`); a phase no role claims runs with every group offloaded.
+PHASES = ("generate", "reward", "ref", "old", "gather", "train", "reshard", "eval")
 
 
 def peak_rss_gib() -> float:
@@ -40,13 +32,12 @@ class Phases:
     bytes moved since `start_step()`.
     """
 
-    def __init__(self, swap: SwapManager, resident: dict[str, tuple[str, ...]] | None = None):
+    def __init__(self, swap: SwapManager, resident: dict[str, tuple[str, ...]]):
         self.swap = swap
-        self.resident = dict(resident or PHASE_RESIDENT)
+        self.resident = dict(resident)
         self.seconds: dict[str, float] = {}
         self.peak_gib: dict[str, float] = {}
         self.swap_bytes = 0
-        self.current: str | None = None
 
     def start_step(self) -> None:
         self.seconds = {}
@@ -61,11 +52,9 @@ class Phases:
         offloaded = tuple(g for g in self.swap.groups if g not in resident)
         start = time.perf_counter()
         self.swap_bytes += self.swap.apply_plan(name, resident=resident, offloaded=offloaded)
-        self.current = name
         try:
             yield
         finally:
-            self.current = None
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
             self.peak_gib[name] = round(peak_rss_gib(), 3)
 

@@ -12,20 +12,19 @@ sys.path.insert(0, str(ROOT / "examples" / "qwen_grpo_tutorial"))
 
 import grpo_one_stage  # noqa: E402
 
-from mindrlhf.parallel.swap import REF_WEIGHTS  # noqa: E402
-from mindrlhf.trainer.grpo_trainer import INFER_PREFIX  # noqa: E402
-from mindrlhf.trainer.phases import PHASE_RESIDENT  # noqa: E402
+from mindrlhf.trainer.roles import INFER_PREFIX, REF_WEIGHTS  # noqa: E402
 
 RESULTS = {"steps": []}
 
 
 def check_step(trainer, step, metrics):
     rank = trainer.rank
-    infer = {p.name: p for p in trainer.infer_net.trainable_params()}
+    actor = trainer.actor
+    infer = {p.name: p for p in actor.infer_net.trainable_params()}
     mismatched = []
-    for param in trainer.train_net.trainable_params():
-        train_region = trainer.train_strategy[param.name].slice_of(rank)
-        infer_region = trainer.infer_strategy[INFER_PREFIX + param.name].slice_of(rank)
+    for param in actor.train_net.trainable_params():
+        train_region = actor.train_strategy[param.name].slice_of(rank)
+        infer_region = actor.infer_strategy[INFER_PREFIX + param.name].slice_of(rank)
         assert all(i.start <= t.start and t.stop <= i.stop for t, i in zip(train_region, infer_region)), param.name
         relative = tuple(slice(t.start - i.start, t.stop - i.start) for t, i in zip(train_region, infer_region))
         if not np.array_equal(infer[INFER_PREFIX + param.name].asnumpy()[relative], param.asnumpy()):
@@ -34,7 +33,7 @@ def check_step(trainer, step, metrics):
     start = RESULTS.setdefault("plan_index", 0)
     sync_ref = trainer.config.schedule.ref_model_sync_steps and step % trainer.config.schedule.ref_model_sync_steps == 0
     for phase, resident in trainer.swap.phase_plan[start:]:
-        expected = set(PHASE_RESIDENT[phase]) | ({REF_WEIGHTS} if phase == "reshard" and sync_ref else set())
+        expected = set(trainer.phases.resident[phase]) | ({REF_WEIGHTS} if phase == "reshard" and sync_ref else set())
         if set(resident) != expected:
             plan_errors.append(f"{phase}: {sorted(resident)} != {sorted(expected)}")
     phases = [phase for phase, _ in trainer.swap.phase_plan[start:]]

@@ -15,10 +15,10 @@ from mindspore import nn, ops
 from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
 from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.optim import AdamW
 from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import init_random_weights, param_split_axes
 from mindrlhf.parallel.spmd import SPMDGradients, SPMDTrainStep
-from mindrlhf.trainer.optimizer import AdamW
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)

@@ -1,0 +1,79 @@
+"""`JobOptions`: where a run reads and writes and how it is launched (the MindRLHF flag names), separate from the
+algorithm's settings. The dataclass is the one definition: the command-line flags are generated from it."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass
+
+from mindrlhf.configs.base import help_field
+
+
+def _flag(default, help: str, required: bool = False, **argparse_kwargs):
+    """A job field: `help_field` plus how its flag parses (`required`, `choices`, `nargs`/`const`)."""
+    field = help_field(default, help)
+    field.metadata = {**field.metadata, "required": required, "argparse": argparse_kwargs}
+    return field
+
+
+@dataclass
+class JobOptions:
+    """Where a run reads and writes (the MindRLHF flag names), separate from the algorithm's hyper-parameters."""
+
+    sft_path_train: str = _flag("", "Model YAML of the train net; its parallel_config is the train layout.",
+                                required=True)
+    sft_path_infer: str = _flag("", "Model YAML of the inference (and reference) net: the infer layout.",
+                                required=True)
+    mind_dataset_dir: str = _flag("", "Prompt MindRecord written by rlhf_data.py.", required=True)
+    eval_dataset_dir: str = _flag("", "Held-out prompt MindRecord: greedy accuracy on every prompt before the first "
+                                      "step, every eval_interval steps and after the last.")
+    tokenizer_dir: str = _flag("", "Hugging Face tokenizer folder (tokenizer.json or vocab.json + merges.txt).")
+    vocab_path: str = _flag("", "vocab.json (with --merges_file_path).")
+    merges_file_path: str = _flag("", "merges.txt (with --vocab_path).")
+    config: str = _flag("", "GRPOConfig YAML (sections algorithm, generation, loss, reward, optimizer, schedule, "
+                            "checkpoint, eval); flags override it.")
+    output_dir: str = _flag("output/grpo", "Logs, metrics.jsonl, strategy files.")
+    save_ckpt_dir: str = _flag("", "Checkpoint folder (default: <output_dir>/checkpoints).")
+    load_sft_checkpoint_train: str = _flag(
+        "", "Starting policy: a full .ckpt (split onto the train layout at load time) or a trainer step folder "
+            "(default: seeded random weights).")
+    load_sft_checkpoint_infer: str = _flag(
+        "", "Inference weights; default: resharded from the train net (the usual case).")
+    load_ref_checkpoint: str = _flag("", "Reference weights; default: a copy of the starting policy.")
+    save_data_file: str = _flag("", "Write each step's experience as MindRecord <path>.step_<N>.mindrecord.")
+    tensorboard_dir: str = _flag("", "Write TensorBoard event files here.")
+    resume: str = _flag("", "'auto' (newest complete checkpoint in save_ckpt_dir, if any) or a step folder; "
+                            "--resume alone means auto.", nargs="?", const="auto")
+    use_parallel: str = _flag("auto", "Initialise MindSpore communication (auto: when launched by msrun).",
+                              choices=["auto", "true", "false"])
+    only_save_strategy: bool = _flag(False, "Build the nets, write their strategy files and stop.")
+    enable_compile_cache: bool = _flag(False, "MindSpore's compile cache under <output_dir>/compile_cache.")
+    cpu_threads: int = _flag(0, "CPU backend: kernel threads per rank (0 = the host's cores / the ranks on this "
+                                "host).")
+    init_seed: int = _flag(0, "Seed of random weights when no checkpoint is given (tests, smoke runs).")
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.save_ckpt_dir or os.path.join(self.output_dir, "checkpoints")
+
+    @classmethod
+    def add_flags(cls, parser) -> None:
+        """One `--<field>` flag per field (booleans are switches)."""
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            extra = dict(field.metadata.get("argparse", {}))
+            if hints[field.name] is bool:
+                kwargs = {"action": "store_true"}
+            else:
+                kwargs = {"type": hints[field.name], "default": field.default, **extra}
+            if field.metadata.get("required"):
+                kwargs["required"] = True
+                kwargs.pop("default", None)
+            parser.add_argument(f"--{field.name}", help=field.metadata["help"], **kwargs)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> JobOptions:
+        """The job options of parsed flags (`add_flags`)."""
+        return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})

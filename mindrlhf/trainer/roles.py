@@ -1,0 +1,387 @@
+"""Roles of an RL job (actor, reference, reward; critic next): each owns its nets, layouts, optimizer, swap
+groups, strategy files and checkpoint state, so the loop only sequences phases and moves experience.
+
+A role declares:
+    swap_groups()      group name -> parameters (registered with the job's `SwapManager`)
+    resident_in        phase -> its groups that must be on device in that phase (all others are offloaded)
+    strategies()       net name -> per-parameter layouts (`--only_save_strategy` writes them)
+    checkpoint_files   rank file name -> parameters, and shared strategy file name -> layouts
+    rank_state()       JSON-able per-rank state (random streams), restored by `load_rank_state`
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+
+from mindrlhf.configs.base import ConfigError
+from mindrlhf.trainer.checkpoint import INFER_STRATEGY, REF_CKPT, TRAIN_CKPT, TRAIN_STRATEGY, read_policy_weights
+
+logger = logging.getLogger("mindrlhf.trainer")
+
+# Swap groups (names as they appear in the swap log and the phase plan)
+TRAIN_WEIGHTS = "train_weights"
+OPTIMIZER_MOMENTS = "optimizer_moments"
+INFER_WEIGHTS = "infer_weights"
+REF_WEIGHTS = "ref_weights"
+
+INFER_PREFIX = "infer."
+REF_PREFIX = "ref."
+
+
+def load_weights(net, layout, path: str, prefix: str = "") -> None:
+    """Loads a full `.ckpt` (split to this rank's shards) or a trainer step folder into `net`.
+
+    Names in the file are the plain model names (as `tools/convert_weight.py` writes them); the net's own
+    names may carry `prefix`. Optimizer entries in the file are ignored. Errors name the file.
+    """
+    from mindrlhf.parallel.layers import load_full_state
+
+    state = read_policy_weights(path)
+    plain = {}
+    for name, value in state.items():
+        for known in (INFER_PREFIX, REF_PREFIX):
+            if name.startswith(known):
+                name = name[len(known):]
+        plain[prefix + name] = value
+    try:
+        load_full_state(net, plain, layout)
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def load_rank_params(params, path: str) -> None:
+    """Sets `params` from this rank's checkpoint file `path`; every one must be there with its shape."""
+    import mindspore as ms
+
+    state = ms.load_checkpoint(path)
+    for param in params:
+        if param.name not in state or tuple(state[param.name].shape) != tuple(param.shape):
+            raise ConfigError(f"{path}: '{param.name}' missing or of another shape")
+        param.set_data(state[param.name])
+
+
+class MicroBatchSizer:
+    """Rows per graph call of one pass: the configured size, or (0) the most rows whose estimated activations
+    fit `schedule.activation_memory_gib` (`mindrlhf.trainer.memory_budget`); the choice is logged once per shape."""
+
+    def __init__(self, kind: str, configured: int, model_config, tp: int, budget_gib: float):
+        self.kind, self.configured, self.model_config, self.tp = kind, configured, model_config, tp
+        self.budget_gib = budget_gib
+        self._logged: set[tuple] = set()
+
+    def __call__(self, rows: int, prompt_width: int, response_width: int) -> int:
+        from mindrlhf.trainer import memory_budget
+
+        if self.configured:
+            return self.configured
+        cfg = self.model_config
+        tokens = prompt_width + response_width - 1
+        shape = dict(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, heads=cfg.num_heads,
+                     vocab=cfg.vocab_size, tp=self.tp)
+        if self.kind == "train":
+            per_row = memory_budget.train_bytes_per_row(tokens, response_width, layers=cfg.num_layers, **shape)
+        else:
+            per_row = memory_budget.log_prob_bytes_per_row(tokens, response_width, **shape)
+        chosen = memory_budget.rows_per_call(rows, per_row, int(self.budget_gib * 2**30))
+        if (rows, tokens, chosen) not in self._logged:
+            self._logged.add((rows, tokens, chosen))
+            logger.info("%s micro-batches: %d of %d rows per call (auto: ~%.0f MiB of activations a row at %d "
+                        "tokens, schedule.activation_memory_gib=%g)", self.kind, chosen, rows, per_row / 2**20,
+                        tokens, self.budget_gib)
+        return chosen
+
+    def run(self, cell, arrays) -> np.ndarray:
+        """`cell` on the rows of `arrays` (prompt ids, prompt mask, response ids, response mask), a micro-batch
+        of rows per call, outputs concatenated."""
+        from mindrlhf.parallel.spmd import split_micro_batches
+
+        size = self(len(arrays[0]), arrays[0].shape[1], arrays[2].shape[1])
+        return np.concatenate([cell(*micro_batch).asnumpy() for micro_batch in split_micro_batches(arrays, size)])
+
+
+class Role:
+    """Base of the roles: no nets, nothing to swap, checkpoint or restore."""
+
+    name = "role"
+    resident_in: dict[str, tuple[str, ...]] = {}
+    swap = None
+
+    def attach(self, swap) -> None:
+        """Registers the role's swap groups with the job's `SwapManager`; its nets then check residency."""
+        for group, params in self.swap_groups().items():
+            swap.register(group, params)
+        self.swap = swap
+
+    def require(self, groups: tuple[str, ...], operation: str) -> None:
+        """Raises `SwapError` when one of `groups` is offloaded (a phase plan that forgot a net)."""
+        if self.swap is not None:
+            self.swap.check_resident(groups, f"{self.name}.{operation}")
+
+    def swap_groups(self) -> dict[str, list]:
+        return {}
+
+    def strategies(self) -> dict[str, dict]:
+        return {}
+
+    def rank_files(self) -> dict[str, list]:
+        """Per-rank checkpoint file name -> the parameters saved in it."""
+        return {}
+
+    def shared_files(self) -> dict[str, dict]:
+        """Checkpoint strategy file name -> layouts (written once, by rank 0)."""
+        return {}
+
+    def rank_state(self) -> dict:
+        return {}
+
+    def load_rank_state(self, state: dict) -> None:
+        del state
+
+    def after_resume(self) -> None:
+        """Called once every role has loaded its checkpoint state."""
+
+
+def phase_plan(roles, phases) -> dict[str, tuple[str, ...]]:
+    """Phase -> the swap groups resident in it: the union of what each role declares (`Role.resident_in`)."""
+    plan: dict[str, tuple[str, ...]] = {phase: () for phase in phases}
+    for role in roles:
+        for phase, groups in role.resident_in.items():
+            plan[phase] = plan.get(phase, ()) + tuple(groups)
+    return plan
+
+
+class Actor(Role):
+    """The policy: a train net (train layout) with AdamW and the GRPO loss, an inference net (infer layout)
+    with the sampling generator, and the online train -> infer reshard."""
+
+    name = "actor"
+    resident_in = {"generate": (INFER_WEIGHTS,), "eval": (INFER_WEIGHTS,), "old": (INFER_WEIGHTS,),
+                   "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS)}
+
+    def __init__(self, config, job, train_cfg, infer_cfg, train_layout, infer_layout, generation, rank: int):
+        from mindrlhf.models.qwen2 import Qwen2ForCausalLM
+        from mindrlhf.parallel.strategy import net_layouts
+
+        self.config, self.job, self.rank = config, job, rank
+        self.train_cfg, self.infer_cfg = train_cfg, infer_cfg
+        self.train_layout, self.infer_layout = train_layout, infer_layout
+        self.generation = generation
+        self.updates = 0  # optimizer updates so far (the learning-rate schedule's position)
+        self.train_net = Qwen2ForCausalLM(train_cfg, train_layout)
+        self.infer_net = Qwen2ForCausalLM(infer_cfg, infer_layout)
+        self.infer_net.update_parameters_name(INFER_PREFIX)
+        self.train_strategy = net_layouts(self.train_net, train_layout)
+        self.infer_strategy = net_layouts(self.infer_net, infer_layout)
+
+    def build(self) -> None:
+        """Weights, optimizer, train step, resharder and generators (skipped by --only_save_strategy)."""
+        from mindrlhf.algorithms import GRPOLossCell
+        from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
+        from mindrlhf.generation import Generator
+        from mindrlhf.optim import AdamW
+        from mindrlhf.parallel.layers import init_random_weights
+        from mindrlhf.parallel.reshard import Resharder
+        from mindrlhf.parallel.spmd import MicroBatchedTrainStep
+
+        cfg, job, gen = self.config, self.job, self.generation
+        if job.load_sft_checkpoint_train:
+            load_weights(self.train_net, self.train_layout, job.load_sft_checkpoint_train)
+        else:
+            init_random_weights(self.train_net, self.train_layout, seed=job.init_seed)
+        opt = cfg.optimizer
+        self.optimizer = AdamW(self.train_net.trainable_params(), learning_rate=opt.learning_rate, beta1=opt.beta1,
+                               beta2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay)
+        loss_cell = GRPOLossCell(beta=cfg.loss.beta, epsilon_low=cfg.loss.epsilon_low,
+                                 epsilon_high=cfg.loss.epsilon_high, kl_estimator=cfg.loss.kl_estimator)
+        self.train_step = MicroBatchedTrainStep(GRPOLossNet(self.train_net, loss_cell, gen.temperature),
+                                                self.optimizer, self.train_layout, grad_reduction="sum",
+                                                max_grad_norm=opt.max_grad_norm)
+        self.to_infer = Resharder(self.train_net, self.infer_net, self.train_strategy, self.infer_strategy,
+                                  {n: INFER_PREFIX + n for n in self.train_strategy}, rank=self.rank)
+        self.old_log_probs = ResponseLogProbs(self.infer_net, gen.temperature)
+        sched = cfg.schedule
+        self.train_rows = MicroBatchSizer("train", sched.micro_batch_size_per_device, self.train_cfg,
+                                          self.train_layout.tp, sched.activation_memory_gib)
+        self.log_prob_rows = MicroBatchSizer("log_prob", sched.log_prob_micro_batch_size_per_device,
+                                             self.infer_cfg, self.infer_layout.tp, sched.activation_memory_gib)
+        self.generator = Generator(self.infer_net, gen)
+        self.generator.rng = np.random.default_rng([gen.seed, self.infer_layout.dp_rank])
+        self.eval_generator = Generator(self.infer_net, dataclasses.replace(
+            gen, do_sample=False, num_generations=1,
+            max_new_tokens=cfg.eval.eval_max_new_tokens or gen.max_new_tokens))
+        if job.load_sft_checkpoint_infer:
+            load_weights(self.infer_net, self.infer_layout, job.load_sft_checkpoint_infer, INFER_PREFIX)
+        else:
+            self.to_infer.run()
+
+    # ------------------------------------------------------------------ state
+    def optimizer_state(self) -> list:
+        """The AdamW moments and step counter (what the swap and the checkpoints handle besides weights)."""
+        trained = {id(p) for p in self.train_net.trainable_params()}
+        return [p for p in self.optimizer.get_parameters() if id(p) not in trained]
+
+    def swap_groups(self) -> dict[str, list]:
+        return {TRAIN_WEIGHTS: list(self.train_net.trainable_params()), OPTIMIZER_MOMENTS: self.optimizer_state(),
+                INFER_WEIGHTS: list(self.infer_net.trainable_params())}
+
+    def strategies(self) -> dict[str, dict]:
+        return {"train": self.train_strategy, "infer": self.infer_strategy}
+
+    def rank_files(self) -> dict[str, list]:
+        return {TRAIN_CKPT: list(self.train_net.trainable_params()) + self.optimizer_state()}
+
+    def shared_files(self) -> dict[str, dict]:
+        return {TRAIN_STRATEGY: self.train_strategy}
+
+    def rank_state(self) -> dict:
+        return {"generator_rng": self.generator.rng.bit_generator.state}
+
+    def load_rank_state(self, state: dict) -> None:
+        self.generator.rng.bit_generator.state = state["generator_rng"]
+
+    def after_resume(self) -> None:
+        self.to_infer.run()
+
+    # ------------------------------------------------------------------ work
+    def generate(self, prompt_ids, attention_mask, progress: bool = False):
+        """`num_generations` samples per prompt with their log-probs (`GenerationOutput`)."""
+        self.require((INFER_WEIGHTS,), "generate")
+        return self.generator.generate(prompt_ids, attention_mask, return_log_probs=True, progress=progress,
+                                       min_prompt_width=prompt_ids.shape[1])
+
+    def greedy_generator(self):
+        """The greedy generator of held-out evaluation (after checking the inference net is resident)."""
+        self.require((INFER_WEIGHTS,), "evaluate")
+        return self.eval_generator
+
+    def log_probs(self, arrays) -> np.ndarray:
+        """Old-policy log-probs of the rows of `arrays` under the inference net."""
+        self.require((INFER_WEIGHTS,), "log_probs")
+        return self.log_prob_rows.run(self.old_log_probs, arrays)
+
+    def total_updates(self) -> int:
+        """Optimizer updates of the whole run (the length of the learning-rate schedule)."""
+        sched = self.config.schedule
+        return sched.steps * sched.num_iterations * math.ceil(sched.batch_size / sched.prompts_per_update)
+
+    def train(self, exp, comm) -> dict:
+        """`schedule.num_iterations` passes of mini-batch updates on the experience (every rank holds all of
+        it and takes its data-parallel share); returns the `actor/*` metrics averaged over the updates."""
+        from mindrlhf.algorithms import aggregation_weights
+        from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES
+        from mindrlhf.optim import learning_rate_at
+        from mindrlhf.parallel.spmd import split_micro_batches
+        from mindrlhf.trainer.experience import rows_of_rank, update_chunks
+
+        self.require((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "train")
+        cfg, G, layout = self.config, self.generation.num_generations, self.train_layout
+        opt = cfg.optimizer
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(cfg.schedule.num_iterations):
+            for chunk in update_chunks(exp.num_rows // G, cfg.schedule.prompts_per_update, G):
+                part = exp.rows(chunk)
+                weights = aggregation_weights(part.response_mask, cfg.loss.aggregation).astype(np.float32)
+                mine = rows_of_rank(part.num_rows, layout.dp, layout.dp_rank)
+                lr = learning_rate_at(self.updates, opt.learning_rate, opt.warmup_steps, self.total_updates(),
+                                      opt.lr_schedule, opt.min_lr_ratio)
+                self.optimizer.set_learning_rate(lr)
+                inputs = [part[name][mine] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask",
+                                                        "old_logp", "ref_logp", "advantages")] + [weights[mine]]
+                size = self.train_rows(len(inputs[0]), inputs[0].shape[1], inputs[2].shape[1])
+                shares, grad_norm = self.train_step(split_micro_batches(inputs, size))
+                values = comm.group_sum(shares.astype(np.float32), layout.dp_group)
+                for name, value in zip(GRPO_OUTPUT_NAMES, values):
+                    sums[name] = sums.get(name, 0.0) + float(value)
+                sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + grad_norm
+                self.updates += 1
+                count += 1
+                last_lr = lr
+        if not count:
+            return {"actor/updates": 0}
+        metrics = {name: value / count for name, value in sums.items()}
+        metrics["actor/lr"] = last_lr
+        metrics["actor/updates"] = count
+        return metrics
+
+    def sync_inference(self) -> None:
+        """Reshards the train net's weights into the inference net."""
+        self.require((TRAIN_WEIGHTS, INFER_WEIGHTS), "sync_inference")
+        self.to_infer.run()
+
+
+class Reference(Role):
+    """The reference policy in the inference layout: log-probs for the KL term; copied from the actor's train
+    net at the start and every `schedule.ref_model_sync_steps` steps."""
+
+    name = "reference"
+    resident_in = {"ref": (REF_WEIGHTS,)}
+
+    def __init__(self, config, job, infer_cfg, infer_layout, temperature: float, rank: int):
+        from mindrlhf.models.qwen2 import Qwen2ForCausalLM
+        from mindrlhf.parallel.strategy import net_layouts
+
+        self.config, self.job, self.rank = config, job, rank
+        self.infer_cfg, self.layout, self.temperature = infer_cfg, infer_layout, temperature
+        self.net = Qwen2ForCausalLM(infer_cfg, infer_layout)
+        self.net.update_parameters_name(REF_PREFIX)
+        self.strategy = net_layouts(self.net, infer_layout)
+
+    def build(self, actor: Actor) -> None:
+        from mindrlhf.algorithms.policy_cells import ResponseLogProbs
+        from mindrlhf.parallel.reshard import Resharder
+
+        self.from_actor = Resharder(actor.train_net, self.net, actor.train_strategy, self.strategy,
+                                    {n: REF_PREFIX + n for n in actor.train_strategy}, rank=self.rank)
+        self.cell = ResponseLogProbs(self.net, self.temperature)
+        self.rows = actor.log_prob_rows
+        if self.job.load_ref_checkpoint:
+            load_weights(self.net, self.layout, self.job.load_ref_checkpoint, REF_PREFIX)
+        else:
+            self.from_actor.run()
+
+    def swap_groups(self) -> dict[str, list]:
+        return {REF_WEIGHTS: list(self.net.trainable_params())}
+
+    def strategies(self) -> dict[str, dict]:
+        return {"ref": self.strategy}
+
+    def rank_files(self) -> dict[str, list]:
+        return {REF_CKPT: list(self.net.trainable_params())}
+
+    def shared_files(self) -> dict[str, dict]:
+        return {INFER_STRATEGY: self.strategy}
+
+    def log_probs(self, arrays) -> np.ndarray:
+        """Reference log-probs of the rows of `arrays` (prompt ids, prompt mask, response ids, response mask)."""
+        self.require((REF_WEIGHTS,), "log_probs")
+        return self.rows.run(self.cell, arrays)
+
+    def sync_from_actor(self) -> None:
+        """Reshards the actor's train weights into the reference net."""
+        self.require((TRAIN_WEIGHTS, REF_WEIGHTS), "sync_from_actor")
+        self.from_actor.run()
+
+
+class RuleReward(Role):
+    """Rule reward functions (`reward.reward_funcs`, weighted): no nets, runs on the host."""
+
+    name = "reward"
+
+    def __init__(self, config, tokenizer):
+        from mindrlhf.reward import build_reward_fn
+
+        self.tokenizer = tokenizer
+        self.score = build_reward_fn(config.reward.reward_funcs, config.reward.reward_weights)
+
+    def __call__(self, prompt_ids, prompt_mask, response_ids, response_mask, solutions):
+        """(rewards [N], per-function terms, decoded completions) of one rollout."""
+        from mindrlhf.trainer.evaluation import decode_completions
+
+        completions = decode_completions(self.tokenizer, response_ids, response_mask)
+        rewards, terms = self.score(completions, solutions)
+        return rewards, terms, completions
+
