@@ -44,11 +44,12 @@ class AdamW(nn.Cell):
     """`torch.optim.AdamW` in a graph: decoupled decay, then Adam with bias correction.
 
     State: `adam_m.<name>`, `adam_v.<name>` per parameter, the update count `adam_step` and the float32
-    `learning_rate` the host sets with :meth:`set_learning_rate`. `construct(grads)` applies one update.
+    `learning_rate` the host sets with :meth:`set_learning_rate` (both prefixed with `state_prefix`, so that two
+    optimizers of one job have distinct names). `construct(grads)` applies one update.
     """
 
     def __init__(self, params, learning_rate: float = 1e-6, beta1: float = 0.9, beta2: float = 0.95,
-                 eps: float = 1e-8, weight_decay: float = 0.01, decay: Callable | None = None):
+                 eps: float = 1e-8, weight_decay: float = 0.01, decay: Callable | None = None, state_prefix: str = ""):
         super().__init__(auto_prefix=False)
         self.parameters = ParameterTuple(list(params))
         decay = decay or decays_by_default
@@ -56,8 +57,8 @@ class AdamW(nn.Cell):
                                                   requires_grad=False) for p in self.parameters])
         self.moments2 = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_v.{p.name}",
                                                   requires_grad=False) for p in self.parameters])
-        self.adam_step = Parameter(Tensor(0.0, ms.float32), name="adam_step", requires_grad=False)
-        self.learning_rate = Parameter(Tensor(float(learning_rate), ms.float32), name="learning_rate",
+        self.adam_step = Parameter(Tensor(0.0, ms.float32), name=f"{state_prefix}adam_step", requires_grad=False)
+        self.learning_rate = Parameter(Tensor(float(learning_rate), ms.float32), name=f"{state_prefix}learning_rate",
                                        requires_grad=False)
         self.beta1, self.beta2, self.eps = float(beta1), float(beta2), float(eps)
         self.decay_rates = tuple(float(weight_decay) if decay(p) else 0.0 for p in self.parameters)

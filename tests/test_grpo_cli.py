@@ -91,6 +91,8 @@ CASES = {
         lambda tmp, rec: ["--log_prob_micro_batch_size_per_device", "3"],
         r"schedule.log_prob_micro_batch_size_per_device=3 must divide the 16 responses each inference rank"),
     "negative threads": (lambda tmp, rec: ["--cpu_threads", "-1"], r"error: --cpu_threads must be >= 0"),
+    "gae without a critic": (lambda tmp, rec: ["--adv_estimator", "gae"],
+                             r"error: algorithm.adv_estimator: 'gae' needs a critic"),
     "missing data": (lambda tmp, rec: ["--mind_dataset_dir", str(tmp / "none.mindrecord")],
                      r"none.mindrecord: --mind_dataset_dir file not found"),
 }
@@ -159,6 +161,41 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
     np.testing.assert_allclose(advantages, group_advantages(rewards, 4)[:, None] * masks, atol=1e-6)
     np.testing.assert_array_equal(np.stack([r["returns"] for r in records]), advantages)
     assert (out / "checkpoints" / "step_000001" / "meta.json").is_file()
+
+
+def test_updates_that_keep_going_non_finite_stop_the_job_with_one_line(tmp_path, mindrecord, graph_mode, capsys):
+    """A learning rate of 1e30 blows the weights up after the first update: later updates have a NaN loss, are
+    skipped, and two in a row stop the job with a one-line error and no checkpoint of the broken state."""
+    out = tmp_path / "out"
+    code = load_script().main(base_args(mindrecord, out) + [
+        "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "2", "--learning_rate", "1e30",
+        "--warmup_steps", "0", "--max_consecutive_skips", "2", "--save_interval", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1].startswith("error: 2 actor updates in a row had a non-finite loss or gradient"), err[-1]
+    assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step_*"))
+
+
+def test_a_reward_function_written_for_trl_runs_unchanged(tmp_path, mindrecord, graph_mode, monkeypatch):
+    """TRL's signature: keywords prompts / completions / completion_ids / solution; None = no opinion."""
+    (tmp_path / "trl_style_rewards.py").write_text(
+        "CALLS = []\n"
+        "def short_answers(prompts, completions, completion_ids, solution, **kwargs):\n"
+        "    CALLS.append((prompts, completions, completion_ids, solution))\n"
+        "    return [None if i % 2 else float(len(ids) < 10) for i, ids in enumerate(completion_ids)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    code = load_script().main(base_args(mindrecord, out) + [
+        "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1", "--max_new_tokens", "24",
+        "--reward_funcs", "accuracy", "trl_style_rewards:short_answers", "--reward_weights", "1", "0.5"])
+    assert code == 0
+    import trl_style_rewards
+    prompts, completions, ids, solution = trl_style_rewards.CALLS[0]
+    assert len(prompts) == len(completions) == len(ids) == len(solution) == 16  # 4 prompts x 4 generations
+    assert all("<answer>" in p or "answer" in p for p in prompts) and all(isinstance(i, list) for i in ids)
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    expected = np.mean([float(len(i) < 10) for i in ids[::2]])  # the mean over the samples with an opinion
+    assert metrics["reward/trl_style_rewards:short_answers"] == pytest.approx(expected)
 
 
 def test_micro_batches_train_like_whole_mini_batches(tmp_path, mindrecord, graph_mode):

@@ -113,3 +113,23 @@ def test_layout_from_config_covers_the_world():
     with pytest.raises(LayoutError, match=r"train.yaml: parallel_config: data_parallel=2 x model_parallel=2 = 4 "
                                           r"ranks, but the job has 2"):
         Layout.from_config(ParallelConfig(data_parallel=2, model_parallel=2), 2, 0, "train.yaml: parallel_config")
+
+
+def test_job_flags_are_generated_from_the_job_options():
+    from mindrlhf.configs.job import JobOptions
+
+    parser = argparse.ArgumentParser()
+    JobOptions.add_flags(parser)
+    with pytest.raises(SystemExit):  # the three inputs are required
+        parser.parse_args(["--sft_path_train", "t.yaml"])
+    args = parser.parse_args(["--sft_path_train", "t.yaml", "--sft_path_infer", "i.yaml", "--mind_dataset_dir", "d",
+                              "--resume", "--only_save_strategy", "--cpu_threads", "3", "--use_parallel", "false"])
+    job = JobOptions.from_args(args)
+    assert (job.sft_path_train, job.sft_path_infer, job.mind_dataset_dir) == ("t.yaml", "i.yaml", "d")
+    assert job.resume == "auto" and job.only_save_strategy and not job.enable_compile_cache
+    assert job.cpu_threads == 3 and job.use_parallel == "false" and job.output_dir == "output/grpo"
+    assert job.checkpoint_dir == "output/grpo/checkpoints"
+    assert {action.dest for action in parser._actions} - {"help"} == {f.name for f in dataclasses.fields(JobOptions)}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d",
+                           "--use_parallel", "maybe"])

@@ -131,7 +131,7 @@ def test_input_validation(fn):
 # ----------------------------------------------------------------------------------------------- registry
 
 def test_registry_and_weighted_sum():
-    assert {"accuracy", "format"} <= set(REWARD_FUNCTIONS)
+    assert {"accuracy", "format"} <= set(REWARD_FUNCTIONS.names())
     assert get_reward_function("accuracy") is accuracy_reward
     reward_fn = build_reward_fn(["accuracy", "format"], [1.0, 0.5])
     completions = ["<think>t</think><answer>72</answer>", "<answer>72</answer>", "<think>t</think><answer>1</answer>"]
@@ -175,6 +175,18 @@ USER_MODULE = textwrap.dedent("""
     def none_reward(completions, solutions):
         return [None for _ in completions]
 
+    def string_reward(completions, solutions):
+        return ["1" for _ in completions]
+
+    SEEN = {}
+
+    def trl_reward(prompts, completions, solution, **kwargs):
+        SEEN.update(prompts=prompts, completions=completions, solution=solution, **kwargs)
+        return [None if c == "skip" else float(len(c)) for c in completions]
+
+    def trl_kwargs_only(completions, **kwargs):
+        return [1.0 if s in c else 0.0 for c, s in zip(completions, kwargs["solution"])]
+
     def scalar_reward(completions, solutions):
         return 1.0
 
@@ -208,7 +220,7 @@ def test_user_function_by_import_path(user_module):
 @pytest.mark.parametrize("attribute,error,message", [
     ("nan_reward", ValueError, r"reward function '.*:nan_reward' returned nan at index 1"),
     ("short_reward", ValueError, r"'.*:short_reward' returned 1 values for 2 completions"),
-    ("none_reward", TypeError, r"'.*:none_reward' returned NoneType at index 0, expected a number"),
+    ("string_reward", TypeError, r"'.*:string_reward' returned str at index 0, expected a number or None"),
     ("scalar_reward", TypeError, r"'.*:scalar_reward' must return a list of numbers, got float"),
     ("failing_reward", KeyError, "solution_key"),
 ])
@@ -218,6 +230,26 @@ def test_user_function_bad_output(user_module, attribute, error, message):
         reward_fn(["a", "b"], ["1", "2"])
     if error is KeyError:
         assert f"raised by reward function '{user_module}:failing_reward'" in info.value.__notes__[0]
+
+
+def test_trl_signature_functions_get_keywords_and_none_means_no_opinion(user_module):
+    import importlib
+
+    module = importlib.import_module(user_module)
+    reward_fn = build_reward_fn(["format", f"{user_module}:trl_reward", f"{user_module}:trl_kwargs_only",
+                                 f"{user_module}:none_reward"], [1.0, 0.5, 2.0, 3.0])
+    assert reward_fn.trl_form == (False, True, True, False) and reward_fn.needs_prompts
+    completions = ["<think></think><answer>7</answer>", "skip", "7x"]
+    total, terms = reward_fn(completions, ["7", "8", "7"], prompts=["p0", "p1", "p2"],
+                             completion_ids=[[1], [2], [3]], difficulty=[1, 2, 3])
+    assert module.SEEN == {"prompts": ["p0", "p1", "p2"], "completions": completions, "solution": ["7", "8", "7"],
+                           "completion_ids": [[1], [2], [3]], "difficulty": [1, 2, 3]}
+    # format: 1, 0, 0; trl_reward: len or None; kwargs_only: solution in completion; none_reward: no opinion at all
+    np.testing.assert_allclose(total, [1 + 0.5 * len(completions[0]) + 2, 0 + 0 + 0, 0 + 0.5 * 2 + 2], rtol=1e-6)
+    assert np.isnan(terms[f"{user_module}:trl_reward"][1]) and np.isnan(terms[f"{user_module}:none_reward"]).all()
+    # a sample no function has an opinion on gets 0 (TRL's nansum)
+    only_none = build_reward_fn([f"{user_module}:none_reward"])
+    np.testing.assert_array_equal(only_none(["a"], ["1"])[0], [0.0])
 
 
 def test_user_function_resolution_errors(user_module):

@@ -17,11 +17,14 @@ from mindrlhf.trainer.checkpoint import (
 from mindrlhf.trainer.experience import Experience, concat_experiences, group_unit, rows_of_rank, update_chunks
 from mindrlhf.trainer.phases import PHASES, Phases
 from mindrlhf.trainer.roles import (
+    CRITIC_MOMENTS,
+    CRITIC_WEIGHTS,
     INFER_WEIGHTS,
     OPTIMIZER_MOMENTS,
     REF_WEIGHTS,
     TRAIN_WEIGHTS,
     Actor,
+    Critic,
     Reference,
     Role,
     RuleReward,
@@ -107,10 +110,12 @@ def make_swap():
 
 
 def test_the_phase_plan_follows_from_the_roles():
-    plan = phase_plan([Actor, Reference, RuleReward], PHASES)
-    assert plan == {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
-                    "gather": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
-                    "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "eval": (INFER_WEIGHTS,)}
+    grpo = {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
+            "gather": (), "values": (), "update_critic": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
+            "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "eval": (INFER_WEIGHTS,)}
+    assert phase_plan([Actor, Reference, RuleReward], PHASES) == grpo
+    ppo = phase_plan([Actor, Reference, RuleReward, Critic], PHASES)
+    assert ppo == {**grpo, "values": (CRITIC_WEIGHTS,), "update_critic": (CRITIC_WEIGHTS, CRITIC_MOMENTS)}
 
 
 def test_a_role_refuses_to_run_a_net_whose_group_is_offloaded():
@@ -339,3 +344,46 @@ def test_cpu_threads_share_the_host_cores_between_its_ranks():
     assert threads_per_rank(cores=16, ranks_on_host=3) == 5
     assert threads_per_rank(cores=2, ranks_on_host=4) == 1  # never 0
     assert threads_per_rank(cores=2, ranks_on_host=2, requested=3) == 3  # an explicit --cpu_threads wins
+
+
+def fake_actor(norms, max_consecutive_skips):
+    """An Actor whose train step returns the next of `norms` (NaN = a skipped update) and fixed loss shares."""
+    from types import SimpleNamespace
+
+    from mindrlhf.configs.grpo_configs import GRPOConfig
+    from mindrlhf.parallel import Layout
+
+    config = GRPOConfig().replace({"optimizer": {"max_consecutive_skips": max_consecutive_skips},
+                                   "schedule": {"batch_size": 4, "mini_batch_size": 1, "steps": 10},
+                                   "generation": {"num_generations": 2}})
+    actor = Actor.__new__(Actor)
+    actor.config, actor.generation, actor.train_layout = config, config.generation, Layout()
+    actor.optimizer = SimpleNamespace(set_learning_rate=lambda lr: None)
+    actor.train_rows = lambda rows, prompt_width, response_width: rows
+    calls = iter(norms)
+
+    def train_step(micro_batches):
+        norm = next(calls)
+        return np.full(6, np.nan if not np.isfinite(norm) else 1.0), norm
+
+    actor.train_step, actor.updates, actor.consecutive_skips = train_step, 0, 0
+    return actor
+
+
+def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when_they_repeat():
+    from types import SimpleNamespace
+
+    from mindrlhf.trainer.roles import NonFiniteUpdates
+
+    exp = make_experience(8, 3, 4)  # 4 groups of 2: 4 updates of one group each
+    comm = SimpleNamespace(group_sum=lambda values, group: values)
+    actor = fake_actor([0.5, np.nan, 1.5, np.inf], max_consecutive_skips=2)
+    metrics = actor.train(exp, comm)
+    assert metrics["actor/skipped_updates"] == 2 and metrics["actor/updates"] == 2
+    assert metrics["actor/grad_norm"] == 1.0 and metrics["actor/loss"] == 1.0  # the finite updates only
+    assert actor.updates == 4 and actor.consecutive_skips == 1
+    actor = fake_actor([0.5, np.nan, np.nan, 1.0], max_consecutive_skips=2)
+    with pytest.raises(NonFiniteUpdates, match="2 actor updates in a row had a non-finite loss or gradient"):
+        actor.train(exp, comm)
+    actor = fake_actor([np.nan] * 4, max_consecutive_skips=0)  # 0: never stop
+    assert actor.train(exp, comm)["actor/skipped_updates"] == 4

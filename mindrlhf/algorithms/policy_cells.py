@@ -40,6 +40,38 @@ class ResponseLogProbs(nn.Cell):
                                     prompt_width - 1)
 
 
+class ResponseValues(nn.Cell):
+    """The critic's value of the state before each response token, float32 [B, R]: the positions whose
+    log-probs `ResponseLogProbs` returns (verl's `values[:, -response_length - 1:-1]`). Wraps a
+    `Qwen2ForValue`."""
+
+    def __init__(self, model: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
+        prompt_width, response_width = prompt_ids.shape[1], response_ids.shape[1]
+        input_ids, attention_mask = prompt_ids, prompt_mask.astype(ms.int32)
+        if response_width > 1:
+            input_ids = ops.concat((input_ids, response_ids[:, :response_width - 1]), 1)
+            attention_mask = ops.concat((attention_mask, response_mask[:, :response_width - 1].astype(ms.int32)), 1)
+        return self.model.values(input_ids, attention_mask, prompt_width - 1)
+
+
+class ValueLossNet(nn.Cell):
+    """The critic's values of the sampled responses fed to the clipped value loss (`ValueLossCell`); returns
+    `(vf_loss, vf_clipfrac)`, this rank's shares under the token weights."""
+
+    def __init__(self, model: nn.Cell, loss_cell: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.response_values = ResponseValues(model)
+        self.loss_cell = loss_cell
+
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, old_values, returns, token_weights):
+        values = self.response_values(prompt_ids, prompt_mask, response_ids, response_mask)
+        return self.loss_cell(values, old_values, returns, response_mask, token_weights)
+
+
 GRPO_OUTPUT_NAMES = ("actor/loss", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/ratio_mean",
                      "actor/entropy")
 

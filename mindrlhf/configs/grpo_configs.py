@@ -62,7 +62,7 @@ class AlgorithmConfig:
     adv_estimator: str = help_field(
         "grpo", "Advantage estimator: 'grpo' ((r - group mean) / (group std + eps), DeepSeekMath), 'dr_grpo' (group "
                 "mean removed only, Liu et al. 2025), 'rloo' (leave-one-out baseline, Ahmadian et al. 2024); "
-                "'gae' (PPO, needs a critic: --sft_path_critic).")
+                "'gae' (PPO: GAE over the critic's values, needs --sft_path_critic).")
     advantage_eps: float = help_field(1e-4, "Added to the group std before dividing (TRL and verl use 1e-4).")
     gamma: float = help_field(
         1.0, "GAE discount. 1.0 in verl, OpenRLHF and MindSpeed-RL: a response is one episode with the reward at "
@@ -107,8 +107,38 @@ class AlgorithmConfig:
 
 
 @dataclass
+class CriticConfig:
+    """The PPO critic (`--sft_path_critic`): its learning rate and value loss (verl's `critic.*` names); AdamW
+    betas, eps, weight decay and the lr schedule are the optimizer section's."""
+
+    lr: float = help_field(
+        1e-5, "Critic peak learning rate (verl's default; usually above the actor's: the value head starts from "
+              "zero and has to catch up with the returns).")
+    lr_warmup_steps: int = help_field(0, "Linear warmup of the critic's learning rate over this many updates.")
+    grad_clip: float = help_field(1.0, "Clip the critic's global gradient norm to this (0 = no clipping).")
+    cliprange_value: float = help_field(
+        0.5, "Value clipping: the loss of a value moved more than this from the rollout's value is taken at the "
+             "clipped value when that is worse (PPO2; 0.5 in verl, OpenRLHF and MindSpeed-RL).")
+    critic_warmup: int = help_field(
+        0, "Steps at the start during which only the critic trains (the actor waits for useful advantages).")
+
+    def validate(self) -> None:
+        checks = [
+            (self.lr > 0, "lr", "must be > 0"),
+            (self.lr_warmup_steps >= 0, "lr_warmup_steps", "must be >= 0"),
+            (self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = no clipping)"),
+            (self.cliprange_value >= 0, "cliprange_value", "must be >= 0"),
+            (self.critic_warmup >= 0, "critic_warmup", "must be >= 0"),
+        ]
+        for ok, name, requirement in checks:
+            if not ok:
+                raise ConfigError(f"critic.{name} {requirement}, got {getattr(self, name)!r}")
+
+
+@dataclass
 class RewardConfig:
-    """Rule rewards: registered names (`accuracy`, `format`) or user functions as `package.module:function`."""
+    """Rule rewards: registered names (`accuracy`, `format`) or user functions as `package.module:function`, either
+    `fn(completions, solutions)` or TRL's `fn(prompts, completions, **kwargs)` (returning None = no opinion)."""
 
     reward_funcs: list[str] = help_field(
         ["accuracy", "format"], "Reward functions summed with reward_weights. 'accuracy' (1 when the <answer> "
@@ -154,6 +184,10 @@ class OptimizerConfig:
     max_grad_norm: float = help_field(
         1.0, "Clip the global gradient norm (across tensor-parallel shards and data-parallel ranks) to this; "
              "0 = no clipping. 1.0 is TRL's and verl's default.")
+    max_consecutive_skips: int = help_field(
+        5, "An update whose loss or gradient is NaN/inf is skipped (weights and moments untouched, counted in "
+           "actor/skipped_updates); this many skipped in a row stop the job with an error, the last checkpoint "
+           "intact. 0 = never stop.")
 
     def validate(self) -> None:
         checks = [
@@ -166,6 +200,7 @@ class OptimizerConfig:
             (self.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
             (0 <= self.min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]"),
             (self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 = no clipping)"),
+            (self.max_consecutive_skips >= 0, "max_consecutive_skips", "must be >= 0 (0 = never stop)"),
         ]
         for ok, name, requirement in checks:
             if not ok:
@@ -283,6 +318,7 @@ SECTIONS: dict[str, type] = {
     "loss": LossConfig,
     "reward": RewardConfig,
     "optimizer": OptimizerConfig,
+    "critic": CriticConfig,
     "schedule": ScheduleConfig,
     "checkpoint": CheckpointConfig,
     "eval": EvalConfig,
@@ -299,6 +335,7 @@ class GRPOConfig:
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
@@ -346,9 +383,14 @@ class GRPOConfig:
             except ConfigError as err:
                 message = str(err)
                 raise ConfigError(message if message.startswith(name) else f"{name}: {message}") from None
-        if self.generation.num_generations < 2:
-            raise ConfigError(f"generation.num_generations must be >= 2 for GRPO (a group of one has advantage 0 "
-                              f"everywhere, so nothing would be learned), got {self.generation.num_generations}")
+        if self.algorithm.adv_estimator == "gae":
+            if self.algorithm.dynamic_sampling:
+                raise ConfigError("algorithm.dynamic_sampling filters prompt groups by their reward spread, a GRPO "
+                                  "idea: it cannot be used with adv_estimator gae")
+        elif self.generation.num_generations < 2:
+            raise ConfigError(f"generation.num_generations must be >= 2 for {self.algorithm.adv_estimator} (a group of "
+                              f"one has advantage 0 everywhere, so nothing would be learned), got "
+                              f"{self.generation.num_generations}")
         if self.generation.greedy:
             raise ConfigError("generation: GRPO needs sampling (do_sample true and temperature > 0): with greedy "
                               "decoding every response of a group is identical and all advantages are zero")

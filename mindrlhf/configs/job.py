@@ -26,6 +26,8 @@ class JobOptions:
                                 required=True)
     sft_path_infer: str = _flag("", "Model YAML of the inference (and reference) net: the infer layout.",
                                 required=True)
+    sft_path_critic: str = _flag("", "Model YAML of the PPO critic (a value head on the policy's backbone); its "
+                                     "parallel_config is the critic layout. Needed by algorithm.adv_estimator gae.")
     mind_dataset_dir: str = _flag("", "Prompt MindRecord written by rlhf_data.py.", required=True)
     eval_dataset_dir: str = _flag("", "Held-out prompt MindRecord: greedy accuracy on every prompt before the first "
                                       "step, every eval_interval steps and after the last.")
@@ -42,6 +44,9 @@ class JobOptions:
     load_sft_checkpoint_infer: str = _flag(
         "", "Inference weights; default: resharded from the train net (the usual case).")
     load_ref_checkpoint: str = _flag("", "Reference weights; default: a copy of the starting policy.")
+    load_critic_checkpoint: str = _flag(
+        "", "Critic weights with a value head (`score.weight`), e.g. a reward model converted by "
+            "tools/convert_weight.py; default: the starting policy's backbone with a zero head (verl's default).")
     save_data_file: str = _flag("", "Write each step's experience as MindRecord <path>.step_<N>.mindrecord.")
     tensorboard_dir: str = _flag("", "Write TensorBoard event files here.")
     resume: str = _flag("", "'auto' (newest complete checkpoint in save_ckpt_dir, if any) or a step folder; "

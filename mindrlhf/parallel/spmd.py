@@ -85,8 +85,18 @@ class SPMDGradients(nn.Cell):
         return outputs, grads, grad_norm
 
 
+def step_if_finite(optimizer: nn.Cell, grads, grad_norm):
+    """Runs `optimizer(grads)` only when `grad_norm` is finite: a NaN/inf loss or gradient (whose norm is then
+    NaN/inf) leaves weights, moments and step count untouched. The norm is global (reduced over dp and tp), so
+    every rank takes the same decision. A graph branch, not a select: no gradient-sized temporaries."""
+    if ops.isfinite(grad_norm):
+        optimizer(grads)
+    return grad_norm
+
+
 class SPMDTrainStep(nn.Cell):
-    """One optimizer step under explicit SPMD: :class:`SPMDGradients`, then the optimizer.
+    """One optimizer step under explicit SPMD: :class:`SPMDGradients`, then the optimizer, skipped when the
+    gradient norm is not finite (`step_if_finite`).
 
     Returns `(outputs, grad_norm)` (the norm before clipping).
     """
@@ -99,8 +109,7 @@ class SPMDTrainStep(nn.Cell):
 
     def construct(self, *inputs):
         outputs, grads, grad_norm = self.gradients(*inputs)
-        self.optimizer(grads)
-        return outputs, grad_norm
+        return outputs, step_if_finite(self.optimizer, grads, grad_norm)
 
 
 class AccumulateGradients(nn.Cell):
@@ -143,8 +152,8 @@ class _ZeroParameters(nn.Cell):
 
 
 class ApplyGradients(nn.Cell):
-    """This rank's (accumulated) gradients -> reduced over dp, clipped, one optimizer step; returns the norm
-    before clipping. Arguments as :class:`ReducedClippedGradients`."""
+    """This rank's (accumulated) gradients -> reduced over dp, clipped, one optimizer step (skipped when the norm
+    is not finite); returns the norm before clipping. Arguments as :class:`ReducedClippedGradients`."""
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, layout: Layout | None = None,
                  grad_reduction: str = "mean", max_grad_norm: float = 0.0):
@@ -154,8 +163,7 @@ class ApplyGradients(nn.Cell):
 
     def construct(self, *grads):
         grads, grad_norm = self.finish(grads)
-        self.optimizer(grads)
-        return grad_norm
+        return step_if_finite(self.optimizer, grads, grad_norm)
 
 
 def split_micro_batches(arrays, size: int) -> list[list[ms.Tensor]]:
@@ -174,7 +182,8 @@ class MicroBatchedTrainStep:
     the whole batch, as the GRPO loss's). One micro-batch runs the fused :class:`SPMDTrainStep`.
 
     Called with a list of micro-batches (each the loss net's input tensors), returns `(outputs, grad_norm)`:
-    the loss net's outputs summed over the micro-batches (numpy), the norm before clipping (float).
+    the loss net's outputs summed over the micro-batches (numpy), the norm before clipping (float). A norm that
+    is not finite means the update was skipped (`step_if_finite`).
     """
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, layout: Layout | None = None,

@@ -1,8 +1,22 @@
 """Reward functions by name (`accuracy`, `format`) or by import path (`my_pkg.rewards:fn`), and their
-weighted combination (TRL's `reward_funcs` / `reward_weights`)."""
+weighted combination (TRL's `reward_funcs` / `reward_weights`).
+
+Two signatures are accepted, told apart once from the function's signature:
+
+* TRL's, when the function takes `**kwargs` or a parameter named `prompts`: it is called with keywords
+  `fn(prompts=..., completions=..., completion_ids=..., solution=..., **columns)` (the gold answers under the
+  dataset column name `solution`), so reward code written for TRL's `GRPOTrainer` works unchanged;
+* otherwise `fn(completions, solutions)`, positionally (the built-ins).
+
+Either may return `None` for a sample ("no opinion"): that function's term is then left out of the sample's
+weighted sum (a NaN summed with `nansum`, as TRL does), and its per-function term holds NaN; a sample every
+function skipped gets 0, with a warning.
+"""
 from __future__ import annotations
 
 import importlib
+import inspect
+import logging
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -10,25 +24,31 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from mindrlhf.reward.rules import accuracy_reward, check_reward_inputs, format_reward
+from mindrlhf.utils.registry import Registry
 
-RewardFn = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
+logger = logging.getLogger(__name__)
 
-REWARD_FUNCTIONS: dict[str, RewardFn] = {
-    "accuracy": accuracy_reward,
-    "format": format_reward,
-}
+RewardFn = Callable[..., Sequence[float | None]]
+
+REWARD_FUNCTIONS: Registry = Registry("reward function")
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     """Decorator adding a reward function to the registry under `name` (names must be new)."""
+    return REWARD_FUNCTIONS.register(name)
 
-    def decorator(fn: RewardFn) -> RewardFn:
-        if name in REWARD_FUNCTIONS:
-            raise ValueError(f"reward function {name!r} is already registered")
-        REWARD_FUNCTIONS[name] = fn
-        return fn
 
-    return decorator
+register_reward("accuracy")(accuracy_reward)
+register_reward("format")(format_reward)
+
+
+def takes_trl_keywords(fn: Callable) -> bool:
+    """True when `fn` has TRL's reward signature (`**kwargs` or a `prompts` parameter), see the module doc."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: the positional form
+        return False
+    return any(p.kind is p.VAR_KEYWORD or p.name == "prompts" for p in parameters)
 
 
 def _import_reward_function(path: str) -> RewardFn:
@@ -56,9 +76,9 @@ def get_reward_function(name_or_path: str) -> RewardFn:
     if ":" in name_or_path:
         return _import_reward_function(name_or_path)
     if name_or_path not in REWARD_FUNCTIONS:
-        raise ValueError(f"unknown reward function {name_or_path!r}; expected one of {sorted(REWARD_FUNCTIONS)} "
+        raise ValueError(f"unknown reward function {name_or_path!r}; expected one of {list(REWARD_FUNCTIONS.names())} "
                          f"or an import path 'package.module:function'")
-    return REWARD_FUNCTIONS[name_or_path]
+    return REWARD_FUNCTIONS.get(name_or_path)
 
 
 def _checked_rewards(name: str, values, expected_length: int) -> np.ndarray:
@@ -67,37 +87,58 @@ def _checked_rewards(name: str, values, expected_length: int) -> np.ndarray:
     if len(values) != expected_length:
         raise ValueError(f"reward function {name!r} returned {len(values)} values for {expected_length} completions")
     for index, value in enumerate(values):
+        if value is None:
+            continue
         if not isinstance(value, numbers.Real):
             raise TypeError(f"reward function {name!r} returned {type(value).__name__} at index {index}, "
-                            f"expected a number")
+                            f"expected a number or None")
         if not math.isfinite(value):
-            raise ValueError(f"reward function {name!r} returned {value} at index {index}, expected a finite number")
-    return np.asarray(values, dtype=np.float64).reshape(expected_length)
+            raise ValueError(f"reward function {name!r} returned {value} at index {index}, expected a finite number "
+                             "(or None for no opinion)")
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64).reshape(expected_length)
 
 
 class WeightedRewards:
-    """`(completions, solutions) -> (total, per_function)`: total = sum_i weight_i * reward_i (float32 [n]);
-    per_function maps each name (as given) to its unweighted rewards (float32 [n])."""
+    """`(completions, solutions, prompts=None, completion_ids=None, **columns) -> (total, per_function)`: total =
+    sum_i weight_i * reward_i over the functions with an opinion (float32 [n]); per_function maps each name (as
+    given) to its unweighted rewards (float32 [n], NaN where it returned None). `prompts`, `completion_ids` and
+    `columns` are passed to the TRL-form functions only (see the module doc)."""
 
     def __init__(self, names: Sequence[str], functions: Sequence[RewardFn], weights: Sequence[float]):
         self.names = tuple(names)
         self.functions = tuple(functions)
         self.weights = tuple(weights)
+        self.trl_form = tuple(takes_trl_keywords(fn) for fn in self.functions)
 
-    def __call__(self, completions: Sequence[str], solutions: Sequence[str]):
+    @property
+    def needs_prompts(self) -> bool:
+        """Whether any function takes TRL's keywords (the caller decodes the prompts only then)."""
+        return any(self.trl_form)
+
+    def __call__(self, completions: Sequence[str], solutions: Sequence[str], prompts: Sequence[str] | None = None,
+                 completion_ids: Sequence[Sequence[int]] | None = None, **columns):
         check_reward_inputs(completions, solutions)
-        total = np.zeros(len(completions), dtype=np.float64)
+        weighted = np.zeros((len(self.functions), len(completions)), dtype=np.float64)
         per_function = {}
-        for name, fn, weight in zip(self.names, self.functions, self.weights):
+        for index, (name, fn, weight, trl_form) in enumerate(zip(self.names, self.functions, self.weights,
+                                                                  self.trl_form)):
             try:
-                values = fn(completions, solutions)
+                if trl_form:
+                    values = fn(prompts=prompts, completions=list(completions), completion_ids=completion_ids,
+                                solution=list(solutions), **columns)
+                else:
+                    values = fn(completions, solutions)
             except Exception as err:
                 err.add_note(f"raised by reward function {name!r}")
                 raise
             rewards = _checked_rewards(name, values, len(completions))
-            total += weight * rewards
+            weighted[index] = weight * rewards
             per_function[name] = rewards.astype(np.float32)
-        return total.astype(np.float32), per_function
+        no_opinion = np.isnan(weighted).all(axis=0) if len(self.functions) else np.zeros(0, bool)
+        if no_opinion.any():
+            logger.warning("every reward function returned None for sample(s) %s: their reward is 0",
+                           np.flatnonzero(no_opinion).tolist()[:10])
+        return np.nansum(weighted, axis=0).astype(np.float32), per_function
 
     def __repr__(self) -> str:
         terms = ", ".join(f"{weight:g} * {name}" for name, weight in zip(self.names, self.weights))

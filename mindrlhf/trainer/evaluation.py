@@ -4,10 +4,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def decode_completions(tokenizer, response_ids, response_mask) -> list[str]:
-    """The text of each response row (its valid tokens only, special tokens dropped)."""
-    return tokenizer.batch_decode([ids[mask.astype(bool)].tolist() for ids, mask in zip(response_ids, response_mask)],
-                                  skip_special_tokens=True)
+def decode_completions(tokenizer, token_ids, token_mask, skip_special_tokens: bool = True) -> list[str]:
+    """The text of each row (its valid tokens only; special tokens dropped unless asked to keep them)."""
+    return tokenizer.batch_decode([ids[mask.astype(bool)].tolist() for ids, mask in zip(token_ids, token_mask)],
+                                  skip_special_tokens=skip_special_tokens)
 
 
 def count_correct(generator, tokenizer, prompts: Sequence[Sequence[int]], solutions: Sequence[str],

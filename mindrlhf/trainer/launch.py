@@ -123,5 +123,11 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         paths = trainer.save_strategies(os.path.join(job.output_dir, "strategy"))
         logger.info("strategy files written: %s", ", ".join(paths.values()))
         return 0
-    trainer.fit()
+    from mindrlhf.trainer.roles import NonFiniteUpdates
+
+    try:
+        trainer.fit()
+    except NonFiniteUpdates as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0

@@ -15,7 +15,7 @@ from mindrlhf.parallel.swap import SwapManager
 
 # The phases of a step, in order (eval runs between steps). What is resident in each follows from the roles
 # (`mindrlhf.trainer.roles`); a phase no role claims runs with every group offloaded.
-PHASES = ("generate", "reward", "ref", "old", "gather", "train", "reshard", "eval")
+PHASES = ("generate", "reward", "ref", "old", "gather", "values", "update_critic", "train", "reshard", "eval")
 
 
 def peak_rss_gib() -> float:

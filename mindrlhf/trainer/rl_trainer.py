@@ -8,9 +8,12 @@ One step (each block is a phase, see :mod:`mindrlhf.trainer.phases`)::
     ref       reference net (infer layout): log-probs of the sampled tokens
     old       actor's infer net: old-policy log-probs (only when num_iterations > 1)
     gather    experience gathered to every rank (no model resident)
+    values    PPO: the critic's value of every response token (critic layout); token rewards (minus the KL
+              penalty with algorithm.use_kl_in_reward)
               advantages and returns (`algorithm.adv_estimator`) over the whole batch, on the host
+    update_critic  PPO: the critic's clipped value-loss updates
     train     num_iterations passes of mini-batch updates on the actor's train net (train layout), loss
-              normalised over each global mini-batch
+              normalised over each global mini-batch (from step critic.critic_warmup + 1 with a critic)
     reshard   actor train -> infer every step, train -> ref every ref_model_sync_steps
 """
 from __future__ import annotations
@@ -37,7 +40,16 @@ from mindrlhf.trainer.checkpoint import (
 )
 from mindrlhf.trainer.experience import Experience, concat_experiences, group_unit
 from mindrlhf.trainer.phases import PHASES, Phases, peak_rss_gib
-from mindrlhf.trainer.roles import REF_WEIGHTS, Actor, Reference, Role, RuleReward, load_rank_params, phase_plan
+from mindrlhf.trainer.roles import (
+    REF_WEIGHTS,
+    Actor,
+    Critic,
+    Reference,
+    Role,
+    RuleReward,
+    load_rank_params,
+    phase_plan,
+)
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -84,7 +96,7 @@ class RLTrainer:
                  callbacks: list[Callable] | None = None):
         import mindspore as ms
 
-        from mindrlhf.algorithms import get_advantage_estimator
+        from mindrlhf.algorithms import build_kl_controller, get_advantage_estimator
         from mindrlhf.data import PromptDataset
         from mindrlhf.models.qwen2 import Qwen2Config
         from mindrlhf.parallel import Layout
@@ -137,7 +149,35 @@ class RLTrainer:
             gen.check_model(train_cfg.vocab_size, train_cfg.seq_length)
         except ConfigError as err:
             raise ConfigError(f"{job.sft_path_infer}: {err}") from None
-        self.advantage_estimator = get_advantage_estimator(config.algorithm.adv_estimator)
+        algo = config.algorithm
+        if (algo.adv_estimator == "gae") != bool(job.sft_path_critic):
+            raise ConfigError("algorithm.adv_estimator: 'gae' needs a critic (--sft_path_critic)"
+                              if not job.sft_path_critic else
+                              f"--sft_path_critic: a critic is only used by algorithm.adv_estimator gae, not "
+                              f"{algo.adv_estimator!r}")
+        critic_cfg = critic_layout = None
+        if job.sft_path_critic:
+            critic_cfg = Qwen2Config.from_yaml(job.sft_path_critic)
+            if job.load_critic_checkpoint:
+                if critic_cfg.vocab_size != train_cfg.vocab_size:
+                    raise ConfigError(f"{job.sft_path_critic}: model_config.vocab_size={critic_cfg.vocab_size}, but "
+                                      f"the policy's is {train_cfg.vocab_size}: the critic must read the same tokens")
+            else:  # the critic starts from the policy: the same network
+                check_model_configs(train_cfg, critic_cfg, job.sft_path_train, job.sft_path_critic)
+            critic_layout = Layout.from_config(critic_cfg.parallel_config, world_size, rank,
+                                               f"{job.sft_path_critic}: parallel_config")
+            check_tensor_parallel(critic_cfg, critic_layout.tp, job.sft_path_critic)
+            if sched.batch_size * G % critic_layout.dp:
+                raise ConfigError(f"{job.sft_path_critic}: the {sched.batch_size * G} responses of a step do not "
+                                  f"split over the critic's data_parallel={critic_layout.dp}")
+            unit = group_unit(G, critic_layout.dp)
+            if sched.prompts_per_update % unit:
+                raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {G} generations "
+                                  f"per update do not split evenly over the critic data_parallel="
+                                  f"{critic_layout.dp} ({job.sft_path_critic})")
+        self.advantage_estimator = get_advantage_estimator(algo.adv_estimator)
+        self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon) \
+            if algo.use_kl_in_reward else None
         self.reward = RuleReward(config, tokenizer)
         self.dataset = PromptDataset(job.mind_dataset_dir, sched.batch_size // infer_layout.dp,
                                      gen.pad_token_id, dp_rank=infer_layout.dp_rank,
@@ -148,8 +188,9 @@ class RLTrainer:
         resume_dir = find_resume_checkpoint(job.resume, job.checkpoint_dir) if job.resume else None
 
         if world_size > 1:
-            train_layout.init_groups()
-            infer_layout.init_groups()
+            for layout in (train_layout, infer_layout, critic_layout):
+                if layout is not None:
+                    layout.init_groups()
         if job.enable_compile_cache:
             ms.set_context(enable_compile_cache=True,
                            compile_cache_path=os.path.join(job.output_dir, "compile_cache", f"rank_{rank}"))
@@ -157,11 +198,14 @@ class RLTrainer:
         # ---- roles: nets first (their strategy files need nothing else), then weights, optimizers, reshards
         self.actor = Actor(config, job, train_cfg, infer_cfg, train_layout, infer_layout, gen, rank)
         self.reference = Reference(config, job, infer_cfg, infer_layout, gen.temperature, rank)
-        self.roles: list[Role] = [self.actor, self.reference, self.reward]
+        self.critic = Critic(config, job, critic_cfg, critic_layout, rank) if critic_cfg else None
+        self.roles: list[Role] = [self.actor, self.reference, self.reward] + ([self.critic] if self.critic else [])
         if job.only_save_strategy:
             return
         self.actor.build()
         self.reference.build(self.actor)
+        if self.critic:
+            self.critic.build(self.actor)
 
         self.swap = SwapManager()
         for role in self.roles:
@@ -192,7 +236,10 @@ class RLTrainer:
         return paths
 
     def _layouts_meta(self) -> dict:
-        return {"train": str(self.train_layout), "infer": str(self.infer_layout)}
+        layouts = {"train": str(self.train_layout), "infer": str(self.infer_layout)}
+        if self.critic:
+            layouts["critic"] = str(self.critic.layout)
+        return layouts
 
     def _rank_files(self) -> dict[str, list]:
         files = {}
@@ -221,6 +268,10 @@ class RLTrainer:
         meta = {"step": self.step, "updates": self.actor.updates, "world_size": self.world_size,
                 "layouts": self._layouts_meta(), "data": self.dataset.state_dict(), "config": self.config.to_dict(),
                 "eval_before": self.eval_before}
+        if self.critic:
+            meta["critic_updates"] = self.critic.updates
+        if self.kl_ctrl:
+            meta["kl_ctrl"] = self.kl_ctrl.state_dict()
         path = self.ckpt_writer.save(self.step, rank_files, shared_files, meta, self.config.checkpoint.keep_last)
         logger.info("checkpoint written: %s", path)
         return path
@@ -242,6 +293,10 @@ class RLTrainer:
         self.dataset.load_state_dict(meta["data"])
         self.step, self.actor.updates = int(meta["step"]), int(meta["updates"])
         self.eval_before = meta.get("eval_before")
+        if self.critic:
+            self.critic.updates = int(meta["critic_updates"])
+        if self.kl_ctrl:
+            self.kl_ctrl.load_state_dict(meta["kl_ctrl"])
         for role in self.roles:
             role.after_resume()
         logger.info("resumed from %s (step %d)", step_dir, self.step)
@@ -270,6 +325,22 @@ class RLTrainer:
                    "ref_logp": (ref_logp * mask).astype(np.float32), "rewards": rewards.astype(np.float32)}
         columns.update({f"reward/{k}": np.asarray(v, np.float32) for k, v in terms.items()})
         return Experience(columns)
+
+    def _score_tokens(self, exp: Experience) -> Experience:
+        """With a critic: the `values` of every response token and the `token_rewards` GAE reads (the sequence
+        reward on the last token, minus kl_coef * KL(policy || ref) per token with algorithm.use_kl_in_reward)."""
+        from mindrlhf.algorithms import kl_penalty, token_level_rewards
+
+        if self.critic is None:
+            return exp
+        with self.phases("values"):
+            values = self.critic.values(exp, self.comm)
+        kl, coef = None, 0.0
+        if self.kl_ctrl is not None:
+            kl = kl_penalty(exp.old_logp, exp.ref_logp, "k1") * exp.response_mask
+            coef = self.kl_ctrl.value
+        token_rewards = token_level_rewards(exp.rewards, exp.response_mask, kl, coef)
+        return exp.with_columns(values=values, token_rewards=token_rewards)
 
     def _with_advantages(self, exp: Experience) -> Experience:
         """`exp` with token-level `advantages` and `returns` from the configured estimator (whole batch)."""
@@ -300,8 +371,10 @@ class RLTrainer:
             if kept_groups >= batch_size or rounds > algo.max_sampling_retries:
                 break
         pad = self.generation.pad_token_id
-        generated = self._with_advantages(concat_experiences(all_parts, pad))
+        generated = self._with_advantages(self._score_tokens(concat_experiences(all_parts, pad)))
         stats = {"sampling/rounds": rounds}
+        if not algo.dynamic_sampling:
+            return generated, generated, stats
         if not kept_parts:
             return generated, generated.rows(slice(0, 0)), {**stats, "sampling/kept_groups": 0}
         train = concat_experiences(kept_parts, pad)
@@ -318,8 +391,17 @@ class RLTrainer:
         self.phases.start_step()
         self.step += 1
         generated, train_exp, sampling = self._collect_experience()
-        with self.phases("train"):
-            actor = self.actor.train(train_exp, self.comm)
+        critic = {}
+        if self.critic:
+            with self.phases("update_critic"):
+                critic = self.critic.train(train_exp, self.comm, self.num_generations)
+        actor = {"actor/updates": 0}
+        if self.step > (self.config.critic.critic_warmup if self.critic else 0):
+            with self.phases("train"):
+                actor = self.actor.train(train_exp, self.comm)
+        actor.update(critic)
+        if self.kl_ctrl is not None:
+            actor.update(self._update_kl_controller(generated))
         sync_ref = bool(self.config.schedule.ref_model_sync_steps) and \
             self.step % self.config.schedule.ref_model_sync_steps == 0
         with self.phases("reshard", also_resident=(REF_WEIGHTS,) if sync_ref else ()):
@@ -332,6 +414,29 @@ class RLTrainer:
             write_experience(f"{self.job.save_data_file}.step_{self.step:06d}.mindrecord", generated)
         return metrics
 
+    def _update_kl_controller(self, exp: Experience) -> dict:
+        """Feeds the step's KL (per response, summed over its tokens, averaged over the batch) to the KL-in-reward
+        controller, as verl does; returns the coefficient used this step and the KL."""
+        from mindrlhf.algorithms import kl_penalty
+
+        mask = exp.response_mask.astype(np.float64)
+        kl = float((kl_penalty(exp.old_logp, exp.ref_logp, "k1") * mask).sum(axis=1).mean())
+        used = self.kl_ctrl.value
+        self.kl_ctrl.update(kl, exp.num_rows)
+        return {"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": used}
+
+    def _critic_metrics(self, exp: Experience) -> dict:
+        from mindrlhf.algorithms import explained_variance
+
+        valid = exp.response_mask > 0
+        metrics = {}
+        for name in ("values", "returns", "advantages"):
+            tokens = exp[name][valid]
+            metrics.update({f"critic/{name}/mean": float(tokens.mean()), f"critic/{name}/max": float(tokens.max()),
+                            f"critic/{name}/min": float(tokens.min())})
+        metrics["critic/vf_explained_var"] = explained_variance(exp.returns, exp["values"], exp.response_mask)
+        return metrics
+
     def _step_metrics(self, generated: Experience, actor: dict, sampling: dict, elapsed: float) -> dict:
         from mindrlhf.algorithms import dynamic_sampling_mask
 
@@ -342,9 +447,13 @@ class RLTrainer:
         eos = np.isin(generated.response_ids[np.arange(len(lengths)), np.maximum(lengths - 1, 0)],
                       self.generation.eos_token_ids)
         metrics = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std())}
-        metrics.update({f"reward/{k}": float(v.mean()) for k, v in generated.reward_terms.items()})
+        with np.errstate(invalid="ignore"):  # a term may be NaN where its function had no opinion (None)
+            metrics.update({f"reward/{k}": float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
+                            for k, v in generated.reward_terms.items()})
         metrics["reward/frac_zero_std"] = float(1.0 - dynamic_sampling_mask(rewards, G).mean())
         metrics.update(actor)
+        if self.critic:
+            metrics.update(self._critic_metrics(generated))
         metrics.update({"response_length/mean": float(lengths.mean()), "response_length/max": int(lengths.max()),
                         "response_length/clip_ratio": float(((lengths == max_new) & ~eos).mean())})
         metrics.update(sampling)

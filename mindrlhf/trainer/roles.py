@@ -26,9 +26,15 @@ TRAIN_WEIGHTS = "train_weights"
 OPTIMIZER_MOMENTS = "optimizer_moments"
 INFER_WEIGHTS = "infer_weights"
 REF_WEIGHTS = "ref_weights"
+CRITIC_WEIGHTS = "critic_weights"
+CRITIC_MOMENTS = "critic_moments"
 
 INFER_PREFIX = "infer."
 REF_PREFIX = "ref."
+CRITIC_PREFIX = "critic."
+CRITIC_CKPT = "critic.ckpt"
+CRITIC_STRATEGY = "critic_strategy.ckpt"
+VALUE_HEAD = "score.weight"
 
 
 def load_weights(net, layout, path: str, prefix: str = "") -> None:
@@ -61,6 +67,10 @@ def load_rank_params(params, path: str) -> None:
         if param.name not in state or tuple(state[param.name].shape) != tuple(param.shape):
             raise ConfigError(f"{path}: '{param.name}' missing or of another shape")
         param.set_data(state[param.name])
+
+
+class NonFiniteUpdates(RuntimeError):
+    """Too many optimizer updates in a row had a NaN/inf loss or gradient (`optimizer.max_consecutive_skips`)."""
 
 
 class MicroBatchSizer:
@@ -170,6 +180,7 @@ class Actor(Role):
         self.train_layout, self.infer_layout = train_layout, infer_layout
         self.generation = generation
         self.updates = 0  # optimizer updates so far (the learning-rate schedule's position)
+        self.consecutive_skips = 0  # updates skipped in a row for a non-finite loss or gradient
         self.train_net = Qwen2ForCausalLM(train_cfg, train_layout)
         self.infer_net = Qwen2ForCausalLM(infer_cfg, infer_layout)
         self.infer_net.update_parameters_name(INFER_PREFIX)
@@ -280,7 +291,7 @@ class Actor(Role):
         cfg, G, layout = self.config, self.generation.num_generations, self.train_layout
         opt = cfg.optimizer
         sums: dict[str, float] = {}
-        count = 0
+        count = skipped = 0
         for _ in range(cfg.schedule.num_iterations):
             for chunk in update_chunks(exp.num_rows // G, cfg.schedule.prompts_per_update, G):
                 part = exp.rows(chunk)
@@ -293,19 +304,35 @@ class Actor(Role):
                                                         "old_logp", "ref_logp", "advantages")] + [weights[mine]]
                 size = self.train_rows(len(inputs[0]), inputs[0].shape[1], inputs[2].shape[1])
                 shares, grad_norm = self.train_step(split_micro_batches(inputs, size))
+                self.updates += 1
+                last_lr = lr
+                if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)
+                    skipped += 1
+                    self._count_skip(grad_norm)
+                    continue
+                self.consecutive_skips = 0
                 values = comm.group_sum(shares.astype(np.float32), layout.dp_group)
                 for name, value in zip(GRPO_OUTPUT_NAMES, values):
                     sums[name] = sums.get(name, 0.0) + float(value)
                 sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + grad_norm
-                self.updates += 1
                 count += 1
-                last_lr = lr
-        if not count:
+        if not count + skipped:
             return {"actor/updates": 0}
         metrics = {name: value / count for name, value in sums.items()}
         metrics["actor/lr"] = last_lr
         metrics["actor/updates"] = count
+        metrics["actor/skipped_updates"] = skipped
         return metrics
+
+    def _count_skip(self, grad_norm: float) -> None:
+        self.consecutive_skips += 1
+        limit = self.config.optimizer.max_consecutive_skips
+        logger.warning("actor update %d skipped: the gradient norm is %s (%d in a row)", self.updates, grad_norm,
+                       self.consecutive_skips)
+        if limit and self.consecutive_skips >= limit:
+            raise NonFiniteUpdates(f"{self.consecutive_skips} actor updates in a row had a non-finite loss or "
+                                   f"gradient (optimizer.max_consecutive_skips={limit}); the job stops with its last "
+                                   "checkpoint intact: lower the learning rate or check the rewards and data")
 
     def sync_inference(self) -> None:
         """Reshards the train net's weights into the inference net."""
@@ -366,6 +393,137 @@ class Reference(Role):
         self.from_actor.run()
 
 
+class Critic(Role):
+    """The PPO value function: `Qwen2ForValue` in its own layout (`--sft_path_critic`), AdamW and the clipped
+    value loss. It scores every response token of the rollout (phase `values`) and trains on the returns
+    (phase `update_critic`); it is offloaded in every other phase."""
+
+    name = "critic"
+    resident_in = {"values": (CRITIC_WEIGHTS,), "update_critic": (CRITIC_WEIGHTS, CRITIC_MOMENTS)}
+
+    def __init__(self, config, job, critic_cfg, layout, rank: int):
+        from mindrlhf.models.qwen2 import Qwen2ForValue
+        from mindrlhf.parallel.strategy import net_layouts
+
+        self.config, self.job, self.rank = config, job, rank
+        self.model_config, self.layout = critic_cfg, layout
+        self.net = Qwen2ForValue(critic_cfg, layout)
+        self.net.update_parameters_name(CRITIC_PREFIX)
+        self.strategy = net_layouts(self.net, layout)
+        self.updates = 0
+
+    def build(self, actor: Actor) -> None:
+        """Weights (a critic checkpoint, or the starting policy's backbone with a zero head), optimizer, train
+        step and the values cell."""
+        from mindrlhf.algorithms import ValueLossCell
+        from mindrlhf.algorithms.policy_cells import ResponseValues, ValueLossNet
+        from mindrlhf.optim import AdamW
+        from mindrlhf.parallel.layers import load_full_state, random_full_state
+        from mindrlhf.parallel.spmd import MicroBatchedTrainStep
+
+        job, cfg = self.job, self.config
+        if job.load_critic_checkpoint:
+            source = job.load_critic_checkpoint
+            state = read_policy_weights(source)
+            if VALUE_HEAD not in state:
+                raise ConfigError(f"{source}: no value head '{VALUE_HEAD}' (expected a critic or a reward model "
+                                  "converted by tools/convert_weight.py)")
+        else:
+            source = job.load_sft_checkpoint_train or f"random weights (seed {job.init_seed})"
+            state = read_policy_weights(job.load_sft_checkpoint_train) if job.load_sft_checkpoint_train else \
+                random_full_state(actor.train_net, actor.train_layout, job.init_seed)
+            state[VALUE_HEAD] = np.zeros((1, self.model_config.hidden_size), np.float32)
+            logger.info("critic: the starting policy's backbone with a zero value head (--load_critic_checkpoint "
+                        "not given)")
+        wanted = {CRITIC_PREFIX + name: value for name, value in state.items()
+                  if name.startswith("model.") or name == VALUE_HEAD}
+        try:
+            load_full_state(self.net, wanted, self.layout)
+        except ValueError as err:
+            raise ConfigError(f"{source}: {err} (critic {self.job.sft_path_critic})") from None
+        critic = cfg.critic
+        self.optimizer = AdamW(self.net.trainable_params(), learning_rate=critic.lr, beta1=cfg.optimizer.beta1,
+                               beta2=cfg.optimizer.beta2, eps=cfg.optimizer.eps,
+                               weight_decay=cfg.optimizer.weight_decay, state_prefix="critic_")
+        self.train_step = MicroBatchedTrainStep(ValueLossNet(self.net, ValueLossCell(critic.cliprange_value)),
+                                                self.optimizer, self.layout, grad_reduction="sum",
+                                                max_grad_norm=critic.grad_clip)
+        self.values_cell = ResponseValues(self.net)
+        sched = cfg.schedule
+        self.train_rows = MicroBatchSizer("critic train", sched.micro_batch_size_per_device, self.model_config,
+                                          self.layout.tp, sched.activation_memory_gib)
+        self.value_rows = MicroBatchSizer("values", sched.log_prob_micro_batch_size_per_device, self.model_config,
+                                          self.layout.tp, sched.activation_memory_gib)
+
+    def optimizer_state(self) -> list:
+        trained = {id(p) for p in self.net.trainable_params()}
+        return [p for p in self.optimizer.get_parameters() if id(p) not in trained]
+
+    def swap_groups(self) -> dict[str, list]:
+        return {CRITIC_WEIGHTS: list(self.net.trainable_params()), CRITIC_MOMENTS: self.optimizer_state()}
+
+    def strategies(self) -> dict[str, dict]:
+        return {"critic": self.strategy}
+
+    def rank_files(self) -> dict[str, list]:
+        return {CRITIC_CKPT: list(self.net.trainable_params()) + self.optimizer_state()}
+
+    def shared_files(self) -> dict[str, dict]:
+        return {CRITIC_STRATEGY: self.strategy}
+
+    def values(self, exp, comm) -> np.ndarray:
+        """Values of every row of `exp` [N, R] (0 on padding): each critic dp rank scores its share of the rows,
+        then the shares are gathered."""
+        from mindrlhf.trainer.experience import rows_of_rank
+
+        self.require((CRITIC_WEIGHTS,), "values")
+        mine = rows_of_rank(exp.num_rows, self.layout.dp, self.layout.dp_rank)
+        arrays = [exp[name][mine] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
+        local = self.value_rows.run(self.values_cell, arrays).astype(np.float32)
+        values = comm.gather_data_parallel_rows(local, self.layout) if self.layout.world_size > 1 else local
+        return values * exp.response_mask.astype(np.float32)
+
+    def train(self, exp, comm, group_size: int) -> dict:
+        """`schedule.num_iterations` passes of the actor's mini-batches on the value loss; `critic/*` metrics."""
+        from mindrlhf.algorithms import aggregation_weights
+        from mindrlhf.algorithms.value_loss_cell import OUTPUT_NAMES
+        from mindrlhf.optim import learning_rate_at
+        from mindrlhf.parallel.spmd import split_micro_batches
+        from mindrlhf.trainer.experience import rows_of_rank, update_chunks
+
+        self.require((CRITIC_WEIGHTS, CRITIC_MOMENTS), "train")
+        cfg, layout = self.config, self.layout
+        sums: dict[str, float] = {}
+        count = skipped = 0
+        total = cfg.schedule.steps * cfg.schedule.num_iterations * math.ceil(
+            cfg.schedule.batch_size / cfg.schedule.prompts_per_update)
+        for _ in range(cfg.schedule.num_iterations):
+            for chunk in update_chunks(exp.num_rows // group_size, cfg.schedule.prompts_per_update, group_size):
+                part = exp.rows(chunk)
+                weights = aggregation_weights(part.response_mask, cfg.loss.aggregation).astype(np.float32)
+                mine = rows_of_rank(part.num_rows, layout.dp, layout.dp_rank)
+                lr = learning_rate_at(self.updates, cfg.critic.lr, cfg.critic.lr_warmup_steps, total,
+                                      cfg.optimizer.lr_schedule, cfg.optimizer.min_lr_ratio)
+                self.optimizer.set_learning_rate(lr)
+                inputs = [part[name][mine] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask",
+                                                        "values", "returns")] + [weights[mine]]
+                size = self.train_rows(len(inputs[0]), inputs[0].shape[1], inputs[2].shape[1])
+                shares, grad_norm = self.train_step(split_micro_batches(inputs, size))
+                self.updates += 1
+                if not np.isfinite(grad_norm):
+                    skipped += 1
+                    logger.warning("critic update %d skipped: the gradient norm is %s", self.updates, grad_norm)
+                    continue
+                values = comm.group_sum(shares.astype(np.float32), layout.dp_group)
+                for name, value in zip(OUTPUT_NAMES, values):
+                    sums[f"critic/{name}"] = sums.get(f"critic/{name}", 0.0) + float(value)
+                sums["critic/grad_norm"] = sums.get("critic/grad_norm", 0.0) + grad_norm
+                count += 1
+        metrics = {name: value / count for name, value in sums.items()} if count else {}
+        metrics.update({"critic/lr": lr, "critic/updates": count, "critic/skipped_updates": skipped})
+        return metrics
+
+
 class RuleReward(Role):
     """Rule reward functions (`reward.reward_funcs`, weighted): no nets, runs on the host."""
 
@@ -382,6 +540,11 @@ class RuleReward(Role):
         from mindrlhf.trainer.evaluation import decode_completions
 
         completions = decode_completions(self.tokenizer, response_ids, response_mask)
-        rewards, terms = self.score(completions, solutions)
+        extra = {}
+        if self.score.needs_prompts:  # TRL-form functions also get the prompt text and the completion ids
+            extra["prompts"] = decode_completions(self.tokenizer, prompt_ids, prompt_mask, skip_special_tokens=False)
+            extra["completion_ids"] = [ids[mask.astype(bool)].tolist()
+                                       for ids, mask in zip(response_ids, response_mask)]
+        rewards, terms = self.score(completions, solutions, **extra)
         return rewards, terms, completions
 

@@ -280,6 +280,38 @@ class Qwen2ForCausalLM(nn.Cell):
         return self.log_prob_of_labels(local_logits, labels, with_entropy)
 
 
+class Qwen2ForValue(nn.Cell):
+    """Qwen2 backbone + a scalar head (`score.weight` [1, hidden], no bias: HF's `*ForSequenceClassification`
+    head with one label, OpenRLHF's value head): the PPO critic, or a reward model scoring at the last token.
+
+    The backbone's parameter names are the causal LM's, so a policy checkpoint's backbone loads as is. The head
+    reads the final norm's output, which every tensor-parallel rank holds whole: it is replicated (like the
+    norms), its gradient needs no collective.
+    """
+
+    def __init__(self, config: Qwen2Config, layout: Layout | None = None):
+        super().__init__()
+        self.config = config
+        self.layout = layout or Layout()
+        self.model = Qwen2Model(config, self.layout)
+        self.score = nn.Dense(config.hidden_size, 1, has_bias=False, weight_init="zeros",
+                              dtype=to_ms_dtype(config.param_init_type))
+        self.compute_dtype = to_ms_dtype(config.compute_dtype)
+
+    def values(self, input_ids, attention_mask=None, first_position=0):
+        """The head's output at positions `first_position` .. S-1, float32 [B, S - first_position]: the value
+        of the state after reading token s. Call inside a Cell's construct."""
+        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
+        hidden = self.model(input_ids, position_ids, attn_bias)
+        if first_position:
+            hidden = hidden[:, first_position:, :]
+        weight = self.score.weight.astype(self.compute_dtype)
+        return ops.matmul(hidden.astype(self.compute_dtype), weight.T).astype(ms.float32)[..., 0]
+
+    def construct(self, input_ids, attention_mask=None):
+        return self.values(input_ids, attention_mask)
+
+
 class Qwen2LogProbs(nn.Cell):
     """Graph cell: (input_ids, labels, attention_mask) -> per-token log-probs [B, S] (float32)."""
 

@@ -1,0 +1,101 @@
+"""PPO through grpo_one_stage.py in one process: a critic role (`--sft_path_critic`, `adv_estimator: gae`) that
+starts from the policy with a zero head, is resident only in its phases, learns, and resumes exactly."""
+import json
+
+import numpy as np
+import pytest
+from test_grpo_cli import TINY, base_args, load_script, mindrecord  # noqa: F401 (a fixture)
+
+from mindrlhf.trainer.roles import CRITIC_MOMENTS, CRITIC_WEIGHTS
+
+pytestmark = pytest.mark.usefixtures("graph_mode")
+
+
+def ppo_args(mindrecord, out, *extra):  # noqa: F811
+    return base_args(mindrecord, out) + [
+        "--sft_path_critic", str(TINY / "model.yaml"), "--adv_estimator", "gae", "--critic.lr", "1e-3",
+        "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), *extra]
+
+
+def test_ppo_steps_score_tokens_train_the_critic_and_keep_it_offloaded_elsewhere(tmp_path, mindrecord):  # noqa: F811
+    from mindspore.dataset import MindDataset
+
+    from mindrlhf.algorithms import masked_whiten
+
+    seen = []
+
+    def check(trainer, step, metrics):
+        seen.append((step, list(trainer.swap.phase_plan), trainer.critic.net.score.weight.asnumpy().copy()))
+
+    out = tmp_path / "out"
+    code = load_script().main(ppo_args(mindrecord, out, "--steps", "2", "--save_data_file",
+                                       str(tmp_path / "exp" / "ppo")), callbacks=[check])
+    assert code == 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    first, second = lines
+    # step 1: the critic starts from the policy with a zero head: every value is 0, nothing is explained yet
+    assert first["critic/values/max"] == first["critic/values/min"] == 0.0
+    assert first["critic/updates"] == 4 and first["actor/updates"] == 4
+    # its updates move the head, so step 2 sees values (and the value loss) of a trained critic
+    assert np.abs(seen[0][2]).max() > 0 and second["critic/values/max"] != second["critic/values/min"]
+    assert second["critic/vf_loss"] < first["critic/vf_loss"]
+    for name in ("critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr", "critic/returns/mean",
+                 "critic/advantages/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic"):
+        assert np.isfinite(second[name]), name
+    # the critic's groups are resident exactly in its phases
+    for _, plan, _ in seen:
+        for phase, resident in plan:
+            assert (CRITIC_WEIGHTS in resident) == (phase in ("values", "update_critic")), (phase, resident)
+            assert (CRITIC_MOMENTS in resident) == (phase == "update_critic"), (phase, resident)
+    # step 1 by hand: values 0 and gamma = lam = 1 without a KL penalty, so each token's return is the response's
+    # reward and its advantage is that return whitened over the batch's tokens
+    records = list(MindDataset(str(tmp_path / "exp" / "ppo.step_000001.mindrecord"), shuffle=False)
+                   .create_dict_iterator(output_numpy=True))
+    mask = np.stack([r["response_mask"] for r in records])
+    rewards = np.array([float(r["reward"]) for r in records])
+    returns = np.stack([r["returns"] for r in records])
+    np.testing.assert_allclose(returns, rewards[:, None] * mask, atol=1e-6)
+    np.testing.assert_allclose(np.stack([r["advantages"] for r in records]), masked_whiten(returns, mask), atol=1e-5)
+    ckpt = out / "checkpoints" / "step_000002"
+    assert (ckpt / "rank_0" / "critic.ckpt").is_file() and (ckpt / "critic_strategy.ckpt").is_file()
+
+
+def test_ppo_resumes_exactly_with_the_critic_and_the_kl_controller(tmp_path, mindrecord):  # noqa: F811
+    import mindspore as ms
+
+    extra = ("--use_kl_in_reward", "true", "--kl_ctrl", "adaptive", "--kl_coef", "0.05", "--kl_horizon", "100")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert load_script().main(ppo_args(mindrecord, straight, "--steps", "2", *extra)) == 0
+    assert load_script().main(ppo_args(mindrecord, split, "--steps", "1", *extra)) == 0
+    assert load_script().main(ppo_args(mindrecord, split, "--steps", "2", "--resume", *extra)) == 0
+    lines = {run: [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] for run in (straight,
+                                                                                                      split)}
+    assert len(lines[split]) == 2
+    for a, b in zip(lines[straight], lines[split]):
+        for key in ("reward/mean", "critic/vf_loss", "actor/loss", "actor/reward_kl_penalty_coeff"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-9), key
+    assert lines[straight][1]["actor/reward_kl_penalty_coeff"] != 0.05  # the adaptive controller moved
+    a = ms.load_checkpoint(str(straight / "checkpoints" / "step_000002" / "rank_0" / "critic.ckpt"))
+    b = ms.load_checkpoint(str(split / "checkpoints" / "step_000002" / "rank_0" / "critic.ckpt"))
+    assert set(a) == set(b) and "critic_adam_step" in a
+    for name in a:
+        np.testing.assert_allclose(b[name].asnumpy(), a[name].asnumpy(), rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--adv_estimator", "grpo"), r"--sft_path_critic: a critic is only used by algorithm.adv_estimator gae"),
+    (("--sft_path_critic", "DEEPER"), r"describe different models \(num_layers: 2 vs 3\)"),
+    (("--load_critic_checkpoint", str(TINY / "tiny_sft.ckpt")), r"tiny_sft.ckpt: no value head 'score.weight'"),
+    (("--dynamic_sampling", "true"), r"dynamic_sampling .* cannot be used with adv_estimator gae"),
+])
+def test_bad_ppo_input_is_one_line(extra, message, tmp_path, mindrecord, capsys):  # noqa: F811
+    from test_grpo_cli import yaml_with
+
+    extra = tuple(str(yaml_with(tmp_path, "deeper.yaml", [("num_layers: 2", "num_layers: 3")])) if e == "DEEPER"
+                  else e for e in extra)
+    out = tmp_path / "out"
+    code = load_script().main(ppo_args(mindrecord, out, *extra))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: "), err
+    assert __import__("re").search(message, err[-1]), err[-1]
+    assert not (out / "checkpoints").exists()
