@@ -11,6 +11,8 @@
 #      `held-out accuracy: before=..% after=..%`.
 # The default is the bundled 3.2M-parameter arithmetic policy (model_configs/arith, built by tools/sft_policy.py)
 # on arithmetic word problems (examples/qwen_grpo_tutorial/data/make_arithmetic.py); ~8 minutes on 2 CPU cores.
+# ALGORITHM=ppo runs PPO instead: a critic (CRITIC_YAML, started from the policy with a zero value head) gives GAE
+# advantages (PPO_YAML's settings on top of GRPO_YAML's); its output goes to output/ppo.
 # Extra arguments go to grpo_one_stage.py, e.g. `bash run_grpo.sh --steps 10 --learning_rate 5e-4`.
 # Every variable below can be set from the environment; for several nodes run this script on each node with the
 # same MASTER_ADDR/MASTER_PORT/WORKER_NUM, its own NODE_RANK and LOCAL_WORKER_NUM, and an OUTPUT on a shared disk.
@@ -22,7 +24,8 @@ LOCAL_WORKER_NUM="${LOCAL_WORKER_NUM:-$WORKER_NUM}" # ranks on this node
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-8118}"
 NODE_RANK="${NODE_RANK:-0}"
-OUTPUT="${OUTPUT:-$ROOT/output/grpo}"
+ALGORITHM="${ALGORITHM:-grpo}"                    # grpo, or ppo (with a critic)
+OUTPUT="${OUTPUT:-$ROOT/output/$ALGORITHM}"
 LOG_DIR="${LOG_DIR:-$OUTPUT/msrun_log}"
 MODEL_DIR="${MODEL_DIR:-$ROOT/model_configs/arith/policy}"   # the policy to train: a Hugging Face folder
 TOKENIZER_DIR="${TOKENIZER_DIR:-$MODEL_DIR}"
@@ -31,6 +34,13 @@ EVAL_DATA="${EVAL_DATA-$ROOT/examples/qwen_grpo_tutorial/data/arithmetic_heldout
 TRAIN_YAML="${TRAIN_YAML:-$ROOT/model_configs/arith/train.yaml}"
 INFER_YAML="${INFER_YAML:-$ROOT/model_configs/arith/infer.yaml}"
 GRPO_YAML="${GRPO_YAML:-$ROOT/model_configs/arith/grpo.yaml}"
+PPO_YAML="${PPO_YAML:-$ROOT/model_configs/arith/ppo.yaml}"
+CRITIC_YAML="${CRITIC_YAML:-$ROOT/model_configs/arith/critic.yaml}"
+case "$ALGORITHM" in
+  grpo) JOB_ARGS=(--config "$GRPO_YAML") ;;
+  ppo) JOB_ARGS=(--config "$GRPO_YAML" "$PPO_YAML" --sft_path_critic "$CRITIC_YAML") ;;
+  *) echo "run_grpo.sh: ALGORITHM must be grpo or ppo, got '$ALGORITHM'" >&2; exit 2 ;;
+esac
 MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-256}"
 bash "$ROOT/tools/bootstrap.sh"
 PY="$ROOT/.venv/bin/python"
@@ -52,7 +62,7 @@ status=0
 msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR" \
     --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True \
     examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML" \
-    --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$OUTPUT/prompts.mindrecord" --config "$GRPO_YAML" \
+    --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$OUTPUT/prompts.mindrecord" "${JOB_ARGS[@]}" \
     --load_sft_checkpoint_train "$OUTPUT/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard" \
     "${EVAL_ARGS[@]}" "$@" 2>&1 | tee "$OUTPUT/msrun.out" || status=${PIPESTATUS[0]}
 [ -f "$OUTPUT/progress.png" ] && echo "plot: $OUTPUT/progress.png  metrics: $OUTPUT/metrics.jsonl  TensorBoard: $OUTPUT/tensorboard"

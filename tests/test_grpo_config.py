@@ -133,3 +133,18 @@ def test_job_flags_are_generated_from_the_job_options():
     with pytest.raises(SystemExit):
         parser.parse_args(["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d",
                            "--use_parallel", "maybe"])
+
+
+def test_several_yaml_files_merge_field_by_field(tmp_path):
+    base, extra = tmp_path / "base.yaml", tmp_path / "extra.yaml"
+    base.write_text("loss:\n  beta: 0.02\n  aggregation: token-mean\nschedule:\n  steps: 7\n")
+    extra.write_text("loss:\n  beta: 0.0\nalgorithm:\n  adv_estimator: rloo\n")
+    config = GRPOConfig.from_yaml(str(base), str(extra))
+    assert (config.loss.beta, config.loss.aggregation, config.schedule.steps) == (0.0, "token-mean", 7)
+    assert config.algorithm.adv_estimator == "rloo"
+    extra.write_text("loss:\n  betta: 0.0\n")
+    with pytest.raises(ConfigError, match=r"extra.yaml: loss: unknown field\(s\) 'betta' \(did you mean 'beta'\?\)"):
+        GRPOConfig.from_yaml(str(base), str(extra))
+    extra.write_text("losses:\n  beta: 0.0\n")
+    with pytest.raises(ConfigError, match=r"extra.yaml: unknown section\(s\) \['losses'\]"):
+        GRPOConfig.from_yaml(str(base), str(extra))

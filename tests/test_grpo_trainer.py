@@ -220,3 +220,29 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
                              env=msrun_env(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert (out / "checkpoints" / f"step_{step + 1:06d}" / "meta.json").is_file()
+
+
+def test_ppo_on_two_workers_with_a_tensor_parallel_critic(tmp_path, mindrecord, monkeypatch):
+    """PPO under msrun: actor train tp=2, infer dp=2, critic tp=2 on the same 2 ranks; after every step the infer
+    net holds the train weights, each phase ran with its swap plan (the critic resident only in `values` and
+    `update_critic`), and both ranks log the same metrics."""
+    ranks = run_job(tmp_path, monkeypatch, "ppo", job_args(mindrecord, tmp_path / "out", 2, extra=(
+        "--sft_path_critic", str(TINY / "train.yaml"), "--adv_estimator", "gae", "--critic.lr", "1e-3",
+        "--use_kl_in_reward", "true", "--save_interval", "2",
+        "--max_new_tokens", "96")))  # the tiny policy's answers fit: rewards vary, the critic has something to learn
+    for rank, result in enumerate(ranks):
+        assert result["exit_code"] == 0
+        for step in result["steps"]:
+            assert step["mismatched"] == [] and step["plan_errors"] == [], (rank, step["step"])
+            assert "values" in step["phases"] and "update_critic" in step["phases"]
+    for a, b in zip(ranks[0]["steps"], ranks[1]["steps"]):
+        # (explained variance is NaN while the returns do not vary)
+        assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6, nan_ok=True)
+    second = ranks[0]["steps"][1]["metrics"]
+    assert second["critic/updates"] == 4 and np.isfinite(second["critic/vf_loss"])
+    assert second["critic/values/max"] > second["critic/values/min"]  # the critic trained in step 1
+    step_dir = tmp_path / "out" / "checkpoints" / "step_000002"
+    import mindspore as ms
+    strategy = ms.build_searched_strategy(str(step_dir / "critic_strategy.ckpt"))
+    assert "critic.score.weight" in strategy and "critic.model.layers.0.attention.wq.weight" in strategy
+    assert all((step_dir / f"rank_{r}" / "critic.ckpt").is_file() for r in range(2))

@@ -360,8 +360,12 @@ class GRPOConfig:
         return cls(**sections)
 
     @classmethod
-    def from_yaml(cls, path: str) -> GRPOConfig:
-        return cls.from_dict(load_yaml(path), source=path)
+    def from_yaml(cls, *paths: str) -> GRPOConfig:
+        """The config of one YAML file, or of several merged field by field (later files win)."""
+        config = cls.from_dict(load_yaml(paths[0]), source=paths[0])
+        for path in paths[1:]:
+            config = config.replace({k: v or {} for k, v in load_yaml(path).items()}, source=path)
+        return config
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
@@ -370,7 +374,10 @@ class GRPOConfig:
         """A copy with `{section: {field: value}}` applied, validated like a YAML."""
         data = self.to_dict()
         for section, values in _move_old_fields(overrides, source).items():
-            data[section].update(values)
+            if isinstance(values, Mapping) and section in data:
+                data[section].update(values)
+            else:
+                data[section] = values  # from_dict names what is wrong with it
         return GRPOConfig.from_dict(data, source)
 
     # --------------------------------------------------------------- validation

@@ -34,8 +34,9 @@ class JobOptions:
     tokenizer_dir: str = _flag("", "Hugging Face tokenizer folder (tokenizer.json or vocab.json + merges.txt).")
     vocab_path: str = _flag("", "vocab.json (with --merges_file_path).")
     merges_file_path: str = _flag("", "merges.txt (with --vocab_path).")
-    config: str = _flag("", "GRPOConfig YAML (sections algorithm, generation, loss, reward, optimizer, schedule, "
-                            "checkpoint, eval); flags override it.")
+    config: list[str] = _flag([], "GRPOConfig YAML(s) (sections algorithm, generation, loss, reward, optimizer, "
+                                  "critic, schedule, checkpoint, eval); several are merged field by field, later "
+                                  "ones winning; flags override them.", nargs="+")
     output_dir: str = _flag("output/grpo", "Logs, metrics.jsonl, strategy files.")
     save_ckpt_dir: str = _flag("", "Checkpoint folder (default: <output_dir>/checkpoints).")
     load_sft_checkpoint_train: str = _flag(
@@ -69,10 +70,13 @@ class JobOptions:
         hints = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):
             extra = dict(field.metadata.get("argparse", {}))
-            if hints[field.name] is bool:
+            hint = hints[field.name]
+            if hint is bool:
                 kwargs = {"action": "store_true"}
+            elif typing.get_origin(hint) is list:
+                kwargs = {"type": typing.get_args(hint)[0], "default": [], **extra}
             else:
-                kwargs = {"type": hints[field.name], "default": field.default, **extra}
+                kwargs = {"type": hint, "default": field.default, **extra}
             if field.metadata.get("required"):
                 kwargs["required"] = True
                 kwargs.pop("default", None)

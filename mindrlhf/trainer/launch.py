@@ -20,7 +20,7 @@ _LAUNCHED_BY_MSRUN = ("MS_WORKER_NUM", "MS_ROLE")
 
 def load_config(job: JobOptions, args: argparse.Namespace) -> GRPOConfig:
     """`--config` YAML (or the defaults) with the command-line overrides of `args` applied, validated."""
-    config = GRPOConfig.from_yaml(job.config) if job.config else GRPOConfig()
+    config = GRPOConfig.from_yaml(*job.config) if job.config else GRPOConfig()
     overrides = config_overrides(args)
     if overrides:
         config = config.replace(overrides)

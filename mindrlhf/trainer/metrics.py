@@ -16,6 +16,7 @@ logger = logging.getLogger("mindrlhf.trainer")
 LINE_COLUMNS = {
     "reward": "reward/mean", "reward_std": "reward/std", "pg_loss": "actor/pg_loss", "kl": "actor/kl",
     "clipfrac": "actor/clipfrac", "entropy": "actor/entropy", "grad_norm": "actor/grad_norm", "lr": "actor/lr",
+    "vf_loss": "critic/vf_loss", "vf_ev": "critic/vf_explained_var",
     "resp_len": "response_length/mean", "clip_ratio": "response_length/clip_ratio", "step_s": "timing_s/step",
     "tok/s/dev": "perf/tokens_per_s_per_device", "heldout_acc": "eval/accuracy",
 }

@@ -219,9 +219,10 @@ class RLTrainer:
         self.metrics_writer = MetricsWriter(job.output_dir, job.tensorboard_dir or None, enabled=rank == 0,
                                             resume_step=self.step)
         self.ckpt_writer = CheckpointWriter(job.checkpoint_dir, rank, world_size, self.comm.barrier)
-        logger.info("train layout %s, infer layout %s, %d ranks; policy %.2fM parameters; %d prompts, global "
-                    "batch %d x %d generations; roles: %s; advantages: %s", train_layout, infer_layout, world_size,
-                    train_cfg.num_parameters() / 1e6, self.dataset.num_samples, sched.batch_size, G,
+        critic = f", critic layout {critic_layout}" if critic_layout else ""
+        logger.info("train layout %s, infer layout %s%s, %d ranks; policy %.2fM parameters; %d prompts, global "
+                    "batch %d x %d generations; roles: %s; advantages: %s", train_layout, infer_layout, critic,
+                    world_size, train_cfg.num_parameters() / 1e6, self.dataset.num_samples, sched.batch_size, G,
                     ", ".join(role.name for role in self.roles), config.algorithm.adv_estimator)
 
     # ------------------------------------------------------------------ state
