@@ -99,3 +99,22 @@ def test_bad_ppo_input_is_one_line(extra, message, tmp_path, mindrecord, capsys)
     assert code == 2 and err[-1].startswith("error: "), err
     assert __import__("re").search(message, err[-1]), err[-1]
     assert not (out / "checkpoints").exists()
+
+
+def test_the_critic_can_start_from_a_value_model_checkpoint(tmp_path, mindrecord):  # noqa: F811
+    """--load_critic_checkpoint: a checkpoint with a value head (here the policy's backbone and a random head, as
+    tools/convert_weight.py writes a reward model) starts the critic instead of the zero head."""
+    import mindspore as ms
+
+    from mindrlhf.trainer.checkpoint import read_policy_weights
+
+    weights = {k: v for k, v in read_policy_weights(str(TINY / "tiny_sft.ckpt")).items() if k != "lm_head.weight"}
+    hidden = weights["model.norm_out.weight"].shape[0]
+    weights["score.weight"] = np.random.default_rng(0).normal(0, 0.05, (1, hidden)).astype(np.float32)
+    ckpt = tmp_path / "rm.ckpt"
+    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in weights.items()], str(ckpt))
+    out = tmp_path / "out"
+    code = load_script().main(ppo_args(mindrecord, out, "--steps", "1", "--load_critic_checkpoint", str(ckpt)))
+    assert code == 0
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["critic/values/max"] > first["critic/values/min"]  # not the zero head

@@ -254,8 +254,9 @@ def read_hf_state_dict(hf_dir: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 # --------------------------------------------------------------------------- names and shapes
-def expected_shapes(cfg: Qwen2Config) -> dict[str, tuple[int, ...]]:
-    """MindSpore parameter name -> full shape, in network order (the table in names.py)."""
+def expected_shapes(cfg: Qwen2Config, value_head: bool = False) -> dict[str, tuple[int, ...]]:
+    """MindSpore parameter name -> full shape, in network order (the table in names.py); `value_head`: a value
+    model's `score.weight` [1, D] instead of the LM head."""
     d, inter, hd = cfg.hidden_size, cfg.intermediate_size, cfg.get_head_dim()
     q, kv = cfg.num_heads * hd, cfg.n_kv_heads * hd
     layer = {
@@ -275,20 +276,23 @@ def expected_shapes(cfg: Qwen2Config) -> dict[str, tuple[int, ...]]:
     for i in range(cfg.num_layers):
         shapes.update({f"model.layers.{i}.{k}": v for k, v in layer.items()})
     shapes["model.norm_out.weight"] = (d,)
-    if not cfg.tie_word_embeddings:
+    if value_head:
+        shapes["score.weight"] = (1, d)
+    elif not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, d)
     return shapes
 
 
 def check_state_dict(ms_tensors: dict[str, np.ndarray], cfg: Qwen2Config, source: str, config_source: str,
-                     shown_name: Callable[[str], str] = lambda n: n, origin: dict[str, str] | None = None) -> None:
+                     shown_name: Callable[[str], str] = lambda n: n, origin: dict[str, str] | None = None,
+                     value_head: bool = False) -> None:
     """Checks MindSpore-named tensors against the config: no missing, no extra, every shape equal.
 
     `shown_name` maps a MindSpore name to the name used in messages; `origin` (by MindSpore name) names
     the file a tensor came from when it is not `source`.
     """
     origin = origin or {}
-    shapes = expected_shapes(cfg)
+    shapes = expected_shapes(cfg, value_head)
     extra = [shown_name(n) for n in ms_tensors if n not in shapes]
     if extra:
         raise ConversionError(
@@ -307,9 +311,10 @@ def check_state_dict(ms_tensors: dict[str, np.ndarray], cfg: Qwen2Config, source
 
 
 def hf_to_ms_state_dict(hf_tensors: dict[str, np.ndarray], cfg: Qwen2Config, source: str = "<hf>",
-                        config_source: str = "<config>", origin: dict[str, str] | None = None
-                        ) -> dict[str, np.ndarray]:
-    """Renames HF tensors to MindSpore names (network order), drops buffers and a tied lm_head, checks shapes."""
+                        config_source: str = "<config>", origin: dict[str, str] | None = None,
+                        value_head: bool = False) -> dict[str, np.ndarray]:
+    """Renames HF tensors to MindSpore names (network order), drops buffers and a tied lm_head, checks shapes
+    (of a value model's `score` head with `value_head`)."""
     origin = origin or {}
     renamed, ms_origin, unknown = {}, {}, []
     for name, arr in hf_tensors.items():
@@ -335,18 +340,45 @@ def hf_to_ms_state_dict(hf_tensors: dict[str, np.ndarray], cfg: Qwen2Config, sou
             raise ConversionError(f"{where}: lm_head.weight differs from model.embed_tokens.weight, but "
                                   f"{config_source} has tie_word_embeddings=true")
     check_state_dict(renamed, cfg, source, config_source, shown_name=lambda n: ms_to_hf_name(n) or n,
-                     origin=ms_origin)
-    return {n: renamed[n] for n in expected_shapes(cfg)}
+                     origin=ms_origin, value_head=value_head)
+    return {n: renamed[n] for n in expected_shapes(cfg, value_head)}
 
 
 def ms_to_hf_state_dict(ms_tensors: dict[str, np.ndarray], cfg: Qwen2Config, source: str = "<ckpt>",
                         config_source: str = "<config>") -> dict[str, np.ndarray]:
-    """Checks MindSpore-named tensors against the config and renames them to HF names."""
+    """Checks MindSpore-named tensors against the config and renames them to HF names (a value model when the
+    tensors hold `score.weight`)."""
     unknown = [n for n in ms_tensors if ms_to_hf_name(n) is None]
     if unknown:
         raise ConversionError(f"{source}: unknown parameter(s), not part of the Qwen2 network: {_listing(unknown)}")
-    check_state_dict(ms_tensors, cfg, source, config_source)
-    return {ms_to_hf_name(n): ms_tensors[n] for n in expected_shapes(cfg)}
+    value_head = "score.weight" in ms_tensors
+    check_state_dict(ms_tensors, cfg, source, config_source, value_head=value_head)
+    return {ms_to_hf_name(n): ms_tensors[n] for n in expected_shapes(cfg, value_head)}
+
+
+VALUE_MODEL_SUFFIX = "ForSequenceClassification"
+
+
+def hf_value_head(hf_dir: str) -> bool:
+    """Whether the HF folder holds a value model (`*ForSequenceClassification`, one label): a reward model or a
+    critic. Other heads with labels (token classification, several labels) are one-line errors."""
+    path = os.path.join(hf_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            hf = json.load(f)
+    except (OSError, json.JSONDecodeError):
+        return False  # the config reader names the problem
+    archs = hf.get("architectures") or []
+    if any(a.endswith("ForTokenClassification") for a in archs):
+        raise ConversionError(f"{path}: {archs[0]} is not supported yet (its score head has a bias); convert a "
+                              f"*{VALUE_MODEL_SUFFIX} model with one label")
+    if not any(a.endswith(VALUE_MODEL_SUFFIX) for a in archs):
+        return False
+    labels = hf.get("num_labels", len(hf.get("id2label") or {}) or 2)
+    if labels != 1:
+        raise ConversionError(f"{path}: {archs[0]} with {labels} labels; a reward model or critic has one "
+                              "(num_labels: 1)")
+    return True
 
 
 # --------------------------------------------------------------------------- configs
@@ -360,8 +392,9 @@ def _load_config(hf_dir: str, config_path: str | os.PathLike | None) -> tuple[Qw
     return cfg, source
 
 
-def hf_config_dict(cfg: Qwen2Config, dtype: str) -> dict:
-    """A HF `config.json` for the config: Qwen2 when q/k/v have biases, else Llama (Qwen2 always has them).
+def hf_config_dict(cfg: Qwen2Config, dtype: str, value_head: bool = False) -> dict:
+    """A HF `config.json` for the config: Qwen2 when q/k/v have biases, else Llama (Qwen2 always has them); with
+    `value_head` a one-label `*ForSequenceClassification` (a reward model / critic).
 
     Writes the rope base both as `rope_theta` (transformers 4) and `rope_parameters` (transformers 5).
     """
@@ -386,6 +419,9 @@ def hf_config_dict(cfg: Qwen2Config, dtype: str) -> dict:
         "torch_dtype": dtype,
         "dtype": dtype,
     }
+    if value_head:
+        out["architectures"] = [("Qwen2" if is_qwen2 else "Llama") + VALUE_MODEL_SUFFIX]
+        out.update(num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     if not is_qwen2:
         out.update(attention_bias=False, mlp_bias=False)
     else:
@@ -434,8 +470,9 @@ def convert_hf_to_ms(hf_dir: str | os.PathLike, ckpt_path: str | os.PathLike, dt
         raise ConversionError(f"{hf_dir}: Hugging Face model folder not found")
     cfg, config_source = _load_config(hf_dir, config_path)
     dtype = normalize_dtype(dtype or (cfg.param_init_type if config_path is not None else "float32"))
+    value_head = hf_value_head(hf_dir)
     tensors, origin = read_hf_tensors(hf_dir)
-    ms_tensors = hf_to_ms_state_dict(tensors, cfg, hf_dir, config_source, origin)
+    ms_tensors = hf_to_ms_state_dict(tensors, cfg, hf_dir, config_source, origin, value_head)
     ms_tensors = {n: cast_array(a, dtype, ms_to_hf_name(n) or n) for n, a in ms_tensors.items()}
     cfg = dataclasses.replace(cfg, param_init_type=dtype)
     save_ms_checkpoint(ms_tensors, ckpt_path)
@@ -518,6 +555,7 @@ def write_hf_folder(weights: dict[str, np.ndarray], cfg: Qwen2Config, out_dir: s
         dtype = normalize_dtype(dtype)
         tensors = {n: cast_array(a, dtype, n) for n, a in tensors.items()}
     out_dtype = dtype or tensors["model.embed_tokens.weight"].dtype.name
+    value_head = "score.weight" in tensors
     os.makedirs(out_dir, exist_ok=True)
     for path in tokenizer_paths:
         target = os.path.join(out_dir, os.path.basename(path))
@@ -526,5 +564,5 @@ def write_hf_folder(weights: dict[str, np.ndarray], cfg: Qwen2Config, out_dir: s
         with atomic_output(target) as tmp:
             shutil.copyfile(path, tmp)
     _save_safetensors(tensors, os.path.join(out_dir, SAFE_WEIGHTS))
-    _save_json(hf_config_dict(cfg, out_dtype), os.path.join(out_dir, "config.json"))
+    _save_json(hf_config_dict(cfg, out_dtype, value_head), os.path.join(out_dir, "config.json"))
     return dataclasses.replace(cfg, param_init_type=out_dtype)

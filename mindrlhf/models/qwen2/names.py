@@ -17,6 +17,10 @@ Shapes are of the full (unsplit) tensors, `[out, in]` for linear weights as in b
 | model.layers.{i}.feed_forward.w2.weight      | model.layers.{i}.mlp.down_proj.weight     | [D, I]       | 1     |
 | model.norm_out.weight                        | model.norm.weight                         | [D]          | None  |
 | lm_head.weight (absent if tied)              | lm_head.weight                            | [V, D]       | 0     |
+| score.weight (value models instead of lm_head) | score.weight                            | [1, D]       | None  |
+
+Value models (the PPO critic, reward models) are `*ForSequenceClassification` with one label: the backbone and a
+`score` head in place of `lm_head`.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ _NAME_PAIRS = [
     ("model.layers.{i}.mlp.down_proj.weight", "model.layers.{i}.feed_forward.w2.weight"),
     ("model.norm.weight", "model.norm_out.weight"),
     ("lm_head.weight", "lm_head.weight"),
+    ("score.weight", "score.weight"),
 ]
 
 
