@@ -222,16 +222,21 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
     assert (out / "checkpoints" / f"step_{step + 1:06d}" / "meta.json").is_file()
 
 
-def test_ppo_on_two_workers_with_a_tensor_parallel_critic(tmp_path, mindrecord, monkeypatch):
-    """PPO under msrun: actor train tp=2, infer dp=2, critic tp=2 on the same 2 ranks; after every step the infer
-    net holds the train weights, each phase ran with its swap plan (the critic resident only in `values` and
-    `update_critic`), and both ranks log the same metrics."""
-    ranks = run_job(tmp_path, monkeypatch, "ppo", job_args(mindrecord, tmp_path / "out", 2, extra=(
-        "--sft_path_critic", str(TINY / "train.yaml"), "--adv_estimator", "gae", "--critic.lr", "1e-3",
-        "--use_kl_in_reward", "true", "--save_interval", "2",
-        "--max_new_tokens", "96")))  # the tiny policy's answers fit: rewards vary, the critic has something to learn
+def test_ppo_on_two_workers_with_a_tensor_parallel_critic_resumes_exactly(tmp_path, mindrecord, monkeypatch):
+    """PPO under msrun: actor train tp=2, infer dp=2, critic tp=2 on the same 2 ranks, 3 steps; after every step the
+    infer net holds the train weights, each phase ran with its swap plan (the critic resident only in `values` and
+    `update_critic`), and both ranks log the same metrics. The step-2 checkpoint (critic weights and moments, KL
+    controller) resumes into the same step 3."""
+    import mindspore as ms
+
+    extra = ("--sft_path_critic", str(TINY / "train.yaml"), "--adv_estimator", "gae", "--critic.lr", "1e-3",
+             "--use_kl_in_reward", "true", "--kl_ctrl", "adaptive", "--kl_horizon", "100", "--save_interval", "2",
+             "--max_new_tokens", "96")  # the tiny policy's answers fit: rewards vary, the critic has something to learn
+    straight_out = tmp_path / "out"
+    ranks = run_job(tmp_path, monkeypatch, "ppo", job_args(mindrecord, straight_out, 3, extra=extra))
     for rank, result in enumerate(ranks):
         assert result["exit_code"] == 0
+        assert [s["step"] for s in result["steps"]] == [1, 2, 3]
         for step in result["steps"]:
             assert step["mismatched"] == [] and step["plan_errors"] == [], (rank, step["step"])
             assert "values" in step["phases"] and "update_critic" in step["phases"]
@@ -241,8 +246,29 @@ def test_ppo_on_two_workers_with_a_tensor_parallel_critic(tmp_path, mindrecord, 
     second = ranks[0]["steps"][1]["metrics"]
     assert second["critic/updates"] == 4 and np.isfinite(second["critic/vf_loss"])
     assert second["critic/values/max"] > second["critic/values/min"]  # the critic trained in step 1
-    step_dir = tmp_path / "out" / "checkpoints" / "step_000002"
-    import mindspore as ms
+    step_dir = straight_out / "checkpoints" / "step_000002"
     strategy = ms.build_searched_strategy(str(step_dir / "critic_strategy.ckpt"))
     assert "critic.score.weight" in strategy and "critic.model.layers.0.attention.wq.weight" in strategy
     assert all((step_dir / f"rank_{r}" / "critic.ckpt").is_file() for r in range(2))
+
+    resumed_out = tmp_path / "resumed"
+    (resumed_out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(step_dir, resumed_out / "checkpoints" / "step_000002")
+    resumed = run_job(tmp_path, monkeypatch, "ppo_resumed", job_args(mindrecord, resumed_out, 3,
+                                                                      extra=(*extra, "--resume")))
+    assert [s["step"] for s in resumed[0]["steps"]] == [3]
+    assert resumed[0]["steps"][0]["mismatched"] == [] and resumed[0]["steps"][0]["plan_errors"] == []
+    straight_third = ranks[0]["steps"][2]["metrics"]
+    assert straight_third["actor/reward_kl_penalty_coeff"] != second["actor/reward_kl_penalty_coeff"]  # it moves
+    assert without_timing(resumed[0]["steps"][0]["metrics"]) == pytest.approx(without_timing(straight_third),
+                                                                             rel=1e-6, abs=1e-9, nan_ok=True)
+    for rank in range(2):
+        a, b = (ms.load_checkpoint(str(out / "checkpoints" / "step_000003" / f"rank_{rank}" / "critic.ckpt"))
+                for out in (straight_out, resumed_out))
+        assert a.keys() == b.keys() and "critic_adam_step" in a
+        a, b = ({k: v.asnumpy() for k, v in c.items()} for c in (a, b))
+        weights = [name for name in a if name.startswith("critic.")]
+        assert_weights_close_after_adam({n: b[n] for n in weights}, {n: a[n] for n in weights}, lr=1e-3, updates=4,
+                                        what=f"rank {rank} critic resumed vs straight")
+        for name in set(a) - set(weights):  # moments, step count, lr: tight (see the GRPO resume test)
+            np.testing.assert_allclose(b[name], a[name], rtol=1e-6, atol=1e-7, err_msg=f"rank {rank} {name}")

@@ -26,8 +26,8 @@ from mindrlhf.trainer.roles import (
     Actor,
     Critic,
     Reference,
+    Reward,
     Role,
-    RuleReward,
     phase_plan,
 )
 
@@ -113,8 +113,8 @@ def test_the_phase_plan_follows_from_the_roles():
     grpo = {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
             "gather": (), "values": (), "update_critic": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
             "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "eval": (INFER_WEIGHTS,)}
-    assert phase_plan([Actor, Reference, RuleReward], PHASES) == grpo
-    ppo = phase_plan([Actor, Reference, RuleReward, Critic], PHASES)
+    assert phase_plan([Actor, Reference, Reward], PHASES) == grpo
+    ppo = phase_plan([Actor, Reference, Reward, Critic], PHASES)
     assert ppo == {**grpo, "values": (CRITIC_WEIGHTS,), "update_critic": (CRITIC_WEIGHTS, CRITIC_MOMENTS)}
 
 
@@ -135,7 +135,7 @@ def test_a_role_refuses_to_run_a_net_whose_group_is_offloaded():
 
 def test_phases_apply_their_swap_plan_and_time_themselves():
     swap = make_swap()
-    plan = phase_plan([Actor, Reference, RuleReward], PHASES)
+    plan = phase_plan([Actor, Reference, Reward], PHASES)
     phases = Phases(swap, plan)
     phases.start_step()
     for name in ("generate", "reward", "ref", "gather", "train", "reshard"):

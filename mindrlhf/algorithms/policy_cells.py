@@ -58,6 +58,23 @@ class ResponseValues(nn.Cell):
         return self.model.values(input_ids, attention_mask, prompt_width - 1)
 
 
+class ResponseScores(nn.Cell):
+    """A reward model's score of each (prompt, response), float32 [B]: a `Qwen2ForValue`'s output at the last
+    response token (right-padded responses; HF's `*ForSequenceClassification` reads the last non-pad token)."""
+
+    def __init__(self, model: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
+        input_ids = ops.concat((prompt_ids, response_ids), 1)
+        attention_mask = ops.concat((prompt_mask.astype(ms.int32), response_mask.astype(ms.int32)), 1)
+        values = self.model.values(input_ids, attention_mask, prompt_ids.shape[1])
+        mask = response_mask.astype(ms.float32)
+        following = ops.concat((mask[:, 1:], ops.zeros_like(mask[:, :1])), 1)
+        return (values * (mask - following)).sum(axis=1)  # 1 at the last response token only
+
+
 class ValueLossNet(nn.Cell):
     """The critic's values of the sampled responses fed to the clipped value loss (`ValueLossCell`); returns
     `(vf_loss, vf_clipfrac)`, this rank's shares under the token weights."""

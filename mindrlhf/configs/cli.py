@@ -25,7 +25,7 @@ def _flag_kwargs(annotation: Any) -> dict:
     origin = typing.get_origin(annotation)
     if origin in (list, tuple):
         (item,) = typing.get_args(annotation)[:1] or (str,)
-        return {"nargs": "+", "type": item if item in (int, float, str) else str}
+        return {"nargs": "*", "type": item if item in (int, float, str) else str}
     if annotation is bool:
         return {"type": _parse_bool, "metavar": "{true,false}"}
     if annotation in (int, float, str):

@@ -17,6 +17,7 @@ Each field is also a command-line flag of `grpo_one_stage.py` (`--num_generation
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -137,20 +138,31 @@ class CriticConfig:
 
 @dataclass
 class RewardConfig:
-    """Rule rewards: registered names (`accuracy`, `format`) or user functions as `package.module:function`, either
-    `fn(completions, solutions)` or TRL's `fn(prompts, completions, **kwargs)` (returning None = no opinion)."""
+    """Rule rewards (registered names `accuracy`, `format`, or user functions as `package.module:function`, either
+    `fn(completions, solutions)` or TRL's `fn(prompts, completions, **kwargs)`, returning None = no opinion) and/or
+    a reward model, summed with their weights."""
 
     reward_funcs: list[str] = help_field(
         ["accuracy", "format"], "Reward functions summed with reward_weights. 'accuracy' (1 when the <answer> "
-        "matches the gold number) and 'format' (1 for <think>...</think><answer>...</answer>), as in DeepSeek-R1.")
+        "matches the gold number) and 'format' (1 for <think>...</think><answer>...</answer>), as in DeepSeek-R1. "
+        "May be empty when a reward model is given.")
     reward_weights: list[float] = help_field(
         [1.0, 0.5], "One weight per reward function. The format term is half the accuracy term so that a "
                     "correct answer always beats a well-formatted wrong one.")
+    reward_model_path: str = help_field(
+        "", "A reward model that scores each response at its last token: a checkpoint with a value head "
+            "(`score.weight`), e.g. a Qwen2/LlamaForSequenceClassification converted by tools/convert_weight.py. Its "
+            "architecture is --sft_path_reward (default: the inference YAML), its layout the inference layout; it "
+            "is on device only in the reward phase. Empty: rule rewards only.")
+    reward_model_weight: float = help_field(
+        1.0, "Weight of the reward model's score in the sum with the reward functions (logged as "
+             "reward/reward_model, unweighted).")
 
     def validate(self) -> None:
         from mindrlhf.reward import get_reward_function
-        if not self.reward_funcs:
-            raise ConfigError("reward.reward_funcs must list at least one reward function")
+        if not self.reward_funcs and not self.reward_model_path:
+            raise ConfigError("reward.reward_funcs must list at least one reward function (or give "
+                              "reward.reward_model_path)")
         if len(self.reward_weights) != len(self.reward_funcs):
             raise ConfigError(f"reward.reward_weights has {len(self.reward_weights)} value(s) "
                               f"{self.reward_weights} but reward.reward_funcs has {len(self.reward_funcs)} "
@@ -160,6 +172,8 @@ class RewardConfig:
                 get_reward_function(name)
             except (ValueError, ImportError, TypeError) as err:
                 raise ConfigError(f"reward.reward_funcs: {err}") from None
+        if not math.isfinite(self.reward_model_weight):
+            raise ConfigError(f"reward.reward_model_weight must be a finite number, got {self.reward_model_weight}")
 
 
 @dataclass

@@ -28,6 +28,8 @@ class JobOptions:
                                 required=True)
     sft_path_critic: str = _flag("", "Model YAML of the PPO critic (a value head on the policy's backbone); its "
                                      "parallel_config is the critic layout. Needed by algorithm.adv_estimator gae.")
+    sft_path_reward: str = _flag("", "Model YAML of the reward model (reward.reward_model_path); default: the "
+                                     "inference YAML. Its parallel_config must be the inference layout's.")
     mind_dataset_dir: str = _flag("", "Prompt MindRecord written by rlhf_data.py.", required=True)
     eval_dataset_dir: str = _flag("", "Held-out prompt MindRecord: greedy accuracy on every prompt before the first "
                                       "step, every eval_interval steps and after the last.")

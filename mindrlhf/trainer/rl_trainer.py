@@ -45,8 +45,8 @@ from mindrlhf.trainer.roles import (
     Actor,
     Critic,
     Reference,
+    Reward,
     Role,
-    RuleReward,
     load_rank_params,
     phase_plan,
 )
@@ -178,7 +178,8 @@ class RLTrainer:
         self.advantage_estimator = get_advantage_estimator(algo.adv_estimator)
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon) \
             if algo.use_kl_in_reward else None
-        self.reward = RuleReward(config, tokenizer)
+        reward_cfg = self._reward_model_config(infer_cfg, infer_layout) if config.reward.reward_model_path else None
+        self.reward = Reward(config, job, tokenizer, reward_cfg, infer_layout, rank)
         self.dataset = PromptDataset(job.mind_dataset_dir, sched.batch_size // infer_layout.dp,
                                      gen.pad_token_id, dp_rank=infer_layout.dp_rank,
                                      dp_size=infer_layout.dp, seed=sched.seed,
@@ -206,6 +207,7 @@ class RLTrainer:
         self.reference.build(self.actor)
         if self.critic:
             self.critic.build(self.actor)
+        self.reward.build()
 
         self.swap = SwapManager()
         for role in self.roles:
@@ -224,6 +226,27 @@ class RLTrainer:
                     "batch %d x %d generations; roles: %s; advantages: %s", train_layout, infer_layout, critic,
                     world_size, train_cfg.num_parameters() / 1e6, self.dataset.num_samples, sched.batch_size, G,
                     ", ".join(role.name for role in self.roles), config.algorithm.adv_estimator)
+
+    def _reward_model_config(self, infer_cfg, infer_layout):
+        """The reward model's architecture (--sft_path_reward, default the inference YAML), checked against the
+        policy's tokens and the inference layout it runs in."""
+        from mindrlhf.models.qwen2 import Qwen2Config
+
+        path = self.job.sft_path_reward
+        if not path:
+            return infer_cfg
+        cfg = Qwen2Config.from_yaml(path)
+        if cfg.vocab_size != infer_cfg.vocab_size:
+            raise ConfigError(f"{path}: model_config.vocab_size={cfg.vocab_size}, but the policy's is "
+                              f"{infer_cfg.vocab_size}: the reward model must read the same tokens")
+        mine = (cfg.parallel_config.data_parallel, cfg.parallel_config.model_parallel)
+        infer = (infer_layout.dp, infer_layout.tp)
+        if mine != infer:
+            raise ConfigError(f"{path}: parallel_config data_parallel x model_parallel = {mine[0]} x {mine[1]}, "
+                              f"but the reward model runs in the inference layout ({infer[0]} x {infer[1]}, "
+                              f"{self.job.sft_path_infer})")
+        check_tensor_parallel(cfg, infer_layout.tp, path)
+        return cfg
 
     # ------------------------------------------------------------------ state
     def save_strategies(self, folder: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Roles of an RL job (actor, reference, reward; critic next): each owns its nets, layouts, optimizer, swap
+"""Roles of an RL job (actor, reference, reward, critic): each owns its nets, layouts, optimizer, swap
 groups, strategy files and checkpoint state, so the loop only sequences phases and moves experience.
 
 A role declares:
@@ -28,10 +28,12 @@ INFER_WEIGHTS = "infer_weights"
 REF_WEIGHTS = "ref_weights"
 CRITIC_WEIGHTS = "critic_weights"
 CRITIC_MOMENTS = "critic_moments"
+REWARD_MODEL_WEIGHTS = "reward_model_weights"
 
 INFER_PREFIX = "infer."
 REF_PREFIX = "ref."
 CRITIC_PREFIX = "critic."
+REWARD_MODEL_PREFIX = "reward_model."
 CRITIC_CKPT = "critic.ckpt"
 CRITIC_STRATEGY = "critic_strategy.ckpt"
 VALUE_HEAD = "score.weight"
@@ -524,27 +526,83 @@ class Critic(Role):
         return metrics
 
 
-class RuleReward(Role):
-    """Rule reward functions (`reward.reward_funcs`, weighted): no nets, runs on the host."""
+class Reward(Role):
+    """Rewards of a rollout: the rule functions (`reward.reward_funcs`, weighted, on the host) plus, with
+    `reward.reward_model_path`, a reward model's score at the last response token (`Qwen2ForValue` in the
+    inference layout, on device only in the `reward` phase), weighted by `reward.reward_model_weight`."""
 
     name = "reward"
 
-    def __init__(self, config, tokenizer):
+    def __init__(self, config, job, tokenizer, model_cfg=None, layout=None, rank: int = 0):
         from mindrlhf.reward import build_reward_fn
 
-        self.tokenizer = tokenizer
-        self.score = build_reward_fn(config.reward.reward_funcs, config.reward.reward_weights)
+        reward = config.reward
+        self.config, self.job, self.tokenizer, self.rank = config, job, tokenizer, rank
+        self.rules = build_reward_fn(reward.reward_funcs, reward.reward_weights) if reward.reward_funcs else None
+        self.net = None
+        if reward.reward_model_path:
+            from mindrlhf.models.qwen2 import Qwen2ForValue
+            from mindrlhf.parallel.strategy import net_layouts
+
+            self.model_config, self.layout = model_cfg, layout
+            self.net = Qwen2ForValue(model_cfg, layout)
+            self.net.update_parameters_name(REWARD_MODEL_PREFIX)
+            self.strategy = net_layouts(self.net, layout)
+            self.resident_in = {"reward": (REWARD_MODEL_WEIGHTS,)}
+
+    def build(self) -> None:
+        """Loads the reward model (a checkpoint with a value head) and its scoring cell."""
+        from mindrlhf.algorithms.policy_cells import ResponseScores
+        from mindrlhf.parallel.layers import load_full_state
+
+        if self.net is None:
+            return
+        path = self.config.reward.reward_model_path
+        state = read_policy_weights(path)
+        if VALUE_HEAD not in state:
+            raise ConfigError(f"{path}: no value head '{VALUE_HEAD}' (reward.reward_model_path expects a reward model "
+                              "converted by tools/convert_weight.py)")
+        wanted = {REWARD_MODEL_PREFIX + name: value for name, value in state.items()
+                  if name.startswith("model.") or name == VALUE_HEAD}
+        try:
+            load_full_state(self.net, wanted, self.layout)
+        except ValueError as err:
+            raise ConfigError(f"{path}: {err} (reward model {self.job.sft_path_reward or self.job.sft_path_infer})") \
+                from None
+        self.cell = ResponseScores(self.net)
+        sched = self.config.schedule
+        self.rows = MicroBatchSizer("reward model", sched.log_prob_micro_batch_size_per_device, self.model_config,
+                                    self.layout.tp, sched.activation_memory_gib)
+        logger.info("reward model %s (weight %g)%s", path, self.config.reward.reward_model_weight,
+                    f" + rule rewards {self.rules}" if self.rules else "")
+
+    def swap_groups(self) -> dict[str, list]:
+        return {REWARD_MODEL_WEIGHTS: list(self.net.trainable_params())} if self.net is not None else {}
+
+    def strategies(self) -> dict[str, dict]:
+        return {"reward_model": self.strategy} if self.net is not None else {}
+
+    def model_scores(self, arrays) -> np.ndarray:
+        """The reward model's score of each row of `arrays` (prompt ids, prompt mask, response ids, response mask)."""
+        self.require((REWARD_MODEL_WEIGHTS,), "model_scores")
+        return self.rows.run(self.cell, arrays).astype(np.float32)
 
     def __call__(self, prompt_ids, prompt_mask, response_ids, response_mask, solutions):
-        """(rewards [N], per-function terms, decoded completions) of one rollout."""
+        """(rewards [N], per-term rewards (unweighted; `reward_model` for the model), decoded completions)."""
         from mindrlhf.trainer.evaluation import decode_completions
 
         completions = decode_completions(self.tokenizer, response_ids, response_mask)
-        extra = {}
-        if self.score.needs_prompts:  # TRL-form functions also get the prompt text and the completion ids
-            extra["prompts"] = decode_completions(self.tokenizer, prompt_ids, prompt_mask, skip_special_tokens=False)
-            extra["completion_ids"] = [ids[mask.astype(bool)].tolist()
-                                       for ids, mask in zip(response_ids, response_mask)]
-        rewards, terms = self.score(completions, solutions, **extra)
+        rewards, terms = np.zeros(len(completions), np.float32), {}
+        if self.rules is not None:
+            extra = {}
+            if self.rules.needs_prompts:  # TRL-form functions also get the prompt text and the completion ids
+                extra["prompts"] = decode_completions(self.tokenizer, prompt_ids, prompt_mask,
+                                                      skip_special_tokens=False)
+                extra["completion_ids"] = [ids[mask.astype(bool)].tolist()
+                                           for ids, mask in zip(response_ids, response_mask)]
+            rewards, terms = self.rules(completions, solutions, **extra)
+        if self.net is not None:
+            scores = self.model_scores((prompt_ids, prompt_mask, response_ids, response_mask))
+            rewards = (rewards + self.config.reward.reward_model_weight * scores).astype(np.float32)
+            terms = {**terms, "reward_model": scores}
         return rewards, terms, completions
-
