@@ -420,23 +420,28 @@ def test_ckpt_loads_into_network(hf_model, tmp_path, variant):
         np.testing.assert_array_equal(param.asnumpy(), params[param.name].asnumpy(), err_msg=name)
 
 
-def _write_trainer_checkpoint(weights: dict, step_dir: Path) -> None:
-    """A trainer step folder as tp=2 writes it: 2-D weights split along dim 0, AdamW entries beside them."""
+def _write_trainer_checkpoint(weights: dict, step_dir: Path, net: str = "actor") -> None:
+    """One net of a trainer step folder as tp=2 writes it: 2-D weights split along dim 0, with the net's name
+    prefix, AdamW entries beside them (the critic's prefixed `critic_`)."""
     from mindrlhf.parallel.layout import Layout
     from mindrlhf.parallel.strategy import layouts_for, write_strategy_file
-    from mindrlhf.trainer.checkpoint import TRAIN_CKPT, TRAIN_STRATEGY, rank_dir, save_parameters
+    from mindrlhf.trainer.checkpoint import STEP_NETS, rank_dir, save_parameters
 
-    axes = {name: 0 if value.ndim == 2 else None for name, value in weights.items()}
+    rank_file, strategy_file, prefix = STEP_NETS[net]
+    optimizer = "critic_" if net == "critic" else ""
+    weights = {prefix + name: value for name, value in weights.items()}
+    axes = {name: 0 if value.ndim == 2 and value.shape[0] > 1 else None for name, value in weights.items()}
     layouts = layouts_for(Layout(dp=1, tp=2), axes, {name: value.shape for name, value in weights.items()})
-    write_strategy_file(step_dir / TRAIN_STRATEGY, layouts)
+    write_strategy_file(step_dir / strategy_file, layouts)
     for rank in range(2):
-        os.makedirs(rank_dir(str(step_dir), rank))
+        os.makedirs(rank_dir(str(step_dir), rank), exist_ok=True)
         params = [ms.Parameter(ms.Tensor(np.ascontiguousarray(weights[name][lay.slice_of(rank)])), name=name)
                   for name, lay in layouts.items()]
-        params += [ms.Parameter(ms.Tensor(np.ones(p.shape, np.float32)), name=f"adam_m.{p.name}") for p in params[:2]]
-        params += [ms.Parameter(ms.Tensor(3.0, ms.float32), name="adam_step"),
-                   ms.Parameter(ms.Tensor(1e-3, ms.float32), name="learning_rate")]
-        save_parameters(params, os.path.join(rank_dir(str(step_dir), rank), TRAIN_CKPT))
+        params += [ms.Parameter(ms.Tensor(np.ones(p.shape, np.float32)), name=f"{optimizer}adam_m.{p.name}")
+                   for p in params[:2]]
+        params += [ms.Parameter(ms.Tensor(3.0, ms.float32), name=f"{optimizer}adam_step"),
+                   ms.Parameter(ms.Tensor(1e-3, ms.float32), name=f"{optimizer}learning_rate")]
+        save_parameters(params, os.path.join(rank_dir(str(step_dir), rank), rank_file))
 
 
 def test_cli_reverse_of_a_trainer_checkpoint_with_tokenizer(hf_model, tmp_path):

@@ -76,3 +76,36 @@ def test_heads_that_are_not_one_label_value_heads_are_refused(tmp_path):
     with pytest.raises(ConversionError, match="Qwen2ForTokenClassification is not supported yet"):
         convert_hf_to_ms(tmp_path / "token", tmp_path / "token.ckpt")
     assert not (tmp_path / "two.ckpt").exists() and not (tmp_path / "token.ckpt").exists()
+
+
+def test_a_trained_critic_exports_from_a_trainer_checkpoint_folder(tmp_path):
+    """`convert_weight.py --reverse --net critic STEP_DIR`: the critic's tp=2 shards (next to the actor's) merge
+    back into the reward model they came from, byte for byte, which `transformers` loads as its class."""
+    from test_convert_weight import _safetensors_bytes, _write_trainer_checkpoint, run_cli
+
+    from mindrlhf.trainer.checkpoint import read_policy_weights
+
+    path, model = reward_model_dir(tmp_path, "qwen2")
+    convert_hf_to_ms(path, tmp_path / "critic.ckpt", output_yaml=tmp_path / "critic.yaml")
+    step_dir = tmp_path / "step_000002"
+    critic = read_policy_weights(str(tmp_path / "critic.ckpt"))
+    _write_trainer_checkpoint(critic, step_dir, net="critic")
+    actor = {name: value + 1 for name, value in critic.items() if name != "score.weight"}
+    actor["lm_head.weight"] = np.zeros((320, 64), np.float32)
+    _write_trainer_checkpoint(actor, step_dir)  # the actor beside it must not leak into the export
+    back = tmp_path / "back"
+    res = run_cli("--reverse", "--net", "critic", "--mindspore_ckpt_path", step_dir, "--torch_ckpt_dir", back,
+                  "--config_path", tmp_path / "critic.yaml")
+    assert res.returncode == 0, res.stderr
+    assert _safetensors_bytes(back) == _safetensors_bytes(path)
+    reloaded = AutoModelForSequenceClassification.from_pretrained(back, torch_dtype=torch.float32).eval()
+    ids, mask = batch()
+    np.testing.assert_allclose(hf_scores(reloaded, ids, mask), hf_scores(model, ids, mask), atol=1e-6)
+    res = run_cli("--reverse", "--net", "critic", "--mindspore_ckpt_path", tmp_path / "nowhere", "--torch_ckpt_dir",
+                  tmp_path / "back2", "--config_path", tmp_path / "critic.yaml")
+    assert res.returncode == 2 and "checkpoint not found" in res.stderr.strip().splitlines()[-1]
+    (step_dir / "critic_strategy.ckpt").unlink()
+    res = run_cli("--reverse", "--net", "critic", "--mindspore_ckpt_path", step_dir, "--torch_ckpt_dir",
+                  tmp_path / "back2", "--config_path", tmp_path / "critic.yaml")
+    assert res.returncode == 2 and "not a trainer checkpoint folder with a critic (no critic_strategy.ckpt)" in \
+        res.stderr.strip().splitlines()[-1]

@@ -7,7 +7,8 @@ MindSpore -> HF (writes model.safetensors + config.json, and the tokenizer files
     python tools/convert_weight.py --reverse --mindspore_ckpt_path IN.ckpt|STEP_DIR --torch_ckpt_dir OUT_DIR \
         --config_path model.yaml [--dtype fp32|fp16|bf16] [--tokenizer_dir HF_TOKENIZER_DIR]
     IN may be a trainer checkpoint folder (save_ckpt_dir/step_NNNNNN): its tensor-parallel shards are merged
-    through the strategy file; optimizer entries are dropped.
+    through the strategy file; optimizer entries are dropped. `--net critic` exports a PPO run's critic from it
+    (written as a one-label *ForSequenceClassification, with the critic's YAML as --config_path).
 
 Bad input prints one line `error: ...` to stderr and exits with status 2.
 """
@@ -18,7 +19,7 @@ import sys
 
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.models.qwen2.convert import ConversionError, convert_hf_to_ms, convert_ms_to_hf
-from mindrlhf.trainer.checkpoint import CheckpointError, read_policy_weights
+from mindrlhf.trainer.checkpoint import STEP_NETS, CheckpointError, read_policy_weights
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer_dir", default=None,
                         help="With --reverse: copy this folder's tokenizer files (tokenizer.json, "
                              "tokenizer_config.json, vocab.json, merges.txt, ...) into the output folder.")
+    parser.add_argument("--net", choices=tuple(STEP_NETS), default="actor",
+                        help="With --reverse of a trainer checkpoint folder: the policy (actor) or the PPO critic.")
     parser.add_argument("--reverse", "--reversed", dest="reverse", action="store_true",
                         help="Convert a MindSpore ckpt back to a Hugging Face folder.")
     return parser
@@ -53,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--output_yaml only applies to HF -> MindSpore")
     if not args.reverse and args.tokenizer_dir is not None:
         parser.error("--tokenizer_dir only applies to --reverse")
+    if not args.reverse and args.net != "actor":
+        parser.error("--net only applies to --reverse")
     try:
         if args.reverse:
-            weights = read_policy_weights(args.mindspore_ckpt_path)
+            weights = read_policy_weights(args.mindspore_ckpt_path, args.net)
             cfg = convert_ms_to_hf(args.mindspore_ckpt_path, args.config_path, args.torch_ckpt_dir, args.dtype,
                                    weights=weights, tokenizer_dir=args.tokenizer_dir)
             print(f"wrote {args.torch_ckpt_dir} ({cfg.num_parameters()} parameters, {cfg.param_init_type})")

@@ -31,6 +31,11 @@ REF_CKPT = "ref.ckpt"
 RANK_STATE = "state.json"
 TRAIN_STRATEGY = "train_strategy.ckpt"
 INFER_STRATEGY = "infer_strategy.ckpt"
+CRITIC_CKPT = "critic.ckpt"
+CRITIC_STRATEGY = "critic_strategy.ckpt"
+CRITIC_PREFIX = "critic."
+# Nets a trainer step folder holds whole over its ranks: net -> (rank file, strategy file, parameter name prefix)
+STEP_NETS = {"actor": (TRAIN_CKPT, TRAIN_STRATEGY, ""), "critic": (CRITIC_CKPT, CRITIC_STRATEGY, CRITIC_PREFIX)}
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 # Config sections/fields a resumed run may change: how long it runs, how it checkpoints and evaluates.
 RESUMABLE_CHANGES = {("schedule", "steps"), ("checkpoint", "save_interval"), ("checkpoint", "keep_last"),
@@ -115,17 +120,19 @@ def read_meta(step_dir: str) -> dict:
 
 
 def is_optimizer_state(name: str) -> bool:
-    """True for the AdamW entries a trainer `train.ckpt` holds besides the weights."""
-    return name.startswith(("adam_m.", "adam_v.")) or name in ("adam_step", "learning_rate")
+    """True for the AdamW entries a trainer rank file holds besides the weights (`adam_m.*`, `adam_step`, and the
+    critic's `critic_adam_m.*`, ...)."""
+    return name.split(".", 1)[0].endswith(("adam_m", "adam_v", "adam_step", "learning_rate"))
 
 
-def read_policy_weights(path: str) -> dict:
-    """Policy weights (name -> numpy array) of a `.ckpt` file or of a trainer `step_*` folder (its rank
-    shards merged through the strategy file); optimizer entries are dropped. Errors name the file."""
+def read_policy_weights(path: str, net: str = "actor") -> dict:
+    """Weights (name -> numpy array) of a `.ckpt` file or of one net of a trainer `step_*` folder (`STEP_NETS`:
+    the actor's or the critic's rank shards merged through its strategy file, names without the net's prefix);
+    optimizer entries are dropped. Errors name the file."""
     import mindspore as ms
 
     if os.path.isdir(path):
-        state = merge_trainer_checkpoint(path)
+        state = merge_trainer_checkpoint(path, net)
     elif os.path.isfile(path):
         try:
             state = {name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()}
@@ -137,26 +144,30 @@ def read_policy_weights(path: str) -> dict:
     return {name: value for name, value in state.items() if not is_optimizer_state(name)}
 
 
-def merge_trainer_checkpoint(step_dir: str) -> dict:
-    """The full policy weights (name -> numpy array) of a trainer checkpoint folder: every rank's
-    `train.ckpt` merged through `train_strategy.ckpt`; optimizer entries are dropped."""
+def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
+    """The full weights (name -> numpy array) of one net of a trainer checkpoint folder (`STEP_NETS`): every
+    rank's file merged through the net's strategy file, the net's name prefix removed; optimizer entries are
+    dropped."""
     import mindspore as ms
 
     from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_strategy_file, world_size_of
 
-    strategy_path = os.path.join(step_dir, TRAIN_STRATEGY)
+    rank_file, strategy_file, prefix = STEP_NETS[net]
+    strategy_path = os.path.join(step_dir, strategy_file)
     if not os.path.isfile(strategy_path):
-        raise CheckpointError(f"{step_dir}: not a trainer checkpoint folder (no {TRAIN_STRATEGY})")
+        raise CheckpointError(f"{step_dir}: not a trainer checkpoint folder with a {net} (no {strategy_file})")
     try:
         layouts = read_strategy_file(strategy_path)
         world = world_size_of(layouts, strategy_path)
         shards = []
         for rank in range(world):
-            path = os.path.join(rank_dir(step_dir, rank), TRAIN_CKPT)
+            path = os.path.join(rank_dir(step_dir, rank), rank_file)
             if not os.path.isfile(path):
                 raise CheckpointError(f"{path}: missing ({strategy_path} describes {world} ranks)")
-            shards.append({name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()})
-        return merge_shards(shards, layouts, step_dir)
+            shards.append({name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()
+                           if not is_optimizer_state(name)})
+        merged = merge_shards(shards, layouts, step_dir)
+        return {name[len(prefix):] if name.startswith(prefix) else name: value for name, value in merged.items()}
     except (StrategyError, RuntimeError) as err:
         raise CheckpointError(f"{step_dir}: cannot merge the rank checkpoints: {str(err).splitlines()[0]}") from None
 

@@ -17,7 +17,16 @@ import math
 import numpy as np
 
 from mindrlhf.configs.base import ConfigError
-from mindrlhf.trainer.checkpoint import INFER_STRATEGY, REF_CKPT, TRAIN_CKPT, TRAIN_STRATEGY, read_policy_weights
+from mindrlhf.trainer.checkpoint import (
+    CRITIC_CKPT,
+    CRITIC_PREFIX,
+    CRITIC_STRATEGY,
+    INFER_STRATEGY,
+    REF_CKPT,
+    TRAIN_CKPT,
+    TRAIN_STRATEGY,
+    read_policy_weights,
+)
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -32,10 +41,7 @@ REWARD_MODEL_WEIGHTS = "reward_model_weights"
 
 INFER_PREFIX = "infer."
 REF_PREFIX = "ref."
-CRITIC_PREFIX = "critic."
 REWARD_MODEL_PREFIX = "reward_model."
-CRITIC_CKPT = "critic.ckpt"
-CRITIC_STRATEGY = "critic_strategy.ckpt"
 VALUE_HEAD = "score.weight"
 
 
@@ -426,7 +432,7 @@ class Critic(Role):
         job, cfg = self.job, self.config
         if job.load_critic_checkpoint:
             source = job.load_critic_checkpoint
-            state = read_policy_weights(source)
+            state = read_policy_weights(source, "critic")
             if VALUE_HEAD not in state:
                 raise ConfigError(f"{source}: no value head '{VALUE_HEAD}' (expected a critic or a reward model "
                                   "converted by tools/convert_weight.py)")
@@ -558,7 +564,7 @@ class Reward(Role):
         if self.net is None:
             return
         path = self.config.reward.reward_model_path
-        state = read_policy_weights(path)
+        state = read_policy_weights(path, "critic")  # a step folder's value model is its critic
         if VALUE_HEAD not in state:
             raise ConfigError(f"{path}: no value head '{VALUE_HEAD}' (reward.reward_model_path expects a reward model "
                               "converted by tools/convert_weight.py)")
