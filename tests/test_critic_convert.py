@@ -1,6 +1,8 @@
 """Reward models / critics between Hugging Face and MindSpore: a random `*ForSequenceClassification` (one label)
 converts into a `Qwen2ForValue` checkpoint that scores like it, and back into a folder `transformers` loads as
 that class with the same scores; the trainer's `--load_critic_checkpoint` reads it."""
+import dataclasses
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -70,12 +72,70 @@ def test_heads_that_are_not_one_label_value_heads_are_refused(tmp_path):
     two.save_pretrained(tmp_path / "two")
     with pytest.raises(ConversionError, match=r"config.json: Qwen2ForSequenceClassification with 2 labels"):
         convert_hf_to_ms(tmp_path / "two", tmp_path / "two.ckpt")
-    from transformers import Qwen2ForTokenClassification
-    token = Qwen2ForTokenClassification(tiny_hf_config("qwen2", num_labels=1))
-    token.save_pretrained(tmp_path / "token")
-    with pytest.raises(ConversionError, match="Qwen2ForTokenClassification is not supported yet"):
-        convert_hf_to_ms(tmp_path / "token", tmp_path / "token.ckpt")
-    assert not (tmp_path / "two.ckpt").exists() and not (tmp_path / "token.ckpt").exists()
+    assert not (tmp_path / "two.ckpt").exists()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_token_classification_critic_converts_with_its_head_bias_and_back(tmp_path, arch):
+    """verl's critic format, `*ForTokenClassification` with one label (a head with a bias): every token's value
+    equals HF's per-token logit, the YAML says `value_head_bias: true`, and the reverse is that class again."""
+    from transformers import AutoModelForTokenClassification, LlamaForTokenClassification, Qwen2ForTokenClassification
+
+    from mindrlhf.parallel import Layout
+    from mindrlhf.trainer.roles import CRITIC_PREFIX, load_value_model
+
+    cls = {"qwen2": Qwen2ForTokenClassification, "llama": LlamaForTokenClassification}[arch]
+    model = randomize_(cls(tiny_hf_config(arch, num_labels=1)), seed=4).eval()
+    with torch.no_grad():
+        model.score.bias.fill_(0.75)  # far from 0: a dropped bias shows in every value
+    model.save_pretrained(tmp_path / "hf")
+    ckpt, yaml = tmp_path / "critic.ckpt", tmp_path / "critic.yaml"
+    cfg = convert_hf_to_ms(tmp_path / "hf", ckpt, output_yaml=yaml)
+    assert cfg.value_head_bias and Qwen2Config.from_yaml(yaml).value_head_bias
+    weights = read_ms_checkpoint(ckpt)
+    np.testing.assert_array_equal(weights["score.bias"], [0.75])
+    ids, mask = batch()
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits[..., 0].numpy()
+    critic = Qwen2ForValue(Qwen2Config.from_yaml(yaml))
+    critic.update_parameters_name(CRITIC_PREFIX)
+    load_value_model(critic, Layout(), weights, str(ckpt), CRITIC_PREFIX, str(yaml))
+    values = critic(ms.Tensor(ids.astype(np.int32)), ms.Tensor(mask.astype(np.int32))).asnumpy()
+    np.testing.assert_allclose(values[mask > 0], expected[mask > 0], atol=1e-4)
+
+    back = tmp_path / "back"
+    convert_ms_to_hf(ckpt, yaml, back)
+    reloaded = AutoModelForTokenClassification.from_pretrained(back, torch_dtype=torch.float32).eval()
+    assert type(reloaded) is cls and reloaded.config.num_labels == 1
+    with torch.no_grad():
+        again = reloaded(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits[..., 0].numpy()
+    np.testing.assert_allclose(again[mask > 0], expected[mask > 0], atol=1e-5)
+
+
+def test_a_value_head_bias_the_yaml_does_not_declare_is_one_line(tmp_path):
+    from mindrlhf.configs.base import ConfigError
+    from mindrlhf.parallel import Layout
+    from mindrlhf.trainer.roles import load_value_model
+
+    path, _ = reward_model_dir(tmp_path, "qwen2")
+    convert_hf_to_ms(path, tmp_path / "rm.ckpt", output_yaml=tmp_path / "rm.yaml")
+    weights = read_ms_checkpoint(tmp_path / "rm.ckpt")
+    net = Qwen2ForValue(Qwen2Config.from_yaml(tmp_path / "rm.yaml"))
+    with pytest.raises(ConfigError, match=r"x.ckpt: the value head has bias 'score.bias' \(a \*ForTokenClassification\)"
+                                          r", but rm.yaml sets model_config.value_head_bias: false"):
+        load_value_model(net, Layout(), {**weights, "score.bias": np.zeros(1, np.float32)}, "x.ckpt", "", "rm.yaml")
+    biased = Qwen2ForValue(dataclasses.replace(Qwen2Config.from_yaml(tmp_path / "rm.yaml"), value_head_bias=True))
+    with pytest.raises(ConfigError, match=r"the value head has no bias 'score.bias' .*value_head_bias: true"):
+        load_value_model(biased, Layout(), weights, "x.ckpt", "", "rm.yaml")
+    with pytest.raises(ConversionError, match=r"score.bias.*\(a value head with a bias: set value_head_bias: true\)"):
+        convert_ms_to_hf_from({**weights, "score.bias": np.zeros(1, np.float32)}, tmp_path)
+
+
+def convert_ms_to_hf_from(weights, tmp_path):
+    import mindspore as ms
+    path = tmp_path / "biased.ckpt"
+    ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in weights.items()], str(path))
+    convert_ms_to_hf(path, tmp_path / "rm.yaml", tmp_path / "biased_hf")
 
 
 def test_a_trained_critic_exports_from_a_trainer_checkpoint_folder(tmp_path):

@@ -243,6 +243,38 @@ def test_dp_ranks_get_disjoint_parts_of_the_global_batch(tmp_path, tokenizer):
     assert len(set(seen)) == 18  # 20 prompts, global batch 6, drop_last: 2 left out this epoch
 
 
+def test_other_dataset_fields_follow_their_prompt_into_the_batches(tmp_path, tokenizer, caplog):
+    """Fields besides question/answer are kept per record (any JSON value) and come out with their prompt on
+    every dp rank; names the trainer passes itself are dropped with one warning; older files give {}."""
+    from mindrlhf.data.mindrecord import MINDRECORD_SCHEMA, write_mindrecord_atomically
+
+    records = [{"question": f"q{i} " * (i % 3 + 1), "answer": f"#### {i}", "level": i, "tags": ["t", i % 2],
+                "solution": "dropped", **({"only_some": True} if i % 4 == 0 else {})} for i in range(8)]
+    path = str(tmp_path / "cols.mindrecord")
+    with caplog.at_level("WARNING"):
+        convert_to_mindrecord(write_jsonl(tmp_path / "cols.jsonl", records), path, tokenizer, template="raw")
+    assert sum("['solution'] are not passed to reward functions" in r.getMessage() for r in caplog.records) == 1
+    _, _, columns = read_prompt_records(path, with_columns=True)
+    assert columns[5] == {"level": 5, "tags": ["t", 1]} and columns[4]["only_some"] is True
+    ranks = [PromptDataset(path, batch_size=2, pad_token_id=0, dp_rank=r, dp_size=2, seed=3) for r in range(2)]
+    for _ in range(2):
+        for batch in (rank.next_batch() for rank in ranks):
+            assert [c["level"] for c in batch["columns"]] == batch["sample_index"].tolist()
+    old = str(tmp_path / "old.mindrecord")  # written before the columns field existed
+    schema = {k: v for k, v in MINDRECORD_SCHEMA.items() if k != "columns"}
+    write_mindrecord_atomically([{"prompt_ids": np.array([1, 2], np.int64), "prompt_length": 2, "solution": "#### 1",
+                                  "prompt": "p"}], old, "old prompts", schema=schema)
+    assert read_prompt_records(old, with_columns=True)[2] == [{}]
+
+
+def test_columns_are_passed_per_completion_as_trl_does():
+    from mindrlhf.reward import columns_per_completion
+
+    columns = columns_per_completion([{"level": 1, "x": "a"}, {"level": 2}], repeats=3)
+    assert columns == {"level": [1, 1, 1, 2, 2, 2], "x": ["a", "a", "a", None, None, None]}
+    assert columns_per_completion([{}, {}], repeats=2) == {}
+
+
 def test_shuffle_is_deterministic_per_seed_and_epoch(tmp_path, tokenizer):
     path = make_mindrecord(tmp_path, tokenizer, 16)
     first = PromptDataset(path, batch_size=4, pad_token_id=0, seed=1)

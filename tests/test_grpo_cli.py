@@ -176,6 +176,41 @@ def test_updates_that_keep_going_non_finite_stop_the_job_with_one_line(tmp_path,
     assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step_*"))
 
 
+def test_reward_functions_get_the_other_dataset_fields_of_their_prompt(tmp_path, graph_mode, monkeypatch):
+    """A dataset field (here each prompt's token count, computed when the data is written) reaches a TRL-form
+    reward function under its name, one value per completion, aligned with the completion's prompt."""
+    from mindspore.dataset import MindDataset
+
+    from mindrlhf.data import convert_to_mindrecord
+    from mindrlhf.data.templates import build_prompt
+    from mindrlhf.models.qwen2 import Qwen2Tokenizer
+
+    tokenizer = Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")
+    rows = [json.loads(line) for line in (ROOT / "examples" / "qwen_grpo_tutorial" / "data" / "gsm8k_sample.jsonl")
+            .read_text().splitlines() if line.strip()]
+    for row in rows:
+        prompt = build_prompt(row["question"], "r1_think", tokenizer.apply_chat_template)
+        row["n_tokens"] = len(tokenizer.encode(prompt))
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = tmp_path / "data.mindrecord"
+    convert_to_mindrecord(tmp_path / "data.jsonl", data, tokenizer, template="r1_think", max_prompt_length=256)
+    (tmp_path / "column_rewards.py").write_text(
+        "def prompt_tokens(completions, n_tokens, **kwargs):\n"
+        "    return [float(n) for n in n_tokens]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    code = load_script().main(base_args(data, out) + [
+        "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1", "--max_new_tokens", "8",
+        "--reward_funcs", "column_rewards:prompt_tokens", "--reward_weights", "1",
+        "--save_data_file", str(tmp_path / "exp" / "cols")])
+    assert code == 0
+    records = list(MindDataset(str(tmp_path / "exp" / "cols.step_000001.mindrecord"), shuffle=False)
+                   .create_dict_iterator(output_numpy=True))
+    assert len({len(r["prompt_ids"]) for r in records}) > 1  # prompts of different lengths in the batch
+    for record in records:
+        assert float(record["reward"]) == len(record["prompt_ids"])
+
+
 def test_a_reward_function_written_for_trl_runs_unchanged(tmp_path, mindrecord, graph_mode, monkeypatch):
     """TRL's signature: keywords prompts / completions / completion_ids / solution; None = no opinion."""
     (tmp_path / "trl_style_rewards.py").write_text(

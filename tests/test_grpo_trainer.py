@@ -81,6 +81,13 @@ def test_every_step_reshards_into_the_infer_net_and_keeps_the_swap_plan(straight
                 "timing_s/reward", "timing_s/ref", "timing_s/old", "timing_s/train", "timing_s/reshard",
                 "timing_s/step", "perf/tokens_per_s_per_device", "perf/max_rss_gib", "swap/bytes_moved"):
         assert key in lines[0], key
+    for line in lines:  # the step's tokens over the generate phase; the 2 update passes' tokens over the train phase
+        assert line["perf/rollout_tokens_per_s_per_device"] > line["perf/tokens_per_s_per_device"]
+        step_tokens = line["perf/tokens_per_s_per_device"] * line["timing_s/step"]
+        assert line["perf/rollout_tokens_per_s_per_device"] * line["timing_s/generate"] == pytest.approx(step_tokens,
+                                                                                                          rel=1e-3)
+        assert line["perf/update_tokens_per_s_per_device"] * line["timing_s/train"] == pytest.approx(2 * step_tokens,
+                                                                                                      rel=1e-3)
     assert 0.1 < lines[0]["perf/max_rss_gib"] <= lines[-1]["perf/max_rss_gib"] < 24  # a peak: never decreases
     assert all(line["actor/kl"] >= 0 for line in lines) and lines[-1]["actor/kl"] > 0  # k3 >= 0; policy moved
     assert lines[0]["actor/updates"] == 4  # 2 iterations x (batch 4 / mini-batch 2)

@@ -74,11 +74,12 @@ def test_parallel_run_matches_single_process(reference, tmp_path, dp, tp):
 
 
 @pytest.mark.parametrize("dp,tp", [(2, 1), (1, 2)], ids=["dp2", "tp2"])
-def test_grpo_loss_is_normalised_over_the_global_batch(reference, tmp_path, dp, tp):
+def test_grpo_and_value_losses_are_normalised_over_the_global_batch(reference, tmp_path, dp, tp):
     """dp=2 with 18 response tokens on rank 0 and 4 on rank 1: the ranks' shares of loss, KL, clip fraction
     and entropy add up to the one-process values, and the summed gradients equal the one-process ones, for
     `token-mean` and `seq-mean-token-mean` (a per-rank mean would weigh rank 1's tokens 4.5x more). With
-    tp=2 the vocabulary-parallel entropy and log-probs equal the one-process ones."""
+    tp=2 the vocabulary-parallel entropy and log-probs equal the one-process ones. The PPO critic on the same
+    responses (critic dp=2 or tp=2): its values, value-loss shares and gradients equal the one-process ones."""
     world = dp * tp
     run_worker("spmd_equivalence.py", ["--dp", str(dp), "--tp", str(tp), "--out", str(tmp_path)], world,
                tmp_path / "log")
@@ -92,3 +93,12 @@ def test_grpo_loss_is_normalised_over_the_global_batch(reference, tmp_path, dp, 
         assert len(grad_keys) > 20
         for key in grad_keys:
             np.testing.assert_allclose(assemble(ranks, dp, tp, key), reference[key], atol=TOL, err_msg=key)
+    values = np.concatenate([ranks[d * tp]["critic_values"] for d in range(dp)], axis=0)
+    np.testing.assert_allclose(values, reference["critic_values"], atol=TOL)
+    assert np.all(reference["critic_outputs"] > 1e-3), reference["critic_outputs"]  # a loss, and some clipping
+    total = sum(ranks[d * tp]["critic_outputs"] for d in range(dp))
+    np.testing.assert_allclose(total, reference["critic_outputs"], rtol=1e-5, atol=1e-6)
+    grad_keys = [k for k in reference if k.startswith("critic_grad/")]
+    assert len(grad_keys) > 20 and "critic_grad/critic.score.weight" in grad_keys
+    for key in grad_keys:
+        np.testing.assert_allclose(assemble(ranks, dp, tp, key), reference[key], atol=TOL, err_msg=key)

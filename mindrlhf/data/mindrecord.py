@@ -5,6 +5,8 @@ Output records (one per kept problem):
     prompt_length  int64      len(prompt_ids)
     solution       string     the answer field as given (e.g. "...reasoning... #### 72")
     prompt         string     the templated prompt text
+    columns        string     the record's other fields as a JSON object: reward functions with TRL's signature
+                              get them as keyword arguments, one value per completion
 """
 from __future__ import annotations
 
@@ -29,7 +31,10 @@ MINDRECORD_SCHEMA = {
     "prompt_length": {"type": "int64"},
     "solution": {"type": "string"},
     "prompt": {"type": "string"},
+    "columns": {"type": "string"},
 }
+# Keywords the trainer itself passes to reward functions: a dataset field of one of these names is not passed on
+RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "solution")
 MAX_LOGGED_BAD_LINES = 10
 _JSON_WHITESPACE = " \t\n\r"
 
@@ -55,6 +60,7 @@ class ConversionStats:
     bad_lines: int = 0
     longest_prompt: int = 0
     bad_line_messages: list[str] = field(default_factory=list)
+    dropped_columns: set[str] = field(default_factory=set)  # fields not passed to reward functions (reserved names)
 
     def summary(self) -> str:
         """One line for logs."""
@@ -69,6 +75,7 @@ class Problem:
     line: int
     question: str
     answer: str
+    columns: dict = field(default_factory=dict)
 
 
 def _json_list_items(text: str, path: str) -> Iterator[tuple[int, object]]:
@@ -173,7 +180,15 @@ def read_problems(path: str | os.PathLike, prompt_key: str = "question", answer_
                 stats.bad_line_messages.append(message)
                 logger.warning("skipping bad line: %s", message)
             continue
-        yield Problem(line, question, answer)
+        columns = {key: value for key, value in item.items() if key not in (prompt_key, answer_key)}
+        clashing = sorted(set(columns) & set(RESERVED_COLUMNS))
+        if clashing:
+            if not stats.dropped_columns:
+                logger.warning("%s: field(s) %s are not passed to reward functions (the trainer passes its own "
+                               "values under these names)", path, clashing)
+            stats.dropped_columns.update(clashing)
+            columns = {key: value for key, value in columns.items() if key not in RESERVED_COLUMNS}
+        yield Problem(line, question, answer, columns)
 
 
 def _jsonl_items(text: str) -> Iterator[tuple[int, object]]:
@@ -251,7 +266,8 @@ def convert_to_mindrecord(
                              input_path, problem.line, len(ids), max_prompt_length)
                 continue
             records.append({"prompt_ids": np.asarray(ids, dtype=np.int64), "prompt_length": len(ids),
-                            "solution": problem.answer, "prompt": prompts[start + offset]})
+                            "solution": problem.answer, "prompt": prompts[start + offset],
+                            "columns": json.dumps(problem.columns, ensure_ascii=False)})
             stats.longest_prompt = max(stats.longest_prompt, len(ids))
     if not records:
         raise DataError(f"{input_path}: no prompt left to write ({stats.summary()})")

@@ -1,6 +1,7 @@
 """Reads the prompt MindRecord into left-padded, bucketed, data-parallel-sharded, resumable batches."""
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator, Sequence
 
@@ -46,8 +47,10 @@ def pad_rows(rows: Sequence[Sequence[int]], width: int, pad_token_id: int,
     return ids, mask
 
 
-def read_prompt_records(mindrecord_path: str | os.PathLike) -> tuple[list[np.ndarray], list[str]]:
-    """All (prompt_ids, solution) of a MindRecord written by `convert_to_mindrecord`, in file order."""
+def read_prompt_records(mindrecord_path: str | os.PathLike, with_columns: bool = False) -> tuple:
+    """All (prompt_ids, solution) of a MindRecord written by `convert_to_mindrecord`, in file order; with
+    `with_columns` also each record's other dataset fields (a dict; empty in files written before they were
+    kept)."""
     mindrecord_path = os.fspath(mindrecord_path)
     if not os.path.isfile(mindrecord_path):
         raise FileNotFoundError(f"{mindrecord_path}: MindRecord file not found "
@@ -68,14 +71,19 @@ def read_prompt_records(mindrecord_path: str | os.PathLike) -> tuple[list[np.nda
         if missing:
             raise DataError(f"{mindrecord_path}: MindRecord has no field(s) {missing} (fields: {sorted(schema)}); "
                             f"expected a prompt file written by rlhf_data.py")
-        prompt_ids, solutions = [], []
+        prompt_ids, solutions, columns = [], [], []
         for record in reader.get_next():
             prompt_ids.append(np.asarray(record["prompt_ids"], dtype=np.int64).reshape(-1))
-            solution = record["solution"]
-            solutions.append(solution.decode("utf-8") if isinstance(solution, bytes) else str(solution))
+            solutions.append(_text(record["solution"]))
+            if with_columns:
+                columns.append(json.loads(_text(record["columns"])) if "columns" in schema else {})
     finally:
         reader.close()
-    return prompt_ids, solutions
+    return (prompt_ids, solutions, columns) if with_columns else (prompt_ids, solutions)
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 class PromptDataset:
@@ -92,6 +100,7 @@ class PromptDataset:
         attention_mask  int32 [batch_size, L]  1 on prompt tokens, 0 on padding
         prompt_length   int32 [batch_size]
         solution        list[str]
+        columns         list[dict]             the prompts' other dataset fields (for reward functions)
         sample_index    int64 [batch_size]     position of each sample in the file
     L is the longest prompt of the whole global batch rounded up with `bucket_length`, so all dp ranks
     get the same shape.
@@ -129,7 +138,8 @@ class PromptDataset:
         self.seed = seed
         self.drop_last = drop_last
         self.length_buckets = length_buckets
-        self._prompt_ids, self._solutions = read_prompt_records(self.mindrecord_path)
+        self._prompt_ids, self._solutions, self._columns = read_prompt_records(self.mindrecord_path,
+                                                                               with_columns=True)
         self._lengths = np.array([len(ids) for ids in self._prompt_ids], dtype=np.int64)
         if length_buckets and self.num_samples and self._lengths.max() > length_buckets[-1]:
             raise ValueError(f"{self.mindrecord_path}: longest prompt has {self._lengths.max()} tokens, more than "
@@ -193,6 +203,7 @@ class PromptDataset:
             "attention_mask": attention_mask,
             "prompt_length": self._lengths[local].astype(np.int32),
             "solution": [self._solutions[sample] for sample in local],
+            "columns": [self._columns[sample] for sample in local],
             "sample_index": local.astype(np.int64),
         }
 

@@ -12,6 +12,7 @@ from mindrlhf.reward.registry import (
     RewardFn,
     WeightedRewards,
     build_reward_fn,
+    columns_per_completion,
     get_reward_function,
     register_reward,
 )
@@ -19,7 +20,7 @@ from mindrlhf.reward.rules import accuracy_reward, check_reward_inputs, format_r
 
 __all__ = [
     "REWARD_FUNCTIONS", "RewardFn", "WeightedRewards", "accuracy_reward", "answers_match", "build_reward_fn",
-    "check_reward_inputs", "extract_completion_answer", "extract_gold_answer", "format_reward",
-    "get_reward_function", "is_think_answer_format", "last_boxed_content", "last_number", "parse_number",
-    "register_reward",
+    "check_reward_inputs", "columns_per_completion", "extract_completion_answer", "extract_gold_answer",
+    "format_reward", "get_reward_function", "is_think_answer_format", "last_boxed_content", "last_number",
+    "parse_number", "register_reward",
 ]

@@ -145,6 +145,13 @@ class WeightedRewards:
         return f"WeightedRewards({terms})"
 
 
+def columns_per_completion(rows: Sequence[dict], repeats: int) -> dict[str, list]:
+    """Dataset fields of each prompt (`rows`, one dict per prompt) as TRL passes them: one list per field name
+    with each prompt's value `repeats` times (its completions), None where a prompt lacks the field."""
+    names = sorted({name for row in rows for name in row})
+    return {name: [row.get(name) for row in rows for _ in range(repeats)] for name in names}
+
+
 def build_reward_fn(names_or_paths: Sequence[str], weights: Sequence[float] | None = None) -> WeightedRewards:
     """The weighted sum of the named reward functions (weights default to 1.0 each, as in TRL)."""
     if isinstance(names_or_paths, str) or not isinstance(names_or_paths, Sequence) or not names_or_paths:

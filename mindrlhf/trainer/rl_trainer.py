@@ -29,6 +29,7 @@ import numpy as np
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.grpo_configs import GRPOConfig
 from mindrlhf.configs.job import JobOptions
+from mindrlhf.reward import columns_per_completion
 from mindrlhf.trainer.checkpoint import (
     RANK_STATE,
     CheckpointWriter,
@@ -57,7 +58,7 @@ logger = logging.getLogger("mindrlhf.trainer")
 def _model_signature(cfg) -> dict:
     """Fields that must agree between the train and the infer nets (everything but dtypes and layout)."""
     skip = {"parallel_config", "compute_dtype", "param_init_type", "softmax_compute_type", "rotary_dtype",
-            "layernorm_compute_type"}
+            "layernorm_compute_type", "value_head_bias"}
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
 
 
@@ -335,7 +336,7 @@ class RLTrainer:
         with self.phases("reward"):
             solutions = [s for s in batch["solution"] for _ in range(G)]
             rewards, terms, _ = self.reward(out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,
-                                            solutions)
+                                            solutions, columns_per_completion(batch["columns"], G))
         inputs = (out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask)
         with self.phases("ref"):
             ref_logp = self.reference.log_probs(inputs)
@@ -433,7 +434,9 @@ class RLTrainer:
             if sync_ref:
                 self.reference.sync_from_actor()
         elapsed = time.perf_counter() - start
-        metrics = self._step_metrics(generated, actor, sampling, elapsed)
+        trained_tokens = int(train_exp.prompt_mask.sum() + train_exp.response_mask.sum()) * \
+            self.config.schedule.num_iterations if actor["actor/updates"] else 0
+        metrics = self._step_metrics(generated, actor, sampling, elapsed, trained_tokens)
         if self.job.save_data_file and self.rank == 0:
             write_experience(f"{self.job.save_data_file}.step_{self.step:06d}.mindrecord", generated)
         return metrics
@@ -461,7 +464,8 @@ class RLTrainer:
         metrics["critic/vf_explained_var"] = explained_variance(exp.returns, exp["values"], exp.response_mask)
         return metrics
 
-    def _step_metrics(self, generated: Experience, actor: dict, sampling: dict, elapsed: float) -> dict:
+    def _step_metrics(self, generated: Experience, actor: dict, sampling: dict, elapsed: float,
+                      trained_tokens: int) -> dict:
         from mindrlhf.algorithms import dynamic_sampling_mask
 
         G = self.num_generations
@@ -483,8 +487,15 @@ class RLTrainer:
         metrics.update(sampling)
         metrics.update(self.phases.step_metrics())
         metrics["timing_s/step"] = round(elapsed, 4)
+        # tokens per second per device (MindSpeed-RL's e2e / update / rollout tps): the step's prompt + response
+        # tokens over the step, the tokens the actor's updates read over the train phase, and the generated
+        # rows' tokens over the generate phase
         tokens = int(generated.prompt_mask.sum() + lengths.sum())
         metrics["perf/tokens_per_s_per_device"] = round(tokens / self.world_size / elapsed, 2)
+        for name, phase_tokens, phase in (("update", trained_tokens, "train"), ("rollout", tokens, "generate")):
+            seconds = metrics.get(f"timing_s/{phase}", 0.0)
+            if phase_tokens and seconds > 0:
+                metrics[f"perf/{name}_tokens_per_s_per_device"] = round(phase_tokens / self.world_size / seconds, 2)
         peaks = self.comm.all_gather(np.array([peak_rss_gib()], np.float32))
         metrics["perf/max_rss_gib"] = round(float(peaks.max()), 3)
         return metrics

@@ -43,6 +43,7 @@ INFER_PREFIX = "infer."
 REF_PREFIX = "ref."
 REWARD_MODEL_PREFIX = "reward_model."
 VALUE_HEAD = "score.weight"
+VALUE_HEAD_BIAS = "score.bias"
 
 
 def load_weights(net, layout, path: str, prefix: str = "") -> None:
@@ -64,6 +65,27 @@ def load_weights(net, layout, path: str, prefix: str = "") -> None:
         load_full_state(net, plain, layout)
     except ValueError as err:
         raise ConfigError(f"{path}: {err}") from None
+
+
+def load_value_model(net, layout, state: dict, source: str, prefix: str, yaml_path: str) -> None:
+    """Loads the backbone and value head of `state` (from `source`) into the value model `net` (names with
+    `prefix`); the head's bias must be there exactly when `yaml_path` declares `value_head_bias`."""
+    from mindrlhf.parallel.layers import load_full_state
+
+    if VALUE_HEAD not in state:
+        raise ConfigError(f"{source}: no value head '{VALUE_HEAD}' (expected a critic or a reward model converted by "
+                          "tools/convert_weight.py)")
+    has_bias, wants_bias = VALUE_HEAD_BIAS in state, net.config.value_head_bias
+    if has_bias != wants_bias:
+        raise ConfigError(f"{source}: the value head {'has' if has_bias else 'has no'} bias '{VALUE_HEAD_BIAS}' "
+                          f"({'a *ForTokenClassification' if has_bias else 'a *ForSequenceClassification'}), but "
+                          f"{yaml_path} sets model_config.value_head_bias: {str(wants_bias).lower()}")
+    wanted = {prefix + name: value for name, value in state.items()
+              if name.startswith("model.") or name in (VALUE_HEAD, VALUE_HEAD_BIAS)}
+    try:
+        load_full_state(net, wanted, layout)
+    except ValueError as err:
+        raise ConfigError(f"{source}: {err} ({yaml_path})") from None
 
 
 def load_rank_params(params, path: str) -> None:
@@ -426,29 +448,23 @@ class Critic(Role):
         from mindrlhf.algorithms import ValueLossCell
         from mindrlhf.algorithms.policy_cells import ResponseValues, ValueLossNet
         from mindrlhf.optim import AdamW
-        from mindrlhf.parallel.layers import load_full_state, random_full_state
+        from mindrlhf.parallel.layers import random_full_state
         from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 
         job, cfg = self.job, self.config
         if job.load_critic_checkpoint:
             source = job.load_critic_checkpoint
             state = read_policy_weights(source, "critic")
-            if VALUE_HEAD not in state:
-                raise ConfigError(f"{source}: no value head '{VALUE_HEAD}' (expected a critic or a reward model "
-                                  "converted by tools/convert_weight.py)")
         else:
             source = job.load_sft_checkpoint_train or f"random weights (seed {job.init_seed})"
             state = read_policy_weights(job.load_sft_checkpoint_train) if job.load_sft_checkpoint_train else \
                 random_full_state(actor.train_net, actor.train_layout, job.init_seed)
             state[VALUE_HEAD] = np.zeros((1, self.model_config.hidden_size), np.float32)
+            if self.model_config.value_head_bias:
+                state[VALUE_HEAD_BIAS] = np.zeros((1,), np.float32)
             logger.info("critic: the starting policy's backbone with a zero value head (--load_critic_checkpoint "
                         "not given)")
-        wanted = {CRITIC_PREFIX + name: value for name, value in state.items()
-                  if name.startswith("model.") or name == VALUE_HEAD}
-        try:
-            load_full_state(self.net, wanted, self.layout)
-        except ValueError as err:
-            raise ConfigError(f"{source}: {err} (critic {self.job.sft_path_critic})") from None
+        load_value_model(self.net, self.layout, state, source, CRITIC_PREFIX, f"critic {job.sft_path_critic}")
         critic = cfg.critic
         self.optimizer = AdamW(self.net.trainable_params(), learning_rate=critic.lr, beta1=cfg.optimizer.beta1,
                                beta2=cfg.optimizer.beta2, eps=cfg.optimizer.eps,
@@ -559,22 +575,13 @@ class Reward(Role):
     def build(self) -> None:
         """Loads the reward model (a checkpoint with a value head) and its scoring cell."""
         from mindrlhf.algorithms.policy_cells import ResponseScores
-        from mindrlhf.parallel.layers import load_full_state
 
         if self.net is None:
             return
         path = self.config.reward.reward_model_path
         state = read_policy_weights(path, "critic")  # a step folder's value model is its critic
-        if VALUE_HEAD not in state:
-            raise ConfigError(f"{path}: no value head '{VALUE_HEAD}' (reward.reward_model_path expects a reward model "
-                              "converted by tools/convert_weight.py)")
-        wanted = {REWARD_MODEL_PREFIX + name: value for name, value in state.items()
-                  if name.startswith("model.") or name == VALUE_HEAD}
-        try:
-            load_full_state(self.net, wanted, self.layout)
-        except ValueError as err:
-            raise ConfigError(f"{path}: {err} (reward model {self.job.sft_path_reward or self.job.sft_path_infer})") \
-                from None
+        load_value_model(self.net, self.layout, state, path, REWARD_MODEL_PREFIX,
+                         f"reward model {self.job.sft_path_reward or self.job.sft_path_infer}")
         self.cell = ResponseScores(self.net)
         sched = self.config.schedule
         self.rows = MicroBatchSizer("reward model", sched.log_prob_micro_batch_size_per_device, self.model_config,
@@ -593,15 +600,18 @@ class Reward(Role):
         self.require((REWARD_MODEL_WEIGHTS,), "model_scores")
         return self.rows.run(self.cell, arrays).astype(np.float32)
 
-    def __call__(self, prompt_ids, prompt_mask, response_ids, response_mask, solutions):
-        """(rewards [N], per-term rewards (unweighted; `reward_model` for the model), decoded completions)."""
+    def __call__(self, prompt_ids, prompt_mask, response_ids, response_mask, solutions, columns=None):
+        """(rewards [N], per-term rewards (unweighted; `reward_model` for the model), decoded completions).
+        `columns`: the prompts' other dataset fields, one list per name with a value per response, passed to
+        TRL-form reward functions as keyword arguments."""
         from mindrlhf.trainer.evaluation import decode_completions
 
         completions = decode_completions(self.tokenizer, response_ids, response_mask)
         rewards, terms = np.zeros(len(completions), np.float32), {}
         if self.rules is not None:
             extra = {}
-            if self.rules.needs_prompts:  # TRL-form functions also get the prompt text and the completion ids
+            if self.rules.needs_prompts:  # TRL-form functions also get the prompts, completion ids and columns
+                extra.update(columns or {})
                 extra["prompts"] = decode_completions(self.tokenizer, prompt_ids, prompt_mask,
                                                       skip_special_tokens=False)
                 extra["completion_ids"] = [ids[mask.astype(bool)].tolist()

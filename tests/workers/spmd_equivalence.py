@@ -1,9 +1,11 @@
 """Worker for the SPMD equivalence tests: forward, loss, gradients and `UPDATES` AdamW steps of a tiny Qwen2, and
-the GRPO loss with global token weights on responses of unequal lengths per data-parallel rank.
+the GRPO loss with global token weights on responses of unequal lengths per data-parallel rank, and the PPO
+critic's values, clipped value loss and gradients on the same responses.
 
 Run with one process (reference, no msrun) or under msrun with `--dp/--tp`; each rank writes
 `<out>/rank_<r>.npz` with its logits, loss, local gradients and local weights after the steps, and per
-aggregation its shares of the GRPO outputs and its local GRPO gradients.
+aggregation its shares of the GRPO outputs and its local GRPO gradients, and the critic's values, value-loss shares
+and local gradients.
 """
 import argparse
 import os
@@ -12,9 +14,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
-from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
-from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
-from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.algorithms import GRPOLossCell, ValueLossCell, aggregation_weights
+from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs, ResponseValues, ValueLossNet
+from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.optim import AdamW
 from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import init_random_weights, param_split_axes
@@ -80,6 +82,31 @@ def grpo_results(net, layout, params) -> dict[str, np.ndarray]:
     return result
 
 
+def critic_results(cfg, layout) -> dict[str, np.ndarray]:
+    """The PPO critic (value head on the backbone, random weights) on the GRPO batch's responses: this rank's
+    values, its shares of (vf_loss, vf_clipfrac) under token-mean weights and its local gradients, and the
+    critic's split axes."""
+    critic = Qwen2ForValue(cfg, layout)
+    critic.update_parameters_name("critic.")
+    init_random_weights(critic, layout, seed=5)
+    params = critic.trainable_params()
+    data = grpo_batch(cfg.vocab_size)
+    per = data["response_mask"].shape[0] // layout.dp
+    mine = slice(layout.dp_rank * per, (layout.dp_rank + 1) * per)
+    inputs = [ms.Tensor(data[k][mine]) for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
+    values = ResponseValues(critic)(*inputs).asnumpy()
+    old_values = values + 0.3 * data["noise"][0, mine]  # some tokens outside the clip range
+    returns = values + data["noise"][1, mine]
+    weights = aggregation_weights(data["response_mask"], "token-mean").astype(np.float32)[mine]
+    grads_of = SPMDGradients(ValueLossNet(critic, ValueLossCell(0.2)), params, layout, grad_reduction="sum")
+    outputs, grads, _ = grads_of(*inputs, ms.Tensor(old_values.astype(np.float32)),
+                                 ms.Tensor(returns.astype(np.float32)), ms.Tensor(weights))
+    result = {"critic_values": values, "critic_outputs": np.array([float(o.asnumpy()) for o in outputs])}
+    result.update({f"critic_grad/{p.name}": g.asnumpy() for p, g in zip(params, grads)})
+    result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in param_split_axes(critic).items()})
+    return result
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--dp", type=int, default=1)
@@ -127,6 +154,7 @@ def main():
               "first_grad_norm": grad_norm.asnumpy(), "adam/lr": np.array(LEARNING_RATE),
               "adam/updates": np.array(UPDATES)}
     result.update(grpo)
+    result.update(critic_results(cfg, layout))
     result.update({f"grad/{k}": v for k, v in first_grads.items()})
     result.update({f"weight/{p.name}": p.asnumpy() for p in net.trainable_params()})
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in axes.items()})

@@ -53,6 +53,9 @@ class Qwen2Config:
     qkv_has_bias: bool = help_field(True, "Whether q/k/v projections have a bias. Qwen2: true; Llama: false.")
     tie_word_embeddings: bool = help_field(
         False, "Share the token embedding with lm_head (Qwen2.5-0.5B/1.5B: true; 7B: false).")
+    value_head_bias: bool = help_field(
+        False, "Value models only (critic, reward model): the scalar `score` head has a bias, as HF's "
+               "*ForTokenClassification (verl's critic format); *ForSequenceClassification heads have none.")
     compute_dtype: str = help_field(
         "float32", "dtype of matmuls: float32 or float16 on CPU, bfloat16 on Ascend (no bf16 CPU kernels).")
     param_init_type: str = help_field("float32", "dtype the weights are stored in on device.")
@@ -173,6 +176,7 @@ class Qwen2Config:
                 theta=float(theta),
                 qkv_has_bias=bool(hf.get("attention_bias", SUPPORTED_HF_ARCHS[model_type])),
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                value_head_bias=any(a.endswith("ForTokenClassification") for a in hf.get("architectures") or []),
             )
         except KeyError as err:
             raise ConfigError(f"{path}: missing field {err.args[0]!r}") from None

@@ -278,6 +278,8 @@ def expected_shapes(cfg: Qwen2Config, value_head: bool = False) -> dict[str, tup
     shapes["model.norm_out.weight"] = (d,)
     if value_head:
         shapes["score.weight"] = (1, d)
+        if cfg.value_head_bias:
+            shapes["score.bias"] = (1,)
     elif not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, d)
     return shapes
@@ -295,9 +297,11 @@ def check_state_dict(ms_tensors: dict[str, np.ndarray], cfg: Qwen2Config, source
     shapes = expected_shapes(cfg, value_head)
     extra = [shown_name(n) for n in ms_tensors if n not in shapes]
     if extra:
+        hint = " (a value head with a bias: set value_head_bias: true)" if extra == [shown_name("score.bias")] else ""
         raise ConversionError(
             f"{source}: tensor(s) not expected by {config_source} (num_layers={cfg.num_layers}, "
-            f"qkv_has_bias={cfg.qkv_has_bias}, tie_word_embeddings={cfg.tie_word_embeddings}): {_listing(extra)}")
+            f"qkv_has_bias={cfg.qkv_has_bias}, tie_word_embeddings={cfg.tie_word_embeddings}, value_head_bias="
+            f"{cfg.value_head_bias}): {_listing(extra)}{hint}")
     missing = [shown_name(n) for n in shapes if n not in ms_tensors]
     if missing:
         hint = " (is the model tied? set tie_word_embeddings)" if missing == [shown_name("lm_head.weight")] else ""
@@ -356,12 +360,12 @@ def ms_to_hf_state_dict(ms_tensors: dict[str, np.ndarray], cfg: Qwen2Config, sou
     return {ms_to_hf_name(n): ms_tensors[n] for n in expected_shapes(cfg, value_head)}
 
 
-VALUE_MODEL_SUFFIX = "ForSequenceClassification"
+VALUE_MODEL_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification")  # head without / with a bias
 
 
 def hf_value_head(hf_dir: str) -> bool:
-    """Whether the HF folder holds a value model (`*ForSequenceClassification`, one label): a reward model or a
-    critic. Other heads with labels (token classification, several labels) are one-line errors."""
+    """Whether the HF folder holds a value model (`*ForSequenceClassification` or `*ForTokenClassification`, one
+    label): a reward model or a critic. Several labels are a one-line error."""
     path = os.path.join(hf_dir, "config.json")
     try:
         with open(path, encoding="utf-8") as f:
@@ -369,10 +373,7 @@ def hf_value_head(hf_dir: str) -> bool:
     except (OSError, json.JSONDecodeError):
         return False  # the config reader names the problem
     archs = hf.get("architectures") or []
-    if any(a.endswith("ForTokenClassification") for a in archs):
-        raise ConversionError(f"{path}: {archs[0]} is not supported yet (its score head has a bias); convert a "
-                              f"*{VALUE_MODEL_SUFFIX} model with one label")
-    if not any(a.endswith(VALUE_MODEL_SUFFIX) for a in archs):
+    if not any(a.endswith(VALUE_MODEL_SUFFIXES) for a in archs):
         return False
     labels = hf.get("num_labels", len(hf.get("id2label") or {}) or 2)
     if labels != 1:
@@ -394,7 +395,8 @@ def _load_config(hf_dir: str, config_path: str | os.PathLike | None) -> tuple[Qw
 
 def hf_config_dict(cfg: Qwen2Config, dtype: str, value_head: bool = False) -> dict:
     """A HF `config.json` for the config: Qwen2 when q/k/v have biases, else Llama (Qwen2 always has them); with
-    `value_head` a one-label `*ForSequenceClassification` (a reward model / critic).
+    `value_head` a one-label `*ForSequenceClassification` (a reward model / critic), `*ForTokenClassification`
+    when the head has a bias (`value_head_bias`).
 
     Writes the rope base both as `rope_theta` (transformers 4) and `rope_parameters` (transformers 5).
     """
@@ -420,7 +422,7 @@ def hf_config_dict(cfg: Qwen2Config, dtype: str, value_head: bool = False) -> di
         "dtype": dtype,
     }
     if value_head:
-        out["architectures"] = [("Qwen2" if is_qwen2 else "Llama") + VALUE_MODEL_SUFFIX]
+        out["architectures"] = [("Qwen2" if is_qwen2 else "Llama") + VALUE_MODEL_SUFFIXES[cfg.value_head_bias]]
         out.update(num_labels=1, id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     if not is_qwen2:
         out.update(attention_bias=False, mlp_bias=False)

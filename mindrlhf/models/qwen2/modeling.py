@@ -282,7 +282,8 @@ class Qwen2ForCausalLM(nn.Cell):
 
 class Qwen2ForValue(nn.Cell):
     """Qwen2 backbone + a scalar head (`score.weight` [1, hidden], no bias: HF's `*ForSequenceClassification`
-    head with one label, OpenRLHF's value head): the PPO critic, or a reward model scoring at the last token.
+    head with one label, OpenRLHF's value head; with `value_head_bias` also `score.bias` [1], HF's
+    `*ForTokenClassification`, verl's critic): the PPO critic, or a reward model scoring at the last token.
 
     The backbone's parameter names are the causal LM's, so a policy checkpoint's backbone loads as is. The head
     reads the final norm's output, which every tensor-parallel rank holds whole: it is replicated (like the
@@ -294,8 +295,9 @@ class Qwen2ForValue(nn.Cell):
         self.config = config
         self.layout = layout or Layout()
         self.model = Qwen2Model(config, self.layout)
-        self.score = nn.Dense(config.hidden_size, 1, has_bias=False, weight_init="zeros",
-                              dtype=to_ms_dtype(config.param_init_type))
+        self.score = nn.Dense(config.hidden_size, 1, has_bias=config.value_head_bias, weight_init="zeros",
+                              bias_init="zeros", dtype=to_ms_dtype(config.param_init_type))
+        self.head_bias = config.value_head_bias
         self.compute_dtype = to_ms_dtype(config.compute_dtype)
 
     def values(self, input_ids, attention_mask=None, first_position=0):
@@ -306,7 +308,10 @@ class Qwen2ForValue(nn.Cell):
         if first_position:
             hidden = hidden[:, first_position:, :]
         weight = self.score.weight.astype(self.compute_dtype)
-        return ops.matmul(hidden.astype(self.compute_dtype), weight.T).astype(ms.float32)[..., 0]
+        values = ops.matmul(hidden.astype(self.compute_dtype), weight.T).astype(ms.float32)[..., 0]
+        if self.head_bias:
+            values = values + self.score.bias.astype(ms.float32)
+        return values
 
     def construct(self, input_ids, attention_mask=None):
         return self.values(input_ids, attention_mask)

@@ -18,9 +18,11 @@ Shapes are of the full (unsplit) tensors, `[out, in]` for linear weights as in b
 | model.norm_out.weight                        | model.norm.weight                         | [D]          | None  |
 | lm_head.weight (absent if tied)              | lm_head.weight                            | [V, D]       | 0     |
 | score.weight (value models instead of lm_head) | score.weight                            | [1, D]       | None  |
+| score.bias (token-classification value heads) | score.bias                               | [1]          | None  |
 
-Value models (the PPO critic, reward models) are `*ForSequenceClassification` with one label: the backbone and a
-`score` head in place of `lm_head`.
+Value models (the PPO critic, reward models) are `*ForSequenceClassification` (head without bias) or
+`*ForTokenClassification` (head with a bias, verl's critic format) with one label: the backbone and a `score` head
+in place of `lm_head`.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ _NAME_PAIRS = [
     ("model.norm.weight", "model.norm_out.weight"),
     ("lm_head.weight", "lm_head.weight"),
     ("score.weight", "score.weight"),
+    ("score.bias", "score.bias"),
 ]
 
 
