@@ -1,4 +1,5 @@
 """Model YAMLs (MindFormers layout): the shipped configs and the errors bad ones give."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,15 @@ def test_tensor_parallel_size_must_divide_heads():
     import mindspore as ms  # noqa: F401  (network construction needs MindSpore)
 
     from mindrlhf.models.qwen2 import Qwen2ForCausalLM
-    config = Qwen2Config.from_yaml(CONFIGS / "tiny" / "model.yaml")
-    with pytest.raises(LayoutError, match="n_kv_heads=2 is not divisible by the tensor-parallel size 4"):
-        Qwen2ForCausalLM(config, Layout(dp=1, tp=4, rank=0))
+    config = Qwen2Config.from_yaml(CONFIGS / "tiny" / "model.yaml")  # 4 heads, 2 kv heads
+    with pytest.raises(LayoutError, match="num_heads=4 is not divisible by the tensor-parallel size 8"):
+        Qwen2ForCausalLM(config, Layout(dp=1, tp=8, rank=0))
+    odd = dataclasses.replace(config, num_heads=6, n_kv_heads=3, hidden_size=96)
+    with pytest.raises(LayoutError, match="n_kv_heads=3 and the tensor-parallel size 2: one must divide the other"):
+        Qwen2ForCausalLM(odd, Layout(dp=1, tp=2, rank=0))
+    # tp above the kv heads: rank 3 holds its 1 query head and the kv head it uses (the second), shared with rank 2
+    attention = Qwen2ForCausalLM(config, Layout(dp=1, tp=4, rank=3)).model.layers[0].attention
+    head_dim = config.hidden_size // config.num_heads
+    assert attention.wq.weight.shape == attention.wk.weight.shape == (head_dim, config.hidden_size)
+    assert attention.kv_heads_local == attention.kv_repeat == 1 and attention.wk.split_shards == {"weight": 2,
+                                                                                                   "bias": 2}

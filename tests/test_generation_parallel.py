@@ -1,4 +1,5 @@
-"""Generation with a tensor-parallel inference net (KV cache split by kv heads) equals one process."""
+"""Generation with a tensor-parallel inference net (KV cache split by kv heads, or shared when tp exceeds them)
+equals one process."""
 import numpy as np
 import pytest
 from msrun_utils import load_ranks, run_worker
@@ -6,11 +7,19 @@ from msrun_utils import load_ranks, run_worker
 pytestmark = pytest.mark.msrun
 
 
-def test_tp2_generation_equals_single_process(tmp_path):
-    run_worker("generation_worker.py", ["--out", str(tmp_path / "ref")], 1, tmp_path / "ref_log")
-    run_worker("generation_worker.py", ["--tp", "2", "--out", str(tmp_path / "tp2")], 2, tmp_path / "tp2_log")
-    (ref,) = load_ranks(tmp_path / "ref", 1)
-    ranks = load_ranks(tmp_path / "tp2", 2)
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    out = tmp_path_factory.mktemp("generation_ref")
+    run_worker("generation_worker.py", ["--out", str(out / "ref")], 1, out / "ref_log")
+    return load_ranks(out / "ref", 1)[0]
+
+
+@pytest.mark.parametrize("tp", [2, 4], ids=["tp2", "tp4-over-2-kv-heads"])
+def test_tensor_parallel_generation_equals_single_process(one_process, tmp_path, tp):
+    """tp=4 on the 2-kv-head model: each rank caches only the kv head its query heads use (shared by 2 ranks)."""
+    ref = one_process
+    run_worker("generation_worker.py", ["--tp", str(tp), "--out", str(tmp_path / "tp")], tp, tmp_path / "tp_log")
+    ranks = load_ranks(tmp_path / "tp", tp)
     assert ref["sampled_mask"].sum() > 12  # something was generated
     assert len({tuple(row) for row in ref["sampled"]}) > 3  # and the samples differ from one another
     for rank, got in enumerate(ranks):

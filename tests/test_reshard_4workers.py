@@ -68,3 +68,25 @@ def test_online_reshard_4workers_equals_transform_checkpoints(tmp_path, src, dst
             want_sent = SENT_PER_DST_ELEMENT[path] * sum(expected[n].size for n in split) * WIRE_ITEMSIZE[dtype]
             assert int(got["__bytes_sent"]) == want_sent, f"rank {rank}"
             assert int(got["__buckets"]) > 1  # the 4 KiB bucket bound splits the move
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("src,dst", [("1,4", "2,2"), ("2,2", "1,4")], ids=["tp4-kv2->dp2xtp2", "dp2xtp2->tp4-kv2"])
+def test_online_reshard_of_kv_heads_shared_by_tp_peers(tmp_path, src, dst):
+    """2 kv heads at tp=4: each rank holds its query heads' kv head, shared with its tp neighbour; resharded to
+    and from dp2 x tp2 (one kv head per rank) bit-equal with `transform_checkpoints`."""
+    out = tmp_path / "run"
+    run_worker("reshard_worker.py", ["--src", src, "--dst", dst, "--n_kv_heads", "2", "--out", str(out)], WORKERS,
+               tmp_path / "log")
+    dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))
+    tp4_strategy = out / ("src_strategy_0.ckpt" if src == "1,4" else "dst_strategy_0.ckpt")
+    shared = {n for n, lay in read_strategy_file(str(tp4_strategy)).items() if len(lay.dev_matrix) == 3}
+    assert len(shared) == 8  # wk/wv weight and bias of 2 layers
+    oracle_dir = transform_oracle(out, str(out / "src_strategy_0.ckpt"), dst_strategy, tmp_path)
+    for rank in range(WORKERS):
+        got = dict(np.load(out / f"dst_rank_{rank}.npz"))
+        expected = oracle_tensors(oracle_dir, rank)
+        names = [k for k in got if not k.startswith("__")]
+        assert len(names) == len(expected) > 20
+        for name in names:
+            np.testing.assert_array_equal(got[name], expected[name[len("infer."):]], err_msg=f"rank {rank} {name}")

@@ -8,11 +8,34 @@ pytestmark = pytest.mark.msrun
 TOL = 1e-5  # logits, losses, gradients and grad norms: no Adam normalisation in between, float noise stays small
 
 
+def one_process(tmp_path_factory, *args):
+    out = tmp_path_factory.mktemp("ref")
+    run_worker("spmd_equivalence.py", ["--out", str(out), *args], 1, out / "log")
+    return load_ranks(out, 1)[0]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ref")
-    run_worker("spmd_equivalence.py", ["--out", str(out)], 1, out / "log")
-    return load_ranks(out, 1)[0]
+    return one_process(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def reference_kv2(tmp_path_factory):
+    """The same model with 2 kv heads (4 query heads)."""
+    return one_process(tmp_path_factory, "--n_kv_heads", "2")
+
+
+def distinct_shards(ranks, tp, d, key):
+    """dp replica `d`'s shards of `key` along its split axis, one per distinct shard (a shard that tp peers share,
+    as kv heads when tp exceeds them, is taken once and must be equal on every peer)."""
+    name = key.split("/", 1)[1]
+    parts = int(ranks[0][f"shards/{name}"]) if int(ranks[0][f"axis/{name}"]) >= 0 else 1
+    share = tp // parts
+    shards = [ranks[d * tp + t][key] for t in range(tp)]
+    for t in range(tp):
+        np.testing.assert_allclose(shards[t], shards[t // share * share], atol=TOL,
+                                   err_msg=f"{key}: tp rank {t} differs from the peers sharing its shard")
+    return shards[::share]
 
 
 def assemble(ranks, dp, tp, key):
@@ -21,11 +44,8 @@ def assemble(ranks, dp, tp, key):
     axis = int(ranks[0][f"axis/{name}"])
     replicas = []
     for d in range(dp):
-        shards = [ranks[d * tp + t][key] for t in range(tp)]
+        shards = distinct_shards(ranks, tp, d, key)
         replicas.append(np.concatenate(shards, axis=axis) if axis >= 0 else shards[0])
-        if axis < 0:
-            for s in shards[1:]:
-                np.testing.assert_allclose(s, shards[0], atol=TOL, err_msg=f"{key}: tp replicas differ")
     for r in replicas[1:]:
         np.testing.assert_allclose(r, replicas[0], atol=TOL, err_msg=f"{key}: dp replicas differ")
     return replicas[0]
@@ -37,16 +57,20 @@ def replica_weights(ranks, tp, d, t):
     weights = {}
     for key in (k for k in ranks[0] if k.startswith("weight/")):
         axis = int(ranks[0][f"axis/{key.split('/', 1)[1]}"])
-        shards = [ranks[d * tp + s][key] for s in range(tp)]
-        weights[key] = np.concatenate(shards, axis=axis) if axis >= 0 else shards[t]
+        weights[key] = (np.concatenate(distinct_shards(ranks, tp, d, key), axis=axis) if axis >= 0
+                        else ranks[d * tp + t][key])
     return weights
 
 
-@pytest.mark.parametrize("dp,tp", [(1, 2), (2, 1), (2, 2)], ids=["tp2", "dp2", "dp2xtp2"])
-def test_parallel_run_matches_single_process(reference, tmp_path, dp, tp):
+@pytest.mark.parametrize("dp,tp,kv", [(1, 2, 4), (2, 1, 4), (2, 2, 4), (1, 4, 2)],
+                         ids=["tp2", "dp2", "dp2xtp2", "tp4-over-2-kv-heads"])
+def test_parallel_run_matches_single_process(request, tmp_path, dp, tp, kv):
+    """tp4-over-2-kv-heads: each kv head (wk/wv rows) is held by 2 ranks, whose gradients of it are summed; the
+    global norm counts it once."""
+    reference = request.getfixturevalue("reference" if kv == 4 else "reference_kv2")
     world = dp * tp
-    run_worker("spmd_equivalence.py", ["--dp", str(dp), "--tp", str(tp), "--out", str(tmp_path)], world,
-               tmp_path / "log")
+    run_worker("spmd_equivalence.py", ["--dp", str(dp), "--tp", str(tp), "--n_kv_heads", str(kv),
+                                       "--out", str(tmp_path)], world, tmp_path / "log")
     ranks = load_ranks(tmp_path, world)
     logits = np.concatenate([ranks[d * tp]["logits"] for d in range(dp)], axis=0)
     np.testing.assert_allclose(logits, reference["logits"], atol=TOL)

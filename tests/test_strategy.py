@@ -304,6 +304,44 @@ def test_reshard_gives_each_rank_its_tp_shard(job, tmp_path, src_key, dst_key):
             assert_bitwise_equal(got[name], expected, f"{src_key}->{dst_key} rank {rank} {name}")
 
 
+def test_kv_heads_shared_by_tp_peers_transform_like_mindspore(tmp_path):
+    """tp=4 over 2 kv heads: wk's rows are cut in 2, each half held by 2 consecutive tp ranks (device matrix
+    [dp, 2, 2]). MindSpore's transform merges such shards and reshards them to dp2 x tp2 (where each tp rank
+    holds one head) bit for bit, and back."""
+    from mindrlhf.parallel.layers import shard_array
+
+    full = {"wk": np.random.default_rng(7).standard_normal((4, 6)).astype(np.float32),
+            "norm": np.random.default_rng(8).standard_normal((6,)).astype(np.float32)}
+    axes, shapes = {"wk": 0, "norm": None}, {"wk": (4, 6), "norm": (6,)}
+    shared, plain = Layout(dp=1, tp=4), Layout(dp=2, tp=2)
+    layouts = {"shared": layouts_for(shared, axes, shapes, {"wk": 2}), "plain": layouts_for(plain, axes, shapes)}
+    assert layouts["shared"]["wk"].dev_matrix == (1, 2, 2) and layouts["shared"]["wk"].tensor_map == (1, -1)
+    assert full_shapes_from_local(shared, axes, {"wk": (2, 6), "norm": (6,)}, {"wk": 2}) == shapes
+    held = {"shared": lambda name, rank: shard_array(full[name], axes[name], 2, shared.shard_of(2, rank)),
+            "plain": lambda name, rank: shard_array(full[name], axes[name], 2, plain.coords(rank)[1])}
+    for key, layout in (("shared", shared), ("plain", plain)):
+        for rank in range(layout.world_size):
+            for name in full:  # the layout's slice is what the layer holds
+                assert np.array_equal(full[name][layouts[key][name].slice_of(rank)], held[key](name, rank))
+            os.makedirs(tmp_path / key / f"rank_{rank}")
+            ms.save_checkpoint([{"name": n, "data": ms.Tensor(held[key](n, rank))} for n in full],
+                               str(tmp_path / key / f"rank_{rank}" / "ckpt.ckpt"))
+        write_strategy_file(tmp_path / f"{key}.ckpt", layouts[key])
+    assert shared.shard_group_ranks(2, 3) == [2, 3] and plain.shard_group_ranks(2, 3) == [3]
+    ms.parallel.transform_checkpoints(str(tmp_path / "shared"), str(tmp_path / "full"), "full_",
+                                      str(tmp_path / "shared.ckpt"), None)
+    merged = load_rank(str(tmp_path / "full"), 0)
+    for name in full:
+        assert_bitwise_equal(merged[name], full[name], name)
+    for src, dst, layout in (("shared", "plain", plain), ("plain", "shared", shared)):
+        ms.parallel.transform_checkpoints(str(tmp_path / src), str(tmp_path / f"to_{dst}"), "t_",
+                                          str(tmp_path / f"{src}.ckpt"), str(tmp_path / f"{dst}.ckpt"))
+        for rank in range(layout.world_size):
+            got = load_rank(str(tmp_path / f"to_{dst}"), rank)
+            for name in full:
+                assert_bitwise_equal(got[name], held[dst](name, rank), f"{src}->{dst} rank {rank} {name}")
+
+
 def test_merged_pipeline_strategy_works_as_source(job, tmp_path):
     merged = str(tmp_path / "merged_strategy.ckpt")
     ms.parallel.merge_pipeline_strategys(os.path.dirname(job["strategies"]["dp2tp2"]), merged)

@@ -44,23 +44,35 @@ class ParallelLayer(nn.Cell):
         self.tp_size = self.layout.tp
         self.tp_rank = self.layout.tp_rank
         self.split_axes: dict[str, int | None] = {}
+        self.split_shards: dict[str, int] = {}  # parameters cut into fewer shards than tp (shared by tp peers)
 
 
 class ColumnParallelLinear(ParallelLayer):
     """y = x W^T + b with W [out, in] split by rows (output features) over tp.
 
-    The input is replicated; the output stays split unless `gather_output`.
+    The input is replicated; the output stays split unless `gather_output`. With `shards` < tp the rows are cut
+    into `shards` parts only, each held by tp / shards consecutive tp ranks (key/value projections when tp
+    exceeds the kv heads, as Megatron and vLLM replicate them); the gradient of a shared part is summed over
+    the ranks that share it.
     """
 
     def __init__(self, in_features: int, out_features: int, has_bias: bool = False, layout: Layout | None = None,
-                 gather_output: bool = False, param_dtype=ms.float32, compute_dtype=ms.float32, name: str = "linear"):
+                 gather_output: bool = False, param_dtype=ms.float32, compute_dtype=ms.float32, name: str = "linear",
+                 shards: int | None = None):
         super().__init__(layout)
-        self.out_local = shard_size(out_features, self.tp_size, f"{name} output features")
+        shards = shards or self.tp_size
+        if self.tp_size % shards or (gather_output and shards != self.tp_size):
+            raise LayoutError(f"{name}: {shards} shards do not divide the tensor-parallel size {self.tp_size}")
+        self.out_local = shard_size(out_features, shards, f"{name} output features")
         self.weight = Parameter(initializer(Normal(INIT_STD), (self.out_local, in_features), param_dtype),
                                 name="weight")
         self.has_bias = has_bias
         self.bias = Parameter(initializer(Zero(), (self.out_local,), param_dtype), name="bias") if has_bias else None
         self.split_axes = {"weight": 0, "bias": 0} if has_bias else {"weight": 0}
+        self.share = None
+        if shards < self.tp_size:
+            self.split_shards = {name: shards for name in self.split_axes}
+            self.share = CopyToTensorParallel(self.layout.shard_group(shards))  # identity; gradient summed
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)
         self.copy_in = CopyToTensorParallel(self.layout.tp_group) if self.tp_size > 1 else None
@@ -71,9 +83,14 @@ class ColumnParallelLinear(ParallelLayer):
         if self.copy_in is not None:
             x = self.copy_in(x)
         lead = x.shape[:-1]
-        y = self.matmul(x.reshape(-1, x.shape[-1]).astype(self.compute_dtype), self.weight.astype(self.compute_dtype))
+        weight, bias = self.weight, self.bias
+        if self.share is not None:
+            weight = self.share(weight)
+            if self.has_bias:
+                bias = self.share(bias)
+        y = self.matmul(x.reshape(-1, x.shape[-1]).astype(self.compute_dtype), weight.astype(self.compute_dtype))
         if self.has_bias:
-            y = ops.bias_add(y, self.bias.astype(self.compute_dtype))
+            y = ops.bias_add(y, bias.astype(self.compute_dtype))
         y = y.reshape(lead + (self.out_local,))
         if self.gather_out is not None:
             y = self.gather_out(y)
@@ -243,19 +260,32 @@ def param_split_axes(net: nn.Cell) -> dict[str, int | None]:
     return {param.name: split_by_name.get(param.name) for param in net.get_parameters()}
 
 
-def full_shape(local_shape: tuple[int, ...], split_axis: int | None, tp_size: int) -> tuple[int, ...]:
-    """Shape of the unsplit tensor from a shard's shape."""
+def param_split_shards(net: nn.Cell, tp: int) -> dict[str, int]:
+    """Full parameter name -> into how many shards its split axis is cut over tensor parallel: `tp`, or fewer
+    for a parameter that tp peers share (`ColumnParallelLinear(shards=...)`); 1 for replicated ones."""
+    shards_by_name: dict[str, int] = {}
+    for _, cell in net.cells_and_names():
+        for attr, shards in (getattr(cell, "split_shards", None) or {}).items():
+            param = getattr(cell, attr, None)
+            if isinstance(param, Parameter):
+                shards_by_name[param.name] = shards
+    axes = param_split_axes(net)
+    return {name: 1 if axis is None else shards_by_name.get(name, tp) for name, axis in axes.items()}
+
+
+def full_shape(local_shape: tuple[int, ...], split_axis: int | None, shards: int) -> tuple[int, ...]:
+    """Shape of the unsplit tensor from a shard's shape (`shards` along `split_axis`)."""
     shape = list(local_shape)
     if split_axis is not None:
-        shape[split_axis] *= tp_size
+        shape[split_axis] *= shards
     return tuple(shape)
 
 
-def shard_array(full: np.ndarray, split_axis: int | None, tp_size: int, tp_rank: int) -> np.ndarray:
-    """This tp rank's shard of a full array."""
-    if split_axis is None or tp_size == 1:
+def shard_array(full: np.ndarray, split_axis: int | None, shards: int, index: int) -> np.ndarray:
+    """Shard `index` of a full array cut into `shards` along `split_axis`."""
+    if split_axis is None or shards == 1:
         return full
-    return np.split(full, tp_size, axis=split_axis)[tp_rank]
+    return np.split(full, shards, axis=split_axis)[index]
 
 
 def load_full_state(net: nn.Cell, state: dict[str, np.ndarray], layout: Layout | None = None,
@@ -265,13 +295,14 @@ def load_full_state(net: nn.Cell, state: dict[str, np.ndarray], layout: Layout |
     Returns the names of net parameters absent from `state` (an error when `strict`).
     """
     layout = layout or Layout()
-    axes = param_split_axes(net)
+    axes, shards = param_split_axes(net), param_split_shards(net, layout.tp)
     missing = []
     for param in net.get_parameters():
         if param.name not in state:
             missing.append(param.name)
             continue
-        shard = shard_array(np.asarray(state[param.name]), axes[param.name], layout.tp, layout.tp_rank)
+        parts = shards[param.name]
+        shard = shard_array(np.asarray(state[param.name]), axes[param.name], parts, layout.shard_of(parts))
         if tuple(shard.shape) != tuple(param.shape):
             raise ValueError(f"parameter {param.name}: shard shape {shard.shape} (layout {layout}) does not match "
                              f"the network's {tuple(param.shape)}")
@@ -291,10 +322,10 @@ def random_full_state(net: nn.Cell, layout: Layout | None = None, seed: int = 0)
     import zlib
 
     layout = layout or Layout()
-    axes = param_split_axes(net)
+    axes, shards = param_split_axes(net), param_split_shards(net, layout.tp)
     state = {}
     for param in net.get_parameters():
-        shape = full_shape(tuple(param.shape), axes[param.name], layout.tp)
+        shape = full_shape(tuple(param.shape), axes[param.name], shards[param.name])
         rng = np.random.default_rng([seed, zlib.crc32(param.name.encode())])
         values = rng.standard_normal(shape)
         if param.name.endswith("norm.weight") or param.name.endswith("norm_out.weight"):

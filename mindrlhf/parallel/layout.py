@@ -86,6 +86,23 @@ class Layout:
         _, tp_rank = self.coords(rank)
         return [j * self.tp + tp_rank for j in range(self.dp)]
 
+    def shard_of(self, shards: int, rank: int | None = None) -> int:
+        """Index of the shard `rank` holds of a tensor cut into `shards` (a divisor of tp) over the tp axis:
+        consecutive tp ranks share a shard (key/value heads when tp exceeds them)."""
+        return self.coords(rank)[1] // (self.tp // shards)
+
+    def shard_group_ranks(self, shards: int, rank: int | None = None) -> list[int]:
+        """The tp peers of `rank` that hold the same shard of a tensor cut into `shards` over the tp axis."""
+        dp_rank, tp_rank = self.coords(rank)
+        share = self.tp // shards
+        first = dp_rank * self.tp + tp_rank // share * share
+        return list(range(first, first + share))
+
+    def shard_group(self, shards: int) -> str | None:
+        """Communication group of this rank's peers holding the same one of `shards` shards (None if alone)."""
+        ranks = self.shard_group_ranks(shards)
+        return group_name(ranks, self.world_size) if len(ranks) > 1 else None
+
     def __str__(self) -> str:
         return f"dp={self.dp} x tp={self.tp}"
 
@@ -101,8 +118,10 @@ class Layout:
         return group_name(self.dp_group_ranks(), self.world_size) if self.dp > 1 else None
 
     def init_groups(self) -> Layout:
-        """Creates this rank's tp and dp groups (once per process; idempotent). Needs `init()` first."""
-        for ranks in (self.tp_group_ranks(), self.dp_group_ranks()):
+        """Creates this rank's tp and dp groups, and its groups of tp peers sharing a shard for every divisor of
+        tp (once per process; idempotent). Needs `init()` first."""
+        shared = [self.shard_group_ranks(shards) for shards in range(2, self.tp) if self.tp % shards == 0]
+        for ranks in (self.tp_group_ranks(), self.dp_group_ranks(), *shared):
             ensure_group(ranks, self.world_size)
         return self
 

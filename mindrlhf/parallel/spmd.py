@@ -8,7 +8,7 @@ from mindspore import Parameter, ParameterTuple, nn, ops
 from mindspore.common.initializer import initializer
 
 from mindrlhf.parallel.comm import DataParallelGradReducer
-from mindrlhf.parallel.layers import param_split_axes
+from mindrlhf.parallel.layers import param_split_axes, param_split_shards
 from mindrlhf.parallel.layout import Layout
 
 
@@ -28,8 +28,9 @@ class ReducedClippedGradients(nn.Cell):
     data parallel needs a reduction here: `grad_reduction="mean"` when each dp rank's loss is a mean over
     its own rows, `"sum"` when each rank's loss is its share of one globally normalised loss.
     `grad_norm` is the global norm of the whole (unsplit) model's gradient: the squares of tp-split shards
-    are summed over the tp group, replicated parameters count once. With `max_grad_norm > 0` the gradients
-    are scaled by min(1, max_grad_norm / (grad_norm + 1e-6)), as `torch.nn.utils.clip_grad_norm_`.
+    are summed over the tp group (a shard that tp peers share counted once), replicated parameters count once.
+    With `max_grad_norm > 0` the gradients are scaled by min(1, max_grad_norm / (grad_norm + 1e-6)), as
+    `torch.nn.utils.clip_grad_norm_`.
     """
 
     def __init__(self, loss_net: nn.Cell, params, layout: Layout | None = None, grad_reduction: str = "mean",
@@ -41,8 +42,10 @@ class ReducedClippedGradients(nn.Cell):
             raise ValueError(f"max_grad_norm must be >= 0 (0 = no clipping), got {max_grad_norm}")
         layout = layout or Layout()
         self.grad_reducer = DataParallelGradReducer(layout.dp_group, layout.dp, mean=grad_reduction == "mean")
-        axes = param_split_axes(loss_net)
+        axes, shards = param_split_axes(loss_net), param_split_shards(loss_net, layout.tp)
         self.split = tuple(layout.tp > 1 and axes.get(p.name) is not None for p in params)
+        # a shard held by tp / shards peers appears that many times in the sum over the tp group
+        self.share_weight = tuple(shards.get(p.name, layout.tp) / layout.tp for p in params)
         self.tp_sum = ops.AllReduce(ops.ReduceOp.SUM, layout.tp_group) if layout.tp > 1 else None
         self.max_grad_norm = float(max_grad_norm)
 
@@ -52,7 +55,7 @@ class ReducedClippedGradients(nn.Cell):
         for i in range(len(grads)):
             square = sum_of_squares(grads[i].astype(ms.float32))
             if self.split[i]:
-                split = split + square
+                split = split + (square * self.share_weight[i] if self.share_weight[i] != 1.0 else square)
             else:
                 replicated = replicated + square
         if self.tp_sum is not None:

@@ -142,31 +142,42 @@ class ParamLayout:
 
 # ---------------------------------------------------------------- building layouts
 def layouts_for(layout: Layout, split_axes: Mapping[str, int | None],
-                full_shapes: Mapping[str, Iterable[int]]) -> dict[str, ParamLayout]:
+                full_shapes: Mapping[str, Iterable[int]],
+                split_shards: Mapping[str, int] | None = None) -> dict[str, ParamLayout]:
     """Layouts of a net's parameters under `layout`: dimension `split_axes[name]` split over tp.
 
-    Parameters are never split over dp. `full_shapes` must name exactly the parameters of `split_axes`.
+    Parameters are never split over dp. `full_shapes` must name exactly the parameters of `split_axes`. A
+    parameter cut into fewer shards than tp (`split_shards[name]`, shared by tp / shards consecutive tp ranks)
+    gets the device matrix [dp, shards, tp / shards], split over its middle axis and replicated over the last.
     """
     _check_same_names(split_axes, full_shapes, "split_axes", "full_shapes")
+    split_shards = split_shards or {}
     result = {}
     for name, axis in split_axes.items():
         shape = tuple(full_shapes[name])
         tensor_map = [NOT_SPLIT] * len(shape)
+        dev_matrix = tuple(layout.dev_matrix)
         if axis is not None:
+            shards = split_shards.get(name, layout.tp)
             tensor_map[_normalize_axis(name, axis, len(shape))] = TP_AXIS
-        result[name] = ParamLayout(name, tuple(layout.dev_matrix), tuple(tensor_map), shape)
+            if shards < layout.tp:
+                dev_matrix = (layout.dp, shards, layout.tp // shards)
+                tensor_map[_normalize_axis(name, axis, len(shape))] = TP_AXIS + 1
+        result[name] = ParamLayout(name, dev_matrix, tuple(tensor_map), shape)
     return result
 
 
 def full_shapes_from_local(layout: Layout, split_axes: Mapping[str, int | None],
-                           local_shapes: Mapping[str, Iterable[int]]) -> dict[str, tuple[int, ...]]:
-    """Full shapes from per-rank shapes: the split axis is `tp` times larger."""
+                           local_shapes: Mapping[str, Iterable[int]],
+                           split_shards: Mapping[str, int] | None = None) -> dict[str, tuple[int, ...]]:
+    """Full shapes from per-rank shapes: the split axis is `tp` (or `split_shards[name]`) times larger."""
     _check_same_names(split_axes, local_shapes, "split_axes", "local_shapes")
+    split_shards = split_shards or {}
     result = {}
     for name, axis in split_axes.items():
         shape = list(local_shapes[name])
         if axis is not None:
-            shape[_normalize_axis(name, axis, len(shape))] *= layout.tp
+            shape[_normalize_axis(name, axis, len(shape))] *= split_shards.get(name, layout.tp)
         result[name] = tuple(shape)
     return result
 
@@ -393,11 +404,11 @@ def _shape_problem(src: ParamLayout, dst: ParamLayout, src_desc: str, dst_desc: 
 
 def net_layouts(net, layout: Layout) -> dict[str, ParamLayout]:
     """Layouts of every parameter of a network built from the tensor-parallel layers, under `layout`."""
-    from mindrlhf.parallel.layers import param_split_axes
+    from mindrlhf.parallel.layers import param_split_axes, param_split_shards
 
-    axes = param_split_axes(net)
+    axes, shards = param_split_axes(net), param_split_shards(net, layout.tp)
     local = {p.name: tuple(p.shape) for p in net.get_parameters()}
-    return layouts_for(layout, axes, full_shapes_from_local(layout, axes, local))
+    return layouts_for(layout, axes, full_shapes_from_local(layout, axes, local, shards), shards)
 
 
 def merge_shards(shards: list[Mapping[str, np.ndarray]], layouts: Mapping[str, ParamLayout],

@@ -14,7 +14,7 @@ import numpy as np
 
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.parallel import Layout
-from mindrlhf.parallel.layers import load_full_state, param_split_axes
+from mindrlhf.parallel.layers import load_full_state, param_split_axes, param_split_shards
 from mindrlhf.parallel.reshard import PACK_BELOW_BYTES, Resharder
 from mindrlhf.parallel.strategy import full_shapes_from_local, save_net_strategy
 
@@ -30,6 +30,7 @@ def main():
     parser.add_argument("--dst_dtype", default="float32")
     parser.add_argument("--bucket_bytes", type=int, default=4096)
     parser.add_argument("--pack_below_bytes", type=int, default=PACK_BELOW_BYTES)
+    parser.add_argument("--n_kv_heads", type=int, default=CONFIG["n_kv_heads"])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -39,16 +40,18 @@ def main():
     src_layout = Layout.for_world(*map(int, args.src.split(",")), world, rank).init_groups()
     dst_layout = Layout.for_world(*map(int, args.dst.split(",")), world, rank).init_groups()
 
-    src_net = Qwen2ForCausalLM(Qwen2Config(**CONFIG), src_layout)
+    config = {**CONFIG, "n_kv_heads": args.n_kv_heads}
+    src_net = Qwen2ForCausalLM(Qwen2Config(**config), src_layout)
     rng = np.random.RandomState(0)
     axes = param_split_axes(src_net)
-    full = full_shapes_from_local(src_layout, axes, {p.name: p.shape for p in src_net.get_parameters()})
+    full = full_shapes_from_local(src_layout, axes, {p.name: p.shape for p in src_net.get_parameters()},
+                                  param_split_shards(src_net, src_layout.tp))
     load_full_state(src_net, {n: rng.standard_normal(s).astype(np.float32) for n, s in sorted(full.items())},
                     src_layout)
     dtypes = args.dst_dtype.split(",")
     dst_nets = {}
     for dtype in dtypes:
-        dst_cfg = Qwen2Config(**CONFIG, compute_dtype=dtype, param_init_type=dtype)
+        dst_cfg = Qwen2Config(**config, compute_dtype=dtype, param_init_type=dtype)
         dst_nets[dtype] = Qwen2ForCausalLM(dst_cfg, dst_layout)
         dst_nets[dtype].update_parameters_name("infer.")
 

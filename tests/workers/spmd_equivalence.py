@@ -19,7 +19,7 @@ from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs, Resp
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.optim import AdamW
 from mindrlhf.parallel import Layout
-from mindrlhf.parallel.layers import init_random_weights, param_split_axes
+from mindrlhf.parallel.layers import init_random_weights, param_split_axes, param_split_shards
 from mindrlhf.parallel.spmd import SPMDGradients, SPMDTrainStep
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
@@ -104,6 +104,7 @@ def critic_results(cfg, layout) -> dict[str, np.ndarray]:
     result = {"critic_values": values, "critic_outputs": np.array([float(o.asnumpy()) for o in outputs])}
     result.update({f"critic_grad/{p.name}": g.asnumpy() for p, g in zip(params, grads)})
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in param_split_axes(critic).items()})
+    result.update({f"shards/{k}": np.array(v) for k, v in param_split_shards(critic, layout.tp).items()})
     return result
 
 
@@ -113,6 +114,8 @@ def main():
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--out", required=True)
     parser.add_argument("--compute_dtype", default="float32")
+    parser.add_argument("--n_kv_heads", type=int, default=CONFIG["n_kv_heads"],
+                        help="fewer than --tp: each kv head is shared by tp / n_kv_heads ranks")
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     if args.dp * args.tp > 1:
@@ -121,7 +124,7 @@ def main():
         layout = Layout.for_world(args.dp, args.tp, get_group_size(), get_rank()).init_groups()
     else:
         layout = Layout()
-    cfg = Qwen2Config(**CONFIG, compute_dtype=args.compute_dtype)
+    cfg = Qwen2Config(**{**CONFIG, "n_kv_heads": args.n_kv_heads}, compute_dtype=args.compute_dtype)
     net = Qwen2ForCausalLM(cfg, layout)
     axes = param_split_axes(net)
     init_random_weights(net, layout, seed=0)
@@ -158,6 +161,7 @@ def main():
     result.update({f"grad/{k}": v for k, v in first_grads.items()})
     result.update({f"weight/{p.name}": p.asnumpy() for p in net.trainable_params()})
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in axes.items()})
+    result.update({f"shards/{k}": np.array(v) for k, v in param_split_shards(net, layout.tp).items()})
     os.makedirs(args.out, exist_ok=True)
     np.savez(os.path.join(args.out, f"rank_{layout.rank}.npz"), **result)
 

@@ -25,7 +25,7 @@ from mindrlhf.parallel.layers import (
     shard_size,
     to_ms_dtype,
 )
-from mindrlhf.parallel.layout import Layout
+from mindrlhf.parallel.layout import Layout, LayoutError
 
 MASK_VALUE = -1e9  # additive attention bias of masked positions (float32)
 
@@ -57,8 +57,19 @@ def apply_rotary(x, cos, sin, rotate_half):
     return (x32 * expand_as(cos, x32) + rotated * expand_as(sin, x32)).astype(x.dtype)
 
 
+def kv_head_shards(n_kv_heads: int, tp: int) -> int:
+    """Into how many shards the key/value heads are cut over tp: tp itself, or with tp > n_kv_heads (a multiple
+    of it) one head per rank, each head held by tp / n_kv_heads ranks (Megatron's and vLLM's replication)."""
+    if n_kv_heads % tp == 0:
+        return tp
+    if tp % n_kv_heads == 0:
+        return n_kv_heads
+    raise LayoutError(f"n_kv_heads={n_kv_heads} and the tensor-parallel size {tp}: one must divide the other")
+
+
 class Qwen2Attention(nn.Cell):
-    """Grouped-query attention; q/k/v column-parallel by heads, o row-parallel."""
+    """Grouped-query attention; q/k/v column-parallel by heads, o row-parallel. With tp above the kv heads each
+    rank holds the one kv head its query heads use (`kv_head_shards`)."""
 
     def __init__(self, config: Qwen2Config, layout: Layout):
         super().__init__()
@@ -67,16 +78,19 @@ class Qwen2Attention(nn.Cell):
         param_dtype, self.compute_dtype = to_ms_dtype(config.param_init_type), to_ms_dtype(config.compute_dtype)
         self.head_dim = hd
         self.heads_local = shard_size(config.num_heads, tp, "num_heads")
-        self.kv_heads_local = shard_size(config.n_kv_heads, tp, "n_kv_heads")
-        self.kv_repeat = config.num_heads // config.n_kv_heads
+        kv_shards = kv_head_shards(config.n_kv_heads, tp)
+        self.kv_heads_local = config.n_kv_heads // kv_shards
+        self.kv_repeat = self.heads_local // self.kv_heads_local  # local query heads per local kv head
         self.scale = 1.0 / math.sqrt(hd)
         self.scores_matmul = ops.BatchMatMul(transpose_b=True)
         self.rotate_half = Tensor(rotate_half_matrix(hd))
         kw = dict(layout=layout, param_dtype=param_dtype, compute_dtype=self.compute_dtype)
         bias = config.qkv_has_bias
         self.wq = ColumnParallelLinear(config.hidden_size, config.num_heads * hd, bias, name="wq", **kw)
-        self.wk = ColumnParallelLinear(config.hidden_size, config.n_kv_heads * hd, bias, name="wk", **kw)
-        self.wv = ColumnParallelLinear(config.hidden_size, config.n_kv_heads * hd, bias, name="wv", **kw)
+        self.wk = ColumnParallelLinear(config.hidden_size, config.n_kv_heads * hd, bias, name="wk", shards=kv_shards,
+                                       **kw)
+        self.wv = ColumnParallelLinear(config.hidden_size, config.n_kv_heads * hd, bias, name="wv", shards=kv_shards,
+                                       **kw)
         self.wo = RowParallelLinear(config.num_heads * hd, config.hidden_size, False, name="wo", **kw)
 
     def _heads(self, x, batch, seq, heads):
@@ -379,7 +393,7 @@ class KVCache:
         if self.length > config.seq_length:
             raise ValueError(f"KV cache length {self.length} exceeds model_config.seq_length={config.seq_length}")
         self.batch_size = batch_size
-        kv_local = config.n_kv_heads // model.layout.tp
+        kv_local = config.n_kv_heads // kv_head_shards(config.n_kv_heads, model.layout.tp)
         shape = (batch_size, kv_local, self.length, config.get_head_dim())
         dtype = to_ms_dtype(config.compute_dtype)
         zeros = lambda: Tensor(np.zeros(shape, np.float32), dtype)
