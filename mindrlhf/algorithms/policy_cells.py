@@ -9,6 +9,18 @@ import mindspore as ms
 from mindspore import nn, ops
 
 
+def response_inputs(prompt_ids, prompt_mask, response_ids, response_mask):
+    """The tokens a causal LM reads to score every response token: the prompt and all but the last response
+    token (which predicts nothing scored), and their attention mask. P + R - 1 positions; the last R score
+    response tokens 0 .. R-1."""
+    response_width = response_ids.shape[1]
+    input_ids, attention_mask = prompt_ids, prompt_mask.astype(ms.int32)
+    if response_width > 1:
+        input_ids = ops.concat((input_ids, response_ids[:, :response_width - 1]), 1)
+        attention_mask = ops.concat((attention_mask, response_mask[:, :response_width - 1].astype(ms.int32)), 1)
+    return input_ids, attention_mask
+
+
 class ResponseLogProbs(nn.Cell):
     """log p(response token t | prompt, response[:t]) for every response position, float32 [B, R].
 
@@ -27,17 +39,23 @@ class ResponseLogProbs(nn.Cell):
         self.temperature = float(temperature)
         self.with_entropy = with_entropy
 
-    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
-        # the last response token predicts nothing that is scored: the model reads P + R - 1 tokens and
-        # scores its last R positions, which predict response tokens 0 .. R-1
-        prompt_width = prompt_ids.shape[1]
-        response_width = response_ids.shape[1]
-        input_ids, attention_mask = prompt_ids, prompt_mask.astype(ms.int32)
-        if response_width > 1:
-            input_ids = ops.concat((input_ids, response_ids[:, :response_width - 1]), 1)
-            attention_mask = ops.concat((attention_mask, response_mask[:, :response_width - 1].astype(ms.int32)), 1)
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, hidden_in=None):
+        input_ids, attention_mask = response_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
         return self.model.log_probs(input_ids, response_ids, attention_mask, self.temperature, self.with_entropy,
-                                    prompt_width - 1)
+                                    prompt_ids.shape[1] - 1, hidden_in)
+
+
+class ResponseHidden(nn.Cell):
+    """A pipeline stage before the last on the positions `ResponseLogProbs` reads: its output [B, P + R - 1, D],
+    from the prompt and response tokens (first stage) or from `hidden_in`, the previous stage's output."""
+
+    def __init__(self, model: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, hidden_in=None):
+        input_ids, attention_mask = response_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+        return self.model.hidden(input_ids, attention_mask, hidden_in)
 
 
 class ResponseValues(nn.Cell):
@@ -50,12 +68,8 @@ class ResponseValues(nn.Cell):
         self.model = model
 
     def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
-        prompt_width, response_width = prompt_ids.shape[1], response_ids.shape[1]
-        input_ids, attention_mask = prompt_ids, prompt_mask.astype(ms.int32)
-        if response_width > 1:
-            input_ids = ops.concat((input_ids, response_ids[:, :response_width - 1]), 1)
-            attention_mask = ops.concat((attention_mask, response_mask[:, :response_width - 1].astype(ms.int32)), 1)
-        return self.model.values(input_ids, attention_mask, prompt_width - 1)
+        input_ids, attention_mask = response_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
+        return self.model.values(input_ids, attention_mask, prompt_ids.shape[1] - 1)
 
 
 class ResponseScores(nn.Cell):
@@ -106,8 +120,8 @@ class GRPOLossNet(nn.Cell):
         self.loss_cell = loss_cell
 
     def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, old_logp, ref_logp, advantages,
-                  token_weights):
-        logp, entropy = self.response_log_probs(prompt_ids, prompt_mask, response_ids, response_mask)
+                  token_weights, hidden_in=None):
+        logp, entropy = self.response_log_probs(prompt_ids, prompt_mask, response_ids, response_mask, hidden_in)
         outputs = self.loss_cell(logp, old_logp, ref_logp, advantages, response_mask, token_weights)
         weights = token_weights.astype(ms.float32) * response_mask.astype(ms.float32)
         return outputs + (ops.stop_gradient((weights * entropy).sum()),)

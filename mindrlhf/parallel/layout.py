@@ -1,8 +1,10 @@
-"""`Layout`: how one network is split over the ranks of the job (data parallel x tensor parallel).
+"""`Layout`: how one network is split over the ranks of the job (pipeline stages x data parallel x tensor
+parallel).
 
-Rank order follows MindSpore's device matrix ``[dp, tp]``: the tensor-parallel index varies fastest,
-``rank = dp_rank * tp + tp_rank``. In a strategy file's ``tensor_map`` the axes are counted from the
-right, so the tp axis is 0 and the dp axis is 1 (see :data:`TP_AXIS`, :data:`DP_AXIS`).
+Rank order follows MindSpore: pipeline stages outermost, then the device matrix ``[dp, tp]`` of a stage with the
+tensor-parallel index varying fastest, ``rank = stage * dp * tp + dp_rank * tp + tp_rank``. In a strategy file's
+``tensor_map`` the axes are counted from the right, so the tp axis is 0 and the dp axis is 1 (see
+:data:`TP_AXIS`, :data:`DP_AXIS`).
 """
 from __future__ import annotations
 
@@ -21,10 +23,10 @@ class LayoutError(ValueError):
 
 @dataclass(frozen=True)
 class Layout:
-    """Data-parallel size x tensor-parallel size over `world_size` ranks, seen from `rank`.
+    """Pipeline stages x data-parallel size x tensor-parallel size over `world_size` ranks, seen from `rank`.
 
-    A pipeline dimension will be added as the outermost axis; nothing here assumes there is none
-    beyond `pp == 1`.
+    `coords`, the tp and dp groups and the device matrix are those of `rank`'s stage; the pp group links the
+    ranks with the same (dp, tp) coordinates across the stages.
     """
 
     dp: int = 1
@@ -33,20 +35,19 @@ class Layout:
     pp: int = 1
 
     def __post_init__(self):
-        if self.dp < 1 or self.tp < 1 or self.pp != 1:
-            raise LayoutError(f"invalid layout dp={self.dp} tp={self.tp} pp={self.pp}: sizes must be >= 1 "
-                              "and pipeline stages are not supported yet")
+        if self.dp < 1 or self.tp < 1 or self.pp < 1:
+            raise LayoutError(f"invalid layout dp={self.dp} tp={self.tp} pp={self.pp}: sizes must be >= 1")
         if not 0 <= self.rank < self.world_size:
-            raise LayoutError(f"rank {self.rank} is outside layout dp={self.dp} x tp={self.tp} "
-                              f"(world size {self.world_size})")
+            raise LayoutError(f"rank {self.rank} is outside layout {self} (world size {self.world_size})")
 
     @classmethod
-    def for_world(cls, dp: int, tp: int, world_size: int, rank: int, source: str = "layout") -> Layout:
+    def for_world(cls, dp: int, tp: int, world_size: int, rank: int, source: str = "layout", pp: int = 1) -> Layout:
         """A layout that must cover exactly `world_size` ranks (the job's)."""
-        if dp * tp != world_size:
-            raise LayoutError(f"{source}: data_parallel={dp} x model_parallel={tp} = {dp * tp} ranks, but the job "
-                              f"has {world_size}; the train and infer layouts must each cover every rank")
-        return cls(dp=dp, tp=tp, rank=rank)
+        if dp * tp * pp != world_size:
+            stages = f" x pipeline_stage={pp}" if pp > 1 else ""
+            raise LayoutError(f"{source}: data_parallel={dp} x model_parallel={tp}{stages} = {dp * tp * pp} ranks, but "
+                              f"the job has {world_size}; the train and infer layouts must each cover every rank")
+        return cls(dp=dp, tp=tp, rank=rank, pp=pp)
 
     @classmethod
     def from_config(cls, parallel_config, world_size: int, rank: int, source: str = "parallel_config") -> Layout:
@@ -61,14 +62,27 @@ class Layout:
         return self.dp * self.tp * self.pp
 
     @property
+    def stage_size(self) -> int:
+        """Ranks per pipeline stage (dp x tp)."""
+        return self.dp * self.tp
+
+    @property
     def dev_matrix(self) -> list[int]:
-        """MindSpore device matrix of this layout (outermost axis first)."""
+        """MindSpore device matrix of a stage of this layout (outermost axis first)."""
         return [self.dp, self.tp]
 
+    def stage_of(self, rank: int | None = None) -> int:
+        """Pipeline stage of `rank` (default: this rank)."""
+        return (self.rank if rank is None else rank) // self.stage_size
+
+    @property
+    def stage(self) -> int:
+        return self.stage_of()
+
     def coords(self, rank: int | None = None) -> tuple[int, int]:
-        """(dp_rank, tp_rank) of `rank` (default: this rank)."""
+        """(dp_rank, tp_rank) of `rank` (default: this rank) within its stage."""
         rank = self.rank if rank is None else rank
-        return divmod(rank, self.tp)
+        return divmod(rank % self.stage_size, self.tp)
 
     @property
     def dp_rank(self) -> int:
@@ -80,11 +94,24 @@ class Layout:
 
     def tp_group_ranks(self, rank: int | None = None) -> list[int]:
         dp_rank, _ = self.coords(rank)
-        return [dp_rank * self.tp + i for i in range(self.tp)]
+        base = self.stage_of(rank) * self.stage_size
+        return [base + dp_rank * self.tp + i for i in range(self.tp)]
 
     def dp_group_ranks(self, rank: int | None = None) -> list[int]:
         _, tp_rank = self.coords(rank)
-        return [j * self.tp + tp_rank for j in range(self.dp)]
+        base = self.stage_of(rank) * self.stage_size
+        return [base + j * self.tp + tp_rank for j in range(self.dp)]
+
+    def pp_group_ranks(self, rank: int | None = None) -> list[int]:
+        """The ranks holding the same (dp, tp) coordinates in every stage, first stage first."""
+        local = (self.rank if rank is None else rank) % self.stage_size
+        return [stage * self.stage_size + local for stage in range(self.pp)]
+
+    def next_stage_pair(self, stage: int, rank: int | None = None) -> list[int]:
+        """[the rank of `stage`, the rank of `stage + 1`] with `rank`'s (dp, tp) coordinates: the two ranks an
+        activation (forward) or its gradient (backward) moves between."""
+        ranks = self.pp_group_ranks(rank)
+        return ranks[stage:stage + 2]
 
     def shard_of(self, shards: int, rank: int | None = None) -> int:
         """Index of the shard `rank` holds of a tensor cut into `shards` (a divisor of tp) over the tp axis:
@@ -95,7 +122,7 @@ class Layout:
         """The tp peers of `rank` that hold the same shard of a tensor cut into `shards` over the tp axis."""
         dp_rank, tp_rank = self.coords(rank)
         share = self.tp // shards
-        first = dp_rank * self.tp + tp_rank // share * share
+        first = self.stage_of(rank) * self.stage_size + dp_rank * self.tp + tp_rank // share * share
         return list(range(first, first + share))
 
     def shard_group(self, shards: int) -> str | None:
@@ -104,7 +131,7 @@ class Layout:
         return group_name(ranks, self.world_size) if len(ranks) > 1 else None
 
     def __str__(self) -> str:
-        return f"dp={self.dp} x tp={self.tp}"
+        return f"dp={self.dp} x tp={self.tp}" + (f" x pp={self.pp}" if self.pp > 1 else "")
 
     # ---------------------------------------------------------------- groups
     @property
@@ -117,11 +144,21 @@ class Layout:
         """Communication group of this rank's data-parallel peers (None when dp == 1)."""
         return group_name(self.dp_group_ranks(), self.world_size) if self.dp > 1 else None
 
+    @property
+    def pp_group(self) -> str | None:
+        """Communication group of this rank's peers in the other stages (None when pp == 1)."""
+        return group_name(self.pp_group_ranks(), self.world_size) if self.pp > 1 else None
+
+    def pair_group(self, stage: int) -> str:
+        """Communication group of the pair `next_stage_pair(stage)` (this rank must be in it)."""
+        return group_name(self.next_stage_pair(stage), self.world_size)
+
     def init_groups(self) -> Layout:
         """Creates this rank's tp and dp groups, and its groups of tp peers sharing a shard for every divisor of
         tp (once per process; idempotent). Needs `init()` first."""
         shared = [self.shard_group_ranks(shards) for shards in range(2, self.tp) if self.tp % shards == 0]
-        for ranks in (self.tp_group_ranks(), self.dp_group_ranks(), *shared):
+        pairs = [self.next_stage_pair(stage) for stage in (self.stage - 1, self.stage) if 0 <= stage < self.pp - 1]
+        for ranks in (self.tp_group_ranks(), self.dp_group_ranks(), self.pp_group_ranks(), *shared, *pairs):
             ensure_group(ranks, self.world_size)
         return self
 

@@ -47,6 +47,7 @@ class ReducedClippedGradients(nn.Cell):
         # a shard held by tp / shards peers appears that many times in the sum over the tp group
         self.share_weight = tuple(shards.get(p.name, layout.tp) / layout.tp for p in params)
         self.tp_sum = ops.AllReduce(ops.ReduceOp.SUM, layout.tp_group) if layout.tp > 1 else None
+        self.pp_sum = ops.AllReduce(ops.ReduceOp.SUM, layout.pp_group) if layout.pp > 1 else None  # stages' shares
         self.max_grad_norm = float(max_grad_norm)
 
     def _global_norm(self, grads):
@@ -60,7 +61,10 @@ class ReducedClippedGradients(nn.Cell):
                 replicated = replicated + square
         if self.tp_sum is not None:
             split = self.tp_sum(split)
-        return ops.sqrt(replicated + split)
+        total = replicated + split
+        if self.pp_sum is not None:
+            total = self.pp_sum(total)
+        return ops.sqrt(total)
 
     def construct(self, grads):
         grads = self.grad_reducer(grads)
@@ -115,6 +119,29 @@ class SPMDTrainStep(nn.Cell):
         return outputs, step_if_finite(self.optimizer, grads, grad_norm)
 
 
+class GradientBuffers:
+    """One persistent zero-initialised buffer per parameter (`grad_accumulator.<name>`) that graphs add gradients
+    to in place (`add_to_buffers`); :meth:`zero` clears them."""
+
+    def __init__(self, params):
+        self.buffers = ParameterTuple(
+            Parameter(initializer("zeros", p.shape, p.dtype), name=f"grad_accumulator.{p.name}", requires_grad=False)
+            for p in params)
+        self.clear = _ZeroParameters(self.buffers)
+
+    def zero(self) -> None:
+        self.clear()
+
+
+def add_to_buffers(buffers, grads):
+    """`buffers[i] += grads[i]` inside a graph; returns a scalar to `ops.depend` on (an unused assign may be
+    dropped)."""
+    done = ops.zeros((), ms.float32)
+    for i in range(len(grads)):
+        done = ops.depend(done, ops.assign_add(buffers[i], grads[i]))
+    return done
+
+
 class AccumulateGradients(nn.Cell):
     """Adds this rank's gradients of one micro-batch of a loss net returning `(loss, *stats)` to persistent
     buffers, in place inside the graph (so only one micro-batch's gradients exist besides the buffers), and
@@ -124,20 +151,16 @@ class AccumulateGradients(nn.Cell):
         super().__init__(auto_prefix=False)
         self.loss_net = loss_net
         self.grad_fn = ops.value_and_grad(loss_net, None, params, has_aux=True)
-        self.buffers = ParameterTuple(
-            Parameter(initializer("zeros", p.shape, p.dtype), name=f"grad_accumulator.{p.name}", requires_grad=False)
-            for p in params)
-        self.clear = _ZeroParameters(self.buffers)
+        self.storage = GradientBuffers(params)
+        self.buffers = self.storage.buffers
 
     def construct(self, *inputs):
         outputs, grads = self.grad_fn(*inputs)
-        done = ops.zeros((), ms.float32)
-        for i in range(len(grads)):
-            done = ops.depend(done, ops.assign_add(self.buffers[i], grads[i]))
-        return (ops.depend(outputs[0], done),) + tuple(outputs[1:])  # an unused assign may be dropped
+        done = add_to_buffers(self.buffers, grads)
+        return (ops.depend(outputs[0], done),) + tuple(outputs[1:])
 
     def zero(self) -> None:
-        self.clear()
+        self.storage.zero()
 
 
 class _ZeroParameters(nn.Cell):

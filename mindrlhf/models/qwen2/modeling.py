@@ -167,33 +167,52 @@ class Qwen2DecoderLayer(nn.Cell):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+def stage_layers(num_layers: int, stages: int, stage: int) -> range:
+    """The decoder layers pipeline stage `stage` of `stages` owns: an equal, contiguous share."""
+    if num_layers % stages:
+        raise LayoutError(f"num_layers={num_layers} is not divisible by the pipeline stages {stages}")
+    per_stage = num_layers // stages
+    return range(stage * per_stage, (stage + 1) * per_stage)
+
+
 class Qwen2Model(nn.Cell):
-    """Embedding, decoder layers and final norm; returns hidden states [B, S, D]."""
+    """Embedding, decoder layers and final norm; returns hidden states [B, S, D].
+
+    With pipeline stages (`layout.pp > 1`) it is the part of `layout.stage`: the embedding on the first stage,
+    its share of the layers (parameters named by their global index, `layers.<i>`), the final norm on the last;
+    a later stage starts from `hidden_in`, the previous stage's output, and a stage before the last returns its
+    layers' output without the norm."""
 
     def __init__(self, config: Qwen2Config, layout: Layout):
         super().__init__()
         compute_dtype = to_ms_dtype(config.compute_dtype)
-        self.num_layers = config.num_layers
+        owned = stage_layers(config.num_layers, layout.pp, layout.stage)
+        self.first_stage, self.last_stage = layout.stage == 0, layout.stage == layout.pp - 1
+        self.owned_layers = tuple(owned)
         self.tok_embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size, layout,
-                                                     to_ms_dtype(config.param_init_type), compute_dtype)
-        self.layers = nn.CellList([Qwen2DecoderLayer(config, layout) for _ in range(config.num_layers)])
+                                                     to_ms_dtype(config.param_init_type),
+                                                     compute_dtype) if self.first_stage else None
+        # other stages' layers are empty placeholders, so that a layer's parameters are named by its global index
+        self.layers = nn.CellList([Qwen2DecoderLayer(config, layout) if i in owned else nn.Cell()
+                                   for i in range(config.num_layers)])
         self.norm_out = RMSNorm(config.hidden_size, config.rms_norm_eps, to_ms_dtype(config.param_init_type),
-                                compute_dtype)
+                                compute_dtype) if self.last_stage else None
         cos, sin = rotary_tables(config.get_head_dim(), config.seq_length, config.theta)
         self.cos_table = Tensor(cos)
         self.sin_table = Tensor(sin)
 
-    def construct(self, input_ids, position_ids, attn_bias, key_caches=None, value_caches=None, slot_index=None):
-        h = self.tok_embeddings(input_ids)
+    def construct(self, input_ids, position_ids, attn_bias, key_caches=None, value_caches=None, slot_index=None,
+                  hidden_in=None):
+        h = self.tok_embeddings(input_ids) if self.first_stage else hidden_in
         cos = ops.expand_dims(ops.gather(self.cos_table, position_ids, 0), 1)
         sin = ops.expand_dims(ops.gather(self.sin_table, position_ids, 0), 1)
         if key_caches is None:
-            for i in range(self.num_layers):
+            for i in self.owned_layers:
                 h = self.layers[i](h, cos, sin, attn_bias)
         else:
-            for i in range(self.num_layers):
+            for i in self.owned_layers:
                 h = self.layers[i](h, cos, sin, attn_bias, key_caches[i], value_caches[i], slot_index)
-        return self.norm_out(h)
+        return self.norm_out(h) if self.last_stage else h
 
 
 class VocabParallelHead(ParallelLayer):
@@ -259,9 +278,13 @@ class Qwen2ForCausalLM(nn.Cell):
         self.config = config
         self.layout = layout or Layout()
         self.tie_word_embeddings = config.tie_word_embeddings
+        if self.layout.pp > 1 and config.tie_word_embeddings:
+            raise LayoutError("tie_word_embeddings with pipeline stages is not supported yet (the embedding and the "
+                              "head would live on different stages)")
         self.model = Qwen2Model(config, self.layout)
-        self.lm_head = VocabParallelHead(config, self.layout)
-        self.log_prob_of_labels = VocabParallelLogProbs(config.vocab_size, self.layout)
+        last = self.model.last_stage
+        self.lm_head = VocabParallelHead(config, self.layout) if last else None
+        self.log_prob_of_labels = VocabParallelLogProbs(config.vocab_size, self.layout) if last else None
 
     def logits(self, hidden, gather=True):
         """lm_head on hidden states [.., D]: float32 logits over the whole vocabulary (`gather`) or over
@@ -273,8 +296,14 @@ class Qwen2ForCausalLM(nn.Cell):
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         return self.logits(self.model(input_ids, position_ids, attn_bias))
 
+    def hidden(self, input_ids, attention_mask=None, hidden_in=None):
+        """This pipeline stage's output [B, S, D] (a stage before the last): its layers on the embedding of
+        `input_ids` (first stage) or on `hidden_in`. Call inside a Cell's construct."""
+        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
+        return self.model(input_ids, position_ids, attn_bias, hidden_in=hidden_in)
+
     def log_probs(self, input_ids, labels, attention_mask=None, temperature=1.0, with_entropy=False,
-                  first_position=0):
+                  first_position=0, hidden_in=None):
         """log softmax(logits / temperature)[labels] in float32, [B, S - first_position]. Call inside a Cell's
         construct.
 
@@ -282,10 +311,11 @@ class Qwen2ForCausalLM(nn.Cell):
         positions only feed attention and never reach the head, so the [tokens, vocab] logits (and their
         gradient) exist for the scored positions only (TRL's `logits_to_keep`). Use the sampling temperature,
         so that the policy whose log-probs are trained is the one the samples came from. With `with_entropy`
-        returns `(log_probs, entropy)`, the entropy of that distribution per position (no gradient).
+        returns `(log_probs, entropy)`, the entropy of that distribution per position (no gradient). On the last
+        of several pipeline stages the layers start from `hidden_in`, the previous stage's output.
         """
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        hidden = self.model(input_ids, position_ids, attn_bias)
+        hidden = self.model(input_ids, position_ids, attn_bias, hidden_in=hidden_in)
         if first_position:
             hidden = hidden[:, first_position:, :]
         local_logits = self.logits(hidden, gather=False)
@@ -308,6 +338,8 @@ class Qwen2ForValue(nn.Cell):
         super().__init__()
         self.config = config
         self.layout = layout or Layout()
+        if self.layout.pp > 1:
+            raise LayoutError("value models (critic, reward model) do not support pipeline stages yet")
         self.model = Qwen2Model(config, self.layout)
         self.score = nn.Dense(config.hidden_size, 1, has_bias=config.value_head_bias, weight_init="zeros",
                               bias_init="zeros", dtype=to_ms_dtype(config.param_init_type))

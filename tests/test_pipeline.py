@@ -1,0 +1,139 @@
+"""Pipeline stages: the layout's coordinates and groups, the decoder split into stages, and (msrun) a 2-stage
+GRPO train step over micro-batches equal to the whole model in one process."""
+import numpy as np
+import pytest
+from msrun_utils import load_ranks, run_worker
+from tolerances import assert_weights_close_after_adam
+
+from mindrlhf.parallel.layout import Layout, LayoutError
+
+CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=4, num_heads=4, n_kv_heads=2, intermediate_size=64,
+              seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
+
+
+def test_pipeline_coordinates_groups_and_pairs():
+    # MindSpore's order: stages outermost, then [dp, tp] with tp fastest
+    layout = Layout(dp=1, tp=2, pp=2, rank=3)
+    assert layout.world_size == 4 and layout.stage == 1 and layout.coords() == (0, 1)
+    assert layout.tp_group_ranks() == [2, 3] and layout.dp_group_ranks() == [3]
+    assert layout.pp_group_ranks() == [1, 3] and layout.next_stage_pair(0) == [1, 3]
+    assert str(layout) == "dp=1 x tp=2 x pp=2"
+    wide = Layout(dp=2, tp=1, pp=2, rank=2)
+    assert wide.stage == 1 and wide.dp_group_ranks() == [2, 3] and wide.pp_group_ranks() == [0, 2]
+    with pytest.raises(LayoutError, match=r"data_parallel=1 x model_parallel=2 x pipeline_stage=2 = 4 ranks, but "
+                                          r"the job has 2"):
+        Layout.for_world(1, 2, 2, 0, pp=2)
+
+
+@pytest.mark.usefixtures("graph_mode")
+def test_two_stages_compose_to_the_whole_model():
+    """Stage 0 (embedding, layers 0-1) feeding stage 1 (layers 2-3, norm, head) gives the whole model's GRPO loss
+    outputs; stage parameters keep their global names."""
+    import mindspore as ms
+
+    from mindrlhf.algorithms import GRPOLossCell
+    from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseHidden
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindrlhf.parallel.layers import init_random_weights
+
+    cfg = Qwen2Config(**CONFIG)
+    whole = Qwen2ForCausalLM(cfg)
+    stages = [Qwen2ForCausalLM(cfg, Layout(pp=2, rank=r)) for r in range(2)]
+    for net, layout in ((whole, Layout()), (stages[0], Layout(pp=2, rank=0)), (stages[1], Layout(pp=2, rank=1))):
+        init_random_weights(net, layout, seed=3)
+    names = [sorted(p.name for p in net.trainable_params()) for net in stages]
+    assert sorted(names[0] + names[1]) == sorted(p.name for p in whole.trainable_params())
+    assert "model.tok_embeddings.embedding_weight" in names[0] and "model.layers.1.ffn_norm.weight" in names[0]
+    assert "model.layers.2.ffn_norm.weight" in names[1] and "lm_head.weight" in names[1]
+    assert not any(".layers.0." in n or ".layers.1." in n for n in names[1])
+    rng = np.random.default_rng(0)
+    batch = [rng.integers(0, 96, (2, 5)).astype(np.int32), np.ones((2, 5), np.int32),
+             rng.integers(0, 96, (2, 4)).astype(np.int32), np.ones((2, 4), np.int32)]
+    batch += [rng.normal(-4, 0.1, (2, 4)).astype(np.float32), rng.normal(-4, 0.1, (2, 4)).astype(np.float32),
+              np.array([1.0, -1.0], np.float32), np.full((2, 4), 1 / 8, np.float32)]
+    tensors = [ms.Tensor(a) for a in batch]
+    cell = GRPOLossCell(beta=0.05, epsilon_low=0.2, epsilon_high=0.2, kl_estimator="k3")
+    expected = [o.asnumpy() for o in GRPOLossNet(whole, cell)(*tensors)]
+    hidden = ResponseHidden(stages[0])(*tensors[:4])
+    assert hidden.shape == (2, 8, 32)
+    got = [o.asnumpy() for o in GRPOLossNet(stages[1], cell)(*tensors, hidden)]
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.usefixtures("graph_mode")
+def test_what_stages_cannot_hold_yet_is_one_line():
+    import dataclasses
+
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2ForValue
+
+    cfg = Qwen2Config(**CONFIG)
+    with pytest.raises(LayoutError, match="num_layers=4 is not divisible by the pipeline stages 3"):
+        Qwen2ForCausalLM(cfg, Layout(pp=3, rank=0))
+    with pytest.raises(LayoutError, match="tie_word_embeddings with pipeline stages is not supported yet"):
+        Qwen2ForCausalLM(dataclasses.replace(cfg, tie_word_embeddings=True), Layout(pp=2, rank=0))
+    with pytest.raises(LayoutError, match="value models .* do not support pipeline stages yet"):
+        Qwen2ForValue(cfg, Layout(pp=2, rank=1))
+
+
+@pytest.mark.usefixtures("graph_mode")
+def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path):
+    """pp=2 x tp=2: each rank's checkpoint holds its stage's shards and each rank writes its stage's strategy file
+    (`current_stage`); MindSpore merges the stages' files and transforms the checkpoints back into the whole model
+    bit for bit."""
+    import os
+
+    import mindspore as ms
+
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindrlhf.parallel.layers import init_random_weights, random_full_state
+    from mindrlhf.parallel.strategy import save_net_strategy
+
+    cfg = Qwen2Config(**CONFIG)
+    expected = random_full_state(Qwen2ForCausalLM(cfg), Layout(), seed=5)
+    for rank in range(4):
+        layout = Layout(dp=1, tp=2, pp=2, rank=rank)
+        net = Qwen2ForCausalLM(cfg, layout)
+        init_random_weights(net, layout, seed=5)
+        os.makedirs(tmp_path / "ckpt" / f"rank_{rank}")
+        ms.save_checkpoint(net, str(tmp_path / "ckpt" / f"rank_{rank}" / "net.ckpt"))
+        save_net_strategy(net, layout, tmp_path / "strategy" / f"strategy_{rank}.ckpt")
+    ms.parallel.merge_pipeline_strategys(str(tmp_path / "strategy"), str(tmp_path / "merged.ckpt"))
+    ms.parallel.transform_checkpoints(str(tmp_path / "ckpt"), str(tmp_path / "full"), "full_",
+                                      str(tmp_path / "merged.ckpt"), None)
+    (name,) = os.listdir(tmp_path / "full" / "rank_0")
+    merged = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "full" / "rank_0" / name)).items()}
+    assert set(merged) == set(expected)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(merged[key], value, err_msg=key)
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("tp,micro_batches", [(1, 1), (1, 2), (1, 4), (2, 2)],
+                         ids=["pp2-mb1", "pp2-mb2", "pp2-mb4", "pp2xtp2-mb2"])
+def test_pipeline_train_step_equals_the_whole_model(tmp_path, tp, micro_batches):
+    """2 clipped AdamW updates of the GRPO loss (global token weights, responses of unequal lengths) with the
+    4 layers split over 2 stages: the summed loss outputs, the global gradient norm (summed over the stages) and
+    every stage's weights equal the whole model's run in one process."""
+    world = 2 * tp
+    run_worker("pipeline_equivalence.py", ["--tp", str(tp), "--micro_batches", str(micro_batches),
+                                           "--out", str(tmp_path)], world, tmp_path / "log")
+    ranks = load_ranks(tmp_path, world)
+    for rank, result in enumerate(ranks):
+        assert np.all(np.abs(result["whole_outputs"][:, [0, 1, 2, 5]]) > 1e-5)  # loss, pg_loss, kl, entropy
+        np.testing.assert_allclose(result["pipe_outputs"], result["whole_outputs"], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"rank {rank}")
+        np.testing.assert_allclose(result["pipe_norms"], result["whole_norms"], rtol=1e-5, err_msg=f"rank {rank}")
+    lr, updates = float(ranks[0]["adam/lr"]), int(ranks[0]["adam/updates"])
+    held = set()
+    for rank, result in enumerate(ranks):
+        stage_tp = rank % tp
+        got, want = {}, {}
+        for key in (k for k in result if k.startswith("weight/")):
+            name = key.split("/", 1)[1]
+            held.add(name)
+            axis = int(result[f"axis/{name}"])
+            full = result[f"whole/{name}"]
+            want[name] = np.split(full, tp, axis=axis)[stage_tp] if axis >= 0 and tp > 1 else full
+            got[name] = result[key]
+        assert_weights_close_after_adam(got, want, lr, updates, what=f"rank {rank}")
+    assert held == {k.split("/", 1)[1] for k in ranks[0] if k.startswith("whole/")}  # every weight on some stage

@@ -1,0 +1,93 @@
+"""Worker for the pipeline equivalence tests: `UPDATES` clipped AdamW steps of the GRPO loss on a tiny 4-layer
+Qwen2 split into 2 pipeline stages (x `--tp`) over `--micro_batches`, and the same steps of the whole model in
+one piece, which every rank also runs itself (no collective). Each rank writes `<out>/rank_<r>.npz`: both runs'
+summed loss-net outputs and gradient norms per update, and the weights after the updates (its stage's
+parameters, and all of the one-piece run's), with the split axes and lr."""
+import argparse
+import os
+
+import mindspore as ms
+import numpy as np
+from spmd_equivalence import CONFIG, grpo_batch
+
+from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
+from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseHidden, ResponseLogProbs
+from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.optim import AdamW
+from mindrlhf.parallel import Layout
+from mindrlhf.parallel.layers import init_random_weights, param_split_axes
+from mindrlhf.parallel.pipeline import PipelineTrainStep
+from mindrlhf.parallel.spmd import SPMDGradients, SPMDTrainStep, split_micro_batches
+
+LEARNING_RATE, UPDATES = 1e-3, 2
+ONE_PIECE = "one_piece."
+
+
+def loss_cell():
+    return GRPOLossCell(beta=0.05, epsilon_low=0.05, epsilon_high=0.08, kl_estimator="k3")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--micro_batches", type=int, default=1)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    from mindspore.communication import get_group_size, get_rank, init
+    init()
+    layout = Layout.for_world(1, args.tp, get_group_size(), get_rank(), pp=2).init_groups()
+    cfg = Qwen2Config(**{**CONFIG, "num_layers": 4})
+
+    # the whole model in one piece, on this rank alone: old/ref log-probs and the expected updates
+    whole = Qwen2ForCausalLM(cfg)
+    init_random_weights(whole, Layout(), seed=0)
+    whole.update_parameters_name(ONE_PIECE)
+    data = grpo_batch(cfg.vocab_size)
+    tensors = [ms.Tensor(data[k]) for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
+    logp = ResponseLogProbs(whole)(*tensors).asnumpy()
+    old_logp, ref_logp = logp + 0.1 * data["noise"][0], logp + 0.3 * data["noise"][1]
+    weights = aggregation_weights(data["response_mask"], "token-mean").astype(np.float32)
+    arrays = [data[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")] + [
+        old_logp.astype(np.float32), ref_logp.astype(np.float32), data["advantages"], weights]
+    whole_loss = GRPOLossNet(whole, loss_cell())
+    _, _, first_norm = SPMDGradients(whole_loss, whole.trainable_params(), Layout(), grad_reduction="sum")(
+        *[ms.Tensor(a) for a in arrays])
+    clip = 0.5 * float(first_norm.asnumpy())  # every update is clipped by the global norm
+    whole_step = SPMDTrainStep(whole_loss, AdamW(whole.trainable_params(), learning_rate=LEARNING_RATE),
+                               Layout(), grad_reduction="sum", max_grad_norm=clip)
+    whole_outputs, whole_norms = [], []
+    for _ in range(UPDATES):
+        outputs, norm = whole_step(*[ms.Tensor(a) for a in arrays])
+        whole_outputs.append([float(o.asnumpy()) for o in outputs])
+        whole_norms.append(float(norm.asnumpy()))
+
+    # this rank's stage
+    model = Qwen2ForCausalLM(cfg, layout)
+    init_random_weights(model, layout, seed=0)
+    stage_net = ResponseHidden(model) if layout.stage == 0 else GRPOLossNet(model, loss_cell())
+    optimizer = AdamW(model.trainable_params(), learning_rate=LEARNING_RATE)
+    width = data["prompt_ids"].shape[1] + data["response_ids"].shape[1] - 1
+    step = PipelineTrainStep(stage_net, optimizer, layout, lambda inputs: (inputs[0].shape[0], width,
+                                                                           cfg.hidden_size),
+                             ms.float32, num_inputs=8, forward_inputs=4, num_outputs=6, grad_reduction="sum",
+                             max_grad_norm=clip)
+    rows = len(arrays[0]) // args.micro_batches
+    pipe_outputs, pipe_norms = [], []
+    for _ in range(UPDATES):
+        outputs, norm = step(split_micro_batches(arrays, rows))
+        pipe_outputs.append(outputs)
+        pipe_norms.append(norm)
+
+    result = {"whole_outputs": np.array(whole_outputs), "whole_norms": np.array(whole_norms),
+              "pipe_outputs": np.array(pipe_outputs), "pipe_norms": np.array(pipe_norms),
+              "adam/lr": np.array(LEARNING_RATE), "adam/updates": np.array(UPDATES)}
+    result.update({f"whole/{p.name[len(ONE_PIECE):]}": p.asnumpy() for p in whole.trainable_params()})
+    result.update({f"weight/{p.name}": p.asnumpy() for p in model.trainable_params()})
+    result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in param_split_axes(model).items()})
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank_{layout.rank}.npz"), **result)
+
+
+if __name__ == "__main__":
+    main()
