@@ -137,3 +137,32 @@ def test_pipeline_train_step_equals_the_whole_model(tmp_path, tp, micro_batches)
             got[name] = result[key]
         assert_weights_close_after_adam(got, want, lr, updates, what=f"rank {rank}")
     assert held == {k.split("/", 1)[1] for k in ranks[0] if k.startswith("whole/")}  # every weight on some stage
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("src_tp,dst", [(1, "2,1"), (2, "2,2")], ids=["pp2->dp2", "pp2xtp2->dp2xtp2"])
+def test_online_reshard_from_pipeline_stages_equals_transform_checkpoints(tmp_path, src_tp, dst):
+    """Train net in 2 stages -> inference net without stages, online: each rank gets what MindSpore's
+    `transform_checkpoints` gives from the stages' checkpoints and their merged strategy, bit for bit."""
+    import os
+
+    import mindspore as ms
+    from test_reshard import rename_strategy
+
+    world = 2 * src_tp
+    out = tmp_path / "run"
+    run_worker("pipeline_reshard_worker.py", ["--src_tp", str(src_tp), "--dst", dst, "--out", str(out)], world,
+               tmp_path / "log")
+    merged = str(tmp_path / "merged.ckpt")
+    ms.parallel.merge_pipeline_strategys(str(out / "src_strategy"), merged)
+    dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))
+    ms.parallel.transform_checkpoints(str(out / "src_ckpt"), str(tmp_path / "oracle"), "oracle", merged,
+                                      dst_strategy)
+    for rank in range(world):
+        got = dict(np.load(out / f"dst_rank_{rank}.npz"))
+        rank_dir = tmp_path / "oracle" / f"rank_{rank}"
+        newest = sorted(os.listdir(rank_dir))[-1]
+        expected = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(rank_dir / newest)).items()}
+        assert len(got) == len(expected) > 40
+        for name, value in got.items():
+            np.testing.assert_array_equal(value, expected[name[len("infer."):]], err_msg=f"rank {rank} {name}")

@@ -102,11 +102,18 @@ class Move:
 
 
 def plan_reshard(src_layouts: Mapping[str, ParamLayout], dst_layouts: Mapping[str, ParamLayout],
-                 pairs: Mapping[str, str], rank: int) -> list[Move]:
-    """One Move per destination parameter (`pairs`: dst name -> src name), in a rank-independent order."""
+                 pairs: Mapping[str, str], rank: int,
+                 src_stages: Mapping[str, tuple[int, int]] | None = None) -> list[Move]:
+    """One Move per destination parameter (`pairs`: dst name -> src name), in a rank-independent order.
+
+    `src_stages` (source name -> (pipeline stage, ranks per stage)) marks a source split into pipeline stages:
+    its layout is that of its stage (stage-local ranks), and its parameter comes from that stage alone."""
     moves = []
     for dst_name in sorted(pairs):
         src, dst = src_layouts[pairs[dst_name]], dst_layouts[dst_name]
+        if src_stages:
+            moves.append(_move_from_stage(src, dst, dst_name, rank, *src_stages[src.name]))
+            continue
         group = source_group(src, rank)
         needs = {m: dst.slice_of(m) for m in group}
         holds = {m: src.slice_of(m) for m in group}
@@ -117,6 +124,20 @@ def plan_reshard(src_layouts: Mapping[str, ParamLayout], dst_layouts: Mapping[st
             contribution=None if local else intersect(holds[rank], buffer),
             src_region=holds[rank], dst_region=needs[rank]))
     return moves
+
+
+def _move_from_stage(src: ParamLayout, dst: ParamLayout, dst_name: str, rank: int, stage: int,
+                     stage_size: int) -> Move:
+    """Every rank of the world needs its destination region of a parameter that only pipeline stage `stage`
+    holds: the stage's first data-parallel replica contributes its shards to a zero-padded world AllReduce."""
+    world = dst.world_size
+    holders = {stage * stage_size + r: src.slice_of(r) for r in source_group(src, 0)}
+    group = tuple(range(world))
+    buffer = bounding_box([dst.slice_of(m) for m in group])
+    mine = holders.get(rank)
+    return Move(src_name=src.name, dst_name=dst_name, group=group, buffer_region=buffer,
+                contribution=intersect(mine, buffer) if mine else None, src_region=mine or buffer,
+                dst_region=dst.slice_of(rank))
 
 
 @dataclass
@@ -460,6 +481,25 @@ def _with_net_shapes(layouts: dict[str, ParamLayout], net: nn.Cell, what: str) -
     return out
 
 
+_DTYPES_BY_NAME = {str(dtype): dtype for dtype in (ms.float32, ms.float16, ms.bfloat16)}
+
+
+def _stage_pairs(src_layouts: Mapping[str, ParamLayout], dst_layouts: Mapping[str, ParamLayout],
+                 name_map: Mapping[str, str] | None) -> dict[str, str]:
+    """{dst name: src name} of a source gathered from its pipeline stages; every parameter on both sides must
+    pair up with the same full shape."""
+    name_map = {n: n for n in src_layouts} if name_map is None else dict(name_map)
+    pairs = {name_map[src]: src for src in src_layouts if src in name_map}
+    problems = [f"source '{n}' has no destination" for n in src_layouts if name_map.get(n) not in dst_layouts]
+    problems += [f"destination '{n}' has no source" for n in dst_layouts if n not in pairs]
+    problems += [f"'{src}' is {list(src_layouts[src].full_shape)} in the source but {list(dst_layouts[dst].full_shape)}"
+                 f" in the destination" for dst, src in pairs.items() if dst in dst_layouts and
+                 src_layouts[src].full_shape != dst_layouts[dst].full_shape]
+    if problems:
+        raise StrategyError("cannot reshard the pipeline stages -> destination:\n  " + "\n  ".join(problems[:20]))
+    return pairs
+
+
 class Resharder:
     """Moves `src_net`'s weights into `dst_net` (different layouts, same ranks); plan once, run every step.
 
@@ -467,15 +507,31 @@ class Resharder:
     runs reuse them. `bucket_bytes` bounds what one graph moves (its memory peak); moves whose per-rank
     message is under `pack_below_bytes` share a collective call within their bucket (a performance knob;
     tests shrink it to cover both paths).
+
+    A source split into pipeline stages (`src_pipeline`, its `Layout` with pp > 1; `src_strategy` that of this
+    rank's stage) into a destination without stages: the ranks learn every stage's layouts from one another
+    (a world gather at construction), and each parameter comes from the stage that holds it through a
+    zero-padded world AllReduce.
     """
 
     def __init__(self, src_net: nn.Cell, dst_net: nn.Cell, src_strategy, dst_strategy,
                  name_map: Mapping[str, str] | None = None, rank: int | None = None,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, pack_below_bytes: int = PACK_BELOW_BYTES):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, pack_below_bytes: int = PACK_BELOW_BYTES,
+                 src_pipeline=None):
         src_layouts = _with_net_shapes(_as_layouts(src_strategy, "source"), src_net, "source")
         dst_layouts = _with_net_shapes(_as_layouts(dst_strategy, "destination"), dst_net, "destination")
-        pairs = validate_pair(src_layouts, dst_layouts, name_map, "source", "destination", allow_unused_src=False)
-        world = next(iter(src_layouts.values())).world_size
+        self.src_params = {p.name: p for p in src_net.get_parameters()}
+        self.dst_params = {p.name: p for p in dst_net.get_parameters()}
+        self.src_dtypes = {name: param.dtype for name, param in self.src_params.items()}
+        src_stages = None
+        if src_pipeline is not None and src_pipeline.pp > 1:
+            src_layouts, src_stages = self._all_stages(src_layouts, src_pipeline)
+            pairs = _stage_pairs(src_layouts, dst_layouts, name_map)
+            world = src_pipeline.world_size
+        else:
+            pairs = validate_pair(src_layouts, dst_layouts, name_map, "source", "destination",
+                                  allow_unused_src=False)
+            world = next(iter(src_layouts.values())).world_size
         if rank is None:
             rank = 0
             if world > 1:
@@ -483,20 +539,42 @@ class Resharder:
                 rank = get_rank()
         self.rank = rank
         self.world_size = world
-        self.src_params = {p.name: p for p in src_net.get_parameters()}
-        self.dst_params = {p.name: p for p in dst_net.get_parameters()}
-        self.moves = plan_reshard(src_layouts, dst_layouts, pairs, rank)
+        self.pipeline = src_stages is not None
+        self.moves = plan_reshard(src_layouts, dst_layouts, pairs, rank, src_stages)
         self.bucket_bytes = bucket_bytes
         self.pack_below_bytes = pack_below_bytes
         self._steps = self._build_steps(src_layouts)
 
+    def _all_stages(self, local: dict[str, ParamLayout], layout) -> tuple[dict, dict]:
+        """Every stage's source layouts and dtypes (this rank knows its own stage's): gathered over the world."""
+        import json
+
+        import numpy as np
+
+        from mindrlhf.parallel.host import HostCollectives
+
+        mine = json.dumps({name: [list(lay.dev_matrix), list(lay.tensor_map), list(lay.full_shape),
+                                  str(self.src_dtypes[name]), layout.stage] for name, lay in local.items()})
+        comm = HostCollectives(layout.world_size, layout.rank)
+        data = np.frombuffer(mine.encode(), np.uint8).astype(np.int32)  # CPU collectives carry no 8-bit integers
+        longest = int(comm.all_gather(np.array([data.size], np.int32)).max())
+        rows = comm.all_gather(np.pad(data, (0, longest - data.size))[None]).reshape(layout.world_size, longest)
+        layouts, stages = {}, {}
+        for row in rows:
+            text = row.astype(np.uint8).tobytes().rstrip(b"\0")
+            for name, (dev_matrix, tensor_map, shape, dtype, stage) in json.loads(text).items():
+                layouts[name] = ParamLayout(name, dev_matrix, tensor_map, shape)
+                stages[name] = (stage, layout.stage_size)
+                self.src_dtypes.setdefault(name, _DTYPES_BY_NAME[dtype])
+        return layouts, stages
+
     def _wire(self, moves: list[Move]):
-        return wire_dtype({self.src_params[m.src_name].dtype for m in moves},
+        return wire_dtype({self.src_dtypes[m.src_name] for m in moves},
                           {self.dst_params[m.dst_name].dtype for m in moves})
 
     def _params_of(self, moves: list[Move]):
         """(destination parameters, source dtypes) of `moves`."""
-        return [self.dst_params[m.dst_name] for m in moves], [self.src_params[m.src_name].dtype for m in moves]
+        return [self.dst_params[m.dst_name] for m in moves], [self.src_dtypes[m.src_name] for m in moves]
 
     def _build_steps(self, src_layouts: Mapping[str, ParamLayout]) -> list[_Step]:
         """Local chunks first, then the buckets in the global order every rank follows."""
@@ -507,7 +585,7 @@ class Resharder:
             steps.append(_LocalStep(chunk, *self._params_of(chunk)))
         for bucket in make_buckets(self.moves, bucket_elements):
             wire = self._wire(bucket.moves)
-            if len(bucket.group) == self.world_size:
+            if len(bucket.group) == self.world_size and not self.pipeline:
                 steps.append(_GatherStep(bucket.moves, *self._params_of(bucket.moves),
                                          [src_layouts[m.src_name] for m in bucket.moves], self.world_size, wire,
                                          self.pack_below_bytes))
@@ -520,7 +598,9 @@ class Resharder:
     def _source(self, name: str) -> Tensor:
         """A Tensor sharing the source parameter's memory: an input of the step graphs that, unlike the
         Parameter itself, cannot clash by name with a destination parameter held by the graph."""
-        param = self.src_params[name]
+        param = self.src_params.get(name)
+        if param is None:  # held by another pipeline stage: this rank contributes zeros, the input is unused
+            return Tensor([0], self.src_dtypes[name])
         if getattr(param, "has_init", False):
             param.init_data()
         return Tensor(param)

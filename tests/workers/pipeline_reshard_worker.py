@@ -1,0 +1,53 @@
+"""Worker for the pipeline reshard tests: a 4-layer Qwen2 train net in 2 pipeline stages (x `--src_tp`) -> an
+inference net without stages (`--dst dp,tp`, renamed `infer.`), online. Each rank saves its stage's source
+checkpoint (`src_ckpt/rank_<r>/net.ckpt`) and strategy file (`src_strategy/strategy_<r>.ckpt`, its stage as
+`current_stage`), the destination strategy, and the destination tensors it got (`dst_rank_<r>.npz`)."""
+import argparse
+import os
+
+import mindspore as ms
+import numpy as np
+
+from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.parallel import Layout
+from mindrlhf.parallel.layers import load_full_state, random_full_state
+from mindrlhf.parallel.reshard import Resharder
+from mindrlhf.parallel.strategy import save_net_strategy
+
+CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=4, num_heads=4, n_kv_heads=2, intermediate_size=64,
+              seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--src_tp", type=int, default=1)
+    parser.add_argument("--dst", required=True, help="dp,tp of the destination (infer) net")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    from mindspore.communication import get_group_size, get_rank, init
+    init()
+    world, rank = get_group_size(), get_rank()
+    src_layout = Layout.for_world(1, args.src_tp, world, rank, pp=2).init_groups()
+    dst_layout = Layout.for_world(*map(int, args.dst.split(",")), world, rank).init_groups()
+    cfg = Qwen2Config(**CONFIG)
+    full = random_full_state(Qwen2ForCausalLM(cfg), Layout(), seed=9)
+    src_net = Qwen2ForCausalLM(cfg, src_layout)
+    load_full_state(src_net, full, src_layout)
+    dst_net = Qwen2ForCausalLM(cfg, dst_layout)
+    dst_net.update_parameters_name("infer.")
+
+    os.makedirs(f"{args.out}/src_ckpt/rank_{rank}", exist_ok=True)
+    ms.save_checkpoint(src_net, f"{args.out}/src_ckpt/rank_{rank}/net.ckpt")
+    src_strategy = save_net_strategy(src_net, src_layout, f"{args.out}/src_strategy/strategy_{rank}.ckpt")
+    dst_strategy = save_net_strategy(dst_net, dst_layout, f"{args.out}/dst_strategy_{rank}.ckpt")
+    name_map = {name: "infer." + name for name in full}
+    resharder = Resharder(src_net, dst_net, src_strategy, dst_strategy, name_map, bucket_bytes=4096,
+                          src_pipeline=src_layout)
+    resharder.run()
+    resharder.run()  # the next step reuses the plan and the compiled graphs
+    np.savez(f"{args.out}/dst_rank_{rank}.npz", **{p.name: p.asnumpy() for p in dst_net.get_parameters()})
+
+
+if __name__ == "__main__":
+    main()
