@@ -176,6 +176,17 @@ def test_updates_that_keep_going_non_finite_stop_the_job_with_one_line(tmp_path,
     assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step_*"))
 
 
+def run_one_step_with_user_rewards(tmp_path, monkeypatch, data, module: str, source: str, *flags):
+    """One GRPO step of the tiny policy on `data` with reward functions from a user module `module` (`source`)."""
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    code = load_script().main(base_args(data, out) + [
+        "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1", *flags])
+    assert code == 0
+    return out
+
+
 def test_reward_functions_get_the_other_dataset_fields_of_their_prompt(tmp_path, graph_mode, monkeypatch):
     """A dataset field (here each prompt's token count, computed when the data is written) reaches a TRL-form
     reward function under its name, one value per completion, aligned with the completion's prompt."""
@@ -194,16 +205,11 @@ def test_reward_functions_get_the_other_dataset_fields_of_their_prompt(tmp_path,
     (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     data = tmp_path / "data.mindrecord"
     convert_to_mindrecord(tmp_path / "data.jsonl", data, tokenizer, template="r1_think", max_prompt_length=256)
-    (tmp_path / "column_rewards.py").write_text(
-        "def prompt_tokens(completions, n_tokens, **kwargs):\n"
-        "    return [float(n) for n in n_tokens]\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    out = tmp_path / "out"
-    code = load_script().main(base_args(data, out) + [
-        "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1", "--max_new_tokens", "8",
-        "--reward_funcs", "column_rewards:prompt_tokens", "--reward_weights", "1",
-        "--save_data_file", str(tmp_path / "exp" / "cols")])
-    assert code == 0
+    run_one_step_with_user_rewards(
+        tmp_path, monkeypatch, data, "column_rewards",
+        "def prompt_tokens(completions, n_tokens, **kwargs):\n    return [float(n) for n in n_tokens]\n",
+        "--max_new_tokens", "8", "--reward_funcs", "column_rewards:prompt_tokens", "--reward_weights", "1",
+        "--save_data_file", str(tmp_path / "exp" / "cols"))
     records = list(MindDataset(str(tmp_path / "exp" / "cols.step_000001.mindrecord"), shuffle=False)
                    .create_dict_iterator(output_numpy=True))
     assert len({len(r["prompt_ids"]) for r in records}) > 1  # prompts of different lengths in the batch
@@ -213,17 +219,14 @@ def test_reward_functions_get_the_other_dataset_fields_of_their_prompt(tmp_path,
 
 def test_a_reward_function_written_for_trl_runs_unchanged(tmp_path, mindrecord, graph_mode, monkeypatch):
     """TRL's signature: keywords prompts / completions / completion_ids / solution; None = no opinion."""
-    (tmp_path / "trl_style_rewards.py").write_text(
+    out = run_one_step_with_user_rewards(
+        tmp_path, monkeypatch, mindrecord, "trl_style_rewards",
         "CALLS = []\n"
         "def short_answers(prompts, completions, completion_ids, solution, **kwargs):\n"
         "    CALLS.append((prompts, completions, completion_ids, solution))\n"
-        "    return [None if i % 2 else float(len(ids) < 10) for i, ids in enumerate(completion_ids)]\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    out = tmp_path / "out"
-    code = load_script().main(base_args(mindrecord, out) + [
-        "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1", "--max_new_tokens", "24",
-        "--reward_funcs", "accuracy", "trl_style_rewards:short_answers", "--reward_weights", "1", "0.5"])
-    assert code == 0
+        "    return [None if i % 2 else float(len(ids) < 10) for i, ids in enumerate(completion_ids)]\n",
+        "--max_new_tokens", "24", "--reward_funcs", "accuracy", "trl_style_rewards:short_answers",
+        "--reward_weights", "1", "0.5")
     import trl_style_rewards
     prompts, completions, ids, solution = trl_style_rewards.CALLS[0]
     assert len(prompts) == len(completions) == len(ids) == len(solution) == 16  # 4 prompts x 4 generations

@@ -8,7 +8,8 @@ MindSpore -> HF (writes model.safetensors + config.json, and the tokenizer files
         --config_path model.yaml [--dtype fp32|fp16|bf16] [--tokenizer_dir HF_TOKENIZER_DIR]
     IN may be a trainer checkpoint folder (save_ckpt_dir/step_NNNNNN): its tensor-parallel shards are merged
     through the strategy file; optimizer entries are dropped. `--net critic` exports a PPO run's critic from it
-    (written as a one-label *ForSequenceClassification, with the critic's YAML as --config_path).
+    (written as a one-label *ForSequenceClassification, or *ForTokenClassification when its YAML sets
+    value_head_bias; the critic's YAML as --config_path).
 
 Bad input prints one line `error: ...` to stderr and exits with status 2.
 """

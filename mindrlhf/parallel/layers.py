@@ -71,7 +71,7 @@ class ColumnParallelLinear(ParallelLayer):
         self.split_axes = {"weight": 0, "bias": 0} if has_bias else {"weight": 0}
         self.share = None
         if shards < self.tp_size:
-            self.split_shards = {name: shards for name in self.split_axes}
+            self.split_shards = {attr: shards for attr in self.split_axes}
             self.share = CopyToTensorParallel(self.layout.shard_group(shards))  # identity; gradient summed
         self.compute_dtype = compute_dtype
         self.matmul = ops.MatMul(transpose_b=True)

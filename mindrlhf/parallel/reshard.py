@@ -481,25 +481,6 @@ def _with_net_shapes(layouts: dict[str, ParamLayout], net: nn.Cell, what: str) -
     return out
 
 
-_DTYPES_BY_NAME = {str(dtype): dtype for dtype in (ms.float32, ms.float16, ms.bfloat16)}
-
-
-def _stage_pairs(src_layouts: Mapping[str, ParamLayout], dst_layouts: Mapping[str, ParamLayout],
-                 name_map: Mapping[str, str] | None) -> dict[str, str]:
-    """{dst name: src name} of a source gathered from its pipeline stages; every parameter on both sides must
-    pair up with the same full shape."""
-    name_map = {n: n for n in src_layouts} if name_map is None else dict(name_map)
-    pairs = {name_map[src]: src for src in src_layouts if src in name_map}
-    problems = [f"source '{n}' has no destination" for n in src_layouts if name_map.get(n) not in dst_layouts]
-    problems += [f"destination '{n}' has no source" for n in dst_layouts if n not in pairs]
-    problems += [f"'{src}' is {list(src_layouts[src].full_shape)} in the source but {list(dst_layouts[dst].full_shape)}"
-                 f" in the destination" for dst, src in pairs.items() if dst in dst_layouts and
-                 src_layouts[src].full_shape != dst_layouts[dst].full_shape]
-    if problems:
-        raise StrategyError("cannot reshard the pipeline stages -> destination:\n  " + "\n  ".join(problems[:20]))
-    return pairs
-
-
 class Resharder:
     """Moves `src_net`'s weights into `dst_net` (different layouts, same ranks); plan once, run every step.
 
@@ -524,14 +505,13 @@ class Resharder:
         self.dst_params = {p.name: p for p in dst_net.get_parameters()}
         self.src_dtypes = {name: param.dtype for name, param in self.src_params.items()}
         src_stages = None
+        world = next(iter(src_layouts.values())).world_size
+        stages = 1
         if src_pipeline is not None and src_pipeline.pp > 1:
             src_layouts, src_stages = self._all_stages(src_layouts, src_pipeline)
-            pairs = _stage_pairs(src_layouts, dst_layouts, name_map)
-            world = src_pipeline.world_size
-        else:
-            pairs = validate_pair(src_layouts, dst_layouts, name_map, "source", "destination",
-                                  allow_unused_src=False)
-            world = next(iter(src_layouts.values())).world_size
+            world, stages = src_pipeline.world_size, src_pipeline.pp
+        pairs = validate_pair(src_layouts, dst_layouts, name_map, "source", "destination", allow_unused_src=False,
+                              src_stages=stages)
         if rank is None:
             rank = 0
             if world > 1:
@@ -552,9 +532,10 @@ class Resharder:
         import numpy as np
 
         from mindrlhf.parallel.host import HostCollectives
+        from mindrlhf.parallel.layers import to_ms_dtype
 
         mine = json.dumps({name: [list(lay.dev_matrix), list(lay.tensor_map), list(lay.full_shape),
-                                  str(self.src_dtypes[name]), layout.stage] for name, lay in local.items()})
+                                  str(self.src_dtypes[name]).lower(), layout.stage] for name, lay in local.items()})
         comm = HostCollectives(layout.world_size, layout.rank)
         data = np.frombuffer(mine.encode(), np.uint8).astype(np.int32)  # CPU collectives carry no 8-bit integers
         longest = int(comm.all_gather(np.array([data.size], np.int32)).max())
@@ -565,7 +546,7 @@ class Resharder:
             for name, (dev_matrix, tensor_map, shape, dtype, stage) in json.loads(text).items():
                 layouts[name] = ParamLayout(name, dev_matrix, tensor_map, shape)
                 stages[name] = (stage, layout.stage_size)
-                self.src_dtypes.setdefault(name, _DTYPES_BY_NAME[dtype])
+                self.src_dtypes.setdefault(name, to_ms_dtype(dtype))
         return layouts, stages
 
     def _wire(self, moves: list[Move]):

@@ -339,17 +339,19 @@ def _layout_from_proto(path: str, name: str, proto) -> ParamLayout:
 # ---------------------------------------------------------------- comparing two layouts
 def validate_pair(src_layouts: Mapping[str, ParamLayout], dst_layouts: Mapping[str, ParamLayout],
                   name_map: Mapping[str, str] | None = None, src_desc: str = "source",
-                  dst_desc: str = "destination", allow_unused_src: bool = False) -> dict[str, str]:
+                  dst_desc: str = "destination", allow_unused_src: bool = False,
+                  src_stages: int = 1) -> dict[str, str]:
     """Checks that `src_layouts` can be resharded into `dst_layouts`; returns {dst_name: src_name}.
 
     `name_map` maps source names to destination names (None = same names). Every destination parameter must
     have a source; unless `allow_unused_src`, every source parameter must have a destination. Both sides must
-    cover one and the same world size, and matched parameters must have the same full shape (when both are
-    known) and number of dimensions. All problems are reported in one StrategyError.
+    cover one and the same world size (a source in `src_stages` pipeline stages: each stage's layouts cover
+    that share of it), and matched parameters must have the same full shape (when both are known) and number
+    of dimensions. All problems are reported in one StrategyError.
     """
     name_map = {n: n for n in src_layouts} if name_map is None else dict(name_map)
     problems = _name_problems(src_layouts, dst_layouts, name_map, src_desc, dst_desc, allow_unused_src)
-    problems += _world_size_problems(src_layouts, dst_layouts, src_desc, dst_desc)
+    problems += _world_size_problems(src_layouts, dst_layouts, src_desc, dst_desc, src_stages)
     pairs = {dst: src for src, dst in name_map.items() if src in src_layouts and dst in dst_layouts}
     for dst, src in pairs.items():
         problem = _shape_problem(src_layouts[src], dst_layouts[dst], src_desc, dst_desc)
@@ -381,15 +383,17 @@ def _name_problems(src_layouts, dst_layouts, name_map, src_desc, dst_desc, allow
     return problems
 
 
-def _world_size_problems(src_layouts, dst_layouts, src_desc, dst_desc) -> list[str]:
+def _world_size_problems(src_layouts, dst_layouts, src_desc, dst_desc, src_stages: int = 1) -> list[str]:
     sizes = {}
     for layouts, desc in ((src_layouts, src_desc), (dst_layouts, dst_desc)):
         try:
             sizes[desc] = world_size_of(layouts, desc)
         except StrategyError as err:
             return [str(err)]
-    if sizes[src_desc] != sizes[dst_desc]:
-        return [f"world size mismatch: {src_desc} covers {sizes[src_desc]} ranks, {dst_desc} {sizes[dst_desc]}"]
+    if sizes[src_desc] * src_stages != sizes[dst_desc]:
+        stages = f" in each of {src_stages} pipeline stages" if src_stages > 1 else ""
+        return [f"world size mismatch: {src_desc} covers {sizes[src_desc]} ranks{stages}, {dst_desc} "
+                f"{sizes[dst_desc]}"]
     return []
 
 

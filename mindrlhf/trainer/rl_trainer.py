@@ -73,14 +73,19 @@ def check_model_configs(train_cfg, infer_cfg, train_path: str, infer_path: str) 
 
 def check_tensor_parallel(cfg, tp: int, path: str) -> None:
     """The model's widths split over `tp`; the kv heads may also be fewer (a divisor of tp: each is replicated)."""
+    from mindrlhf.models.qwen2.modeling import kv_head_shards
+    from mindrlhf.parallel.layout import LayoutError
+
     for name in ("num_heads", "vocab_size", "intermediate_size"):
         value = getattr(cfg, name)
         if value % tp:
             raise ConfigError(f"{path}: model_config.{name}={value} is not divisible by parallel_config."
                               f"model_parallel={tp}")
-    if cfg.n_kv_heads % tp and tp % cfg.n_kv_heads:
-        raise ConfigError(f"{path}: model_config.n_kv_heads={cfg.n_kv_heads} and parallel_config.model_parallel={tp}: "
-                          "one must divide the other (fewer kv heads than tp ranks are replicated)")
+    try:
+        kv_head_shards(cfg.n_kv_heads, tp)
+    except LayoutError as err:
+        raise ConfigError(f"{path}: model_config.{err} (parallel_config.model_parallel; fewer kv heads than tp ranks "
+                          "are replicated)") from None
 
 
 def _check_micro_batch_size(sched, field: str, rows: int, whose: str) -> None:
