@@ -57,7 +57,8 @@ def write_tiny(tmp_path, **changes):
     ({"model.vocab_size": None}, r"missing required field\(s\) vocab_size"),
     ({"model.seq_length": 4096}, r"seq_length=4096 exceeds max_position_embedding=512"),
     ({"model.qkv_has_bias": "yes"}, r"field 'qkv_has_bias' must be true/false"),
-    ({"parallel.pipeline_stage": 2}, r"pipeline_stage=2: pipeline parallelism is not supported"),
+    ({"parallel.pipeline_stage": 3}, r"model_config.num_layers=2 is not divisible by parallel_config.pipeline_stage=3"),
+    ({"parallel.micro_batch_num": 0}, r"parallel_config.micro_batch_num must be >= 1, got 0"),
     ({"parallel.model_paralel": 2}, r"did you mean 'model_parallel'"),
 ])
 def test_bad_fields_are_named(tmp_path, changes, message):
@@ -112,3 +113,20 @@ def test_tensor_parallel_size_must_divide_heads():
     assert attention.wq.weight.shape == attention.wk.weight.shape == (head_dim, config.hidden_size)
     assert attention.kv_heads_local == attention.kv_repeat == 1 and attention.wk.split_shards == {"weight": 2,
                                                                                                    "bias": 2}
+
+
+def test_the_seed_recipes_7b_pipeline_layout_covers_8_devices():
+    """Train in 2 stages x tp 4, infer dp 2 x tp 4 on the same 8 devices (model_configs/qwen2_5)."""
+    from mindrlhf.models.qwen2.modeling import stage_layers
+    from mindrlhf.trainer.rl_trainer import check_model_configs
+
+    train_path, infer_path = (CONFIGS / "qwen2_5" / f"qwen2_5_7b_{n}.yaml" for n in ("train_pp2", "infer_dp2"))
+    train, infer = Qwen2Config.from_yaml(train_path), Qwen2Config.from_yaml(infer_path)
+    check_model_configs(train, infer, str(train_path), str(infer_path))
+    layouts = [Layout.from_config(train.parallel_config, 8, rank) for rank in range(8)]
+    assert [lay.stage for lay in layouts] == [0, 0, 0, 0, 1, 1, 1, 1] and layouts[5].tp_rank == 1
+    assert layouts[5].pp_group_ranks() == [1, 5] and train.parallel_config.micro_batch_num == 2
+    assert stage_layers(train.num_layers, 2, 1) == range(14, 28)
+    assert str(Layout.from_config(infer.parallel_config, 8, 7)) == "dp=2 x tp=4"
+    with pytest.raises(LayoutError, match=r"x pipeline_stage=2 = 8 ranks, but the job has 4"):
+        Layout.from_config(train.parallel_config, 4, 0)

@@ -47,16 +47,17 @@ def without_timing(metrics):
     return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/", "swap/", "memory/"))}
 
 
+def module_run(tmp_path_factory, name, make_args):
+    """A job run once for a test module: (its folder, each rank's results); `make_args(out_dir)` gives its flags."""
+    tmp_path = tmp_path_factory.mktemp(name)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return tmp_path, run_job(tmp_path, monkeypatch, name, make_args(tmp_path / "out"))
+
+
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory, mindrecord):
     """4 steps in one go, checkpoints at steps 2 and 4."""
-    tmp_path = tmp_path_factory.mktemp("straight")
-    monkeypatch = pytest.MonkeyPatch()
-    try:
-        ranks = run_job(tmp_path, monkeypatch, "straight", job_args(mindrecord, tmp_path / "out", 4))
-    finally:
-        monkeypatch.undo()
-    return tmp_path, ranks
+    return module_run(tmp_path_factory, "straight", lambda out: job_args(mindrecord, out, 4))
 
 
 def test_every_step_reshards_into_the_infer_net_and_keeps_the_swap_plan(straight_run):

@@ -79,17 +79,24 @@ def test_what_stages_cannot_hold_yet_is_one_line():
 def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path):
     """pp=2 x tp=2: each rank's checkpoint holds its stage's shards and each rank writes its stage's strategy file
     (`current_stage`); MindSpore merges the stages' files and transforms the checkpoints back into the whole model
-    bit for bit."""
+    bit for bit, and so do the merged file the trainer writes and our own merge."""
     import os
 
     import mindspore as ms
 
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
     from mindrlhf.parallel.layers import init_random_weights, random_full_state
-    from mindrlhf.parallel.strategy import save_net_strategy
+    from mindrlhf.parallel.strategy import (
+        merge_shards,
+        net_layouts,
+        read_staged_strategy_file,
+        save_net_strategy,
+        write_strategy_file,
+    )
 
     cfg = Qwen2Config(**CONFIG)
     expected = random_full_state(Qwen2ForCausalLM(cfg), Layout(), seed=5)
+    all_layouts, stages, shards = {}, {}, []
     for rank in range(4):
         layout = Layout(dp=1, tp=2, pp=2, rank=rank)
         net = Qwen2ForCausalLM(cfg, layout)
@@ -97,14 +104,26 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path):
         os.makedirs(tmp_path / "ckpt" / f"rank_{rank}")
         ms.save_checkpoint(net, str(tmp_path / "ckpt" / f"rank_{rank}" / "net.ckpt"))
         save_net_strategy(net, layout, tmp_path / "strategy" / f"strategy_{rank}.ckpt")
+        all_layouts.update(net_layouts(net, layout))
+        stages.update(dict.fromkeys(net_layouts(net, layout), layout.stage))
+        shards.append({p.name: p.asnumpy() for p in net.get_parameters()})
     ms.parallel.merge_pipeline_strategys(str(tmp_path / "strategy"), str(tmp_path / "merged.ckpt"))
-    ms.parallel.transform_checkpoints(str(tmp_path / "ckpt"), str(tmp_path / "full"), "full_",
-                                      str(tmp_path / "merged.ckpt"), None)
-    (name,) = os.listdir(tmp_path / "full" / "rank_0")
-    merged = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "full" / "rank_0" / name)).items()}
-    assert set(merged) == set(expected)
+    # the trainer writes the merged file itself, from every stage's layouts: the same content as MindSpore's merge
+    ours = write_strategy_file(tmp_path / "ours.ckpt", all_layouts, stages=stages)
+    theirs = read_staged_strategy_file(tmp_path / "merged.ckpt")
+    assert read_staged_strategy_file(ours) == theirs and set(theirs[1].values()) == {0, 1}
+    for strategy in (tmp_path / "merged.ckpt", ours):
+        out = tmp_path / f"full_{os.path.basename(strategy)}"
+        ms.parallel.transform_checkpoints(str(tmp_path / "ckpt"), str(out), "full_", str(strategy), None)
+        (name,) = os.listdir(out / "rank_0")
+        merged = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(out / "rank_0" / name)).items()}
+        assert set(merged) == set(expected)
+        for key, value in expected.items():
+            np.testing.assert_array_equal(merged[key], value, err_msg=key)
+    layouts, stage_of = theirs
+    ours_merged = merge_shards(shards, layouts, "stages", stage_of)  # our offline merge reads it alike
     for key, value in expected.items():
-        np.testing.assert_array_equal(merged[key], value, err_msg=key)
+        np.testing.assert_array_equal(ours_merged[key], value, err_msg=key)
 
 
 @pytest.mark.msrun

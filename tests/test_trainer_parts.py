@@ -387,3 +387,31 @@ def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when
         actor.train(exp, comm)
     actor = fake_actor([np.nan] * 4, max_consecutive_skips=0)  # 0: never stop
     assert actor.train(exp, comm)["actor/skipped_updates"] == 4
+
+
+def test_pipeline_layouts_the_trainer_cannot_take_are_one_line_errors():
+    import dataclasses
+
+    from mindrlhf.configs.base import ConfigError
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.configs.parallel import ParallelConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+    from mindrlhf.parallel import Layout
+    from mindrlhf.trainer.rl_trainer import check_pipeline, check_unstaged
+
+    cfg = Qwen2Config.from_yaml("model_configs/tiny/train_pp2.yaml")
+    staged = Layout(pp=2, rank=1)
+    check_pipeline(cfg, staged, ScheduleConfig(), 8, "pp.yaml")  # 2 micro-batches of 4 rows
+    check_pipeline(cfg, Layout(), ScheduleConfig(micro_batch_size_per_device=3), 7, "flat.yaml")  # no stages
+    with pytest.raises(ConfigError, match=r"pp.yaml: parallel_config.micro_batch_num=2 must divide the 7 responses"):
+        check_pipeline(cfg, staged, ScheduleConfig(), 7, "pp.yaml")
+    with pytest.raises(ConfigError, match=r"micro_batch_size_per_device=4: with pipeline stages the train "
+                                          r"micro-batches are pp.yaml's parallel_config.micro_batch_num"):
+        check_pipeline(cfg, staged, ScheduleConfig(micro_batch_size_per_device=4), 8, "pp.yaml")
+    four = dataclasses.replace(cfg, num_layers=4, parallel_config=ParallelConfig(pipeline_stage=4))
+    with pytest.raises(ConfigError, match=r"pipeline_stage=4; the train step schedules at most 2 stages"):
+        check_pipeline(four, Layout(pp=4, rank=0), ScheduleConfig(), 8, "pp4.yaml")
+    check_unstaged(Layout(dp=2, rank=1), "infer.yaml", "the inference net")
+    with pytest.raises(ConfigError, match=r"infer.yaml: parallel_config.pipeline_stage=2, but the inference net runs "
+                                          r"without pipeline stages; use pipeline_stage: 1"):
+        check_unstaged(staged, "infer.yaml", "the inference net")

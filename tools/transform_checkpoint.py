@@ -5,7 +5,9 @@
 
 `--src_checkpoint` holds one folder per rank, `rank_<i>/*.ckpt` (MindSpore takes the last file in name order).
 A strategy is a protobuf strategy file or a folder of them (`*.ckpt`, one per rank, all describing the same
-layout). Without `--dst_strategy` the checkpoint is merged into one full checkpoint, `<dst>/rank_0/`.
+layout); a net in pipeline stages is given by its merged strategy (the trainer's `train_strategy.ckpt`, or
+`mindspore.parallel.merge_pipeline_strategys` of the stages' files), each rank's checkpoint holding its stage.
+Without `--dst_strategy` the checkpoint is merged into one full checkpoint, `<dst>/rank_0/`.
 Everything that can be checked is checked before MindSpore is called, so mistakes fail with a message
 naming the file instead of producing wrong weights.
 """
@@ -18,10 +20,22 @@ import re
 import sys
 
 try:
-    from mindrlhf.parallel.strategy import ParamLayout, StrategyError, read_strategy_file, world_size_of
+    from mindrlhf.parallel.strategy import (
+        ParamLayout,
+        StrategyError,
+        read_staged_strategy_file,
+        stage_ranks,
+        staged_world_size,
+    )
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from mindrlhf.parallel.strategy import ParamLayout, StrategyError, read_strategy_file, world_size_of
+    from mindrlhf.parallel.strategy import (
+        ParamLayout,
+        StrategyError,
+        read_staged_strategy_file,
+        stage_ranks,
+        staged_world_size,
+    )
 
 _RANK_DIR = re.compile(r"^rank_(\d+)$")
 
@@ -47,8 +61,9 @@ def _numeric_key(path: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", os.path.basename(path)))
 
 
-def resolve_strategy(path: str, flag: str) -> tuple[str, dict[str, ParamLayout]]:
-    """(one strategy file to give MindSpore, its layouts); a folder's files must all agree."""
+def resolve_strategy(path: str, flag: str) -> tuple[str, dict[str, ParamLayout], dict[str, int]]:
+    """(one strategy file to give MindSpore, its layouts, each parameter's pipeline stage); a folder's files
+    must all agree."""
     if not os.path.exists(path):
         raise TransformError(f"{flag} {path}: no such file or folder")
     files = sorted(glob.glob(os.path.join(path, "*.ckpt")), key=_numeric_key) if os.path.isdir(path) else [path]
@@ -57,19 +72,19 @@ def resolve_strategy(path: str, flag: str) -> tuple[str, dict[str, ParamLayout]]
     read = {}
     for file in files:
         try:
-            read[file] = read_strategy_file(file)
+            read[file] = read_staged_strategy_file(file)
         except StrategyError as err:
             raise TransformError(f"{flag}: strategy not readable: {err}") from None
     _check_same_world_size(read, flag)
     _check_same_layouts(read, flag)
-    return files[0], read[files[0]]
+    return files[0], *read[files[0]]
 
 
-def _check_same_world_size(read: dict[str, dict[str, ParamLayout]], flag: str) -> None:
+def _check_same_world_size(read: dict[str, tuple[dict, dict]], flag: str) -> None:
     sizes = {}
-    for file, layouts in read.items():
+    for file, (layouts, stages) in read.items():
         try:
-            sizes[file] = world_size_of(layouts, file)
+            sizes[file] = staged_world_size(layouts, stages, file)
         except StrategyError as err:
             raise TransformError(f"{flag}: {err}") from None
     if len(set(sizes.values())) > 1:
@@ -78,9 +93,9 @@ def _check_same_world_size(read: dict[str, dict[str, ParamLayout]], flag: str) -
                              "give the files of one job")
 
 
-def _check_same_layouts(read: dict[str, dict[str, ParamLayout]], flag: str) -> None:
-    (first, reference), *others = read.items()
-    for file, layouts in others:
+def _check_same_layouts(read: dict[str, tuple[dict, dict]], flag: str) -> None:
+    (first, (reference, _)), *others = read.items()
+    for file, (layouts, _) in others:
         if layouts == reference:
             continue
         differing = sorted(set(layouts) ^ set(reference)) or sorted(
@@ -151,15 +166,19 @@ def check_same_names(src: dict[str, ParamLayout], dst: dict[str, ParamLayout], s
 # ---------------------------------------------------------------- main
 def transform(args: argparse.Namespace) -> str:
     """Checks everything, runs the transform, returns a one-line summary."""
-    src_file, src_layouts = resolve_strategy(args.src_strategy, "--src_strategy")
-    src_world = world_size_of(src_layouts, src_file)
+    src_file, src_layouts, src_stages = resolve_strategy(args.src_strategy, "--src_strategy")
+    src_world = staged_world_size(src_layouts, src_stages, src_file)
     dst_file, dst_world = None, 1
     if args.dst_strategy is not None:
-        dst_file, dst_layouts = resolve_strategy(args.dst_strategy, "--dst_strategy")
-        dst_world = world_size_of(dst_layouts, dst_file)
+        dst_file, dst_layouts, dst_stages = resolve_strategy(args.dst_strategy, "--dst_strategy")
+        dst_world = staged_world_size(dst_layouts, dst_stages, dst_file)
         check_same_names(src_layouts, dst_layouts, src_file, dst_file)
     checkpoints = rank_checkpoints(args.src_checkpoint, src_world, src_file)
-    unsplit = check_checkpoint_matches(checkpoints[0], src_layouts, src_file)
+    unsplit = set()
+    for stage, ranks in stage_ranks(src_layouts, src_stages, src_file).items():  # each stage's first rank
+        held = {name: lay for name, lay in src_layouts.items() if src_stages[name] == stage}
+        unsplit.update(check_checkpoint_matches(checkpoints[ranks[0]], held, src_file))
+    unsplit = sorted(unsplit - set(src_layouts))
     if unsplit:
         print(f"warning: {len(unsplit)} checkpoint entries not in {src_file} are copied unchanged "
               f"(fine for step counters, wrong for split tensors): {', '.join(unsplit[:10])}", file=sys.stderr)

@@ -7,7 +7,7 @@ from mindrlhf.configs.base import ConfigError, help_field
 
 # MindFormers parallel_config keys we accept for compatibility but do not use (yet).
 IGNORED_PARALLEL_KEYS = frozenset({
-    "use_seq_parallel", "micro_batch_num", "vocab_emb_dp", "gradient_aggregation_group",
+    "use_seq_parallel", "vocab_emb_dp", "gradient_aggregation_group",
     "expert_parallel", "context_parallel", "micro_batch_interleave_num", "recompute",
     "optimizer_shard",
 })
@@ -20,15 +20,17 @@ class ParallelConfig:
     data_parallel: int = help_field(1, "Data-parallel size: replicas that each see a slice of the batch.")
     model_parallel: int = help_field(
         1, "Tensor-parallel size (Megatron style): attention heads, MLP columns and the vocabulary are split.")
-    pipeline_stage: int = help_field(1, "Pipeline stages. Only 1 is supported for now.")
+    pipeline_stage: int = help_field(
+        1, "Pipeline stages (the actor's train net: 1 or 2): the decoder layers split into equal consecutive "
+           "shares, the embedding on the first stage, the final norm and head on the last.")
+    micro_batch_num: int = help_field(
+        1, "With pipeline_stage > 1: micro-batches each rank's rows of an update are split into (their "
+           "gradients are accumulated; activation memory is that of one micro-batch).")
 
     def validate(self) -> None:
-        for name in ("data_parallel", "model_parallel", "pipeline_stage"):
+        for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"parallel_config.{name} must be >= 1, got {getattr(self, name)}")
-        if self.pipeline_stage != 1:
-            raise ConfigError(f"parallel_config.pipeline_stage={self.pipeline_stage}: pipeline parallelism "
-                              "is not supported yet; use 1")
 
     @property
     def world_size(self) -> int:

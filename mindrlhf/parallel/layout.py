@@ -52,9 +52,8 @@ class Layout:
     @classmethod
     def from_config(cls, parallel_config, world_size: int, rank: int, source: str = "parallel_config") -> Layout:
         """The layout a YAML's `parallel_config` places a net in; it must cover the job's `world_size` ranks."""
-        if parallel_config.pipeline_stage != 1:
-            raise LayoutError(f"{source}: pipeline_stage={parallel_config.pipeline_stage} is not supported yet; use 1")
-        return cls.for_world(parallel_config.data_parallel, parallel_config.model_parallel, world_size, rank, source)
+        return cls.for_world(parallel_config.data_parallel, parallel_config.model_parallel, world_size, rank, source,
+                             pp=parallel_config.pipeline_stage)
 
     # ---------------------------------------------------------------- arithmetic
     @property

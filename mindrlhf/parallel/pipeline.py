@@ -21,6 +21,32 @@ from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.spmd import ApplyGradients, GradientBuffers, add_to_buffers
 
 
+def gather_stage_layouts(local: dict, dtypes: dict, layout: Layout) -> tuple[dict, dict[str, int], dict]:
+    """Every stage's parameter layouts of a net in pipeline stages, learnt from the other ranks (each knows its own
+    stage's `local` layouts, with full shapes, and the parameters' `dtypes`): (layouts, name -> stage, name ->
+    dtype). A world gather on the host; every rank must call it."""
+    import json
+
+    from mindrlhf.parallel.host import HostCollectives
+    from mindrlhf.parallel.layers import to_ms_dtype
+    from mindrlhf.parallel.strategy import ParamLayout
+
+    mine = json.dumps({name: [list(lay.dev_matrix), list(lay.tensor_map), list(lay.full_shape),
+                              str(dtypes[name]).lower(), layout.stage] for name, lay in local.items()})
+    comm = HostCollectives(layout.world_size, layout.rank)
+    data = np.frombuffer(mine.encode(), np.uint8).astype(np.int32)  # CPU collectives carry no 8-bit integers
+    longest = int(comm.all_gather(np.array([data.size], np.int32)).max())
+    rows = comm.all_gather(np.pad(data, (0, longest - data.size))[None]).reshape(layout.world_size, longest)
+    layouts, stages, all_dtypes = {}, {}, {}
+    for row in rows:
+        text = row.astype(np.uint8).tobytes().rstrip(b"\0")
+        for name, (dev_matrix, tensor_map, shape, dtype, stage) in json.loads(text).items():
+            layouts[name] = ParamLayout(name, dev_matrix, tensor_map, shape)
+            stages[name] = stage
+            all_dtypes[name] = to_ms_dtype(dtype)
+    return layouts, stages, all_dtypes
+
+
 class StageTransfer(nn.Cell):
     """AllReduce(SUM) over the 2-rank group of neighbouring stages: the sender passes its tensor, the receiver
     zeros of the same shape, both get the tensor."""

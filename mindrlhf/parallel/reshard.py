@@ -508,7 +508,11 @@ class Resharder:
         world = next(iter(src_layouts.values())).world_size
         stages = 1
         if src_pipeline is not None and src_pipeline.pp > 1:
-            src_layouts, src_stages = self._all_stages(src_layouts, src_pipeline)
+            from mindrlhf.parallel.pipeline import gather_stage_layouts
+
+            src_layouts, stage_of, dtypes = gather_stage_layouts(src_layouts, self.src_dtypes, src_pipeline)
+            src_stages = {name: (stage, src_pipeline.stage_size) for name, stage in stage_of.items()}
+            self.src_dtypes = {**dtypes, **self.src_dtypes}
             world, stages = src_pipeline.world_size, src_pipeline.pp
         pairs = validate_pair(src_layouts, dst_layouts, name_map, "source", "destination", allow_unused_src=False,
                               src_stages=stages)
@@ -524,30 +528,6 @@ class Resharder:
         self.bucket_bytes = bucket_bytes
         self.pack_below_bytes = pack_below_bytes
         self._steps = self._build_steps(src_layouts)
-
-    def _all_stages(self, local: dict[str, ParamLayout], layout) -> tuple[dict, dict]:
-        """Every stage's source layouts and dtypes (this rank knows its own stage's): gathered over the world."""
-        import json
-
-        import numpy as np
-
-        from mindrlhf.parallel.host import HostCollectives
-        from mindrlhf.parallel.layers import to_ms_dtype
-
-        mine = json.dumps({name: [list(lay.dev_matrix), list(lay.tensor_map), list(lay.full_shape),
-                                  str(self.src_dtypes[name]).lower(), layout.stage] for name, lay in local.items()})
-        comm = HostCollectives(layout.world_size, layout.rank)
-        data = np.frombuffer(mine.encode(), np.uint8).astype(np.int32)  # CPU collectives carry no 8-bit integers
-        longest = int(comm.all_gather(np.array([data.size], np.int32)).max())
-        rows = comm.all_gather(np.pad(data, (0, longest - data.size))[None]).reshape(layout.world_size, longest)
-        layouts, stages = {}, {}
-        for row in rows:
-            text = row.astype(np.uint8).tobytes().rstrip(b"\0")
-            for name, (dev_matrix, tensor_map, shape, dtype, stage) in json.loads(text).items():
-                layouts[name] = ParamLayout(name, dev_matrix, tensor_map, shape)
-                stages[name] = (stage, layout.stage_size)
-                self.src_dtypes.setdefault(name, to_ms_dtype(dtype))
-        return layouts, stages
 
     def _wire(self, moves: list[Move]):
         return wire_dtype({self.src_dtypes[m.src_name] for m in moves},

@@ -215,25 +215,32 @@ def strategy_file_name(rank: int) -> str:
     return f"ckpt_strategy_rank_{rank}.ckpt"
 
 
-def write_strategy_file(path: str | os.PathLike, layouts: Mapping[str, ParamLayout], stage: int = 0) -> str:
-    """Writes `layouts` as a `ParallelStrategyMap` protobuf (temp file + rename); returns the path."""
+def write_strategy_file(path: str | os.PathLike, layouts: Mapping[str, ParamLayout], stage: int = 0,
+                        stages: Mapping[str, int] | None = None) -> str:
+    """Writes `layouts` as a `ParallelStrategyMap` protobuf (temp file + rename); returns the path.
+
+    `stage` is the pipeline stage the file describes (`current_stage`, as each stage's ranks write it). With
+    `stages` (parameter name -> its stage) the file holds every stage of a net in pipeline stages, as
+    `mindspore.parallel.merge_pipeline_strategys` writes it (names `<stage>-<name>`, each with its stage's
+    device matrix), which `transform_checkpoints` reads as the whole net's strategy.
+    """
     from mindspore.train import node_strategy_pb2
 
     path = os.fspath(path)
     if path.endswith(".json"):
         raise StrategyError(f"{path}: MindSpore reads '.json' strategy files as JSON; this writer writes protobuf, "
                             "use another extension (e.g. '.ckpt')")
-    _check_writable_layouts(path, layouts)
+    _check_writable_layouts(path, layouts, stages)
     strategy_map = node_strategy_pb2.ParallelStrategyMap()
-    strategy_map.current_stage = stage
-    for lay in layouts.values():
-        _add_strategy_item(strategy_map, lay, stage)
-        _add_layout_item(strategy_map, lay)
+    strategy_map.current_stage = stage if stages is None else 1  # what merge_pipeline_strategys sets
+    for lay in sorted(layouts.values(), key=lambda lay: stages[lay.name]) if stages else layouts.values():
+        _add_strategy_item(strategy_map, lay, stage if stages is None else stages[lay.name])
+        _add_layout_item(strategy_map, lay, None if stages is None else stages[lay.name])
     _atomic_write(path, strategy_map.SerializeToString())
     return path
 
 
-def _check_writable_layouts(path: str, layouts: Mapping[str, ParamLayout]) -> None:
+def _check_writable_layouts(path: str, layouts: Mapping[str, ParamLayout], stages: Mapping[str, int] | None) -> None:
     if not layouts:
         raise StrategyError(f"{path}: no parameter layouts to write")
     for name, lay in layouts.items():
@@ -242,7 +249,14 @@ def _check_writable_layouts(path: str, layouts: Mapping[str, ParamLayout]) -> No
         if "-" in name:
             raise StrategyError(f"{path}: parameter '{name}' has a '-' in its name, which MindSpore reads as "
                                 "'<pipeline stage>-<name>'")
-    world_size_of(layouts, path)
+    if stages is None:
+        world_size_of(layouts, path)
+        return
+    missing = sorted(set(layouts) - set(stages))
+    if missing:
+        raise StrategyError(f"{path}: no pipeline stage given for {_listing(missing)}")
+    for stage in sorted(set(stages.values())):
+        world_size_of({n: lay for n, lay in layouts.items() if stages[n] == stage}, f"{path} stage {stage}")
 
 
 def _add_strategy_item(strategy_map, lay: ParamLayout, stage: int) -> None:
@@ -253,9 +267,9 @@ def _add_strategy_item(strategy_map, lay: ParamLayout, stage: int) -> None:
     item.parallel_strategys.parallel_strategy.add().dim.extend(lay.split_counts)
 
 
-def _add_layout_item(strategy_map, lay: ParamLayout) -> None:
+def _add_layout_item(strategy_map, lay: ParamLayout, stage: int | None = None) -> None:
     item = strategy_map.parallel_layout_item.add()
-    item.param_name = lay.name
+    item.param_name = lay.name if stage is None else f"{stage}-{lay.name}"
     layouts = item.parallel_layouts
     layouts.dev_matrix.add().dim.extend(lay.dev_matrix)
     layouts.tensor_map.add().dim.extend(lay.tensor_map)
@@ -278,19 +292,49 @@ def read_strategy_file(path: str | os.PathLike) -> dict[str, ParamLayout]:
     """Parameter layouts of a protobuf strategy file (full shapes are not stored: `full_shape=None`).
 
     Names of a file merged by `merge_pipeline_strategys` (`<stage>-<name>`) are returned without the stage,
-    as MindSpore does; files holding several pipeline stages are not supported.
+    as MindSpore does; a file holding several pipeline stages needs :func:`read_staged_strategy_file`.
     """
+    path = os.fspath(path)
+    layouts, stages = read_staged_strategy_file(path)
+    if len(set(stages.values())) > 1:
+        raise StrategyError(f"{path}: holds pipeline stages {sorted(set(stages.values()))}; read it with "
+                            "read_staged_strategy_file")
+    return layouts
+
+
+def read_staged_strategy_file(path: str | os.PathLike) -> tuple[dict[str, ParamLayout], dict[str, int]]:
+    """(layouts, parameter name -> pipeline stage) of a strategy file; a file of one stage (or without stages)
+    gives stage 0 to every parameter. Each stage's layouts cover that stage's ranks (see :func:`stage_ranks`)."""
     path = os.fspath(path)
     strategy_map = _parse_strategy_map(path)
     layouts: dict[str, ParamLayout] = {}
-    stages = set()
+    stages: dict[str, int] = {}
     for item in strategy_map.parallel_layout_item:
         stage, name = _split_stage(item.param_name)
-        stages.add(stage)
         layouts[name] = _layout_from_proto(path, name, item.parallel_layouts)
-    if len(stages) > 1:
-        raise StrategyError(f"{path}: holds pipeline stages {sorted(stages)}; only one stage is supported")
-    return layouts
+        stages[name] = stage
+    if len(set(stages.values())) == 1:
+        stages = dict.fromkeys(stages, 0)
+    return layouts, stages
+
+
+def stage_ranks(layouts: Mapping[str, ParamLayout], stages: Mapping[str, int], desc: str) -> dict[int, range]:
+    """Pipeline stage -> the ranks holding it (stages outermost in the rank order, each of one size); a staged
+    strategy whose stages are missing or of different sizes is an error naming `desc`."""
+    per_stage = {}
+    for stage in sorted(set(stages.values())):
+        per_stage[stage] = world_size_of({n: lay for n, lay in layouts.items() if stages[n] == stage},
+                                         f"{desc} stage {stage}")
+    if sorted(per_stage) != list(range(len(per_stage))) or len(set(per_stage.values())) != 1:
+        raise StrategyError(f"{desc}: pipeline stages {sorted(per_stage)} of sizes {list(per_stage.values())}; "
+                            "expected stages 0..n-1 of one size each")
+    size = per_stage[0]
+    return {stage: range(stage * size, (stage + 1) * size) for stage in per_stage}
+
+
+def staged_world_size(layouts: Mapping[str, ParamLayout], stages: Mapping[str, int], desc: str) -> int:
+    """Ranks a strategy covers: those of all its pipeline stages (:func:`stage_ranks`)."""
+    return max(ranks.stop for ranks in stage_ranks(layouts, stages, desc).values())
 
 
 def _parse_strategy_map(path: str):
@@ -416,27 +460,31 @@ def net_layouts(net, layout: Layout) -> dict[str, ParamLayout]:
 
 
 def merge_shards(shards: list[Mapping[str, np.ndarray]], layouts: Mapping[str, ParamLayout],
-                 source: str = "shards") -> dict[str, np.ndarray]:
+                 source: str = "shards", stages: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
     """Full tensors of the parameters in `layouts` from the per-rank shards (`shards[rank]`: name -> array).
 
-    Full shapes come from the shard shapes; other entries of the shards (optimizer state) are ignored.
+    With `stages` (a net in pipeline stages, :func:`read_staged_strategy_file`) each parameter comes from the
+    ranks of its stage. Full shapes come from the shard shapes; other entries of the shards (optimizer state)
+    are ignored.
     """
-    world = world_size_of(layouts, source)
+    ranks_of = stage_ranks(layouts, stages, source) if stages else {0: range(world_size_of(layouts, source))}
+    world = sum(len(ranks) for ranks in ranks_of.values())
     if len(shards) != world:
         raise StrategyError(f"{source}: {len(shards)} rank shards for a strategy of {world} ranks")
     merged = {}
     for name, lay in layouts.items():
-        missing = [rank for rank in range(world) if name not in shards[rank]]
+        ranks = ranks_of[stages[name] if stages else 0]
+        missing = [rank for rank in ranks if name not in shards[rank]]
         if missing:
             raise StrategyError(f"{source}: parameter '{name}' missing from the shards of ranks {missing}")
-        lay = lay.with_full_shape(lay.full_shape_from_local(shards[0][name].shape))
-        full = np.empty(lay.full_shape, dtype=shards[0][name].dtype)
-        for rank in range(world):
+        lay = lay.with_full_shape(lay.full_shape_from_local(shards[ranks[0]][name].shape))
+        full = np.empty(lay.full_shape, dtype=shards[ranks[0]][name].dtype)
+        for local, rank in enumerate(ranks):
             piece = shards[rank][name]
             if tuple(piece.shape) != lay.local_shape:
                 raise StrategyError(f"{source}: '{name}' of rank {rank} has shape {list(piece.shape)}, "
                                     f"expected {list(lay.local_shape)} ({lay.describe()})")
-            full[lay.slice_of(rank)] = piece
+            full[lay.slice_of(local)] = piece
         merged[name] = full
     return merged
 

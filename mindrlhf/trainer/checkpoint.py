@@ -150,15 +150,15 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
     dropped."""
     import mindspore as ms
 
-    from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_strategy_file, world_size_of
+    from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
 
     rank_file, strategy_file, prefix = STEP_NETS[net]
     strategy_path = os.path.join(step_dir, strategy_file)
     if not os.path.isfile(strategy_path):
         raise CheckpointError(f"{step_dir}: not a trainer checkpoint folder with a {net} (no {strategy_file})")
     try:
-        layouts = read_strategy_file(strategy_path)
-        world = world_size_of(layouts, strategy_path)
+        layouts, stages = read_staged_strategy_file(strategy_path)  # a train net in pipeline stages: all of them
+        world = staged_world_size(layouts, stages, strategy_path)
         shards = []
         for rank in range(world):
             path = os.path.join(rank_dir(step_dir, rank), rank_file)
@@ -166,7 +166,7 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
                 raise CheckpointError(f"{path}: missing ({strategy_path} describes {world} ranks)")
             shards.append({name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()
                            if not is_optimizer_state(name)})
-        merged = merge_shards(shards, layouts, step_dir)
+        merged = merge_shards(shards, layouts, step_dir, stages)
         return {name[len(prefix):] if name.startswith(prefix) else name: value for name, value in merged.items()}
     except (StrategyError, RuntimeError) as err:
         raise CheckpointError(f"{step_dir}: cannot merge the rank checkpoints: {str(err).splitlines()[0]}") from None

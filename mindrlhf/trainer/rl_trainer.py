@@ -88,6 +88,33 @@ def check_tensor_parallel(cfg, tp: int, path: str) -> None:
                           "are replicated)") from None
 
 
+MAX_PIPELINE_STAGES = 2  # what `PipelineTrainStep` schedules so far
+
+
+def check_unstaged(layout, path: str, what: str) -> None:
+    """Nets that only run forward (and the critic, for now) have no pipeline stages."""
+    if layout.pp > 1:
+        raise ConfigError(f"{path}: parallel_config.pipeline_stage={layout.pp}, but {what} runs without pipeline "
+                          "stages; use pipeline_stage: 1 (only the actor's train net is split into stages)")
+
+
+def check_pipeline(cfg, layout, sched, rows_per_rank: int, path: str) -> None:
+    """A train layout with pipeline stages: at most `MAX_PIPELINE_STAGES`, and `micro_batch_num` micro-batches
+    that split each rank's rows of an update evenly (and stand for schedule.micro_batch_size_per_device)."""
+    if layout.pp == 1:
+        return
+    if layout.pp > MAX_PIPELINE_STAGES:
+        raise ConfigError(f"{path}: parallel_config.pipeline_stage={layout.pp}; the train step schedules at most "
+                          f"{MAX_PIPELINE_STAGES} stages so far")
+    count = cfg.parallel_config.micro_batch_num
+    if rows_per_rank % count:
+        raise ConfigError(f"{path}: parallel_config.micro_batch_num={count} must divide the {rows_per_rank} "
+                          "responses each train rank gets per update")
+    if sched.micro_batch_size_per_device:
+        raise ConfigError(f"schedule.micro_batch_size_per_device={sched.micro_batch_size_per_device}: with pipeline "
+                          f"stages the train micro-batches are {path}'s parallel_config.micro_batch_num; leave it 0")
+
+
 def _check_micro_batch_size(sched, field: str, rows: int, whose: str) -> None:
     """`schedule.<field>` (0 = auto) must divide the `rows` it splits ("responses <whose>")."""
     size = getattr(sched, field)
@@ -129,6 +156,10 @@ class RLTrainer:
         infer_layout = Layout.from_config(infer_cfg.parallel_config, world_size, rank,
                                           f"{job.sft_path_infer}: parallel_config")
         self.train_layout, self.infer_layout = train_layout, infer_layout
+        check_unstaged(infer_layout, job.sft_path_infer, "the inference net (and the reference and the reward model "
+                                                         "in its layout)")
+        check_pipeline(train_cfg, train_layout, sched, sched.prompts_per_update * G // train_layout.dp,
+                       job.sft_path_train)
         check_tensor_parallel(train_cfg, train_layout.tp, job.sft_path_train)
         check_tensor_parallel(infer_cfg, infer_layout.tp, job.sft_path_infer)
         if sched.batch_size % infer_layout.dp:
@@ -176,6 +207,7 @@ class RLTrainer:
                 check_model_configs(train_cfg, critic_cfg, job.sft_path_train, job.sft_path_critic)
             critic_layout = Layout.from_config(critic_cfg.parallel_config, world_size, rank,
                                                f"{job.sft_path_critic}: parallel_config")
+            check_unstaged(critic_layout, job.sft_path_critic, "the critic")
             check_tensor_parallel(critic_cfg, critic_layout.tp, job.sft_path_critic)
             if sched.batch_size * G % critic_layout.dp:
                 raise ConfigError(f"{job.sft_path_critic}: the {sched.batch_size * G} responses of a step do not "
@@ -266,7 +298,8 @@ class RLTrainer:
         paths = {}
         for role in self.roles:
             for net, layouts in role.strategies().items():
-                paths[net] = write_strategy_file(os.path.join(folder, net, strategy_file_name(self.rank)), layouts)
+                paths[net] = write_strategy_file(os.path.join(folder, net, strategy_file_name(self.rank)), layouts,
+                                                 stage=role.strategy_stage(net))
         return paths
 
     def _layouts_meta(self) -> dict:
@@ -296,8 +329,8 @@ class RLTrainer:
 
         def shared_files(folder: str) -> None:
             for role in self.roles:
-                for name, layouts in role.shared_files().items():
-                    write_strategy_file(os.path.join(folder, name), layouts)
+                for name, (layouts, stages) in role.shared_files().items():
+                    write_strategy_file(os.path.join(folder, name), layouts, stages=stages)
 
         meta = {"step": self.step, "updates": self.actor.updates, "world_size": self.world_size,
                 "layouts": self._layouts_meta(), "data": self.dataset.state_dict(), "config": self.config.to_dict(),

@@ -4,8 +4,9 @@ groups, strategy files and checkpoint state, so the loop only sequences phases a
 A role declares:
     swap_groups()      group name -> parameters (registered with the job's `SwapManager`)
     resident_in        phase -> its groups that must be on device in that phase (all others are offloaded)
-    strategies()       net name -> per-parameter layouts (`--only_save_strategy` writes them)
-    checkpoint_files   rank file name -> parameters, and shared strategy file name -> layouts
+    strategies()       net name -> per-parameter layouts (`--only_save_strategy` writes them; a net in
+                       pipeline stages: this rank's stage, `strategy_stage`)
+    checkpoint_files   rank file name -> parameters, and shared strategy file name -> (layouts, stages)
     rank_state()       JSON-able per-rank state (random streams), restored by `load_rank_state`
 """
 from __future__ import annotations
@@ -104,17 +105,20 @@ class NonFiniteUpdates(RuntimeError):
 
 
 class MicroBatchSizer:
-    """Rows per graph call of one pass: the configured size, or (0) the most rows whose estimated activations
-    fit `schedule.activation_memory_gib` (`mindrlhf.trainer.memory_budget`); the choice is logged once per shape."""
+    """Rows per graph call of one pass: the configured size, `micro_batches` equal micro-batches (a train net in
+    pipeline stages: its `micro_batch_num`), or (0) the most rows whose estimated activations fit
+    `schedule.activation_memory_gib` (`mindrlhf.trainer.memory_budget`); the choice is logged once per shape."""
 
-    def __init__(self, kind: str, configured: int, model_config, tp: int, budget_gib: float):
+    def __init__(self, kind: str, configured: int, model_config, tp: int, budget_gib: float, micro_batches: int = 0):
         self.kind, self.configured, self.model_config, self.tp = kind, configured, model_config, tp
-        self.budget_gib = budget_gib
+        self.budget_gib, self.micro_batches = budget_gib, micro_batches
         self._logged: set[tuple] = set()
 
     def __call__(self, rows: int, prompt_width: int, response_width: int) -> int:
         from mindrlhf.trainer import memory_budget
 
+        if self.micro_batches:
+            return math.ceil(rows / self.micro_batches)
         if self.configured:
             return self.configured
         cfg = self.model_config
@@ -170,9 +174,15 @@ class Role:
         """Per-rank checkpoint file name -> the parameters saved in it."""
         return {}
 
-    def shared_files(self) -> dict[str, dict]:
-        """Checkpoint strategy file name -> layouts (written once, by rank 0)."""
+    def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
+        """Checkpoint strategy file name -> (layouts, parameter name -> pipeline stage or None), written once, by
+        rank 0."""
         return {}
+
+    def strategy_stage(self, net: str) -> int:
+        """The pipeline stage of this rank's part of `net` (0 for nets without stages)."""
+        del net
+        return 0
 
     def rank_state(self) -> dict:
         return {}
@@ -194,8 +204,8 @@ def phase_plan(roles, phases) -> dict[str, tuple[str, ...]]:
 
 
 class Actor(Role):
-    """The policy: a train net (train layout) with AdamW and the GRPO loss, an inference net (infer layout)
-    with the sampling generator, and the online train -> infer reshard."""
+    """The policy: a train net (train layout, possibly in pipeline stages) with AdamW and the GRPO loss, an
+    inference net (infer layout) with the sampling generator, and the online train -> infer reshard."""
 
     name = "actor"
     resident_in = {"generate": (INFER_WEIGHTS,), "eval": (INFER_WEIGHTS,), "old": (INFER_WEIGHTS,),
@@ -214,8 +224,9 @@ class Actor(Role):
         self.train_net = Qwen2ForCausalLM(train_cfg, train_layout)
         self.infer_net = Qwen2ForCausalLM(infer_cfg, infer_layout)
         self.infer_net.update_parameters_name(INFER_PREFIX)
-        self.train_strategy = net_layouts(self.train_net, train_layout)
+        self.train_strategy = net_layouts(self.train_net, train_layout)  # of this rank's stage
         self.infer_strategy = net_layouts(self.infer_net, infer_layout)
+        self.train_stages = None  # with pipeline stages: (every stage's layouts, name -> stage), from build()
 
     def build(self) -> None:
         """Weights, optimizer, train step, resharder and generators (skipped by --only_save_strategy)."""
@@ -224,7 +235,6 @@ class Actor(Role):
         from mindrlhf.generation import Generator
         from mindrlhf.optim import AdamW
         from mindrlhf.parallel.layers import init_random_weights
-        from mindrlhf.parallel.reshard import Resharder
         from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 
         cfg, job, gen = self.config, self.job, self.generation
@@ -237,15 +247,19 @@ class Actor(Role):
                                beta2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay)
         loss_cell = GRPOLossCell(beta=cfg.loss.beta, epsilon_low=cfg.loss.epsilon_low,
                                  epsilon_high=cfg.loss.epsilon_high, kl_estimator=cfg.loss.kl_estimator)
-        self.train_step = MicroBatchedTrainStep(GRPOLossNet(self.train_net, loss_cell, gen.temperature),
-                                                self.optimizer, self.train_layout, grad_reduction="sum",
-                                                max_grad_norm=opt.max_grad_norm)
-        self.to_infer = Resharder(self.train_net, self.infer_net, self.train_strategy, self.infer_strategy,
-                                  {n: INFER_PREFIX + n for n in self.train_strategy}, rank=self.rank)
+        loss_net = GRPOLossNet(self.train_net, loss_cell, gen.temperature)
+        if self.train_layout.pp > 1:
+            self.train_step = self._pipeline_step(loss_net)
+        else:
+            self.train_step = MicroBatchedTrainStep(loss_net, self.optimizer, self.train_layout, grad_reduction="sum",
+                                                    max_grad_norm=opt.max_grad_norm)
+        self.to_infer = self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
         self.old_log_probs = ResponseLogProbs(self.infer_net, gen.temperature)
         sched = cfg.schedule
         self.train_rows = MicroBatchSizer("train", sched.micro_batch_size_per_device, self.train_cfg,
-                                          self.train_layout.tp, sched.activation_memory_gib)
+                                          self.train_layout.tp, sched.activation_memory_gib,
+                                          self.train_cfg.parallel_config.micro_batch_num
+                                          if self.train_layout.pp > 1 else 0)
         self.log_prob_rows = MicroBatchSizer("log_prob", sched.log_prob_micro_batch_size_per_device,
                                              self.infer_cfg, self.infer_layout.tp, sched.activation_memory_gib)
         self.generator = Generator(self.infer_net, gen)
@@ -257,6 +271,36 @@ class Actor(Role):
             load_weights(self.infer_net, self.infer_layout, job.load_sft_checkpoint_infer, INFER_PREFIX)
         else:
             self.to_infer.run()
+
+    def _pipeline_step(self, loss_net):
+        """The train step of a train net in pipeline stages: the loss net on the last stage, the response
+        positions' hidden states on the first (`PipelineTrainStep`); every stage's layouts for the checkpoints."""
+        from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, ResponseHidden
+        from mindrlhf.parallel.layers import to_ms_dtype
+        from mindrlhf.parallel.pipeline import PipelineTrainStep, gather_stage_layouts
+
+        layout, hidden_size = self.train_layout, self.train_cfg.hidden_size
+        layouts, stages, _ = gather_stage_layouts(
+            self.train_strategy, {p.name: p.dtype for p in self.train_net.get_parameters()}, layout)
+        self.train_stages = (layouts, stages)
+        stage_net = loss_net if layout.stage == layout.pp - 1 else ResponseHidden(self.train_net)
+
+        def hidden_shape(inputs):  # prompt + response - 1 positions (`response_inputs`)
+            return inputs[0].shape[0], inputs[0].shape[1] + inputs[2].shape[1] - 1, hidden_size
+
+        return PipelineTrainStep(stage_net, self.optimizer, layout, hidden_shape,
+                                 to_ms_dtype(self.train_cfg.compute_dtype), num_inputs=8, forward_inputs=4,
+                                 num_outputs=len(GRPO_OUTPUT_NAMES), grad_reduction="sum",
+                                 max_grad_norm=self.config.optimizer.max_grad_norm)
+
+    def resharder_to(self, net, strategy: dict, prefix: str):
+        """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
+        net's names), from every pipeline stage when the train net has them."""
+        from mindrlhf.parallel.reshard import Resharder
+
+        names = {name[len(prefix):]: name for name in strategy}
+        return Resharder(self.train_net, net, self.train_strategy, strategy, names, rank=self.rank,
+                         src_pipeline=self.train_layout)
 
     # ------------------------------------------------------------------ state
     def optimizer_state(self) -> list:
@@ -274,8 +318,11 @@ class Actor(Role):
     def rank_files(self) -> dict[str, list]:
         return {TRAIN_CKPT: list(self.train_net.trainable_params()) + self.optimizer_state()}
 
-    def shared_files(self) -> dict[str, dict]:
-        return {TRAIN_STRATEGY: self.train_strategy}
+    def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
+        return {TRAIN_STRATEGY: self.train_stages or (self.train_strategy, None)}
+
+    def strategy_stage(self, net: str) -> int:
+        return self.train_layout.stage if net == "train" else 0
 
     def rank_state(self) -> dict:
         return {"generator_rng": self.generator.rng.bit_generator.state}
@@ -389,10 +436,8 @@ class Reference(Role):
 
     def build(self, actor: Actor) -> None:
         from mindrlhf.algorithms.policy_cells import ResponseLogProbs
-        from mindrlhf.parallel.reshard import Resharder
 
-        self.from_actor = Resharder(actor.train_net, self.net, actor.train_strategy, self.strategy,
-                                    {n: REF_PREFIX + n for n in actor.train_strategy}, rank=self.rank)
+        self.from_actor = actor.resharder_to(self.net, self.strategy, REF_PREFIX)
         self.cell = ResponseLogProbs(self.net, self.temperature)
         self.rows = actor.log_prob_rows
         if self.job.load_ref_checkpoint:
@@ -409,8 +454,8 @@ class Reference(Role):
     def rank_files(self) -> dict[str, list]:
         return {REF_CKPT: list(self.net.trainable_params())}
 
-    def shared_files(self) -> dict[str, dict]:
-        return {INFER_STRATEGY: self.strategy}
+    def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
+        return {INFER_STRATEGY: (self.strategy, None)}
 
     def log_probs(self, arrays) -> np.ndarray:
         """Reference log-probs of the rows of `arrays` (prompt ids, prompt mask, response ids, response mask)."""
@@ -492,8 +537,8 @@ class Critic(Role):
     def rank_files(self) -> dict[str, list]:
         return {CRITIC_CKPT: list(self.net.trainable_params()) + self.optimizer_state()}
 
-    def shared_files(self) -> dict[str, dict]:
-        return {CRITIC_STRATEGY: self.strategy}
+    def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
+        return {CRITIC_STRATEGY: (self.strategy, None)}
 
     def values(self, exp, comm) -> np.ndarray:
         """Values of every row of `exp` [N, R] (0 on padding): each critic dp rank scores its share of the rows,

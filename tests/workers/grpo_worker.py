@@ -1,5 +1,6 @@
 """Worker: `grpo_one_stage.py` with a callback that checks, after every step on every rank, that the inference
-net holds exactly the train net's weights and that each phase ran with its swap plan; writes rank_<r>.json."""
+net holds exactly the train net's weights (its pipeline stage's, when the train net has stages) and that each phase
+ran with its swap plan; writes rank_<r>.json."""
 import json
 import os
 import sys
@@ -22,8 +23,9 @@ def check_step(trainer, step, metrics):
     actor = trainer.actor
     infer = {p.name: p for p in actor.infer_net.trainable_params()}
     mismatched = []
+    stage_rank = rank % actor.train_layout.stage_size  # the train strategy is that of this rank's pipeline stage
     for param in actor.train_net.trainable_params():
-        train_region = actor.train_strategy[param.name].slice_of(rank)
+        train_region = actor.train_strategy[param.name].slice_of(stage_rank)
         infer_region = actor.infer_strategy[INFER_PREFIX + param.name].slice_of(rank)
         assert all(i.start <= t.start and t.stop <= i.stop for t, i in zip(train_region, infer_region)), param.name
         relative = tuple(slice(t.start - i.start, t.stop - i.start) for t, i in zip(train_region, infer_region))

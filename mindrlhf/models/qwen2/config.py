@@ -117,7 +117,24 @@ class Qwen2Config:
                                 f"{source}: parallel_config", IGNORED_PARALLEL_KEYS)
         cfg = from_mapping(cls, model_cfg, f"{source}: model.model_config", IGNORED_MODEL_KEYS)
         cfg.parallel_config = parallel
+        try:
+            cfg.check_pipeline_stages()
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
         return cfg
+
+    def check_pipeline_stages(self) -> None:
+        """The decoder must split into `parallel_config.pipeline_stage` equal shares, with the embedding and the
+        head on different stages only when they are different weights."""
+        stages = self.parallel_config.pipeline_stage
+        if stages == 1:
+            return
+        if self.num_layers % stages:
+            raise ConfigError(f"model_config.num_layers={self.num_layers} is not divisible by parallel_config."
+                              f"pipeline_stage={stages}")
+        if self.tie_word_embeddings:
+            raise ConfigError(f"parallel_config.pipeline_stage={stages} with model_config.tie_word_embeddings: true "
+                              "is not supported yet (the tied embedding and head would live on different stages)")
 
     def to_dict(self) -> dict:
         model_cfg = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "parallel_config"}

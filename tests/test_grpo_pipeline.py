@@ -1,0 +1,169 @@
+"""The GRPO trainer with the actor's train net in 2 pipeline stages (msrun, 2 workers, `tiny/train_pp2.yaml`) and
+the inference net at dp=2 on the same ranks: online reshard from the stages every step, the swap plan, a checkpoint
+MindSpore reads as the whole net, exact resume, and the one-line errors of layouts stages cannot take."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+from test_grpo_trainer import (  # noqa: F401 (mindrecord: a fixture)
+    TINY,
+    job_args,
+    mindrecord,
+    module_run,
+    run_job,
+    without_timing,
+)
+from tolerances import assert_weights_close_after_adam
+
+PIPELINE_YAML = TINY / "train_pp2.yaml"
+
+
+def pipeline_args(data, out_dir, steps, extra=()):
+    args = job_args(data, out_dir, steps, extra)
+    args[args.index("--sft_path_train") + 1] = str(PIPELINE_YAML)
+    return args
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory, mindrecord):  # noqa: F811
+    """3 steps in one go: checkpoints at steps 2 and 3, the reference synced from the stages at step 3."""
+    return module_run(tmp_path_factory, "pp2", lambda out: pipeline_args(mindrecord, out, 3))
+
+
+@pytest.mark.msrun
+def test_train_stages_reshard_into_the_infer_net_every_step(pipeline_run):
+    tmp_path, ranks = pipeline_run
+    log = "".join(p.read_text(errors="replace") for p in sorted((tmp_path / "pp2_logs").glob("worker_*.log")))
+    assert "train layout dp=1 x tp=1 x pp=2, infer layout dp=2 x tp=1" in log
+    for rank, result in enumerate(ranks):
+        assert result["exit_code"] == 0
+        assert [s["step"] for s in result["steps"]] == [1, 2, 3]
+        for step in result["steps"]:
+            assert step["mismatched"] == [], f"rank {rank} step {step['step']}: infer != its stage of train"
+            assert step["plan_errors"] == [], f"rank {rank} step {step['step']}"
+    for a, b in zip(ranks[0]["steps"], ranks[1]["steps"]):  # the loss statistics reach both stages
+        assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6)
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert all(line["actor/updates"] == 4 and line["actor/entropy"] > 0 for line in lines)
+    assert any(line["actor/grad_norm"] > 0 for line in lines) and lines[-1]["actor/kl"] > 0  # the policy moved
+
+
+@pytest.mark.msrun
+def test_train_stages_learn_like_the_train_net_without_stages(pipeline_run, tmp_path, monkeypatch, mindrecord):  # noqa: F811
+    """The same job with the train net at dp=2 (no stages): same rollouts, same loss statistics and gradient norms
+    for the first two steps (later steps sample from weights that differ by float rounding)."""
+    _, ranks = pipeline_run
+    args = job_args(mindrecord, tmp_path / "out", 2)
+    train_yaml = tmp_path / "train_dp2.yaml"
+    train_yaml.write_text(PIPELINE_YAML.read_text().replace("data_parallel: 1", "data_parallel: 2")
+                          .replace("pipeline_stage: 2", "pipeline_stage: 1"))
+    args[args.index("--sft_path_train") + 1] = str(train_yaml)
+    flat = run_job(tmp_path, monkeypatch, "dp2", args)
+    for staged, plain in zip(ranks[0]["steps"][:2], flat[0]["steps"]):
+        assert staged["metrics"]["reward/mean"] == plain["metrics"]["reward/mean"]
+        for key in ("actor/loss", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
+            assert staged["metrics"][key] == pytest.approx(plain["metrics"][key], rel=1e-4, abs=1e-6), key
+    assert any(step["metrics"]["actor/grad_norm"] > 0 for step in flat[0]["steps"])  # a real update was compared
+
+
+@pytest.mark.msrun
+def test_stage_checkpoint_merges_into_the_whole_net(pipeline_run, tmp_path):
+    """Each rank's train.ckpt holds its stage; the step's train strategy is the merged pipeline strategy, which
+    our merge and MindSpore's transform_checkpoints (through tools/transform_checkpoint.py) both read as the whole
+    net, with the same values."""
+    import mindspore as ms
+    from test_transform_checkpoint import _tool_module
+
+    from mindrlhf.parallel.strategy import read_staged_strategy_file
+    from mindrlhf.trainer.checkpoint import is_optimizer_state, read_policy_weights
+
+    run_dir, _ = pipeline_run
+    step = run_dir / "out" / "checkpoints" / "step_000003"
+    stage_names = []
+    for rank in range(2):
+        names = {n for n in ms.load_checkpoint(str(step / f"rank_{rank}" / "train.ckpt")) if not is_optimizer_state(n)}
+        stage_names.append(names)
+    assert "model.tok_embeddings.embedding_weight" in stage_names[0] and "lm_head.weight" in stage_names[1]
+    assert not stage_names[0] & stage_names[1]
+    layouts, stages = read_staged_strategy_file(step / "train_strategy.ckpt")
+    assert {n for n, s in stages.items() if s == 1} == stage_names[1]
+    merged = read_policy_weights(str(step))
+    assert set(merged) == stage_names[0] | stage_names[1] == set(layouts)
+    ckpt = tmp_path / "ckpt"
+    for rank in range(2):
+        (ckpt / f"rank_{rank}").mkdir(parents=True)
+        shutil.copy(step / f"rank_{rank}" / "train.ckpt", ckpt / f"rank_{rank}" / "train.ckpt")
+    assert _tool_module().main(["--src_checkpoint", str(ckpt), "--src_strategy", str(step / "train_strategy.ckpt"),
+                                "--dst_checkpoint", str(tmp_path / "full")]) == 0  # our CLI over MindSpore's transform
+    (name,) = [p.name for p in (tmp_path / "full" / "rank_0").iterdir()]
+    oracle = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(tmp_path / "full" / "rank_0" / name)).items()}
+    for key, value in merged.items():
+        np.testing.assert_array_equal(value, oracle[key], err_msg=key)
+
+
+@pytest.mark.msrun
+def test_resume_with_stages_equals_the_straight_run(pipeline_run, tmp_path, monkeypatch, mindrecord):  # noqa: F811
+    import mindspore as ms
+
+    from mindrlhf.trainer.checkpoint import is_optimizer_state
+
+    straight_dir, straight = pipeline_run
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    shutil.copytree(straight_dir / "out" / "checkpoints" / "step_000002", out / "checkpoints" / "step_000002")
+    ranks = run_job(tmp_path, monkeypatch, "resumed", pipeline_args(mindrecord, out, 3, ["--resume"]))
+    assert [s["step"] for s in ranks[0]["steps"]] == [3]
+    assert ranks[0]["steps"][0]["mismatched"] == [] and ranks[1]["steps"][0]["mismatched"] == []
+    assert without_timing(ranks[0]["steps"][0]["metrics"]) == pytest.approx(
+        without_timing(straight[0]["steps"][2]["metrics"]), rel=1e-6, abs=1e-9)
+    for rank in range(2):
+        files = [ms.load_checkpoint(str(d / "checkpoints" / "step_000003" / f"rank_{rank}" / "train.ckpt"))
+                 for d in (out, straight_dir / "out")]
+        resumed, reference = ({k: v.asnumpy() for k, v in f.items()} for f in files)
+        assert resumed.keys() == reference.keys()
+        weights = [n for n in reference if not is_optimizer_state(n)]
+        assert_weights_close_after_adam({n: resumed[n] for n in weights}, {n: reference[n] for n in weights},
+                                        lr=1e-3, updates=4, what=f"rank {rank} resumed vs straight")
+
+
+@pytest.mark.msrun
+def test_resume_with_other_stages_is_a_one_line_error(pipeline_run, tmp_path, mindrecord):  # noqa: F811
+    """The pipeline checkpoint resumed by a job whose train net has no stages: refused, naming both layouts."""
+    import subprocess
+
+    from msrun_utils import free_port
+    from test_grpo_trainer import msrun_command, msrun_env
+
+    straight_dir, _ = pipeline_run
+    out = tmp_path / "out"
+    shutil.copytree(straight_dir / "out" / "checkpoints" / "step_000002", out / "checkpoints" / "step_000002")
+    done = subprocess.run(msrun_command(tmp_path / "logs", free_port(), job_args(mindrecord, out, 3, ["--resume"])),
+                          env=msrun_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode != 0
+    log = (tmp_path / "logs" / "worker_0.log").read_text(errors="replace")
+    assert "train layout dp=1 x tp=1 x pp=2 differs from this job's dp=1 x tp=2" in log
+    assert "Traceback" not in log
+
+
+@pytest.mark.msrun
+def test_only_save_strategy_writes_each_stage_which_mindspore_merges(tmp_path, mindrecord):  # noqa: F811
+    import subprocess
+
+    import mindspore as ms
+    from msrun_utils import free_port
+    from test_grpo_trainer import msrun_command, msrun_env
+
+    from mindrlhf.parallel.strategy import read_staged_strategy_file
+
+    out = tmp_path / "out"
+    done = subprocess.run(msrun_command(tmp_path / "logs", free_port(),
+                                        pipeline_args(mindrecord, out, 1, ["--only_save_strategy"])),
+                          env=msrun_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:]
+    merged = tmp_path / "merged.ckpt"
+    ms.parallel.merge_pipeline_strategys(str(out / "strategy" / "train"), str(merged))
+    layouts, stages = read_staged_strategy_file(merged)
+    assert stages["model.tok_embeddings.embedding_weight"] == 0 and stages["lm_head.weight"] == 1
+    assert stages["model.layers.0.attention.wq.weight"] == 0 and stages["model.layers.1.attention.wq.weight"] == 1
+    assert all(lay.world_size == 1 for lay in layouts.values())  # each stage: dp=1 x tp=1
