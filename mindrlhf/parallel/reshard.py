@@ -491,14 +491,15 @@ class Resharder:
 
     A source split into pipeline stages (`src_pipeline`, its `Layout` with pp > 1; `src_strategy` that of this
     rank's stage) into a destination without stages: the ranks learn every stage's layouts from one another
-    (a world gather at construction), and each parameter comes from the stage that holds it through a
+    (a world gather at construction, or `src_stage_layouts` if the caller already has what
+    `gather_stage_layouts` returns), and each parameter comes from the stage that holds it through a
     zero-padded world AllReduce.
     """
 
     def __init__(self, src_net: nn.Cell, dst_net: nn.Cell, src_strategy, dst_strategy,
                  name_map: Mapping[str, str] | None = None, rank: int | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, pack_below_bytes: int = PACK_BELOW_BYTES,
-                 src_pipeline=None):
+                 src_pipeline=None, src_stage_layouts=None):
         src_layouts = _with_net_shapes(_as_layouts(src_strategy, "source"), src_net, "source")
         dst_layouts = _with_net_shapes(_as_layouts(dst_strategy, "destination"), dst_net, "destination")
         self.src_params = {p.name: p for p in src_net.get_parameters()}
@@ -510,7 +511,8 @@ class Resharder:
         if src_pipeline is not None and src_pipeline.pp > 1:
             from mindrlhf.parallel.pipeline import gather_stage_layouts
 
-            src_layouts, stage_of, dtypes = gather_stage_layouts(src_layouts, self.src_dtypes, src_pipeline)
+            src_layouts, stage_of, dtypes = src_stage_layouts or gather_stage_layouts(src_layouts, self.src_dtypes,
+                                                                                      src_pipeline)
             src_stages = {name: (stage, src_pipeline.stage_size) for name, stage in stage_of.items()}
             self.src_dtypes = {**dtypes, **self.src_dtypes}
             world, stages = src_pipeline.world_size, src_pipeline.pp

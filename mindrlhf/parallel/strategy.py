@@ -255,8 +255,7 @@ def _check_writable_layouts(path: str, layouts: Mapping[str, ParamLayout], stage
     missing = sorted(set(layouts) - set(stages))
     if missing:
         raise StrategyError(f"{path}: no pipeline stage given for {_listing(missing)}")
-    for stage in sorted(set(stages.values())):
-        world_size_of({n: lay for n, lay in layouts.items() if stages[n] == stage}, f"{path} stage {stage}")
+    stage_ranks(layouts, stages, path)
 
 
 def _add_strategy_item(strategy_map, lay: ParamLayout, stage: int) -> None:
@@ -467,13 +466,14 @@ def merge_shards(shards: list[Mapping[str, np.ndarray]], layouts: Mapping[str, P
     ranks of its stage. Full shapes come from the shard shapes; other entries of the shards (optimizer state)
     are ignored.
     """
-    ranks_of = stage_ranks(layouts, stages, source) if stages else {0: range(world_size_of(layouts, source))}
+    stages = stages or dict.fromkeys(layouts, 0)
+    ranks_of = stage_ranks(layouts, stages, source)
     world = sum(len(ranks) for ranks in ranks_of.values())
     if len(shards) != world:
         raise StrategyError(f"{source}: {len(shards)} rank shards for a strategy of {world} ranks")
     merged = {}
     for name, lay in layouts.items():
-        ranks = ranks_of[stages[name] if stages else 0]
+        ranks = ranks_of[stages[name]]
         missing = [rank for rank in ranks if name not in shards[rank]]
         if missing:
             raise StrategyError(f"{source}: parameter '{name}' missing from the shards of ranks {missing}")

@@ -226,7 +226,7 @@ class Actor(Role):
         self.infer_net.update_parameters_name(INFER_PREFIX)
         self.train_strategy = net_layouts(self.train_net, train_layout)  # of this rank's stage
         self.infer_strategy = net_layouts(self.infer_net, infer_layout)
-        self.train_stages = None  # with pipeline stages: (every stage's layouts, name -> stage), from build()
+        self.train_stages = None  # with pipeline stages: `gather_stage_layouts` of the train net, from build()
 
     def build(self) -> None:
         """Weights, optimizer, train step, resharder and generators (skipped by --only_save_strategy)."""
@@ -280,9 +280,8 @@ class Actor(Role):
         from mindrlhf.parallel.pipeline import PipelineTrainStep, gather_stage_layouts
 
         layout, hidden_size = self.train_layout, self.train_cfg.hidden_size
-        layouts, stages, _ = gather_stage_layouts(
+        self.train_stages = gather_stage_layouts(
             self.train_strategy, {p.name: p.dtype for p in self.train_net.get_parameters()}, layout)
-        self.train_stages = (layouts, stages)
         stage_net = loss_net if layout.stage == layout.pp - 1 else ResponseHidden(self.train_net)
 
         def hidden_shape(inputs):  # prompt + response - 1 positions (`response_inputs`)
@@ -300,7 +299,7 @@ class Actor(Role):
 
         names = {name[len(prefix):]: name for name in strategy}
         return Resharder(self.train_net, net, self.train_strategy, strategy, names, rank=self.rank,
-                         src_pipeline=self.train_layout)
+                         src_pipeline=self.train_layout, src_stage_layouts=self.train_stages)
 
     # ------------------------------------------------------------------ state
     def optimizer_state(self) -> list:
@@ -319,7 +318,10 @@ class Actor(Role):
         return {TRAIN_CKPT: list(self.train_net.trainable_params()) + self.optimizer_state()}
 
     def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
-        return {TRAIN_STRATEGY: self.train_stages or (self.train_strategy, None)}
+        if self.train_stages:
+            layouts, stages, _ = self.train_stages
+            return {TRAIN_STRATEGY: (layouts, stages)}
+        return {TRAIN_STRATEGY: (self.train_strategy, None)}
 
     def strategy_stage(self, net: str) -> int:
         return self.train_layout.stage if net == "train" else 0
