@@ -1,10 +1,11 @@
-"""Online reshard vs the offline route (save -> transform_checkpoints -> load), train tp2 -> infer dp2.
+"""Online reshard vs the offline route (save -> transform_checkpoints -> load), train tp2 (or pp2) -> infer dp2.
 
-    .venv/bin/python benchmarks/reshard.py [--models tiny,100m --dtypes float32,float16 --repeats 3
-                                            --output benchmarks/results/reshard.json]
+    .venv/bin/python benchmarks/reshard.py [--src tp2|pp2 --models tiny,100m --dtypes float32,float16 --repeats 3
+                                            --output benchmarks/results/reshard[_pp2].json]
 
-Launches itself under msrun with 2 workers (CPU). On every rank a Qwen2 train net split tp=2 (float32)
-is moved into an infer net of the other layout (dp=2: replicated) in the destination dtype:
+Launches itself under msrun with 2 workers (CPU). On every rank a Qwen2 train net split tp=2 (float32), or in 2
+pipeline stages with `--src pp2` (each rank one stage; the offline route reads the merged pipeline strategy), is
+moved into an infer net of the other layout (dp=2: replicated) in the destination dtype:
 
 - online: `Resharder.run()` (planned once; the first run compiles its graphs and is not timed);
 - offline: each rank saves its checkpoint, rank 0 alone runs `mindspore.parallel.transform_checkpoints`
@@ -16,7 +17,9 @@ to a barrier, so it covers the slowest rank. Reported per case: median seconds (
 per rank (online: sent + received through collectives; offline: written + read on disk), peak RSS per
 rank during the route (psutil sampling, plus getrusage when the route set the process's peak), the
 speed-up, how long `Resharder(...)` construction (planning) and the first run (compilation) take, and
-whether both routes give bit-identical weights. The table is printed and everything goes to `--output`.
+whether both routes give bit-identical weights. Next to them: bare AllGathers of the same bytes (tp2: one per split
+parameter; pp2: each rank's stage, in bucket-sized messages), what the collectives alone cost on this machine. The
+table is printed and everything goes to `--output`.
 """
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.results_io import format_columns  # noqa: E402
 
 COMMON = dict(seq_length=64, max_position_embedding=64, theta=10000.0, qkv_has_bias=True, tie_word_embeddings=False)
 MODELS = {
@@ -45,7 +50,8 @@ MODELS = {
     # 101.7M parameters: Qwen2 shape (GQA 16/4 heads, SwiGLU) at hidden 2048, 2 layers, small vocabulary
     "100m": dict(vocab_size=8192, hidden_size=2048, num_layers=2, num_heads=16, n_kv_heads=4, intermediate_size=3840),
 }
-SRC_LAYOUT, DST_LAYOUT = (1, 2), (2, 1)  # (dp, tp): train tp2 -> infer dp2
+SOURCES = {"tp2": dict(dp=1, tp=2, pp=1), "pp2": dict(dp=1, tp=1, pp=2)}  # train layouts
+DST_LAYOUT = (2, 1)  # (dp, tp): infer dp2
 MIB = 2 ** 20
 
 
@@ -59,9 +65,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Resharder bucket bound in MiB (default: the library's)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--workdir", default=None, help="where checkpoints and logs go (default: a temp dir, removed)")
-    p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "reshard.json"))
+    p.add_argument("--src", default="tp2", choices=sorted(SOURCES), help="the train (source) layout")
+    p.add_argument("--output", default=None, help="default: benchmarks/results/reshard.json (tp2) or "
+                                                 "reshard_<src>.json")
     p.add_argument("--msrun-child", action="store_true", help=argparse.SUPPRESS)  # set by the launcher
     args = p.parse_args(argv)
+    if args.output is None:
+        name = "reshard.json" if args.src == "tp2" else f"reshard_{args.src}.json"
+        args.output = str(ROOT / "benchmarks" / "results" / name)
     unknown = set(args.models.split(",")) - set(MODELS)
     if unknown:
         p.error(f"unknown model(s) {sorted(unknown)}; choose from {sorted(MODELS)}")
@@ -81,7 +92,7 @@ def launch(args) -> int:
     bin_dir = Path(sys.executable).parent
     env = dict(os.environ, PATH=str(bin_dir) + os.pathsep + os.environ.get("PATH", ""))
     env.setdefault("GLOG_v", "3")
-    forwarded = ["--models", args.models, "--dtypes", args.dtypes, "--repeats", str(args.repeats),
+    forwarded = ["--src", args.src, "--models", args.models, "--dtypes", args.dtypes, "--repeats", str(args.repeats),
                  "--workdir", str(workdir)] + (["--bucket-mib", str(args.bucket_mib)] if args.bucket_mib else [])
     cmd = [str(bin_dir / "msrun"), f"--worker_num={args.workers}", f"--local_worker_num={args.workers}",
            f"--master_port={free_port()}", "--join=True", f"--log_dir={workdir / 'logs'}",
@@ -138,7 +149,8 @@ def merge(ranks: list[dict], args) -> dict:
         case["all_gather_floor_seconds"] = None if None in floors else max(floors)
         cases.append(case)
     first = ranks[0]
-    return {"benchmark": "reshard", "layout": {"src": "tp2 (dp=1, tp=2)", "dst": "dp2 (dp=2, tp=1, replicated)"},
+    src = ", ".join(f"{k}={v}" for k, v in SOURCES[args.src].items())
+    return {"benchmark": "reshard", "layout": {"src": f"{args.src} ({src})", "dst": "dp2 (dp=2, tp=1, replicated)"},
             "workers": args.workers, "repeats": args.repeats, "bucket_bytes": first["bucket_bytes"],
             "machine": dict(first["machine"]), "cases": cases}
 
@@ -157,14 +169,9 @@ def print_table(result: dict) -> None:
                          " / ".join(f"{m:.0f} (+{x:.0f})" for m, x in zip(r["peak_rss_mib_per_rank"],
                                                                           r["extra_rss_mib_per_rank"])),
                          f"{case['speedup']:.1f}x" if route == "online" else ""))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))
     print(f"online reshard vs offline transform, {result['layout']['src']} -> {result['layout']['dst']}, "
           f"{result['workers']} workers, median of {result['repeats']} after a warm-up")
-    print(line(head))
-    print(line(["-" * w for w in widths]))
-    for row in rows:
-        print(line(row))
+    print(format_columns(head, rows))
     print("\nonline: MiB sent + received through collectives; offline: MiB written + read on disk "
           "(rank 0 also runs the transform)")
     for case in result["cases"]:
@@ -255,7 +262,8 @@ class Worker:
 
         from mindrlhf.parallel import Layout
 
-        src_layout = Layout.for_world(*SRC_LAYOUT, self.world, self.rank).init_groups()
+        src = SOURCES[self.args.src]
+        src_layout = Layout.for_world(src["dp"], src["tp"], self.world, self.rank, pp=src["pp"]).init_groups()
         dst_layout = Layout.for_world(*DST_LAYOUT, self.world, self.rank).init_groups()
         cases = []
         for model in self.args.models.split(","):
@@ -279,19 +287,28 @@ class Worker:
         dst_net = Qwen2ForCausalLM(Qwen2Config(**config, compute_dtype=dtype, param_init_type=dtype), dst_layout)
         dst_net.update_parameters_name("infer.")
         src_layouts = net_layouts(src_net, src_layout)
-        src_strategy = write_strategy_file(case_dir / f"src_strategy_{self.rank}.ckpt", src_layouts)
+        stage_layouts = None
+        if src_layout.pp > 1:  # every stage's layouts; the offline route reads the merged pipeline strategy
+            from mindrlhf.parallel.pipeline import gather_stage_layouts
+            stage_layouts = gather_stage_layouts(src_layouts, {p.name: p.dtype for p in src_net.get_parameters()},
+                                                 src_layout)
+            src_strategy = write_strategy_file(case_dir / f"src_strategy_{self.rank}.ckpt", stage_layouts[0],
+                                               stages=stage_layouts[1])
+        else:
+            src_strategy = write_strategy_file(case_dir / f"src_strategy_{self.rank}.ckpt", src_layouts)
         dst_layouts = net_layouts(dst_net, dst_layout)
         dst_strategy = write_strategy_file(case_dir / f"dst_strategy_{self.rank}.ckpt", dst_layouts)
         # transform_checkpoints needs the destination strategy under the checkpoint's (source) names
         plain = {n[len("infer."):]: ParamLayout(n[len("infer."):], lay.dev_matrix, lay.tensor_map)
                  for n, lay in dst_layouts.items()}
         dst_strategy_src_names = write_strategy_file(case_dir / f"dst_strategy_src_names_{self.rank}.ckpt", plain)
-        name_map = {p.name: "infer." + p.name for p in src_net.get_parameters()}
+        name_map = {n[len("infer."):]: n for n in dst_layouts}
         self.barrier()
 
         rss_before_online = rss_now()
         start = time.perf_counter()
-        resharder = Resharder(src_net, dst_net, src_strategy, dst_strategy, name_map, bucket_bytes=self.bucket_bytes)
+        resharder = Resharder(src_net, dst_net, src_layouts if stage_layouts else src_strategy, dst_strategy, name_map,
+                              bucket_bytes=self.bucket_bytes, src_pipeline=src_layout, src_stage_layouts=stage_layouts)
         plan_seconds = time.perf_counter() - start
         start = time.perf_counter()
         stats = resharder.run()
@@ -342,7 +359,8 @@ class Worker:
             offline["bytes"] = moved
             offline["phases"].append(phases)
         identical = all(np.array_equal(p.asnumpy(), after_online[p.name]) for p in dst_net.get_parameters())
-        floor = self.all_gather_floor(src_net, stats.bytes_sent) if stats.bytes_sent else None
+        floor = self.all_gather_floor(*self.floor_messages(src_net, stage_layouts, dtype, stats.bytes_sent)) \
+            if stats.bytes_sent else None
 
         report = {
             "model": model, "config": config, "dst_dtype": dtype,
@@ -365,13 +383,30 @@ class Worker:
         resharder = src_net = dst_net = after_online = None  # free before the next model (closures use them)
         return report
 
-    def all_gather_floor(self, src_net, nbytes: int) -> float:
-        """Median seconds of bare AllGathers, one per split source parameter (as the online route makes them),
-        moving the same `nbytes` per rank: what the collectives alone cost on this machine."""
+    def floor_messages(self, src_net, stage_layouts, dtype: str, nbytes: int) -> tuple[list[int], type]:
+        """The messages (element counts) and wire dtype of bare AllGathers moving what the online route moves:
+        one per split source parameter, `nbytes` per rank (tp); or each rank's pipeline stage, the largest
+        stage's elements in bucket-sized messages, in the destination's dtype (float16) or float32 (pp)."""
         import numpy as np
-        from mindspore import nn, ops
 
         from mindrlhf.parallel.layers import param_split_axes
+
+        if stage_layouts is None:
+            axes = param_split_axes(src_net)
+            sizes = [p.size for p in src_net.get_parameters() if axes[p.name] is not None]
+            return sizes, {4: np.float32, 2: np.float16}[nbytes // sum(sizes)]
+        layouts, stage_of, _ = stage_layouts
+        largest = max(sum(int(np.prod(layouts[n].full_shape)) for n in layouts if stage_of[n] == stage)
+                      for stage in set(stage_of.values()))
+        wire = np.float16 if dtype == "float16" else np.float32
+        chunk = self.bucket_bytes // np.dtype(wire).itemsize
+        return [chunk] * (largest // chunk) + ([largest % chunk] if largest % chunk else []), wire
+
+    def all_gather_floor(self, sizes: list[int], wire) -> float:
+        """Median seconds of bare AllGathers of messages of `sizes` elements of `wire` per rank: what the
+        collectives alone cost on this machine."""
+        import numpy as np
+        from mindspore import nn, ops
 
         class Gather(nn.Cell):
             def __init__(self):
@@ -381,9 +416,6 @@ class Worker:
             def construct(self, x):
                 return self.all_gather(x)
 
-        axes = param_split_axes(src_net)
-        sizes = [p.size for p in src_net.get_parameters() if axes[p.name] is not None]
-        wire = {4: np.float32, 2: np.float16}[nbytes // sum(sizes)]
         messages = [self.ms.Tensor(np.ones(size, wire)) for size in sizes]
         gather = Gather()
         for message in messages:

@@ -14,3 +14,13 @@ def write_results(result: dict, path: str) -> None:
         json.dump(result, f, indent=2)
     os.replace(tmp, path)
     print(f"wrote {path}")
+
+
+def format_columns(head, rows) -> str:
+    """`head` and `rows` as left-aligned text columns, with a rule under the head."""
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+
+    def line(cells):
+        return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()
+
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(row) for row in rows])

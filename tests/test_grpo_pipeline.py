@@ -167,3 +167,63 @@ def test_only_save_strategy_writes_each_stage_which_mindspore_merges(tmp_path, m
     assert stages["model.tok_embeddings.embedding_weight"] == 0 and stages["lm_head.weight"] == 1
     assert stages["model.layers.0.attention.wq.weight"] == 0 and stages["model.layers.1.attention.wq.weight"] == 1
     assert all(lay.world_size == 1 for lay in layouts.values())  # each stage: dp=1 x tp=1
+
+
+def tied_job(tmp_path, monkeypatch, mindrecord, out_dir, steps, train_yaml):  # noqa: F811
+    """The tiny job with tied embeddings (the head is the embedding: tiny_sft.ckpt without its lm_head) and the
+    train net from `train_yaml`. That policy never answers, so the reward is one that varies within a group: the
+    number of distinct characters of a completion."""
+    import os
+
+    import mindspore as ms
+
+    (tmp_path / "varied_rewards.py").write_text(
+        "def distinct_characters(completions, **kwargs):\n    return [len(set(c)) / 10 for c in completions]\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+
+    weights = {k: v for k, v in ms.load_checkpoint(str(TINY / "tiny_sft.ckpt")).items() if k != "lm_head.weight"}
+    ckpt = tmp_path / "tied_sft.ckpt"
+    ms.save_checkpoint([{"name": k, "data": v} for k, v in weights.items()], str(ckpt))
+    args = job_args(mindrecord, out_dir, steps, ["--reward_funcs", "varied_rewards:distinct_characters",
+                                                 "--reward_weights", "1"])
+    for flag, yaml in (("--sft_path_train", train_yaml), ("--sft_path_infer", TINY / "infer.yaml")):
+        tied = tmp_path / f"tied_{yaml.name}"
+        tied.write_text(yaml.read_text().replace("tie_word_embeddings: false", "tie_word_embeddings: true"))
+        args[args.index(flag) + 1] = str(tied)
+    args[args.index("--load_sft_checkpoint_train") + 1] = str(ckpt)
+    return args
+
+
+@pytest.mark.msrun
+def test_tied_embedding_across_stages_learns_like_without_stages(tmp_path, monkeypatch, mindrecord):  # noqa: F811
+    """Tied embeddings with the train net in 2 stages: both stages hold the embedding (the first embeds, the last
+    scores with it) and sum its gradients, so the two copies stay equal, the inference net gets it from the first,
+    and the job learns as the same job with the train net at dp=2."""
+    import mindspore as ms
+
+    from mindrlhf.parallel.strategy import read_staged_strategy_file
+    from mindrlhf.trainer.checkpoint import read_policy_weights
+
+    dp2_yaml = tmp_path / "train_dp2.yaml"
+    dp2_yaml.write_text(PIPELINE_YAML.read_text().replace("data_parallel: 1", "data_parallel: 2")
+                        .replace("pipeline_stage: 2", "pipeline_stage: 1"))
+    staged = run_job(tmp_path, monkeypatch, "tied_pp2",
+                     tied_job(tmp_path, monkeypatch, mindrecord, tmp_path / "pp2", 2, PIPELINE_YAML))
+    plain = run_job(tmp_path, monkeypatch, "tied_dp2",
+                    tied_job(tmp_path, monkeypatch, mindrecord, tmp_path / "dp2", 2, dp2_yaml))
+    for rank in range(2):
+        assert [s["mismatched"] for s in staged[rank]["steps"]] == [[], []], f"rank {rank}: infer != its stage"
+    for a, b in zip(staged[0]["steps"], plain[0]["steps"]):
+        assert a["metrics"]["reward/mean"] == b["metrics"]["reward/mean"]
+        for key in ("actor/loss", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
+            assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-4, abs=1e-6), key
+    assert all(s["metrics"]["actor/grad_norm"] > 0 for s in staged[0]["steps"])  # real updates were compared
+    step = tmp_path / "pp2" / "checkpoints" / "step_000002"
+    copies = [ms.load_checkpoint(str(step / f"rank_{r}" / "train.ckpt"))["model.tok_embeddings.embedding_weight"]
+              for r in range(2)]
+    np.testing.assert_array_equal(copies[0].asnumpy(), copies[1].asnumpy())
+    layouts, stages = read_staged_strategy_file(step / "train_strategy.ckpt")
+    assert stages["model.tok_embeddings.embedding_weight"] == 0 and "lm_head.weight" not in layouts
+    merged = read_policy_weights(str(step))
+    np.testing.assert_array_equal(merged["model.tok_embeddings.embedding_weight"], copies[0].asnumpy())
+    assert set(merged) == set(layouts)

@@ -26,9 +26,11 @@ def test_pipeline_coordinates_groups_and_pairs():
 
 
 @pytest.mark.usefixtures("graph_mode")
-def test_two_stages_compose_to_the_whole_model():
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_two_stages_compose_to_the_whole_model(tied):
     """Stage 0 (embedding, layers 0-1) feeding stage 1 (layers 2-3, norm, head) gives the whole model's GRPO loss
-    outputs; stage parameters keep their global names."""
+    outputs; stage parameters keep their global names. A tied embedding is held by both stages (the last scores
+    with its copy), and only it."""
     import mindspore as ms
 
     from mindrlhf.algorithms import GRPOLossCell
@@ -36,15 +38,19 @@ def test_two_stages_compose_to_the_whole_model():
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
     from mindrlhf.parallel.layers import init_random_weights
 
-    cfg = Qwen2Config(**CONFIG)
+    cfg = Qwen2Config(**CONFIG, tie_word_embeddings=tied)
     whole = Qwen2ForCausalLM(cfg)
     stages = [Qwen2ForCausalLM(cfg, Layout(pp=2, rank=r)) for r in range(2)]
     for net, layout in ((whole, Layout()), (stages[0], Layout(pp=2, rank=0)), (stages[1], Layout(pp=2, rank=1))):
         init_random_weights(net, layout, seed=3)
     names = [sorted(p.name for p in net.trainable_params()) for net in stages]
-    assert sorted(names[0] + names[1]) == sorted(p.name for p in whole.trainable_params())
+    shared = set(names[0]) & set(names[1])
+    assert shared == set(stages[0].stage_shared_params) == set(stages[1].stage_shared_params)
+    assert shared == ({"model.tok_embeddings.embedding_weight"} if tied else set())
+    assert whole.stage_shared_params == ()
+    assert sorted(set(names[0]) | set(names[1])) == sorted(p.name for p in whole.trainable_params())
     assert "model.tok_embeddings.embedding_weight" in names[0] and "model.layers.1.ffn_norm.weight" in names[0]
-    assert "model.layers.2.ffn_norm.weight" in names[1] and "lm_head.weight" in names[1]
+    assert "model.layers.2.ffn_norm.weight" in names[1] and ("lm_head.weight" in names[1]) != tied
     assert not any(".layers.0." in n or ".layers.1." in n for n in names[1])
     rng = np.random.default_rng(0)
     batch = [rng.integers(0, 96, (2, 5)).astype(np.int32), np.ones((2, 5), np.int32),
@@ -62,24 +68,22 @@ def test_two_stages_compose_to_the_whole_model():
 
 @pytest.mark.usefixtures("graph_mode")
 def test_what_stages_cannot_hold_yet_is_one_line():
-    import dataclasses
-
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2ForValue
 
     cfg = Qwen2Config(**CONFIG)
     with pytest.raises(LayoutError, match="num_layers=4 is not divisible by the pipeline stages 3"):
         Qwen2ForCausalLM(cfg, Layout(pp=3, rank=0))
-    with pytest.raises(LayoutError, match="tie_word_embeddings with pipeline stages is not supported yet"):
-        Qwen2ForCausalLM(dataclasses.replace(cfg, tie_word_embeddings=True), Layout(pp=2, rank=0))
     with pytest.raises(LayoutError, match="value models .* do not support pipeline stages yet"):
         Qwen2ForValue(cfg, Layout(pp=2, rank=1))
 
 
 @pytest.mark.usefixtures("graph_mode")
-def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path):
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path, tied):
     """pp=2 x tp=2: each rank's checkpoint holds its stage's shards and each rank writes its stage's strategy file
     (`current_stage`); MindSpore merges the stages' files and transforms the checkpoints back into the whole model
-    bit for bit, and so do the merged file the trainer writes and our own merge."""
+    bit for bit, and so do the merged file the trainer writes and our own merge. A tied embedding is in both
+    stages' files; the merged one names it once, at the first stage."""
     import os
 
     import mindspore as ms
@@ -94,7 +98,7 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path):
         write_strategy_file,
     )
 
-    cfg = Qwen2Config(**CONFIG)
+    cfg = Qwen2Config(**CONFIG, tie_word_embeddings=tied)
     expected = random_full_state(Qwen2ForCausalLM(cfg), Layout(), seed=5)
     all_layouts, stages, shards = {}, {}, []
     for rank in range(4):
@@ -104,8 +108,9 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path):
         os.makedirs(tmp_path / "ckpt" / f"rank_{rank}")
         ms.save_checkpoint(net, str(tmp_path / "ckpt" / f"rank_{rank}" / "net.ckpt"))
         save_net_strategy(net, layout, tmp_path / "strategy" / f"strategy_{rank}.ckpt")
-        all_layouts.update(net_layouts(net, layout))
-        stages.update(dict.fromkeys(net_layouts(net, layout), layout.stage))
+        for name, lay in net_layouts(net, layout).items():
+            all_layouts.setdefault(name, lay)
+            stages.setdefault(name, layout.stage)
         shards.append({p.name: p.asnumpy() for p in net.get_parameters()})
     ms.parallel.merge_pipeline_strategys(str(tmp_path / "strategy"), str(tmp_path / "merged.ckpt"))
     # the trainer writes the merged file itself, from every stage's layouts: the same content as MindSpore's merge
@@ -127,16 +132,23 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path):
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("tp,micro_batches", [(1, 1), (1, 2), (1, 4), (2, 2)],
-                         ids=["pp2-mb1", "pp2-mb2", "pp2-mb4", "pp2xtp2-mb2"])
-def test_pipeline_train_step_equals_the_whole_model(tmp_path, tp, micro_batches):
+@pytest.mark.parametrize("tp,micro_batches,tied", [(1, 1, False), (1, 2, False), (1, 4, False), (2, 2, False),
+                                                   (2, 2, True)],
+                         ids=["pp2-mb1", "pp2-mb2", "pp2-mb4", "pp2xtp2-mb2", "pp2xtp2-mb2-tied"])
+def test_pipeline_train_step_equals_the_whole_model(tmp_path, tp, micro_batches, tied):
     """2 clipped AdamW updates of the GRPO loss (global token weights, responses of unequal lengths) with the
     4 layers split over 2 stages: the summed loss outputs, the global gradient norm (summed over the stages) and
-    every stage's weights equal the whole model's run in one process."""
+    every stage's weights equal the whole model's run in one process. A tied embedding (used by the first stage's
+    embedding and the last stage's head) gets both stages' gradients, so its two copies stay equal."""
     world = 2 * tp
     run_worker("pipeline_equivalence.py", ["--tp", str(tp), "--micro_batches", str(micro_batches),
-                                           "--out", str(tmp_path)], world, tmp_path / "log")
+                                           "--out", str(tmp_path)] + ["--tied"] * tied, world, tmp_path / "log")
     ranks = load_ranks(tmp_path, world)
+    embedding = "weight/model.tok_embeddings.embedding_weight"
+    for rank in range(tp, world):  # the last stage holds the tied copy, bit for bit its first-stage peer's
+        assert (embedding in ranks[rank]) == tied
+        if tied:
+            np.testing.assert_array_equal(ranks[rank][embedding], ranks[rank - tp][embedding])
     for rank, result in enumerate(ranks):
         assert np.all(np.abs(result["whole_outputs"][:, [0, 1, 2, 5]]) > 1e-5)  # loss, pg_loss, kl, entropy
         np.testing.assert_allclose(result["pipe_outputs"], result["whole_outputs"], rtol=1e-5, atol=1e-6,
@@ -159,10 +171,14 @@ def test_pipeline_train_step_equals_the_whole_model(tmp_path, tp, micro_batches)
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("src_tp,dst", [(1, "2,1"), (2, "2,2")], ids=["pp2->dp2", "pp2xtp2->dp2xtp2"])
-def test_online_reshard_from_pipeline_stages_equals_transform_checkpoints(tmp_path, src_tp, dst):
+@pytest.mark.parametrize("src_tp,dst,extra", [(1, "2,1", []), (2, "2,2", []),
+                                              (1, "2,1", ["--tied", "--dst_dtype", "float16"])],
+                         ids=["pp2->dp2", "pp2xtp2->dp2xtp2", "pp2->dp2-tied-fp16"])
+def test_online_reshard_from_pipeline_stages_equals_transform_checkpoints(tmp_path, src_tp, dst, extra):
     """Train net in 2 stages -> inference net without stages, online: each rank gets what MindSpore's
-    `transform_checkpoints` gives from the stages' checkpoints and their merged strategy, bit for bit."""
+    `transform_checkpoints` gives from the stages' checkpoints and their merged strategy, bit for bit (cast to the
+    destination's dtype: float32 -> float16 when the inference net is in half precision). A tied embedding, which
+    both stages hold, arrives once."""
     import os
 
     import mindspore as ms
@@ -170,8 +186,8 @@ def test_online_reshard_from_pipeline_stages_equals_transform_checkpoints(tmp_pa
 
     world = 2 * src_tp
     out = tmp_path / "run"
-    run_worker("pipeline_reshard_worker.py", ["--src_tp", str(src_tp), "--dst", dst, "--out", str(out)], world,
-               tmp_path / "log")
+    run_worker("pipeline_reshard_worker.py", ["--src_tp", str(src_tp), "--dst", dst, "--out", str(out)] + extra,
+               world, tmp_path / "log")
     merged = str(tmp_path / "merged.ckpt")
     ms.parallel.merge_pipeline_strategys(str(out / "src_strategy"), merged)
     dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))
@@ -183,5 +199,9 @@ def test_online_reshard_from_pipeline_stages_equals_transform_checkpoints(tmp_pa
         newest = sorted(os.listdir(rank_dir))[-1]
         expected = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(rank_dir / newest)).items()}
         assert len(got) == len(expected) > 40
+        assert ("infer.lm_head.weight" in got) == ("--tied" not in extra)
         for name, value in got.items():
-            np.testing.assert_array_equal(value, expected[name[len("infer."):]], err_msg=f"rank {rank} {name}")
+            want = expected[name[len("infer."):]]
+            want = want.astype(np.float16) if "float16" in extra else want
+            assert value.dtype == want.dtype, name
+            np.testing.assert_array_equal(value, want, err_msg=f"rank {rank} {name}")

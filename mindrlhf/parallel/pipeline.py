@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import ParameterTuple, Tensor, nn, ops
 
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.spmd import ApplyGradients, GradientBuffers, add_to_buffers
@@ -41,6 +41,8 @@ def gather_stage_layouts(local: dict, dtypes: dict, layout: Layout) -> tuple[dic
     for row in rows:
         text = row.astype(np.uint8).tobytes().rstrip(b"\0")
         for name, (dev_matrix, tensor_map, shape, dtype, stage) in json.loads(text).items():
+            if stages.get(name, stage) < stage:
+                continue  # a parameter several stages hold (a tied embedding) is taken from the first
             layouts[name] = ParamLayout(name, dev_matrix, tensor_map, shape)
             stages[name] = stage
             all_dtypes[name] = to_ms_dtype(dtype)
@@ -57,6 +59,22 @@ class StageTransfer(nn.Cell):
 
     def construct(self, x):
         return self.all_reduce(x)
+
+
+class SumOverStages(nn.Cell):
+    """Sums parameters in place over a group of pipeline stages (the gradient buffers of a tied embedding that
+    the first and the last stage both hold)."""
+
+    def __init__(self, params, group: str):
+        super().__init__(auto_prefix=False)
+        self.params = params
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+
+    def construct(self):
+        done = ops.zeros((), ms.float32)
+        for i in range(len(self.params)):
+            done = ops.depend(done, ops.assign(self.params[i], self.all_reduce(self.params[i])))
+        return done
 
 
 class LastStageStep(nn.Cell):
@@ -99,12 +117,13 @@ class PipelineTrainStep:
     the activations [B, S, D] (`hidden_shape(inputs)` gives their shape, the receiver needs it). Called with a list
     of micro-batches (each the `num_inputs` input tensors of the loss net but `hidden_in`), returns
     `(outputs, grad_norm)` on every rank: the loss net's outputs summed over the micro-batches (numpy) and the
-    global norm before clipping (not finite: the update was skipped).
+    global norm before clipping (not finite: the update was skipped). `stage_shared` names the parameters both
+    stages hold (`Qwen2ForCausalLM.stage_shared_params`): their gradients are summed over the stages.
     """
 
     def __init__(self, stage_net: nn.Cell, optimizer: nn.Cell, layout: Layout, hidden_shape, hidden_dtype,
                  num_inputs: int, forward_inputs: int, num_outputs: int, grad_reduction: str = "mean",
-                 max_grad_norm: float = 0.0):
+                 max_grad_norm: float = 0.0, stage_shared=()):
         if layout.pp != 2:
             raise NotImplementedError(f"pipeline train step with {layout.pp} stages: only 2 are supported yet")
         self.layout, self.stage = layout, layout.stage
@@ -119,7 +138,12 @@ class PipelineTrainStep:
             self.backward = FirstStageBackward(stage_net, params, self.buffers)
         else:
             self.last = LastStageStep(stage_net, params, self.buffers, num_inputs + 1)
-        self.apply = ApplyGradients(stage_net, optimizer, layout, grad_reduction, max_grad_norm)
+        shared = [buffer for param, buffer in zip(params, self.buffers) if param.name in stage_shared]
+        # the stages' gradients of a shared weight are summed first, in a graph of their own: the pair group is
+        # the pp group too, whose collectives in one graph may run in either order
+        self.sum_shared = SumOverStages(ParameterTuple(shared), layout.pair_group(0)) if shared else None
+        self.apply = ApplyGradients(stage_net, optimizer, layout, grad_reduction, max_grad_norm,
+                                    counted_elsewhere=stage_shared if self.stage > 0 else ())
 
     def _receive(self, shape) -> Tensor:
         return self.transfer(Tensor(np.zeros(shape, np.float32), self.hidden_dtype))
@@ -140,6 +164,8 @@ class PipelineTrainStep:
                 self.transfer(grad_in)
                 stats = self.transfer(ops.stack([o.astype(ms.float32) for o in outputs]))
             total += stats.asnumpy().astype(np.float64)
+        if self.sum_shared is not None:
+            self.sum_shared()
         grad_norm = float(self.apply(*self.buffers).asnumpy())
         self.storage.zero()
         return total, grad_norm

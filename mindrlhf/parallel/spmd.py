@@ -30,11 +30,12 @@ class ReducedClippedGradients(nn.Cell):
     `grad_norm` is the global norm of the whole (unsplit) model's gradient: the squares of tp-split shards
     are summed over the tp group (a shard that tp peers share counted once), replicated parameters count once.
     With `max_grad_norm > 0` the gradients are scaled by min(1, max_grad_norm / (grad_norm + 1e-6)), as
-    `torch.nn.utils.clip_grad_norm_`.
+    `torch.nn.utils.clip_grad_norm_`. `counted_elsewhere` names parameters whose gradient another pipeline stage
+    holds too (a tied embedding's, summed over the stages beforehand) and counts in the norm instead of this rank.
     """
 
     def __init__(self, loss_net: nn.Cell, params, layout: Layout | None = None, grad_reduction: str = "mean",
-                 max_grad_norm: float = 0.0):
+                 max_grad_norm: float = 0.0, counted_elsewhere=()):
         super().__init__(auto_prefix=False)
         if grad_reduction not in ("mean", "sum"):
             raise ValueError(f"grad_reduction must be 'mean' or 'sum', got {grad_reduction!r}")
@@ -48,17 +49,18 @@ class ReducedClippedGradients(nn.Cell):
         self.share_weight = tuple(shards.get(p.name, layout.tp) / layout.tp for p in params)
         self.tp_sum = ops.AllReduce(ops.ReduceOp.SUM, layout.tp_group) if layout.tp > 1 else None
         self.pp_sum = ops.AllReduce(ops.ReduceOp.SUM, layout.pp_group) if layout.pp > 1 else None  # stages' shares
+        self.counted = tuple(p.name not in counted_elsewhere for p in params)
         self.max_grad_norm = float(max_grad_norm)
 
     def _global_norm(self, grads):
         replicated = ops.zeros((), ms.float32)
         split = ops.zeros((), ms.float32)
-        for i in range(len(grads)):
-            square = sum_of_squares(grads[i].astype(ms.float32))
-            if self.split[i]:
+        for i in range(len(grads)):  # no `continue`: graph mode would stop unrolling the loop
+            if self.counted[i] and self.split[i]:
+                square = sum_of_squares(grads[i].astype(ms.float32))
                 split = split + (square * self.share_weight[i] if self.share_weight[i] != 1.0 else square)
-            else:
-                replicated = replicated + square
+            elif self.counted[i]:
+                replicated = replicated + sum_of_squares(grads[i].astype(ms.float32))
         if self.tp_sum is not None:
             split = self.tp_sum(split)
         total = replicated + split
@@ -182,9 +184,10 @@ class ApplyGradients(nn.Cell):
     is not finite); returns the norm before clipping. Arguments as :class:`ReducedClippedGradients`."""
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, layout: Layout | None = None,
-                 grad_reduction: str = "mean", max_grad_norm: float = 0.0):
+                 grad_reduction: str = "mean", max_grad_norm: float = 0.0, counted_elsewhere=()):
         super().__init__(auto_prefix=False)
-        self.finish = ReducedClippedGradients(loss_net, optimizer.parameters, layout, grad_reduction, max_grad_norm)
+        self.finish = ReducedClippedGradients(loss_net, optimizer.parameters, layout, grad_reduction, max_grad_norm,
+                                              counted_elsewhere)
         self.optimizer = optimizer
 
     def construct(self, *grads):

@@ -303,13 +303,16 @@ def read_strategy_file(path: str | os.PathLike) -> dict[str, ParamLayout]:
 
 def read_staged_strategy_file(path: str | os.PathLike) -> tuple[dict[str, ParamLayout], dict[str, int]]:
     """(layouts, parameter name -> pipeline stage) of a strategy file; a file of one stage (or without stages)
-    gives stage 0 to every parameter. Each stage's layouts cover that stage's ranks (see :func:`stage_ranks`)."""
+    gives stage 0 to every parameter. Each stage's layouts cover that stage's ranks (see :func:`stage_ranks`). A
+    parameter that several stages hold (a tied embedding) is read from the first of them: their copies are equal."""
     path = os.fspath(path)
     strategy_map = _parse_strategy_map(path)
     layouts: dict[str, ParamLayout] = {}
     stages: dict[str, int] = {}
     for item in strategy_map.parallel_layout_item:
         stage, name = _split_stage(item.param_name)
+        if stages.get(name, stage) < stage:
+            continue
         layouts[name] = _layout_from_proto(path, name, item.parallel_layouts)
         stages[name] = stage
     if len(set(stages.values())) == 1:

@@ -290,7 +290,8 @@ class Actor(Role):
         return PipelineTrainStep(stage_net, self.optimizer, layout, hidden_shape,
                                  to_ms_dtype(self.train_cfg.compute_dtype), num_inputs=8, forward_inputs=4,
                                  num_outputs=len(GRPO_OUTPUT_NAMES), grad_reduction="sum",
-                                 max_grad_norm=self.config.optimizer.max_grad_norm)
+                                 max_grad_norm=self.config.optimizer.max_grad_norm,
+                                 stage_shared=self.train_net.stage_shared_params)
 
     def resharder_to(self, net, strategy: dict, prefix: str):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train

@@ -2,7 +2,8 @@
 Qwen2 split into 2 pipeline stages (x `--tp`) over `--micro_batches`, and the same steps of the whole model in
 one piece, which every rank also runs itself (no collective). Each rank writes `<out>/rank_<r>.npz`: both runs'
 summed loss-net outputs and gradient norms per update, and the weights after the updates (its stage's
-parameters, and all of the one-piece run's), with the split axes and lr."""
+parameters, and all of the one-piece run's), with the split axes and lr. `--tied` ties the embedding and the head:
+both stages hold it and sum its gradients."""
 import argparse
 import os
 
@@ -31,13 +32,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--micro_batches", type=int, default=1)
+    parser.add_argument("--tied", action="store_true")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     from mindspore.communication import get_group_size, get_rank, init
     init()
     layout = Layout.for_world(1, args.tp, get_group_size(), get_rank(), pp=2).init_groups()
-    cfg = Qwen2Config(**{**CONFIG, "num_layers": 4})
+    cfg = Qwen2Config(**{**CONFIG, "num_layers": 4, "tie_word_embeddings": args.tied})
 
     # the whole model in one piece, on this rank alone: old/ref log-probs and the expected updates
     whole = Qwen2ForCausalLM(cfg)
@@ -71,7 +73,7 @@ def main():
     step = PipelineTrainStep(stage_net, optimizer, layout, lambda inputs: (inputs[0].shape[0], width,
                                                                            cfg.hidden_size),
                              ms.float32, num_inputs=8, forward_inputs=4, num_outputs=6, grad_reduction="sum",
-                             max_grad_norm=clip)
+                             max_grad_norm=clip, stage_shared=model.stage_shared_params)
     rows = len(arrays[0]) // args.micro_batches
     pipe_outputs, pipe_norms = [], []
     for _ in range(UPDATES):

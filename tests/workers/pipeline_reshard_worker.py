@@ -1,8 +1,10 @@
 """Worker for the pipeline reshard tests: a 4-layer Qwen2 train net in 2 pipeline stages (x `--src_tp`) -> an
 inference net without stages (`--dst dp,tp`, renamed `infer.`), online. Each rank saves its stage's source
 checkpoint (`src_ckpt/rank_<r>/net.ckpt`) and strategy file (`src_strategy/strategy_<r>.ckpt`, its stage as
-`current_stage`), the destination strategy, and the destination tensors it got (`dst_rank_<r>.npz`)."""
+`current_stage`), the destination strategy, and the destination tensors it got (`dst_rank_<r>.npz`). `--tied`
+ties the embedding and the head (both stages hold it); `--dst_dtype` is the destination's parameter dtype."""
 import argparse
+import dataclasses
 import os
 
 import mindspore as ms
@@ -22,6 +24,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--src_tp", type=int, default=1)
     parser.add_argument("--dst", required=True, help="dp,tp of the destination (infer) net")
+    parser.add_argument("--tied", action="store_true")
+    parser.add_argument("--dst_dtype", default="float32")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -30,11 +34,12 @@ def main():
     world, rank = get_group_size(), get_rank()
     src_layout = Layout.for_world(1, args.src_tp, world, rank, pp=2).init_groups()
     dst_layout = Layout.for_world(*map(int, args.dst.split(",")), world, rank).init_groups()
-    cfg = Qwen2Config(**CONFIG)
+    cfg = Qwen2Config(**CONFIG, tie_word_embeddings=args.tied)
     full = random_full_state(Qwen2ForCausalLM(cfg), Layout(), seed=9)
     src_net = Qwen2ForCausalLM(cfg, src_layout)
     load_full_state(src_net, full, src_layout)
-    dst_net = Qwen2ForCausalLM(cfg, dst_layout)
+    dst_net = Qwen2ForCausalLM(dataclasses.replace(cfg, compute_dtype=args.dst_dtype,
+                                                   param_init_type=args.dst_dtype), dst_layout)
     dst_net.update_parameters_name("infer.")
 
     os.makedirs(f"{args.out}/src_ckpt/rank_{rank}", exist_ok=True)

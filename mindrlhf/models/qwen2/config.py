@@ -124,17 +124,13 @@ class Qwen2Config:
         return cfg
 
     def check_pipeline_stages(self) -> None:
-        """The decoder must split into `parallel_config.pipeline_stage` equal shares, with the embedding and the
-        head on different stages only when they are different weights."""
+        """The decoder must split into `parallel_config.pipeline_stage` equal shares."""
         stages = self.parallel_config.pipeline_stage
         if stages == 1:
             return
         if self.num_layers % stages:
             raise ConfigError(f"model_config.num_layers={self.num_layers} is not divisible by parallel_config."
                               f"pipeline_stage={stages}")
-        if self.tie_word_embeddings:
-            raise ConfigError(f"parallel_config.pipeline_stage={stages} with model_config.tie_word_embeddings: true "
-                              "is not supported yet (the tied embedding and head would live on different stages)")
 
     def to_dict(self) -> dict:
         model_cfg = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "parallel_config"}

@@ -181,7 +181,8 @@ class Qwen2Model(nn.Cell):
     With pipeline stages (`layout.pp > 1`) it is the part of `layout.stage`: the embedding on the first stage,
     its share of the layers (parameters named by their global index, `layers.<i>`), the final norm on the last;
     a later stage starts from `hidden_in`, the previous stage's output, and a stage before the last returns its
-    layers' output without the norm."""
+    layers' output without the norm. With tied embeddings the last stage holds a copy of the embedding, under
+    the same name, for the head (:attr:`Qwen2ForCausalLM.stage_shared_params`)."""
 
     def __init__(self, config: Qwen2Config, layout: Layout):
         super().__init__()
@@ -189,9 +190,10 @@ class Qwen2Model(nn.Cell):
         owned = stage_layers(config.num_layers, layout.pp, layout.stage)
         self.first_stage, self.last_stage = layout.stage == 0, layout.stage == layout.pp - 1
         self.owned_layers = tuple(owned)
+        holds_embedding = self.first_stage or (self.last_stage and config.tie_word_embeddings)
         self.tok_embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size, layout,
                                                      to_ms_dtype(config.param_init_type),
-                                                     compute_dtype) if self.first_stage else None
+                                                     compute_dtype) if holds_embedding else None
         # other stages' layers are empty placeholders, so that a layer's parameters are named by its global index
         self.layers = nn.CellList([Qwen2DecoderLayer(config, layout) if i in owned else nn.Cell()
                                    for i in range(config.num_layers)])
@@ -278,13 +280,18 @@ class Qwen2ForCausalLM(nn.Cell):
         self.config = config
         self.layout = layout or Layout()
         self.tie_word_embeddings = config.tie_word_embeddings
-        if self.layout.pp > 1 and config.tie_word_embeddings:
-            raise LayoutError("tie_word_embeddings with pipeline stages is not supported yet (the embedding and the "
-                              "head would live on different stages)")
         self.model = Qwen2Model(config, self.layout)
         last = self.model.last_stage
         self.lm_head = VocabParallelHead(config, self.layout) if last else None
         self.log_prob_of_labels = VocabParallelLogProbs(config.vocab_size, self.layout) if last else None
+
+    @property
+    def stage_shared_params(self) -> tuple[str, ...]:
+        """Names of the parameters that both the first and the last pipeline stage hold (the tied embedding):
+        their gradients are summed over those two stages, so the copies stay equal."""
+        if self.layout.pp > 1 and self.tie_word_embeddings:
+            return (self.model.tok_embeddings.embedding_weight.name,)
+        return ()
 
     def logits(self, hidden, gather=True):
         """lm_head on hidden states [.., D]: float32 logits over the whole vocabulary (`gather`) or over

@@ -1,0 +1,42 @@
+"""The pipeline benchmarks run (msrun, tiny shape) and measure what they say: the memory benchmark's stages hold
+their layers and the tied embedding, the reshard benchmark's pp2 route equals the offline transform."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def benchmark(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.msrun
+def test_pipeline_memory_benchmark_splits_the_weights_by_stage(tmp_path):
+    result = benchmark("pipeline_memory").main(["--model", "tiny", "--steps", "2", "--workdir", str(tmp_path),
+                                                "--output", str(tmp_path / "out.json")])
+    (whole,), stages = result["layouts"].values()
+    assert whole["layers"] == [0, 1, 2, 3] and [r["layers"] for r in stages] == [[0, 1], [2, 3]]
+    assert all(r["holds_embedding"] for r in stages)  # tied: the last stage scores with its copy
+    embedding = 96 * 32 * 4
+    weights = [r["held_bytes"]["weights"] for r in stages]
+    assert sum(weights) == whole["held_bytes"]["weights"] + embedding
+    for r in (whole, *stages):  # two moments per weight, and the step counter
+        assert r["held_bytes"]["adam_moments"] == 2 * r["held_bytes"]["weights"] + 8
+    assert 0.5 < result["ratios"]["largest stage's weights + moments / the whole net's"] < 0.6
+    assert (tmp_path / "out.json").exists()
+
+
+@pytest.mark.msrun
+def test_reshard_benchmark_from_pipeline_stages_equals_the_offline_route(tmp_path):
+    code = benchmark("reshard").main(["--src", "pp2", "--models", "tiny", "--dtypes", "float16", "--repeats", "1",
+                                      "--workdir", str(tmp_path), "--output", str(tmp_path / "out.json")])
+    assert code == 0
+    import json
+    (case,) = json.loads((tmp_path / "out.json").read_text())["cases"]
+    assert case["bit_identical"] and case["all_gather_floor_seconds"] > 0
+    assert case["online_stats_rank0"]["bytes_sent"] > 0
