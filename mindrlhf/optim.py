@@ -69,12 +69,14 @@ class AdamW(nn.Cell):
     def set_learning_rate(self, value: float) -> None:
         self.learning_rate.set_data(Tensor(float(value), ms.float32))
 
-    def construct(self, grads):
+    def construct(self, grads, grad_scale=None):
         # torch's AdamW, var <- var * (1 - lr wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), written as
         # MindSpore's fused in-place AdamWeightDecay kernel, var <- var - lr' (m / (sqrt(v) + eps') + wd' var),
         # with lr' = lr sqrt(bc2) / bc1, eps' = eps sqrt(bc2), wd' = wd bc1 / sqrt(bc2) (the same numbers up to
         # rounding). One kernel per parameter and no full-size temporaries: an element-wise graph held ~13x
-        # the parameters' size in temporaries.
+        # the parameters' size in temporaries. `grad_scale` (a clip factor) multiplies each gradient just before
+        # its update, and each update waits for the previous one: at most one scaled gradient exists at a time
+        # (the CPU runtime would otherwise run every ready multiplication at once).
         step = self.adam_step + 1.0
         lr = self.learning_rate
         correction1 = 1.0 - ops.pow(self.beta1, step)
@@ -85,7 +87,10 @@ class AdamW(nn.Cell):
         done = ops.assign(self.adam_step, step)
         for i in range(len(self.parameters)):
             decay = self.decay_rates[i] * decay_scale
+            grad = ops.depend(grads[i], done).astype(ms.float32)
+            if grad_scale is not None:
+                grad = grad * grad_scale
             done = ops.depend(done, self.fused_update(self.parameters[i], self.moments1[i], self.moments2[i],
                                                       fused_lr, self.beta1_tensor, self.beta2_tensor, fused_eps,
-                                                      decay, grads[i].astype(ms.float32)))
+                                                      decay, grad))
         return done

@@ -51,11 +51,11 @@ def assemble(ranks, dp, tp, key):
     return replicas[0]
 
 
-def replica_weights(ranks, tp, d, t):
-    """dp replica `d`'s full weights: tp-split ones from their shards, unsplit (tp-replicated) ones as tp rank `t`
-    holds them."""
+def replica_weights(ranks, tp, d, t, prefix="weight/"):
+    """dp replica `d`'s full weights (keys `prefix<name>`): tp-split ones from their shards, unsplit (tp-replicated)
+    ones as tp rank `t` holds them."""
     weights = {}
-    for key in (k for k in ranks[0] if k.startswith("weight/")):
+    for key in (k for k in ranks[0] if k.startswith(prefix)):
         axis = int(ranks[0][f"axis/{key.split('/', 1)[1]}"])
         weights[key] = (np.concatenate(distinct_shards(ranks, tp, d, key), axis=axis) if axis >= 0
                         else ranks[d * tp + t][key])
@@ -95,6 +95,18 @@ def test_parallel_run_matches_single_process(request, tmp_path, dp, tp, kv):
         for t in range(tp):
             got = replica_weights(ranks, tp, d, t)
             assert_weights_close_after_adam(got, weights, lr, updates, what=f"dp replica {d}, tp rank {t}")
+    # the same updates over 1-row micro-batches (buffers reduced over dp in place, the clip applied inside AdamW)
+    # are the one-process whole-batch updates
+    for rank in ranks:
+        np.testing.assert_allclose(rank["micro_grad_norms"], reference["grad_norms"], rtol=TOL)
+    micro_losses = np.mean([ranks[d * tp]["micro_losses"] for d in range(dp)], axis=0)
+    np.testing.assert_allclose(micro_losses, reference["losses"], atol=TOL)
+    for d in range(dp):
+        for t in range(tp):
+            micro = replica_weights(ranks, tp, d, t, "micro_weight/")
+            got = {"weight/" + k.split("/", 1)[1]: v for k, v in micro.items()}
+            assert_weights_close_after_adam(got, weights, lr, updates,
+                                            what=f"micro-batched, dp replica {d}, tp rank {t}")
 
 
 @pytest.mark.parametrize("dp,tp", [(2, 1), (1, 2)], ids=["dp2", "tp2"])

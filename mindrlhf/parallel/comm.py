@@ -7,6 +7,7 @@ ReduceScatter), so each op below is a Cell with its own `bprop`.
 """
 from __future__ import annotations
 
+from mindspore import dtype as mstype
 from mindspore import nn, ops
 
 
@@ -125,3 +126,23 @@ class GroupSum(nn.Cell):
 
     def construct(self, x):
         return self.all_reduce(x)
+
+
+class AllReduceInPlace(nn.Cell):
+    """Sums each of `params` over `group` in place (times `scale`), one parameter after the other: only one
+    parameter's reduced copy exists at a time, and every rank issues the collectives in the same order."""
+
+    def __init__(self, params, group: str, scale: float = 1.0):
+        super().__init__()
+        self.params = params
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+        self.scale = float(scale)
+
+    def construct(self):
+        done = ops.zeros((), mstype.float32)
+        for i in range(len(self.params)):
+            reduced = self.all_reduce(ops.depend(self.params[i], done))
+            if self.scale != 1.0:
+                reduced = reduced * self.scale
+            done = ops.depend(done, ops.assign(self.params[i], reduced))
+        return done

@@ -17,6 +17,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import ParameterTuple, Tensor, nn, ops
 
+from mindrlhf.parallel.comm import AllReduceInPlace
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.spmd import ApplyGradients, GradientBuffers, add_to_buffers
 
@@ -59,22 +60,6 @@ class StageTransfer(nn.Cell):
 
     def construct(self, x):
         return self.all_reduce(x)
-
-
-class SumOverStages(nn.Cell):
-    """Sums parameters in place over a group of pipeline stages (the gradient buffers of a tied embedding that
-    the first and the last stage both hold)."""
-
-    def __init__(self, params, group: str):
-        super().__init__(auto_prefix=False)
-        self.params = params
-        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
-
-    def construct(self):
-        done = ops.zeros((), ms.float32)
-        for i in range(len(self.params)):
-            done = ops.depend(done, ops.assign(self.params[i], self.all_reduce(self.params[i])))
-        return done
 
 
 class LastStageStep(nn.Cell):
@@ -141,8 +126,8 @@ class PipelineTrainStep:
         shared = [buffer for param, buffer in zip(params, self.buffers) if param.name in stage_shared]
         # the stages' gradients of a shared weight are summed first, in a graph of their own: the pair group is
         # the pp group too, whose collectives in one graph may run in either order
-        self.sum_shared = SumOverStages(ParameterTuple(shared), layout.pair_group(0)) if shared else None
-        self.apply = ApplyGradients(stage_net, optimizer, layout, grad_reduction, max_grad_norm,
+        self.sum_shared = AllReduceInPlace(ParameterTuple(shared), layout.pair_group(0)) if shared else None
+        self.apply = ApplyGradients(stage_net, optimizer, self.buffers, layout, grad_reduction, max_grad_norm,
                                     counted_elsewhere=stage_shared if self.stage > 0 else ())
 
     def _receive(self, shape) -> Tensor:
@@ -166,6 +151,6 @@ class PipelineTrainStep:
             total += stats.asnumpy().astype(np.float64)
         if self.sum_shared is not None:
             self.sum_shared()
-        grad_norm = float(self.apply(*self.buffers).asnumpy())
+        grad_norm = float(self.apply().asnumpy())
         self.storage.zero()
         return total, grad_norm

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, ParameterTuple, nn, ops
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
-from mindrlhf.parallel.comm import DataParallelGradReducer
+from mindrlhf.parallel.comm import AllReduceInPlace, DataParallelGradReducer
 from mindrlhf.parallel.layers import param_split_axes, param_split_shards
 from mindrlhf.parallel.layout import Layout
 
@@ -22,27 +22,31 @@ def sum_of_squares(x):
 
 
 class ReducedClippedGradients(nn.Cell):
-    """This rank's gradients -> `(grads, grad_norm)`: reduced over dp, then clipped by the global norm.
+    """This rank's gradients -> `(grads, grad_norm, clip_scale)`: reduced over dp, their global norm and the factor
+    that clips them (None without clipping), which the caller applies (:class:`SPMDGradients`) or hands to the
+    optimizer (:func:`step_if_finite`), so that no clipped copy of every gradient exists at once.
 
     Tensor-parallel layers already produce correct shard gradients through their custom bprops, so only
     data parallel needs a reduction here: `grad_reduction="mean"` when each dp rank's loss is a mean over
     its own rows, `"sum"` when each rank's loss is its share of one globally normalised loss.
     `grad_norm` is the global norm of the whole (unsplit) model's gradient: the squares of tp-split shards
     are summed over the tp group (a shard that tp peers share counted once), replicated parameters count once.
-    With `max_grad_norm > 0` the gradients are scaled by min(1, max_grad_norm / (grad_norm + 1e-6)), as
-    `torch.nn.utils.clip_grad_norm_`. `counted_elsewhere` names parameters whose gradient another pipeline stage
+    With `max_grad_norm > 0` the clip factor is min(1, max_grad_norm / (grad_norm + 1e-6)), as
+    `torch.nn.utils.clip_grad_norm_`. `reduced`: the gradients arrive reduced over dp already
+    (`comm.AllReduceInPlace`). `counted_elsewhere` names parameters whose gradient another pipeline stage
     holds too (a tied embedding's, summed over the stages beforehand) and counts in the norm instead of this rank.
     """
 
     def __init__(self, loss_net: nn.Cell, params, layout: Layout | None = None, grad_reduction: str = "mean",
-                 max_grad_norm: float = 0.0, counted_elsewhere=()):
+                 max_grad_norm: float = 0.0, counted_elsewhere=(), reduced: bool = False):
         super().__init__(auto_prefix=False)
         if grad_reduction not in ("mean", "sum"):
             raise ValueError(f"grad_reduction must be 'mean' or 'sum', got {grad_reduction!r}")
         if max_grad_norm < 0:
             raise ValueError(f"max_grad_norm must be >= 0 (0 = no clipping), got {max_grad_norm}")
         layout = layout or Layout()
-        self.grad_reducer = DataParallelGradReducer(layout.dp_group, layout.dp, mean=grad_reduction == "mean")
+        self.grad_reducer = None if reduced else DataParallelGradReducer(layout.dp_group, layout.dp,
+                                                                         mean=grad_reduction == "mean")
         axes, shards = param_split_axes(loss_net), param_split_shards(loss_net, layout.tp)
         self.split = tuple(layout.tp > 1 and axes.get(p.name) is not None for p in params)
         # a shard held by tp / shards peers appears that many times in the sum over the tp group
@@ -69,12 +73,12 @@ class ReducedClippedGradients(nn.Cell):
         return ops.sqrt(total)
 
     def construct(self, grads):
-        grads = self.grad_reducer(grads)
+        if self.grad_reducer is not None:
+            grads = self.grad_reducer(grads)
         grad_norm = self._global_norm(grads)
         if self.max_grad_norm > 0:
-            scale = ops.minimum(self.max_grad_norm / (grad_norm + 1e-6), 1.0)
-            grads = tuple(g * scale.astype(g.dtype) for g in grads)
-        return grads, grad_norm
+            return grads, grad_norm, ops.minimum(self.max_grad_norm / (grad_norm + 1e-6), 1.0)
+        return grads, grad_norm, None
 
 
 class SPMDGradients(nn.Cell):
@@ -90,22 +94,29 @@ class SPMDGradients(nn.Cell):
 
     def construct(self, *inputs):
         outputs, grads = self.grad_fn(*inputs)
-        grads, grad_norm = self.finish(grads)
+        grads, grad_norm, clip_scale = self.finish(grads)
+        if clip_scale is not None:
+            grads = tuple(g * clip_scale.astype(g.dtype) for g in grads)
         return outputs, grads, grad_norm
 
 
-def step_if_finite(optimizer: nn.Cell, grads, grad_norm):
-    """Runs `optimizer(grads)` only when `grad_norm` is finite: a NaN/inf loss or gradient (whose norm is then
-    NaN/inf) leaves weights, moments and step count untouched. The norm is global (reduced over dp and tp), so
-    every rank takes the same decision. A graph branch, not a select: no gradient-sized temporaries."""
+def step_if_finite(optimizer: nn.Cell, grads, grad_norm, clip_scale=None):
+    """Runs `optimizer(grads)` (with a clip factor: `optimizer(grads, clip_scale)`, as `mindrlhf.optim.AdamW`
+    takes it) only when `grad_norm` is finite: a NaN/inf loss or gradient (whose norm is then NaN/inf) leaves
+    weights, moments and step count untouched. The norm is global (reduced over dp and tp), so every rank takes
+    the same decision. A graph branch, not a select: no gradient-sized temporaries."""
     if ops.isfinite(grad_norm):
-        optimizer(grads)
+        if clip_scale is None:
+            optimizer(grads)
+        else:
+            optimizer(grads, clip_scale)
     return grad_norm
 
 
 class SPMDTrainStep(nn.Cell):
-    """One optimizer step under explicit SPMD: :class:`SPMDGradients`, then the optimizer, skipped when the
-    gradient norm is not finite (`step_if_finite`).
+    """One optimizer step under explicit SPMD: the gradients reduced over dp and their norm
+    (:class:`ReducedClippedGradients`), then the optimizer with the clip factor, skipped when the gradient norm is
+    not finite (`step_if_finite`).
 
     Returns `(outputs, grad_norm)` (the norm before clipping).
     """
@@ -113,12 +124,14 @@ class SPMDTrainStep(nn.Cell):
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, layout: Layout | None = None,
                  grad_reduction: str = "mean", max_grad_norm: float = 0.0):
         super().__init__(auto_prefix=False)
-        self.gradients = SPMDGradients(loss_net, optimizer.parameters, layout, grad_reduction, max_grad_norm)
+        self.grad_fn = ops.value_and_grad(loss_net, None, optimizer.parameters, has_aux=True)
+        self.finish = ReducedClippedGradients(loss_net, optimizer.parameters, layout, grad_reduction, max_grad_norm)
         self.optimizer = optimizer
 
     def construct(self, *inputs):
-        outputs, grads, grad_norm = self.gradients(*inputs)
-        return outputs, step_if_finite(self.optimizer, grads, grad_norm)
+        outputs, grads = self.grad_fn(*inputs)
+        grads, grad_norm, clip_scale = self.finish(grads)
+        return outputs, step_if_finite(self.optimizer, grads, grad_norm, clip_scale)
 
 
 class GradientBuffers:
@@ -132,7 +145,7 @@ class GradientBuffers:
         self.clear = _ZeroParameters(self.buffers)
 
     def zero(self) -> None:
-        self.clear()
+        self.clear(Tensor(0.0, ms.float32))
 
 
 def add_to_buffers(buffers, grads):
@@ -172,27 +185,37 @@ class _ZeroParameters(nn.Cell):
         super().__init__(auto_prefix=False)
         self.params = params
 
-    def construct(self):
+    def construct(self, zero):
+        # one after the other: the CPU runtime would otherwise make every parameter's zeros at once (a copy of
+        # all the parameters' memory)
         done = ops.zeros((), ms.float32)
         for i in range(len(self.params)):
-            done = ops.depend(done, ops.assign(self.params[i], ops.zeros_like(self.params[i])))
+            zeros = ops.broadcast_to(ops.depend(zero, done).astype(self.params[i].dtype), self.params[i].shape)
+            done = ops.depend(done, ops.assign(self.params[i], zeros))
         return done
 
 
 class ApplyGradients(nn.Cell):
-    """This rank's (accumulated) gradients -> reduced over dp, clipped, one optimizer step (skipped when the norm
-    is not finite); returns the norm before clipping. Arguments as :class:`ReducedClippedGradients`."""
+    """Accumulated gradients in `buffers` (one per optimizer parameter) -> reduced over dp in place
+    (`comm.AllReduceInPlace`), clipped, one optimizer step (skipped when the norm is not finite); returns the
+    norm before clipping. The other arguments as :class:`ReducedClippedGradients`."""
 
-    def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, layout: Layout | None = None,
+    def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, buffers: ParameterTuple, layout: Layout | None = None,
                  grad_reduction: str = "mean", max_grad_norm: float = 0.0, counted_elsewhere=()):
         super().__init__(auto_prefix=False)
+        layout = layout or Layout()
+        self.buffers = buffers
+        self.reduce = (AllReduceInPlace(buffers, layout.dp_group, 1.0 / layout.dp if grad_reduction == "mean" else 1.0)
+                       if layout.dp > 1 else None)
         self.finish = ReducedClippedGradients(loss_net, optimizer.parameters, layout, grad_reduction, max_grad_norm,
-                                              counted_elsewhere)
+                                              counted_elsewhere, reduced=True)
         self.optimizer = optimizer
 
-    def construct(self, *grads):
-        grads, grad_norm = self.finish(grads)
-        return step_if_finite(self.optimizer, grads, grad_norm)
+    def construct(self):
+        if self.reduce is not None:
+            self.reduce()  # in place: the reads of the buffers below follow it (side effects keep program order)
+        grads, grad_norm, clip_scale = self.finish(self.buffers)
+        return step_if_finite(self.optimizer, grads, grad_norm, clip_scale)
 
 
 def split_micro_batches(arrays, size: int) -> list[list[ms.Tensor]]:
@@ -220,8 +243,8 @@ class MicroBatchedTrainStep:
         self.loss_net = loss_net
         self.params = optimizer.parameters
         self.whole = SPMDTrainStep(loss_net, optimizer, layout, grad_reduction, max_grad_norm)
-        self.apply = ApplyGradients(loss_net, optimizer, layout, grad_reduction, max_grad_norm)
-        self.accumulate = None  # its buffers (one gradient's worth of memory) only exist once micro-batches come
+        self.layout, self.grad_reduction, self.max_grad_norm = layout, grad_reduction, max_grad_norm
+        self.accumulate = self.apply = None  # the buffers (a gradient's worth of memory) exist once micro-batches come
 
     def __call__(self, micro_batches):
         if len(micro_batches) == 1:
@@ -229,9 +252,11 @@ class MicroBatchedTrainStep:
             return np.array([o.asnumpy() for o in outputs], np.float64), float(grad_norm.asnumpy())
         if self.accumulate is None:
             self.accumulate = AccumulateGradients(self.loss_net, self.params)
+            self.apply = ApplyGradients(self.loss_net, self.whole.optimizer, self.accumulate.buffers, self.layout,
+                                        self.grad_reduction, self.max_grad_norm)
         total = 0.0
         for inputs in micro_batches:
             total = total + np.array([o.asnumpy() for o in self.accumulate(*inputs)], np.float64)
-        grad_norm = float(self.apply(*self.accumulate.buffers).asnumpy())
+        grad_norm = float(self.apply().asnumpy())
         self.accumulate.zero()
         return total, grad_norm

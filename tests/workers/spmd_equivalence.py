@@ -20,7 +20,7 @@ from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.optim import AdamW
 from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import init_random_weights, param_split_axes, param_split_shards
-from mindrlhf.parallel.spmd import SPMDGradients, SPMDTrainStep
+from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDGradients, SPMDTrainStep, split_micro_batches
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
@@ -39,6 +39,37 @@ class NLLLoss(nn.Cell):
         m = mask.astype(ms.float32)
         loss = -(logp * m).sum() / m.sum()
         return loss, ops.stop_gradient(loss)
+
+
+class WeightedNLLLoss(nn.Cell):
+    """Negative log-likelihood of the labels summed under per-token weights (this rank's token-mean when the
+    weights are the mask over this rank's token count: the sum over micro-batches is the batch's loss)."""
+
+    def __init__(self, model):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, input_ids, labels, mask, weights):
+        loss = -(self.model.log_probs(input_ids, labels, mask) * weights).sum()
+        return loss, ops.stop_gradient(loss)
+
+
+def micro_batched_results(cfg, layout, ids, labels, mask, max_grad_norm):
+    """The updates of `main` (same initial weights, loss and clip) taken over 1-row micro-batches: gradients
+    accumulated in buffers, reduced over dp in place, clipped inside AdamW."""
+    net = Qwen2ForCausalLM(cfg, layout)
+    init_random_weights(net, layout, seed=0)
+    weights = (mask / mask.sum()).astype(np.float32)
+    step = MicroBatchedTrainStep(WeightedNLLLoss(net), AdamW(net.trainable_params(), learning_rate=LEARNING_RATE,
+                                                            weight_decay=0.01), layout, max_grad_norm=max_grad_norm)
+    losses, norms = [], []
+    for _ in range(UPDATES):
+        outputs, norm = step(split_micro_batches([ids, labels, mask, weights], 1))
+        losses.append(outputs[0])
+        norms.append(norm)
+    result = {"micro_losses": np.array(losses), "micro_grad_norms": np.array(norms)}
+    result.update({f"micro_weight/{p.name}": p.asnumpy() for p in net.trainable_params()})
+    return result
 
 
 GRPO_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
@@ -147,7 +178,8 @@ def main():
     first_grads = {p.name: g.asnumpy() for p, g in zip(net.trainable_params(), grads)}
     optimizer = AdamW(net.trainable_params(), learning_rate=LEARNING_RATE, weight_decay=0.01)
     # a clip well below the gradient norm, so that every update is clipped by the global norm
-    step = SPMDTrainStep(loss_net, optimizer, layout, max_grad_norm=0.25 * float(grad_norm.asnumpy()))
+    clip = 0.25 * float(grad_norm.asnumpy())
+    step = SPMDTrainStep(loss_net, optimizer, layout, max_grad_norm=clip)
     losses, norms = [], []
     for _ in range(UPDATES):
         (loss, _), norm = step(ids_l, labels_l, mask_l)
@@ -157,6 +189,7 @@ def main():
               "first_grad_norm": grad_norm.asnumpy(), "adam/lr": np.array(LEARNING_RATE),
               "adam/updates": np.array(UPDATES)}
     result.update(grpo)
+    result.update(micro_batched_results(cfg, layout, ids[sl], labels[sl], mask[sl], clip))
     result.update(critic_results(cfg, layout))
     result.update({f"grad/{k}": v for k, v in first_grads.items()})
     result.update({f"weight/{p.name}": p.asnumpy() for p in net.trainable_params()})
