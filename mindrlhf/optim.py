@@ -85,12 +85,20 @@ class AdamW(nn.Cell):
         fused_eps = self.eps * root_correction2
         decay_scale = correction1 / root_correction2
         done = ops.assign(self.adam_step, step)
+        # the branch stays outside the loops over parameters (an `if` in an unrolled loop nests a call per
+        # parameter in graph mode, past its call depth limit at a real model's size)
+        if grad_scale is None:
+            for i in range(len(self.parameters)):
+                grad = ops.depend(grads[i], done).astype(ms.float32)
+                done = self._update(i, grad, done, fused_lr, fused_eps, decay_scale)
+            return done
         for i in range(len(self.parameters)):
-            decay = self.decay_rates[i] * decay_scale
-            grad = ops.depend(grads[i], done).astype(ms.float32)
-            if grad_scale is not None:
-                grad = grad * grad_scale
-            done = ops.depend(done, self.fused_update(self.parameters[i], self.moments1[i], self.moments2[i],
-                                                      fused_lr, self.beta1_tensor, self.beta2_tensor, fused_eps,
-                                                      decay, grad))
+            grad = ops.depend(grads[i], done).astype(ms.float32) * grad_scale
+            done = self._update(i, grad, done, fused_lr, fused_eps, decay_scale)
         return done
+
+    def _update(self, i, grad, done, fused_lr, fused_eps, decay_scale):
+        """The fused in-place update of parameter i (and its moments) by the float32 `grad`, after `done`."""
+        return ops.depend(done, self.fused_update(self.parameters[i], self.moments1[i], self.moments2[i], fused_lr,
+                                                  self.beta1_tensor, self.beta2_tensor, fused_eps,
+                                                  self.decay_rates[i] * decay_scale, grad))

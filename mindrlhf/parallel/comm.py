@@ -139,10 +139,22 @@ class AllReduceInPlace(nn.Cell):
         self.scale = float(scale)
 
     def construct(self):
+        # the branch stays outside the loops: an `if` inside a loop over ~300 parameters nests a call per
+        # iteration and exceeds graph mode's call depth limit (1000)
+        if self.scale == 1.0:
+            return self._sum()
+        return self._scaled_sum()
+
+    def _sum(self):
         done = ops.zeros((), mstype.float32)
         for i in range(len(self.params)):
             reduced = self.all_reduce(ops.depend(self.params[i], done))
-            if self.scale != 1.0:
-                reduced = reduced * self.scale
+            done = ops.depend(done, ops.assign(self.params[i], reduced))
+        return done
+
+    def _scaled_sum(self):
+        done = ops.zeros((), mstype.float32)
+        for i in range(len(self.params)):
+            reduced = self.all_reduce(ops.depend(self.params[i], done)) * self.scale
             done = ops.depend(done, ops.assign(self.params[i], reduced))
         return done

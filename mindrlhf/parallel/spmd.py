@@ -48,23 +48,24 @@ class ReducedClippedGradients(nn.Cell):
         self.grad_reducer = None if reduced else DataParallelGradReducer(layout.dp_group, layout.dp,
                                                                          mean=grad_reduction == "mean")
         axes, shards = param_split_axes(loss_net), param_split_shards(loss_net, layout.tp)
-        self.split = tuple(layout.tp > 1 and axes.get(p.name) is not None for p in params)
+        counted = [i for i, p in enumerate(params) if p.name not in counted_elsewhere]
+        # the norm's terms as index tuples, so that its loops hold no `if` (graph mode nests a call per `if` in
+        # an unrolled loop, past its call depth limit at a real model's ~300 parameters)
+        self.split_terms = tuple(i for i in counted if layout.tp > 1 and axes.get(params[i].name) is not None)
+        self.replicated_terms = tuple(i for i in counted if i not in self.split_terms)
         # a shard held by tp / shards peers appears that many times in the sum over the tp group
-        self.share_weight = tuple(shards.get(p.name, layout.tp) / layout.tp for p in params)
+        self.share_weights = tuple(shards.get(params[i].name, layout.tp) / layout.tp for i in self.split_terms)
         self.tp_sum = ops.AllReduce(ops.ReduceOp.SUM, layout.tp_group) if layout.tp > 1 else None
         self.pp_sum = ops.AllReduce(ops.ReduceOp.SUM, layout.pp_group) if layout.pp > 1 else None  # stages' shares
-        self.counted = tuple(p.name not in counted_elsewhere for p in params)
         self.max_grad_norm = float(max_grad_norm)
 
     def _global_norm(self, grads):
         replicated = ops.zeros((), ms.float32)
         split = ops.zeros((), ms.float32)
-        for i in range(len(grads)):  # no `continue`: graph mode would stop unrolling the loop
-            if self.counted[i] and self.split[i]:
-                square = sum_of_squares(grads[i].astype(ms.float32))
-                split = split + (square * self.share_weight[i] if self.share_weight[i] != 1.0 else square)
-            elif self.counted[i]:
-                replicated = replicated + sum_of_squares(grads[i].astype(ms.float32))
+        for k in range(len(self.split_terms)):
+            split = split + sum_of_squares(grads[self.split_terms[k]].astype(ms.float32)) * self.share_weights[k]
+        for k in range(len(self.replicated_terms)):
+            replicated = replicated + sum_of_squares(grads[self.replicated_terms[k]].astype(ms.float32))
         if self.tp_sum is not None:
             split = self.tp_sum(split)
         total = replicated + split

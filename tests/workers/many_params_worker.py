@@ -1,0 +1,76 @@
+"""Worker for the test that the graphs looping over every parameter compile and run for a model with as many
+parameters as a real one (SmolLM2-135M has 272, Qwen2.5-0.5B 290): graph mode unrolls those loops, and a loop
+body that nests a call per iteration exceeds its call depth limit (1000) only at that size.
+
+2 ranks. A 32-layer model of width 8 (387 parameters) in data parallel takes `UPDATES` clipped AdamW updates two
+ways from the same weights: 1-row micro-batches of a globally normalised loss, accumulated and then summed over dp
+in place (the GRPO trainer's), and the whole batch in one fused step with the dp reduction a mean. Then the
+micro-batched net is resharded into a tp=2 net. Each rank writes `rank_<r>.npz`: both nets' weights (`micro/`,
+`whole/`) and grad norms, the resharded shards (`infer/`) with their split axes (`axis/`).
+"""
+import argparse
+import os
+
+import mindspore as ms
+import numpy as np
+from spmd_equivalence import WeightedNLLLoss
+
+from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.optim import AdamW
+from mindrlhf.parallel import Layout
+from mindrlhf.parallel.layers import init_random_weights, param_split_axes
+from mindrlhf.parallel.reshard import Resharder
+from mindrlhf.parallel.spmd import MicroBatchedTrainStep, split_micro_batches
+from mindrlhf.parallel.strategy import net_layouts
+
+CONFIG = dict(vocab_size=32, hidden_size=8, num_layers=32, num_heads=2, n_kv_heads=2, intermediate_size=16,
+              seq_length=16, max_position_embedding=32, theta=10000.0, qkv_has_bias=True)
+LEARNING_RATE, UPDATES, CLIP = 1e-3, 2, 0.05  # the clip is below the gradient norm: every update is clipped
+
+
+def train(layout, reduction: str, micro_batch_rows: int, ids, labels, mask):
+    """A fresh net after `UPDATES` updates of `MicroBatchedTrainStep` (this rank's rows), and its grad norms."""
+    net = Qwen2ForCausalLM(Qwen2Config(**CONFIG), layout)
+    init_random_weights(net, layout, seed=0)
+    tokens = mask.sum() if reduction == "mean" else mask.sum() * layout.dp  # equal token counts per rank
+    weights = (mask / tokens).astype(np.float32)
+    step = MicroBatchedTrainStep(WeightedNLLLoss(net), AdamW(net.trainable_params(), learning_rate=LEARNING_RATE),
+                                 layout, grad_reduction=reduction, max_grad_norm=CLIP)
+    norms = [step(split_micro_batches([ids, labels, mask, weights], micro_batch_rows))[1] for _ in range(UPDATES)]
+    return net, np.array(norms)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    from mindspore.communication import get_group_size, get_rank, init
+    init()
+    world, rank = get_group_size(), get_rank()
+    layout = Layout.for_world(world, 1, world, rank).init_groups()
+    rng = np.random.RandomState(1)
+    ids = rng.randint(0, CONFIG["vocab_size"], (2 * world, 12)).astype(np.int32)
+    labels, mask = np.roll(ids, -1, axis=1), np.ones(ids.shape, np.int32)
+    mine = slice(2 * rank, 2 * rank + 2)
+    result = {}
+    nets = {}
+    for name, reduction, rows in (("micro", "sum", 1), ("whole", "mean", 0)):
+        nets[name], result[f"{name}_norms"] = train(layout, reduction, rows, ids[mine], labels[mine], mask[mine])
+        result.update({f"{name}/{p.name}": p.asnumpy() for p in nets[name].trainable_params()})
+    result["num_params"] = np.array(len(nets["micro"].trainable_params()))
+
+    infer_layout = Layout.for_world(1, world, world, rank).init_groups()
+    infer_net = Qwen2ForCausalLM(Qwen2Config(**CONFIG), infer_layout)
+    infer_net.update_parameters_name("infer.")
+    Resharder(nets["micro"], infer_net, net_layouts(nets["micro"], layout), net_layouts(infer_net, infer_layout),
+              {p.name: "infer." + p.name for p in nets["micro"].get_parameters()}).run()
+    result.update({f"infer/{p.name[len('infer.'):]}": p.asnumpy() for p in infer_net.get_parameters()})
+    result.update({f"axis/{name[len('infer.'):]}": np.array(-1 if axis is None else axis)
+                   for name, axis in param_split_axes(infer_net).items()})
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank_{rank}.npz"), **result)
+
+
+if __name__ == "__main__":
+    main()
