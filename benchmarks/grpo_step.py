@@ -9,7 +9,8 @@ reads `timing_s/*`, `perf/tokens_per_s_per_device` and `perf/max_rss_gib` from i
   tokens, every token generated since random weights rarely end), one worker by default (memory);
 - `smollm2`: SmolLM2-135M's shape (Llama, vocab 49152, 30 layers, 9 heads: tp is impossible on 2 ranks, so
   train dp=2 / infer dp=2), seeded random weights, 2 prompts x 4 samples, 64 new tokens, 2 workers, the
-  trainer's default micro-batch sizes (what a user runs): the memory per worker is the number to watch.
+  trainer's default micro-batch sizes and 16 held-out problems evaluated before and after (what a user runs): the
+  memory per worker is the number to watch.
 
 The first step also compiles the graphs, so the table shows it apart from the median of the later ones (with one
 step, the median column is that step).
@@ -39,6 +40,7 @@ from mindrlhf.trainer.phases import PHASES  # noqa: E402
 
 STEP_PHASES = tuple(p for p in PHASES if p != "eval")  # evaluation is timed apart from the step
 ARITH = os.path.join(ROOT, "model_configs", "arith")
+HELDOUT = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data", "arithmetic_heldout.jsonl")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,11 +60,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train_layout", default=None, metavar="DPxTP",
                    help="arith: override the train YAML's layout, e.g. 1x2 (tp=2) or 2x1 (dp=2)")
     p.add_argument("--infer_layout", default=None, metavar="DPxTP", help="arith: same for the inference YAML")
+    p.add_argument("--eval_problems", type=int, default=None,
+                   help="held-out problems evaluated before the first and after the last step (default: 16 for "
+                        "smollm2, as the run it stands for; 0 otherwise)")
+    p.add_argument("--eval_batch_size", type=int, default=None,
+                   help="eval.eval_batch_size (default: the YAML's, 0 = the rollout's rows, sharing its graphs)")
     p.add_argument("--workdir", default=None, help="keeps the converted 0.5B model and the run's output")
     p.add_argument("--output", default=None, help="default: benchmarks/results/grpo_step_<model>.json")
     args = p.parse_args(argv)
     args.steps = args.steps or (4 if args.model == "arith" else 2)
     args.workers = args.workers or (1 if args.model == "0.5b" else 2)
+    if args.eval_problems is None:
+        args.eval_problems = 16 if args.model == "smollm2" else 0
     if args.micro_batch_size is None and args.model == "0.5b":
         args.micro_batch_size = 1
     if args.steps < 1:
@@ -84,12 +93,26 @@ def yaml_with_layout(model_yaml: str, path: str, data_parallel: int, model_paral
         yaml.safe_dump(doc, f, sort_keys=False)
 
 
+def heldout_file(out: str, problems: int) -> str:
+    """The first `problems` held-out arithmetic problems as a JSONL file in `out` ("" = no evaluation)."""
+    if not problems:
+        return ""
+    with open(HELDOUT) as f:
+        lines = f.readlines()[:problems]
+    path = os.path.join(out, "heldout.jsonl")
+    with open(path, "w") as f:
+        f.writelines(lines)
+    return path
+
+
 def launcher_env(args: argparse.Namespace, out: str) -> tuple[dict, list[str]]:
     """Environment and extra flags for run_grpo.sh."""
     workers = args.workers
-    env = dict(os.environ, OUTPUT=out, EVAL_DATA="", WORKER_NUM=str(workers), LOCAL_WORKER_NUM=str(workers),
-               MASTER_PORT=str(8200 + os.getpid() % 500))
+    env = dict(os.environ, OUTPUT=out, EVAL_DATA=heldout_file(out, args.eval_problems), WORKER_NUM=str(workers),
+               LOCAL_WORKER_NUM=str(workers), MASTER_PORT=str(8200 + os.getpid() % 500))
     flags = ["--steps", str(args.steps)]
+    if args.eval_batch_size is not None:
+        flags += ["--eval_batch_size", str(args.eval_batch_size)]
     if args.micro_batch_size is not None:
         flags += ["--micro_batch_size_per_device", str(args.micro_batch_size),
                   "--log_prob_micro_batch_size_per_device", str(args.micro_batch_size)]
@@ -153,12 +176,15 @@ def main(argv=None) -> dict:
         raise SystemExit(f"error: run_grpo.sh failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                          f"{proc.stderr[-3000:]}")
     with open(os.path.join(out, "metrics.jsonl")) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
+        records = [json.loads(line) for line in f if line.strip()]
+    lines = [r for r in records if r["step"] > 0]  # step 0: the evaluation before the first step
+    evals = [r["timing_s/eval"] for r in records if "timing_s/eval" in r]
     rows = phase_table(lines)
     later = later_steps(lines)
     summary = {"tokens_per_s_per_device": statistics.median(line["perf/tokens_per_s_per_device"] for line in later),
                "max_rss_gib_per_rank": max(line["perf/max_rss_gib"] for line in lines),
-               "response_tokens_mean": statistics.median(line["response_length/mean"] for line in later)}
+               "response_tokens_mean": statistics.median(line["response_length/mean"] for line in later),
+               "eval_problems": args.eval_problems, "eval_seconds": evals}
     over = f"the other {len(later)}" if len(lines) > 1 else "the first, compiles included"
     print(f"GRPO step, model {args.model}, {args.workers} worker(s), {len(lines)} step(s) (the first also "
           f"compiles; median of {over})")
@@ -167,6 +193,8 @@ def main(argv=None) -> dict:
         print(f"{row['phase']:<10}{row['first_s']:>10.3f}{row['median_s']:>10.3f}{row['share']:>8.1%}")
     print(f"tokens/s/device {summary['tokens_per_s_per_device']:.1f}; peak RSS of the largest rank "
           f"{summary['max_rss_gib_per_rank']:.2f} GiB; mean response {summary['response_tokens_mean']:.1f} tokens")
+    if evals:
+        print(f"held-out evaluation of {args.eval_problems} problems: " + ", ".join(f"{s:.1f} s" for s in evals))
     result = {"benchmark": "grpo_step", "model": args.model, "workers": args.workers, "flags": flags,
               "phases": rows, **summary, "steps": lines, "machine": platform.machine(),
               "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}

@@ -83,6 +83,7 @@ def test_defaults_follow_the_seed_tutorial():
     ("schedule:\n  batch_size: 4\n  mini_batch_size: 3\n", r"schedule.mini_batch_size=3 must divide"),
     ("loss:\n  aggregation: mean\n", r"loss: unknown loss aggregation 'mean'"),
     ("loss:\n  kl_estimator: k9\n", r"unknown KL estimator 'k9'"),
+    ("eval:\n  eval_batch_size: -1\n", r"eval.eval_batch_size must be >= 0 \(0 = the rollout's rows per rank\)"),
 ])
 def test_bad_yaml_names_the_file_and_field(tmp_path, yaml_text, message):
     path = tmp_path / "grpo.yaml"

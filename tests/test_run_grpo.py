@@ -56,6 +56,10 @@ def test_default_run_learns_and_ends_with_the_accuracy_line(run):
     assert after >= before + 0.08, (before, after)
     assert records[0]["step"] == 0 and last == f"held-out accuracy: before={100 * before:.1f}% after={100 * after:.1f}%"
     assert (out / "progress.png").read_bytes()[:4] == b"\x89PNG"
+    # the held-out evaluation runs the rollout's KV cache and compiled graphs (eval_batch_size 0): one cache a rank
+    for rank in (0, 1):
+        log = (out / "msrun_log" / f"worker_{rank}.log").read_text()
+        assert re.findall(r"allocated KV cache batch=(\d+)", log) == ["32"], rank
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 

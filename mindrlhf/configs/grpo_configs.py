@@ -9,7 +9,7 @@ YAML layout (`--config grpo.yaml`), every section and field optional::
     optimizer:  {learning_rate: 1.0e-6, beta1: 0.9, beta2: 0.95, ...}
     schedule:   {steps: 100, batch_size: 8, num_iterations: 1, ...}
     checkpoint: {save_interval: 50, keep_last: 3}
-    eval:       {eval_interval: 0, eval_batch_size: 16}
+    eval:       {eval_interval: 0, eval_batch_size: 0}
 
 Each field is also a command-line flag of `grpo_one_stage.py` (`--num_generations 8`, or the dotted
 `--generation.num_generations 8` where a name is used by two sections).
@@ -305,17 +305,19 @@ class EvalConfig:
         0, "Evaluate every this many steps; 0 = only before the first step and after the last one (which is "
            "always done when there is an eval dataset).")
     eval_batch_size: int = help_field(
-        16, "Prompts per generation call on each inference data-parallel rank (one compiled shape; the last "
-            "batch is padded).")
+        0, "Prompts per generation call on each inference data-parallel rank (one compiled shape; the last "
+           "batch is padded); 0 = the rollout's rows per rank (batch_size x num_generations / data_parallel), "
+           "so that evaluation runs the rollout's compiled graphs and KV cache instead of compiling its own.")
     eval_max_new_tokens: int = help_field(
-        0, "Longest evaluated answer; 0 = generation.max_new_tokens.")
+        0, "Longest evaluated answer; 0 = generation.max_new_tokens (another length compiles graphs of its own).")
 
     def validate(self) -> None:
         for name in ("eval_interval", "eval_max_new_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"eval.{name} must be >= 0, got {getattr(self, name)}")
-        if self.eval_batch_size < 1:
-            raise ConfigError(f"eval.eval_batch_size must be >= 1, got {self.eval_batch_size}")
+        if self.eval_batch_size < 0:
+            raise ConfigError(f"eval.eval_batch_size must be >= 0 (0 = the rollout's rows per rank), got "
+                              f"{self.eval_batch_size}")
 
 
 # Fields that moved to another section: the old place keeps working in YAML files and as a flag.

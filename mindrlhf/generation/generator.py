@@ -69,6 +69,18 @@ class _LastLogitsCell(nn.Cell):
         return self.model.logits(h[:, 0, :])
 
 
+class _CompiledGraphs:
+    """What a Generator compiles, kept apart so that generators of one model can share it: the KV caches by
+    (batch size, cache length) with their prefill and decode cells, the uncached forward cell, the input-shape
+    signatures sent to each graph and the time of each one's first call."""
+
+    def __init__(self):
+        self.caches: dict[tuple[int, int], KVCache] = {}
+        self.forward_cell: _LastLogitsCell | None = None
+        self.signatures: dict[str, set[tuple]] = {name: set() for name in GRAPHS}
+        self.first_call_seconds: dict[tuple, float] = {}
+
+
 class Generator:
     """Samples responses from `model` according to a `GenerationConfig`.
 
@@ -82,14 +94,18 @@ class Generator:
     (the set of phases MindSpore compiled for that cell instance); in GRAPH_MODE the two agree unless
     MindSpore recompiles for a reason other than shapes. In PyNative mode nothing is compiled and the
     second count is 0.
+
+    `share_graphs_with`: another Generator of the same model whose KV caches and compiled graphs this one uses
+    too, as the held-out evaluation does the rollout's: a compiled graph keeps memory per layer while it lives, so
+    a second set of graphs of the same shapes would cost as much as the first. Shapes one of them compiled are
+    not compiled (nor counted) again; the two must not generate at the same time.
     """
 
-    def __init__(self, model: Qwen2ForCausalLM, config: GenerationConfig):
+    def __init__(self, model: Qwen2ForCausalLM, config: GenerationConfig, share_graphs_with: Generator | None = None):
+        if share_graphs_with is not None and share_graphs_with.model is not model:
+            raise ValueError("share_graphs_with: a Generator of another model cannot share its graphs")
         self.model = model
-        self._caches: dict[tuple[int, int], KVCache] = {}
-        self._forward_cell: _LastLogitsCell | None = None
-        self._signatures: dict[str, set[tuple]] = {name: set() for name in GRAPHS}
-        self.first_call_seconds: dict[tuple, float] = {}
+        self._graphs = _CompiledGraphs() if share_graphs_with is None else share_graphs_with._graphs
         self.last_stats: dict = {}
         self.config = config
 
@@ -110,23 +126,29 @@ class Generator:
         self.rng = np.random.default_rng(self._config.seed if seed is None else seed)
 
     # --------------------------------------------------------------- counters
+    @property
+    def first_call_seconds(self) -> dict[tuple, float]:
+        """(graph, key, input shapes) signature -> seconds of its first call (compile + one run)."""
+        return self._graphs.first_call_seconds
+
     def compile_counts(self) -> dict[str, int]:
         """Distinct (graph, input shapes) signatures sent so far: what had to be compiled, per graph."""
-        return {name: len(sigs) for name, sigs in self._signatures.items()}
+        return {name: len(sigs) for name, sigs in self._graphs.signatures.items()}
 
     def graph_compile_counts(self) -> dict[str, int]:
         """Graphs MindSpore compiled for this Generator's live cells (each Cell's `compile_cache`), per graph."""
         counts = {name: 0 for name in GRAPHS}
-        for cache in self._caches.values():
+        for cache in self._graphs.caches.values():
             counts["prefill"] += len(getattr(cache.prefill, "compile_cache", ()) or ())
             counts["decode"] += len(getattr(cache.decode, "compile_cache", ()) or ())
-        if self._forward_cell is not None:
-            counts["forward"] += len(getattr(self._forward_cell, "compile_cache", ()) or ())
+        if self._graphs.forward_cell is not None:
+            counts["forward"] += len(getattr(self._graphs.forward_cell, "compile_cache", ()) or ())
         return counts
 
     def release_caches(self) -> None:
-        """Drops the KV caches and their graphs (freed once nothing else refers to them; no longer counted)."""
-        self._caches.clear()
+        """Drops the KV caches and their graphs (freed once nothing else refers to them; no longer counted), for
+        the Generators that share them too."""
+        self._graphs.caches.clear()
 
     # ------------------------------------------------------------- generation
     def generate(self, prompt_ids: Sequence[Sequence[int]] | np.ndarray, attention_mask: np.ndarray | None = None,
@@ -200,11 +222,11 @@ class Generator:
     def _run(self, graph: str, key: tuple, cell: nn.Cell, *args: Tensor) -> np.ndarray:
         """Calls a graph cell, recording its input-shape signature and the time of its first call."""
         signature = (graph, *key, *(tuple(a.shape) for a in args))
-        first = signature not in self._signatures[graph]
+        first = signature not in self._graphs.signatures[graph]
         start = time.perf_counter()
         out = cell(*args).asnumpy()
         if first:
-            self._signatures[graph].add(signature)
+            self._graphs.signatures[graph].add(signature)
             self.first_call_seconds[signature] = time.perf_counter() - start
             logger.info("compiled %s for input shapes %s in %.2f s", graph, signature[len(key) + 1:],
                         self.first_call_seconds[signature])
@@ -239,18 +261,20 @@ class Generator:
         log_probs = np.zeros((batch, cfg.max_new_tokens), np.float32) if return_log_probs else None
         return response, resp_mask, log_probs, np.zeros(batch, bool)
 
-    def _cache(self, batch: int) -> KVCache:
+    def cache(self, batch: int) -> KVCache:
+        """The KV cache (with its prefill and decode cells, compiled on first use) for `batch` rows, allocated the
+        first time a batch of that size comes."""
         key = (batch, self.config.cache_length)
-        if key not in self._caches:
-            self._caches[key] = KVCache(self.model, batch, self.config.cache_length)
-            logger.info("allocated KV cache batch=%d length=%d (%.1f MB)", batch, key[1],
-                        self._caches[key].nbytes() / 2**20)
-        return self._caches[key]
+        caches = self._graphs.caches
+        if key not in caches:
+            caches[key] = KVCache(self.model, batch, self.config.cache_length)
+            logger.info("allocated KV cache batch=%d length=%d (%.1f MB)", batch, key[1], caches[key].nbytes() / 2**20)
+        return caches[key]
 
     def _run_cached(self, ids, mask, prompt_lengths, return_log_probs, bar):
         cfg = self.config
         batch, bucket = ids.shape
-        cache = self._cache(batch)
+        cache = self.cache(batch)
         key = (batch, cache.length)
         response, resp_mask, log_probs, finished = self._buffers(batch, return_log_probs)
         valid = np.zeros((batch, cache.length), np.float32)
@@ -273,8 +297,8 @@ class Generator:
     def _run_uncached(self, ids, mask, return_log_probs, bar):
         cfg = self.config
         batch, bucket = ids.shape
-        if self._forward_cell is None:
-            self._forward_cell = _LastLogitsCell(self.model)
+        if self._graphs.forward_cell is None:
+            self._graphs.forward_cell = _LastLogitsCell(self.model)
         width = bucket + cfg.max_new_tokens
         buf = np.full((batch, width), cfg.pad_token_id, np.int32)
         buf_mask = np.zeros((batch, width), np.int32)
@@ -282,7 +306,7 @@ class Generator:
         response, resp_mask, log_probs, finished = self._buffers(batch, return_log_probs)
         steps = cfg.max_new_tokens
         for t in range(cfg.max_new_tokens):
-            logits = self._run("forward", (), self._forward_cell, Tensor(buf), Tensor(buf_mask),
+            logits = self._run("forward", (), self._graphs.forward_cell, Tensor(buf), Tensor(buf_mask),
                                Tensor(bucket + t - 1, ms.int32))
             tokens = self._step(t, logits, finished, response, resp_mask, log_probs)
             bar.update()

@@ -165,6 +165,8 @@ class RLTrainer:
         if sched.batch_size % infer_layout.dp:
             raise ConfigError(f"schedule.batch_size={sched.batch_size} is not divisible by the inference "
                               f"data_parallel={infer_layout.dp} ({job.sft_path_infer})")
+        # prompts per evaluation call on this rank: by default the rollout's rows, so the same graphs serve both
+        self.eval_batch_size = config.eval.eval_batch_size or sched.batch_size // infer_layout.dp * G
         unit = group_unit(G, train_layout.dp)
         if sched.prompts_per_update % unit:
             raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {G} generations "
@@ -551,7 +553,7 @@ class RLTrainer:
         mine = np.array_split(np.arange(len(prompts)), layout.dp)[layout.dp_rank]
         with self.phases("eval"):
             correct = count_correct(self.actor.greedy_generator(), self.tokenizer, [prompts[i] for i in mine],
-                                    [solutions[i] for i in mine], self.config.eval.eval_batch_size,
+                                    [solutions[i] for i in mine], self.eval_batch_size,
                                     progress=self.rank == 0)
         totals = self.comm.group_sum(np.array([correct, len(mine)]), layout.dp_group)
         return float(totals[0] / totals[1])

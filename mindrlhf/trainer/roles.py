@@ -266,7 +266,7 @@ class Actor(Role):
         self.generator.rng = np.random.default_rng([gen.seed, self.infer_layout.dp_rank])
         self.eval_generator = Generator(self.infer_net, dataclasses.replace(
             gen, do_sample=False, num_generations=1,
-            max_new_tokens=cfg.eval.eval_max_new_tokens or gen.max_new_tokens))
+            max_new_tokens=cfg.eval.eval_max_new_tokens or gen.max_new_tokens), share_graphs_with=self.generator)
         if job.load_sft_checkpoint_infer:
             load_weights(self.infer_net, self.infer_layout, job.load_sft_checkpoint_infer, INFER_PREFIX)
         else:
