@@ -3,6 +3,7 @@ no traceback, and nothing written; --only_save_strategy writes strategy files Mi
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -128,7 +129,8 @@ def test_only_save_strategy_writes_strategy_files_mindspore_reads(tmp_path, mind
     import mindspore as ms
     code = load_script().main(base_args(mindrecord, tmp_path / "out") + ["--only_save_strategy"])
     assert code == 0
-    for net, prefix in (("train", ""), ("infer", "infer."), ("ref", "ref.")):
+    # one model YAML for both nets: the inference net is the train net, its names unprefixed
+    for net, prefix in (("train", ""), ("infer", ""), ("ref", "ref.")):
         path = tmp_path / "out" / "strategy" / net / "ckpt_strategy_rank_0.ckpt"
         strategy = ms.build_searched_strategy(str(path))
         assert f"{prefix}model.layers.0.attention.wq.weight" in strategy
@@ -309,3 +311,40 @@ def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, ca
     assert 0.0 <= metrics["eval/accuracy"] <= 1.0 and "timing_s/eval" in metrics
     log = capsys.readouterr().err
     assert f"held-out accuracy: before={100 * before:.1f}% after={100 * metrics['eval/accuracy']:.1f}%" in log
+
+
+def test_an_infer_net_in_the_train_layout_is_the_train_net(tmp_path, mindrecord, graph_mode):
+    """Same model and layout for both nets (one process here): the inference net uses the train net's weights (no
+    second copy, no reshard; generation keeps the train weights resident, the moments offloaded), and trains
+    exactly like a job whose inference net has weights of its own (an inference checkpoint of its own)."""
+    from mindrlhf.trainer.roles import INFER_WEIGHTS, OPTIMIZER_MOMENTS, TRAIN_WEIGHTS
+
+    own_infer = tmp_path / "infer_copy.ckpt"
+    shutil.copy(TINY / "tiny_sft.ckpt", own_infer)
+    runs = {}
+    for name, extra in (("shared", []), ("own", ["--load_sft_checkpoint_infer", str(own_infer)])):
+        seen = {}
+
+        def inspect(trainer, step, metrics, seen=seen):
+            actor, swap = trainer.actor, trainer.swap
+            seen.update(shares=actor.shares_weights, same_net=actor.infer_net is actor.train_net,
+                        groups=swap.groups, bytes=sum(swap.group_bytes(g) for g in swap.groups),
+                        train_bytes=swap.group_bytes(TRAIN_WEIGHTS),
+                        plan=dict(swap.phase_plan))
+        out = tmp_path / name
+        code = load_script().main(base_args(mindrecord, out) + [
+            "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "2", "--num_iterations", "2"]
+            + extra, callbacks=[inspect])
+        assert code == 0
+        runs[name] = seen, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (shared, shared_lines), (own, own_lines) = runs["shared"], runs["own"]
+    assert shared["shares"] and shared["same_net"] and not own["shares"] and not own["same_net"]
+    assert INFER_WEIGHTS not in shared["groups"] and INFER_WEIGHTS in own["groups"]
+    assert shared["plan"]["generate"] == (TRAIN_WEIGHTS,) and shared["plan"]["old"] == (TRAIN_WEIGHTS,)
+    assert OPTIMIZER_MOMENTS not in shared["plan"]["generate"]
+    assert own["bytes"] - shared["bytes"] == own["train_bytes"] > 0  # one copy of the weights less
+    for a, b in zip(shared_lines, own_lines):
+        assert a["actor/updates"] == 4 and a["actor/grad_norm"] > 0
+        for key in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/kl", "actor/entropy",
+                    "actor/grad_norm", "actor/clipfrac"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)

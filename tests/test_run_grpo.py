@@ -60,6 +60,8 @@ def test_default_run_learns_and_ends_with_the_accuracy_line(run):
     for rank in (0, 1):
         log = (out / "msrun_log" / f"worker_{rank}.log").read_text()
         assert re.findall(r"allocated KV cache batch=(\d+)", log) == ["32"], rank
+        # both nets dp=2 with the same model: one set of weights, nothing to reshard
+        assert "the inference net uses the train net's weights" in log, rank
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 

@@ -203,13 +203,33 @@ def phase_plan(roles, phases) -> dict[str, tuple[str, ...]]:
     return plan
 
 
+def actor_residency(infer_group: str) -> dict[str, tuple[str, ...]]:
+    """The actor's phase -> resident groups, its inference net's weights being `infer_group` (`TRAIN_WEIGHTS`
+    when it uses the train net's)."""
+    infer = (infer_group,)
+    return {"generate": infer, "eval": infer, "old": infer, "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
+            "reshard": tuple(dict.fromkeys((TRAIN_WEIGHTS, infer_group)))}
+
+
+def shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout, infer_checkpoint: str,
+                         train_checkpoint: str) -> bool:
+    """Whether the inference net can be the train net itself: the same architecture, dtypes and layout (the
+    same shards on every rank), and no inference checkpoint of its own."""
+    same_model = dataclasses.replace(train_cfg, parallel_config=None) == \
+        dataclasses.replace(infer_cfg, parallel_config=None)
+    own_weights = bool(infer_checkpoint) and infer_checkpoint != train_checkpoint
+    return same_model and train_layout == infer_layout and not own_weights
+
+
 class Actor(Role):
     """The policy: a train net (train layout, possibly in pipeline stages) with AdamW and the GRPO loss, an
-    inference net (infer layout) with the sampling generator, and the online train -> infer reshard."""
+    inference net (infer layout) with the sampling generator, and the online train -> infer reshard.
+
+    When both nets would hold the same shards (`shares_train_weights`), the inference net is the train net: one
+    set of weights, nothing to reshard, and the inference phases keep `TRAIN_WEIGHTS` resident."""
 
     name = "actor"
-    resident_in = {"generate": (INFER_WEIGHTS,), "eval": (INFER_WEIGHTS,), "old": (INFER_WEIGHTS,),
-                   "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS)}
+    resident_in = actor_residency(INFER_WEIGHTS)
 
     def __init__(self, config, job, train_cfg, infer_cfg, train_layout, infer_layout, generation, rank: int):
         from mindrlhf.models.qwen2 import Qwen2ForCausalLM
@@ -222,10 +242,18 @@ class Actor(Role):
         self.updates = 0  # optimizer updates so far (the learning-rate schedule's position)
         self.consecutive_skips = 0  # updates skipped in a row for a non-finite loss or gradient
         self.train_net = Qwen2ForCausalLM(train_cfg, train_layout)
-        self.infer_net = Qwen2ForCausalLM(infer_cfg, infer_layout)
-        self.infer_net.update_parameters_name(INFER_PREFIX)
         self.train_strategy = net_layouts(self.train_net, train_layout)  # of this rank's stage
-        self.infer_strategy = net_layouts(self.infer_net, infer_layout)
+        self.shares_weights = shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout,
+                                                   job.load_sft_checkpoint_infer, job.load_sft_checkpoint_train)
+        if self.shares_weights:
+            self.infer_net, self.infer_group, self.infer_prefix = self.train_net, TRAIN_WEIGHTS, ""
+            self.infer_strategy = self.train_strategy
+            self.resident_in = actor_residency(TRAIN_WEIGHTS)
+        else:
+            self.infer_net, self.infer_group, self.infer_prefix = \
+                Qwen2ForCausalLM(infer_cfg, infer_layout), INFER_WEIGHTS, INFER_PREFIX
+            self.infer_net.update_parameters_name(INFER_PREFIX)
+            self.infer_strategy = net_layouts(self.infer_net, infer_layout)
         self.train_stages = None  # with pipeline stages: `gather_stage_layouts` of the train net, from build()
 
     def build(self) -> None:
@@ -253,7 +281,8 @@ class Actor(Role):
         else:
             self.train_step = MicroBatchedTrainStep(loss_net, self.optimizer, self.train_layout, grad_reduction="sum",
                                                     max_grad_norm=opt.max_grad_norm)
-        self.to_infer = self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
+        self.to_infer = None if self.shares_weights else \
+            self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
         self.old_log_probs = ResponseLogProbs(self.infer_net, gen.temperature)
         sched = cfg.schedule
         self.train_rows = MicroBatchSizer("train", sched.micro_batch_size_per_device, self.train_cfg,
@@ -267,7 +296,10 @@ class Actor(Role):
         self.eval_generator = Generator(self.infer_net, dataclasses.replace(
             gen, do_sample=False, num_generations=1,
             max_new_tokens=cfg.eval.eval_max_new_tokens or gen.max_new_tokens), share_graphs_with=self.generator)
-        if job.load_sft_checkpoint_infer:
+        if self.shares_weights:
+            logger.info("actor: the inference net uses the train net's weights (same model and layout %s): no "
+                        "second copy, no reshard", self.infer_layout)
+        elif job.load_sft_checkpoint_infer:
             load_weights(self.infer_net, self.infer_layout, job.load_sft_checkpoint_infer, INFER_PREFIX)
         else:
             self.to_infer.run()
@@ -309,8 +341,10 @@ class Actor(Role):
         return [p for p in self.optimizer.get_parameters() if id(p) not in trained]
 
     def swap_groups(self) -> dict[str, list]:
-        return {TRAIN_WEIGHTS: list(self.train_net.trainable_params()), OPTIMIZER_MOMENTS: self.optimizer_state(),
-                INFER_WEIGHTS: list(self.infer_net.trainable_params())}
+        groups = {TRAIN_WEIGHTS: list(self.train_net.trainable_params()), OPTIMIZER_MOMENTS: self.optimizer_state()}
+        if not self.shares_weights:
+            groups[INFER_WEIGHTS] = list(self.infer_net.trainable_params())
+        return groups
 
     def strategies(self) -> dict[str, dict]:
         return {"train": self.train_strategy, "infer": self.infer_strategy}
@@ -334,23 +368,23 @@ class Actor(Role):
         self.generator.rng.bit_generator.state = state["generator_rng"]
 
     def after_resume(self) -> None:
-        self.to_infer.run()
+        self.sync_inference()
 
     # ------------------------------------------------------------------ work
     def generate(self, prompt_ids, attention_mask, progress: bool = False):
         """`num_generations` samples per prompt with their log-probs (`GenerationOutput`)."""
-        self.require((INFER_WEIGHTS,), "generate")
+        self.require((self.infer_group,), "generate")
         return self.generator.generate(prompt_ids, attention_mask, return_log_probs=True, progress=progress,
                                        min_prompt_width=prompt_ids.shape[1])
 
     def greedy_generator(self):
         """The greedy generator of held-out evaluation (after checking the inference net is resident)."""
-        self.require((INFER_WEIGHTS,), "evaluate")
+        self.require((self.infer_group,), "evaluate")
         return self.eval_generator
 
     def log_probs(self, arrays) -> np.ndarray:
         """Old-policy log-probs of the rows of `arrays` under the inference net."""
-        self.require((INFER_WEIGHTS,), "log_probs")
+        self.require((self.infer_group,), "log_probs")
         return self.log_prob_rows.run(self.old_log_probs, arrays)
 
     def total_updates(self) -> int:
@@ -415,9 +449,10 @@ class Actor(Role):
                                    "checkpoint intact: lower the learning rate or check the rewards and data")
 
     def sync_inference(self) -> None:
-        """Reshards the train net's weights into the inference net."""
-        self.require((TRAIN_WEIGHTS, INFER_WEIGHTS), "sync_inference")
-        self.to_infer.run()
+        """Reshards the train net's weights into the inference net (nothing to do when it is the train net)."""
+        self.require((TRAIN_WEIGHTS, self.infer_group), "sync_inference")
+        if self.to_infer is not None:
+            self.to_infer.run()
 
 
 class Reference(Role):

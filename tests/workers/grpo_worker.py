@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT / "examples" / "qwen_grpo_tutorial"))
 
 import grpo_one_stage  # noqa: E402
 
-from mindrlhf.trainer.roles import INFER_PREFIX, REF_WEIGHTS  # noqa: E402
+from mindrlhf.trainer.roles import REF_WEIGHTS  # noqa: E402
 
 RESULTS = {"steps": []}
 
@@ -26,10 +26,10 @@ def check_step(trainer, step, metrics):
     stage_rank = rank % actor.train_layout.stage_size  # the train strategy is that of this rank's pipeline stage
     for param in actor.train_net.trainable_params():
         train_region = actor.train_strategy[param.name].slice_of(stage_rank)
-        infer_region = actor.infer_strategy[INFER_PREFIX + param.name].slice_of(rank)
+        infer_region = actor.infer_strategy[actor.infer_prefix + param.name].slice_of(rank)
         assert all(i.start <= t.start and t.stop <= i.stop for t, i in zip(train_region, infer_region)), param.name
         relative = tuple(slice(t.start - i.start, t.stop - i.start) for t, i in zip(train_region, infer_region))
-        if not np.array_equal(infer[INFER_PREFIX + param.name].asnumpy()[relative], param.asnumpy()):
+        if not np.array_equal(infer[actor.infer_prefix + param.name].asnumpy()[relative], param.asnumpy()):
             mismatched.append(param.name)
     plan_errors = []
     start = RESULTS.setdefault("plan_index", 0)
