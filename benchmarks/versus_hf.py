@@ -149,8 +149,10 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
     import mindspore as ms
 
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindrlhf.trainer.launch import configure_cpu_memory_pool
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    configure_cpu_memory_pool(world_size=1)  # as the trainer does
     config = dataclasses.replace(Qwen2Config.from_yaml(os.path.join(folder, "model.yaml")), seq_length=SEQ_LENGTH,
                                  compute_dtype="float32")
     model = Qwen2ForCausalLM(config)

@@ -72,8 +72,10 @@ NOT_EQUAL = (
     "forward pass when one generation feeds several updates (in its 'ref log-probs' row, timing_s/old in the JSON)",
     "processes: ours runs `run_grpo.sh`'s msrun workers (in the layouts of its train/infer YAMLs) sharing the "
     "cores; TRL runs one process with --torch_threads torch threads",
-    "weights sync: ours copies the trained weights into the inference net every step (reshard, in 'other'); TRL "
-    "generates with the trained model itself ('other' is its batch preparation: tokenising, padding, decoding)",
+    "weights sync: ours generates with the train net itself when the train and infer YAMLs give the same model and "
+    "layout (the bundled job, the 0.5b case), else reshards the trained weights into the inference net every step "
+    "(in 'other'); TRL generates with the trained model itself ('other' is its batch preparation: tokenising, "
+    "padding, decoding)",
     "update batches: TRL shuffles a generation batch before cutting it into updates; here it keeps the order "
     "(patched to identity), so each update takes whole prompt groups, as ours",
     "warmup: transformers' constant_with_warmup starts at lr 0; TRL gets mindrlhf's schedule (update k: lr*(k+1)/w)",

@@ -415,3 +415,29 @@ def test_pipeline_layouts_the_trainer_cannot_take_are_one_line_errors():
     with pytest.raises(ConfigError, match=r"infer.yaml: parallel_config.pipeline_stage=2, but the inference net runs "
                                           r"without pipeline stages; use pipeline_stage: 1"):
         check_unstaged(staged, "infer.yaml", "the inference net")
+
+
+def test_the_cpu_memory_pool_is_one_block_of_the_ranks_share_of_the_host():
+    from mindrlhf.trainer.launch import memory_pool_gib
+
+    assert memory_pool_gib(host_memory_gib=23.4, ranks_on_host=2) == 11
+    assert memory_pool_gib(host_memory_gib=23.4, ranks_on_host=1) == 23
+    assert memory_pool_gib(host_memory_gib=7.9, ranks_on_host=8) == 2  # never below MindSpore's default block
+
+
+def test_one_pool_block_stops_a_train_steps_memory_growing_from_call_to_call(tmp_path):
+    """With MindSpore's default pool (2 GiB blocks) a train step whose logits, embedding and its gradient are each
+    hundreds of MiB takes more memory at every call as the blocks fragment; in one block of the rank's share
+    (what the trainer sets) its memory after the first call stays put."""
+    from msrun_utils import run_worker
+
+    rss = {}
+    for name, extra in (("trainer", []), ("default", ["--default_pool"])):
+        out = tmp_path / f"{name}.json"
+        run_worker("pool_growth_worker.py", ["--out", str(out), *extra], workers=1, log_dir=tmp_path, timeout=600)
+        rss[name] = json.loads(out.read_text())
+    assert rss["trainer"]["pool_gib"] >= 2
+    trainer, default = rss["trainer"]["rss_gib"], rss["default"]["rss_gib"]
+    assert default[-1] - default[0] > 0.5, default  # the problem, reproduced
+    assert trainer[-1] - trainer[0] < 0.1, trainer
+    assert trainer[-1] < default[-1] - 0.5, (trainer, default)

@@ -1,0 +1,59 @@
+"""Worker: resident memory after each of 4 fused train steps of a 2-layer model with Qwen2.5-0.5B's vocabulary
+(its embedding, logits and gradients are each hundreds of MiB), with the trainer's CPU memory pool setting or
+MindSpore's default (`--default_pool`); writes {"rss_gib": [...]} to --out."""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def resident_gib() -> float:
+    import ctypes
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS"):
+            return int(line.split()[1]) / 2**20
+    raise RuntimeError("no VmRSS")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--default_pool", action="store_true")
+    args = p.parse_args()
+    import mindspore as ms
+
+    from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindrlhf.optim import AdamW
+    from mindrlhf.parallel import Layout
+    from mindrlhf.parallel.spmd import SPMDTrainStep
+    from mindrlhf.trainer.launch import configure_cpu_memory_pool
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    pool = None if args.default_pool else configure_cpu_memory_pool(world_size=1)
+    config = Qwen2Config(vocab_size=151936, hidden_size=896, num_layers=2, num_heads=14, n_kv_heads=2,
+                         intermediate_size=4864, seq_length=256, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config)
+    for param in model.trainable_params():
+        param.set_data(ms.Tensor(np.full(param.shape, 0.01, np.float32)))
+    optimizer = AdamW(model.trainable_params(), learning_rate=1e-5)
+    step = SPMDTrainStep(ResponseNLLLoss(model), optimizer, Layout())
+    rows = 4
+    ids = np.random.default_rng(0).integers(0, config.vocab_size, (rows, 128)).astype(np.int32)
+    inputs = [ms.Tensor(a) for a in (ids[:, :1], np.ones((rows, 1), np.int32), ids[:, 1:],
+                                     np.ones((rows, 127), np.int32))]
+    rss = []
+    for _ in range(4):
+        _, norm = step(*inputs)
+        assert np.isfinite(norm.asnumpy())
+        rss.append(resident_gib())
+    Path(args.out).write_text(json.dumps({"rss_gib": rss, "pool_gib": pool}))
+
+
+if __name__ == "__main__":
+    main()
