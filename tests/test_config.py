@@ -130,3 +130,18 @@ def test_the_seed_recipes_7b_pipeline_layout_covers_8_devices():
     assert str(Layout.from_config(infer.parallel_config, 8, 7)) == "dp=2 x tp=4"
     with pytest.raises(LayoutError, match=r"x pipeline_stage=2 = 8 ranks, but the job has 4"):
         Layout.from_config(train.parallel_config, 4, 0)
+
+
+def test_mindspeed_rls_7b_actor_layout_tp2_pp4_covers_8_devices():
+    """Train in 4 stages x tp 2 (7 layers a stage), infer dp 2 x tp 4 on the same 8 devices."""
+    from mindrlhf.models.qwen2.modeling import stage_layers
+    from mindrlhf.trainer.rl_trainer import check_model_configs
+
+    train_path, infer_path = (CONFIGS / "qwen2_5" / f"qwen2_5_7b_{n}.yaml" for n in ("train_pp4", "infer_dp2"))
+    train, infer = Qwen2Config.from_yaml(train_path), Qwen2Config.from_yaml(infer_path)
+    check_model_configs(train, infer, str(train_path), str(infer_path))
+    layouts = [Layout.from_config(train.parallel_config, 8, rank) for rank in range(8)]
+    assert [lay.stage for lay in layouts] == [0, 0, 1, 1, 2, 2, 3, 3] and layouts[5].tp_rank == 1
+    assert layouts[5].pp_group_ranks() == [1, 3, 5, 7] and layouts[5].end_stage_ranks() == [1, 7]
+    assert layouts[4].next_stage_pair(1) == [2, 4] and layouts[4].next_stage_pair(2) == [4, 6]
+    assert stage_layers(train.num_layers, 4, 2) == range(14, 21) and train.parallel_config.micro_batch_num == 4

@@ -1,6 +1,7 @@
 """The GRPO trainer with the actor's train net in 2 pipeline stages (msrun, 2 workers, `tiny/train_pp2.yaml`) and
 the inference net at dp=2 on the same ranks: online reshard from the stages every step, the swap plan, a checkpoint
-MindSpore reads as the whole net, exact resume, and the one-line errors of layouts stages cannot take."""
+MindSpore reads as the whole net, exact resume, and the one-line errors of layouts stages cannot take; and a
+4-layer model in 4 stages on 4 workers."""
 import json
 import shutil
 
@@ -227,3 +228,98 @@ def test_tied_embedding_across_stages_learns_like_without_stages(tmp_path, monke
     merged = read_policy_weights(str(step))
     np.testing.assert_array_equal(merged["model.tok_embeddings.embedding_weight"], copies[0].asnumpy())
     assert set(merged) == set(layouts)
+
+
+@pytest.mark.msrun
+def test_four_stages_reshard_every_step_and_merge_into_the_whole_net(tmp_path, monkeypatch, mindrecord):  # noqa: F811
+    """A 4-layer tied model (random weights) trained in 4 stages, a layer each, on 4 workers, inferring at dp=4:
+    the middle stages pass activations and gradients both ways, the end stages hold and sum the tied embedding,
+    every step each rank's inference net equals its stage of the train net, the loss statistics reach every
+    stage, and the step checkpoint merges into the whole net."""
+    import mindspore as ms
+
+    from mindrlhf.parallel.strategy import read_staged_strategy_file
+    from mindrlhf.trainer.checkpoint import read_policy_weights
+
+    args = tied_job(tmp_path, monkeypatch, mindrecord, tmp_path / "pp4", 2, PIPELINE_YAML)
+    for flag, stages, dp in (("--sft_path_train", 4, 1), ("--sft_path_infer", 1, 4)):
+        path = tmp_path / args[args.index(flag) + 1].rsplit("/", 1)[1]
+        text = path.read_text().replace("num_layers: 2", "num_layers: 4")
+        text = text.replace("pipeline_stage: 2", f"pipeline_stage: {stages}")
+        path.write_text(text.replace("data_parallel: 2", f"data_parallel: {dp}"))
+    at = args.index("--load_sft_checkpoint_train")
+    del args[at:at + 2]  # random weights (the tiny checkpoint has 2 layers)
+    ranks = run_job(tmp_path, monkeypatch, "pp4", args, workers=4)
+    log = (tmp_path / "pp4_logs" / "worker_0.log").read_text(errors="replace")
+    assert "train layout dp=1 x tp=1 x pp=4, infer layout dp=4 x tp=1" in log
+    for rank, result in enumerate(ranks):
+        assert result["exit_code"] == 0
+        assert [s["mismatched"] for s in result["steps"]] == [[], []], f"rank {rank}: infer != its stage"
+        assert [s["plan_errors"] for s in result["steps"]] == [[], []], f"rank {rank}"
+        for a, b in zip(ranks[0]["steps"], result["steps"]):  # the last stage's statistics reach every stage
+            assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6)
+    assert all(s["metrics"]["actor/grad_norm"] > 0 for s in ranks[0]["steps"])
+    step = tmp_path / "pp4" / "checkpoints" / "step_000002"
+    held = [{k: v.asnumpy() for k, v in ms.load_checkpoint(str(step / f"rank_{r}" / "train.ckpt")).items()}
+            for r in range(4)]
+    embedding = "model.tok_embeddings.embedding_weight"
+    assert [embedding in h for h in held] == [True, False, False, True]
+    np.testing.assert_array_equal(held[0][embedding], held[3][embedding])
+    for rank in range(4):
+        assert f"model.layers.{rank}.attention.wq.weight" in held[rank]
+    layouts, stages = read_staged_strategy_file(step / "train_strategy.ckpt")
+    assert [stages[f"model.layers.{i}.attention.wq.weight"] for i in range(4)] == [0, 1, 2, 3]
+    assert stages[embedding] == 0 and stages["model.norm_out.weight"] == 3
+    merged = read_policy_weights(str(step))
+    assert set(merged) == set(layouts)
+    for name, value in merged.items():
+        np.testing.assert_array_equal(value, held[stages[name]][name], err_msg=name)
+
+
+@pytest.mark.msrun
+def test_critic_in_stages_learns_like_the_critic_without_stages(tmp_path, monkeypatch, mindrecord):  # noqa: F811
+    """PPO with the critic in 2 stages (`tiny/train_pp2.yaml`: a layer each, 2 micro-batches) against the same job
+    with the critic at dp=2: the same values, value losses and actor updates over 2 steps (the last stage's values
+    reach every rank), the same metrics on both ranks, and the critic's stage checkpoints merge into the whole
+    value model with the head on the last stage."""
+    import mindspore as ms
+
+    from mindrlhf.parallel.strategy import read_staged_strategy_file
+    from mindrlhf.trainer.checkpoint import is_optimizer_state, read_policy_weights
+
+    dp2_yaml = tmp_path / "critic_dp2.yaml"
+    dp2_yaml.write_text(PIPELINE_YAML.read_text().replace("data_parallel: 1", "data_parallel: 2")
+                        .replace("pipeline_stage: 2", "pipeline_stage: 1"))
+    runs = {}
+    for name, critic_yaml in (("pp2", PIPELINE_YAML), ("dp2", dp2_yaml)):
+        extra = ("--sft_path_critic", str(critic_yaml), "--adv_estimator", "gae", "--critic.lr", "1e-3",
+                 "--max_new_tokens", "96")  # the tiny policy's answers fit: rewards vary
+        runs[name] = run_job(tmp_path, monkeypatch, f"critic_{name}", job_args(mindrecord, tmp_path / name, 2, extra))
+    log = (tmp_path / "critic_pp2_logs" / "worker_0.log").read_text(errors="replace")
+    assert "critic layout dp=1 x tp=1 x pp=2" in log
+    for rank, result in enumerate(runs["pp2"]):
+        assert result["exit_code"] == 0
+        for step in result["steps"]:
+            assert step["mismatched"] == [] and step["plan_errors"] == [], (rank, step["step"])
+            assert "values" in step["phases"] and "update_critic" in step["phases"]
+        for a, b in zip(runs["pp2"][0]["steps"], result["steps"]):
+            assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6, nan_ok=True)
+    for staged, plain in zip(runs["pp2"][0]["steps"], runs["dp2"][0]["steps"]):
+        assert staged["metrics"]["reward/mean"] == plain["metrics"]["reward/mean"]
+        keys = [k for k in plain["metrics"] if k.startswith("critic/")] + ["actor/loss", "actor/pg_loss",
+                                                                            "actor/grad_norm"]
+        assert len(keys) > 10
+        for key in keys:
+            assert staged["metrics"][key] == pytest.approx(plain["metrics"][key], rel=1e-4, abs=1e-6, nan_ok=True), key
+    second = runs["pp2"][0]["steps"][1]["metrics"]
+    assert second["critic/values/max"] > second["critic/values/min"] and second["critic/grad_norm"] > 0
+    step = tmp_path / "pp2" / "checkpoints" / "step_000002"
+    layouts, stages = read_staged_strategy_file(step / "critic_strategy.ckpt")
+    assert stages["critic.score.weight"] == 1 and stages["critic.model.layers.0.attention.wq.weight"] == 0
+    held = [{k: v.asnumpy() for k, v in ms.load_checkpoint(str(step / f"rank_{r}" / "critic.ckpt")).items()
+             if not is_optimizer_state(k)} for r in range(2)]
+    assert not held[0].keys() & held[1].keys() and "critic.score.weight" in held[1]
+    merged = read_policy_weights(str(step), "critic")
+    assert set(merged) == {name[len("critic."):] for name in layouts}
+    for name, value in merged.items():
+        np.testing.assert_array_equal(value, held[stages["critic." + name]]["critic." + name], err_msg=name)

@@ -36,11 +36,11 @@ def job_args(mindrecord, out_dir, steps, extra=()):
             "--ref_model_sync_steps", "3", *extra]
 
 
-def run_job(tmp_path, monkeypatch, name, args):
+def run_job(tmp_path, monkeypatch, name, args, workers=2):
     results = tmp_path / f"{name}_results"
     monkeypatch.setenv("GRPO_WORKER_OUT", str(results))
-    run_worker("grpo_worker.py", args, workers=2, log_dir=tmp_path / f"{name}_logs", timeout=900)
-    return [json.loads((results / f"rank_{r}.json").read_text()) for r in range(2)]
+    run_worker("grpo_worker.py", args, workers=workers, log_dir=tmp_path / f"{name}_logs", timeout=900)
+    return [json.loads((results / f"rank_{r}.json").read_text()) for r in range(workers)]
 
 
 def without_timing(metrics):

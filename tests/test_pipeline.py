@@ -18,6 +18,10 @@ def test_pipeline_coordinates_groups_and_pairs():
     assert layout.tp_group_ranks() == [2, 3] and layout.dp_group_ranks() == [3]
     assert layout.pp_group_ranks() == [1, 3] and layout.next_stage_pair(0) == [1, 3]
     assert str(layout) == "dp=1 x tp=2 x pp=2"
+    assert layout.end_stage_ranks() == [1, 3]  # with 2 stages the end stages are the neighbours
+    four = Layout(dp=1, tp=1, pp=4, rank=2)
+    assert four.stage == 2 and four.next_stage_pair(1) == [1, 2] and four.next_stage_pair(2) == [2, 3]
+    assert four.end_stage_ranks() == [0, 3] and Layout(dp=2, tp=1, pp=4, rank=5).end_stage_ranks() == [1, 7]
     wide = Layout(dp=2, tp=1, pp=2, rank=2)
     assert wide.stage == 1 and wide.dp_group_ranks() == [2, 3] and wide.pp_group_ranks() == [0, 2]
     with pytest.raises(LayoutError, match=r"data_parallel=1 x model_parallel=2 x pipeline_stage=2 = 4 ranks, but "
@@ -67,14 +71,44 @@ def test_two_stages_compose_to_the_whole_model(tied):
 
 
 @pytest.mark.usefixtures("graph_mode")
-def test_what_stages_cannot_hold_yet_is_one_line():
-    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2ForValue
+def test_value_model_stages_compose_to_the_whole_values():
+    """A value model (the critic) with its 4 layers in 2 and in 4 stages: each stage's hidden states fed to the
+    next give the whole model's response values; only the last stage holds the head."""
+    import mindspore as ms
+
+    from mindrlhf.algorithms.policy_cells import ResponseHidden, ResponseValues
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForValue
+    from mindrlhf.parallel.layers import load_full_state, random_full_state
+
+    cfg = Qwen2Config(**CONFIG, value_head_bias=True)
+    whole = Qwen2ForValue(cfg)
+    state = random_full_state(whole, Layout(), seed=5)
+    state["score.weight"] = state["score.weight"] * 10  # a head that is not zero
+    load_full_state(whole, state)
+    rng = np.random.default_rng(1)
+    batch = [ms.Tensor(a) for a in (rng.integers(0, 96, (2, 5)).astype(np.int32), np.ones((2, 5), np.int32),
+                                    rng.integers(0, 96, (2, 4)).astype(np.int32), np.ones((2, 4), np.int32))]
+    expected = ResponseValues(whole)(*batch).asnumpy()
+    assert expected.shape == (2, 4) and np.ptp(expected) > 1e-2
+    for pp in (2, 4):
+        stages = [Qwen2ForValue(cfg, Layout(pp=pp, rank=r)) for r in range(pp)]
+        for net in stages:
+            load_full_state(net, state)
+        assert [net.score is not None for net in stages] == [False] * (pp - 1) + [True]
+        hidden = None
+        for net in stages[:-1]:
+            hidden = ResponseHidden(net)(*batch, hidden)
+        got = ResponseValues(stages[-1])(*batch, hidden).asnumpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=f"pp={pp}")
+
+
+@pytest.mark.usefixtures("graph_mode")
+def test_what_stages_cannot_hold_is_one_line():
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(**CONFIG)
     with pytest.raises(LayoutError, match="num_layers=4 is not divisible by the pipeline stages 3"):
         Qwen2ForCausalLM(cfg, Layout(pp=3, rank=0))
-    with pytest.raises(LayoutError, match="value models .* do not support pipeline stages yet"):
-        Qwen2ForValue(cfg, Layout(pp=2, rank=1))
 
 
 @pytest.mark.usefixtures("graph_mode")
@@ -132,23 +166,25 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path, tied)
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("tp,micro_batches,tied", [(1, 1, False), (1, 2, False), (1, 4, False), (2, 2, False),
-                                                   (2, 2, True)],
-                         ids=["pp2-mb1", "pp2-mb2", "pp2-mb4", "pp2xtp2-mb2", "pp2xtp2-mb2-tied"])
-def test_pipeline_train_step_equals_the_whole_model(tmp_path, tp, micro_batches, tied):
+@pytest.mark.parametrize("pp,tp,micro_batches,tied", [(2, 1, 1, False), (2, 1, 2, False), (2, 1, 4, False),
+                                                      (2, 2, 2, False), (2, 2, 2, True), (4, 1, 2, True)],
+                         ids=["pp2-mb1", "pp2-mb2", "pp2-mb4", "pp2xtp2-mb2", "pp2xtp2-mb2-tied", "pp4-mb2-tied"])
+def test_pipeline_train_step_equals_the_whole_model(tmp_path, pp, tp, micro_batches, tied):
     """2 clipped AdamW updates of the GRPO loss (global token weights, responses of unequal lengths) with the
-    4 layers split over 2 stages: the summed loss outputs, the global gradient norm (summed over the stages) and
-    every stage's weights equal the whole model's run in one process. A tied embedding (used by the first stage's
-    embedding and the last stage's head) gets both stages' gradients, so its two copies stay equal."""
-    world = 2 * tp
-    run_worker("pipeline_equivalence.py", ["--tp", str(tp), "--micro_batches", str(micro_batches),
+    4 layers split over `pp` stages: the summed loss outputs, the global gradient norm (summed over the stages)
+    and every stage's weights equal the whole model's run in one process. A tied embedding (used by the first
+    stage's embedding and the last stage's head) gets both end stages' gradients, so its two copies stay equal;
+    the stages between hold no copy and pass activations and gradients both ways."""
+    world = pp * tp
+    run_worker("pipeline_equivalence.py", ["--pp", str(pp), "--tp", str(tp), "--micro_batches", str(micro_batches),
                                            "--out", str(tmp_path)] + ["--tied"] * tied, world, tmp_path / "log")
     ranks = load_ranks(tmp_path, world)
     embedding = "weight/model.tok_embeddings.embedding_weight"
     for rank in range(tp, world):  # the last stage holds the tied copy, bit for bit its first-stage peer's
-        assert (embedding in ranks[rank]) == tied
-        if tied:
-            np.testing.assert_array_equal(ranks[rank][embedding], ranks[rank - tp][embedding])
+        last_stage = rank >= world - tp
+        assert (embedding in ranks[rank]) == (tied and last_stage)
+        if tied and last_stage:
+            np.testing.assert_array_equal(ranks[rank][embedding], ranks[rank - (pp - 1) * tp][embedding])
     for rank, result in enumerate(ranks):
         assert np.all(np.abs(result["whole_outputs"][:, [0, 1, 2, 5]]) > 1e-5)  # loss, pg_loss, kl, entropy
         np.testing.assert_allclose(result["pipe_outputs"], result["whole_outputs"], rtol=1e-5, atol=1e-6,
@@ -157,7 +193,9 @@ def test_pipeline_train_step_equals_the_whole_model(tmp_path, tp, micro_batches,
     lr, updates = float(ranks[0]["adam/lr"]), int(ranks[0]["adam/updates"])
     held = set()
     for rank, result in enumerate(ranks):
-        stage_tp = rank % tp
+        stage, stage_tp = divmod(rank, tp)
+        layers = {int(k.split(".")[2]) for k in result if k.startswith("weight/model.layers.")}
+        assert layers == set(range(stage * 4 // pp, (stage + 1) * 4 // pp)), f"rank {rank}"
         got, want = {}, {}
         for key in (k for k in result if k.startswith("weight/")):
             name = key.split("/", 1)[1]
@@ -171,23 +209,24 @@ def test_pipeline_train_step_equals_the_whole_model(tmp_path, tp, micro_batches,
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("src_tp,dst,extra", [(1, "2,1", []), (2, "2,2", []),
-                                              (1, "2,1", ["--tied", "--dst_dtype", "float16"])],
-                         ids=["pp2->dp2", "pp2xtp2->dp2xtp2", "pp2->dp2-tied-fp16"])
-def test_online_reshard_from_pipeline_stages_equals_transform_checkpoints(tmp_path, src_tp, dst, extra):
-    """Train net in 2 stages -> inference net without stages, online: each rank gets what MindSpore's
+@pytest.mark.parametrize("src_pp,src_tp,dst,extra", [(2, 1, "2,1", []), (2, 2, "2,2", []),
+                                                     (2, 1, "2,1", ["--tied", "--dst_dtype", "float16"]),
+                                                     (4, 1, "2,2", ["--tied"])],
+                         ids=["pp2->dp2", "pp2xtp2->dp2xtp2", "pp2->dp2-tied-fp16", "pp4->dp2xtp2-tied"])
+def test_online_reshard_from_pipeline_stages_equals_transform_checkpoints(tmp_path, src_pp, src_tp, dst, extra):
+    """Train net in `src_pp` stages -> inference net without stages, online: each rank gets what MindSpore's
     `transform_checkpoints` gives from the stages' checkpoints and their merged strategy, bit for bit (cast to the
     destination's dtype: float32 -> float16 when the inference net is in half precision). A tied embedding, which
-    both stages hold, arrives once."""
+    the first and the last stage hold, arrives once."""
     import os
 
     import mindspore as ms
     from test_reshard import rename_strategy
 
-    world = 2 * src_tp
+    world = src_pp * src_tp
     out = tmp_path / "run"
-    run_worker("pipeline_reshard_worker.py", ["--src_tp", str(src_tp), "--dst", dst, "--out", str(out)] + extra,
-               world, tmp_path / "log")
+    run_worker("pipeline_reshard_worker.py", ["--src_pp", str(src_pp), "--src_tp", str(src_tp), "--dst", dst,
+                                              "--out", str(out)] + extra, world, tmp_path / "log")
     merged = str(tmp_path / "merged.ckpt")
     ms.parallel.merge_pipeline_strategys(str(out / "src_strategy"), merged)
     dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))

@@ -173,3 +173,24 @@ def test_value_loss_cell_equals_numpy_in_value_and_gradient(graph_mode):
     numeric = (value_loss(plus, old, returns, mask, 0.5, weights)[0] -
                value_loss(minus, old, returns, mask, 0.5, weights)[0]) / (2 * step)
     assert grad.asnumpy()[index] == pytest.approx(numeric, abs=1e-4)
+
+
+def test_values_within_the_clip_range_are_never_counted_clipped(graph_mode):
+    """Inside the clip range the clipped value is the value itself, so no token there counts as clipped: in floating
+    point `old + (v - old)` is `v` only up to rounding, and comparing the two (then equal) errors flipped tokens
+    at random, so two layouts of the same run reported different clip fractions."""
+    import mindspore as ms
+
+    from mindrlhf.algorithms import ValueLossCell
+
+    rng = np.random.default_rng(3)
+    old = rng.uniform(-0.05, 0.05, (8, 64)).astype(np.float32)
+    values = rng.uniform(-0.4, 0.4, old.shape).astype(np.float32)  # moved, but within the clip range 0.5
+    values[0, :4] = old[0, :4] + np.array([0.7, -0.7, 0.3, -0.3], np.float32)  # two clipped, two in range
+    returns = rng.normal(0, 1, old.shape).astype(np.float32)
+    returns[0, :4] = old[0, :4] + np.array([1.5, -1.5, 1.5, -1.5], np.float32)  # the clipped errors are larger
+    mask, weights = np.ones(old.shape, np.float32), np.ones(old.shape, np.float32)
+    _, clipfrac = value_loss(values, old, returns, mask, 0.5, weights)
+    assert clipfrac == 2.0
+    _, cell_clipfrac = ValueLossCell(0.5)(*(ms.Tensor(a) for a in (values, old, returns, mask, weights)))
+    assert float(cell_clipfrac.asnumpy()) == 2.0

@@ -409,8 +409,11 @@ def test_pipeline_layouts_the_trainer_cannot_take_are_one_line_errors():
                                           r"micro-batches are pp.yaml's parallel_config.micro_batch_num"):
         check_pipeline(cfg, staged, ScheduleConfig(micro_batch_size_per_device=4), 8, "pp.yaml")
     four = dataclasses.replace(cfg, num_layers=4, parallel_config=ParallelConfig(pipeline_stage=4))
-    with pytest.raises(ConfigError, match=r"pipeline_stage=4; the train step schedules at most 2 stages"):
-        check_pipeline(four, Layout(pp=4, rank=0), ScheduleConfig(), 8, "pp4.yaml")
+    check_pipeline(four, Layout(pp=4, rank=2), ScheduleConfig(), 8, "pp4.yaml")  # a layer a stage
+    three = dataclasses.replace(four, parallel_config=ParallelConfig(pipeline_stage=3))
+    with pytest.raises(ConfigError, match=r"pp3.yaml: parallel_config.pipeline_stage=3 must divide "
+                                          r"model_config.num_layers=4"):
+        check_pipeline(three, Layout(pp=3, rank=0), ScheduleConfig(), 8, "pp3.yaml")
     check_unstaged(Layout(dp=2, rank=1), "infer.yaml", "the inference net")
     with pytest.raises(ConfigError, match=r"infer.yaml: parallel_config.pipeline_stage=2, but the inference net runs "
                                           r"without pipeline stages; use pipeline_stage: 1"):

@@ -47,7 +47,8 @@ class ResponseLogProbs(nn.Cell):
 
 class ResponseHidden(nn.Cell):
     """A pipeline stage before the last on the positions `ResponseLogProbs` reads: its output [B, P + R - 1, D],
-    from the prompt and response tokens (first stage) or from `hidden_in`, the previous stage's output."""
+    from the prompt and response tokens (first stage) or from `hidden_in`, the previous stage's output. Wraps a
+    causal LM or a value model (anything whose `model` is a `Qwen2Model`)."""
 
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)
@@ -55,7 +56,18 @@ class ResponseHidden(nn.Cell):
 
     def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, hidden_in=None):
         input_ids, attention_mask = response_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
-        return self.model.hidden(input_ids, attention_mask, hidden_in)
+        return self.model.model.hidden(input_ids, attention_mask, hidden_in)
+
+
+def response_hidden_shape(hidden_size: int):
+    """The shape of `ResponseHidden`'s output for a micro-batch (prompt ids, prompt mask, response ids, ...):
+    [B, P + R - 1, hidden_size], what a pipeline stage receives (`PipelineTrainStep(hidden_shape=)`)."""
+    return lambda inputs: (inputs[0].shape[0], inputs[0].shape[1] + inputs[2].shape[1] - 1, hidden_size)
+
+
+def response_values_shape(inputs):
+    """The shape of `ResponseValues`' output for a micro-batch (prompt ids, prompt mask, response ids, ...)."""
+    return inputs[0].shape[0], inputs[2].shape[1]
 
 
 class ResponseValues(nn.Cell):
@@ -67,9 +79,9 @@ class ResponseValues(nn.Cell):
         super().__init__(auto_prefix=False)
         self.model = model
 
-    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, hidden_in=None):
         input_ids, attention_mask = response_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
-        return self.model.values(input_ids, attention_mask, prompt_ids.shape[1] - 1)
+        return self.model.values(input_ids, attention_mask, prompt_ids.shape[1] - 1, hidden_in)
 
 
 class ResponseScores(nn.Cell):
@@ -98,8 +110,9 @@ class ValueLossNet(nn.Cell):
         self.response_values = ResponseValues(model)
         self.loss_cell = loss_cell
 
-    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, old_values, returns, token_weights):
-        values = self.response_values(prompt_ids, prompt_mask, response_ids, response_mask)
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, old_values, returns, token_weights,
+                  hidden_in=None):
+        values = self.response_values(prompt_ids, prompt_mask, response_ids, response_mask, hidden_in)
         return self.loss_cell(values, old_values, returns, response_mask, token_weights)
 
 

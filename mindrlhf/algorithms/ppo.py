@@ -120,7 +120,11 @@ def value_loss(values, old_values, returns, response_mask, cliprange_value: floa
     if token_weights is None:
         token_weights = valid / max(int(valid.sum()), 1)
     (weights,) = _token_arrays(response_mask, token_weights=token_weights)[:1]
-    clipped = old_values + np.clip(values - old_values, -cliprange_value, cliprange_value)
+    moved = values - old_values
+    # within the range the clipped value is the value itself: old + (v - old) rounds, and a tie of the two errors
+    # decided by rounding would count the token as clipped
+    clipped = np.where(np.abs(moved) > cliprange_value,
+                       old_values + np.clip(moved, -cliprange_value, cliprange_value), values)
     unclipped_error = (values - returns) ** 2
     clipped_error = (clipped - returns) ** 2
     per_token = 0.5 * np.maximum(unclipped_error, clipped_error)

@@ -9,7 +9,8 @@ OUTPUT_NAMES = ("vf_loss", "vf_clipfrac")
 
 
 class ValueLossCell(nn.Cell):
-    """0.5 * max((v - R)^2, (v_clip - R)^2), v_clip = old + clip(v - old, -c, c), reduced with token weights.
+    """0.5 * max((v - R)^2, (v_clip - R)^2), v_clip = old + clip(v - old, -c, c) (exactly v within the range),
+    reduced with token weights.
 
     `construct(values, old_values, returns, mask, token_weights)` takes [B, T] float tensors and returns the 0-d
     float32 `(vf_loss, vf_clipfrac)`, each `sum(token_weights * per-token value)` (on a data-parallel rank its
@@ -33,7 +34,10 @@ class ValueLossCell(nn.Cell):
         old_values = ops.select(valid, ops.cast(old_values, mstype.float32), zeros)
         returns = ops.select(valid, ops.cast(returns, mstype.float32), zeros)
         weights = ops.select(valid, ops.cast(token_weights, mstype.float32), zeros)
-        clipped = old_values + ops.clamp(values - old_values, -self.cliprange_value, self.cliprange_value)
+        moved = values - old_values
+        # within the range the clipped value is the value itself, not old + (v - old), which rounds
+        clipped = ops.select(ops.abs(moved) > self.cliprange_value,
+                             old_values + ops.clamp(moved, -self.cliprange_value, self.cliprange_value), values)
         unclipped_error = ops.square(values - returns)
         clipped_error = ops.square(clipped - returns)
         clip_wins = clipped_error > unclipped_error

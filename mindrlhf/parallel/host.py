@@ -53,10 +53,10 @@ class HostCollectives:
 
     def gather_data_parallel_rows(self, array: np.ndarray, layout: Layout) -> np.ndarray:
         """The global batch from per-dp-rank rows: every rank's rows gathered, one tp rank per dp rank kept
-        (tp peers hold identical rows), in dp order."""
+        (tp peers hold identical rows; with pipeline stages, those of the first stage), in dp order."""
         gathered = self.all_gather(array)
         if self.world_size == 1:
             return gathered
         rows = array.shape[0]
-        owners = [r for r in range(self.world_size) if layout.coords(r)[1] == 0]
+        owners = [r for r in range(self.world_size) if layout.coords(r)[1] == 0 and layout.stage_of(r) == 0]
         return np.concatenate([gathered[r * rows:(r + 1) * rows] for r in owners], axis=0)

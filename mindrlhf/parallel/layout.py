@@ -112,6 +112,12 @@ class Layout:
         ranks = self.pp_group_ranks(rank)
         return ranks[stage:stage + 2]
 
+    def end_stage_ranks(self, rank: int | None = None) -> list[int]:
+        """[the rank of the first stage, the rank of the last] with `rank`'s (dp, tp) coordinates: the two holders
+        of a tied embedding, whose gradients they sum."""
+        ranks = self.pp_group_ranks(rank)
+        return [ranks[0], ranks[-1]]
+
     def shard_of(self, shards: int, rank: int | None = None) -> int:
         """Index of the shard `rank` holds of a tensor cut into `shards` (a divisor of tp) over the tp axis:
         consecutive tp ranks share a shard (key/value heads when tp exceeds them)."""
@@ -152,11 +158,19 @@ class Layout:
         """Communication group of the pair `next_stage_pair(stage)` (this rank must be in it)."""
         return group_name(self.next_stage_pair(stage), self.world_size)
 
+    @property
+    def end_stages_group(self) -> str | None:
+        """Communication group of `end_stage_ranks` (this rank in the first or the last stage; None when pp == 1)."""
+        return group_name(self.end_stage_ranks(), self.world_size) if self.pp > 1 else None
+
     def init_groups(self) -> Layout:
-        """Creates this rank's tp and dp groups, and its groups of tp peers sharing a shard for every divisor of
-        tp (once per process; idempotent). Needs `init()` first."""
+        """Creates this rank's tp, dp and pp groups, its groups of tp peers sharing a shard for every divisor of
+        tp, its pairs with the neighbouring stages and (first and last stage) the pair of end stages (once per
+        process; idempotent). Needs `init()` first."""
         shared = [self.shard_group_ranks(shards) for shards in range(2, self.tp) if self.tp % shards == 0]
         pairs = [self.next_stage_pair(stage) for stage in (self.stage - 1, self.stage) if 0 <= stage < self.pp - 1]
+        if self.pp > 1 and self.stage in (0, self.pp - 1):
+            pairs.append(self.end_stage_ranks())
         for ranks in (self.tp_group_ranks(), self.dp_group_ranks(), self.pp_group_ranks(), *shared, *pairs):
             ensure_group(ranks, self.world_size)
         return self

@@ -3,13 +3,14 @@
 
 On CPU there is no Send/Receive, so a move is an AllReduce(SUM) over the 2-rank group of the neighbours in which
 the receiver contributes zeros (:class:`StageTransfer`); on every backend both ranks call it in the same order.
-The schedule is driven from the host, one micro-batch at a time: the first stage runs its forward and sends the
-activations; the last stage runs forward and backward of the loss and sends back the gradient of its input; the
-first stage runs its backward from that gradient (recomputing its forward, so it holds no activations between
-the two). Each stage accumulates its parameters' gradients over the micro-batches in place; then one update:
-reduced over dp, clipped by the global norm over pp x tp x dp, AdamW. Host-driven stages do not overlap
-(no pipeline fill as in GPipe/1F1B), which costs nothing on ranks that share CPU cores and keeps every collective
-in one fixed order whatever order MindSpore gives a backward graph's ops.
+The schedule is driven from the host, one micro-batch at a time: each stage before the last runs its forward
+and sends the activations on; the last stage runs forward and backward of the loss and sends back the gradient
+of its input; each earlier stage, last to first, runs its backward from the gradient it receives (recomputing
+its forward, so it holds no activations between the two) and sends the gradient of its own input back. Each
+stage accumulates its parameters' gradients over the micro-batches in place; then one update: reduced over dp,
+clipped by the global norm over pp x tp x dp, AdamW. Host-driven stages do not overlap (no pipeline fill as in
+GPipe/1F1B), which costs nothing on ranks that share CPU cores and keeps every collective in one fixed order
+whatever order MindSpore gives a backward graph's ops.
 """
 from __future__ import annotations
 
@@ -62,6 +63,46 @@ class StageTransfer(nn.Cell):
         return self.all_reduce(x)
 
 
+class StageLinks:
+    """This rank's transfers in a pipeline: from the previous stage and to the next one (their 2-rank pair groups;
+    None at the ends), and from the last stage to every stage (the pp group); each an AllReduce(SUM) to which
+    the receivers contribute zeros."""
+
+    def __init__(self, layout: Layout):
+        self.first, self.last = layout.stage == 0, layout.stage == layout.pp - 1
+        self.from_previous = None if self.first else StageTransfer(layout.pair_group(layout.stage - 1))
+        self.to_next = None if self.last else StageTransfer(layout.pair_group(layout.stage))
+        self.to_every_stage = StageTransfer(layout.pp_group)
+
+
+def zeros(shape, dtype) -> Tensor:
+    """What a receiving rank contributes to a transfer."""
+    return Tensor(np.zeros(shape, np.float32), dtype)
+
+
+class PipelineForward:
+    """A forward pass through the stages, no gradients (the critic's values; any last-stage output): each stage
+    before the last runs `stage_net` on its inputs (and, after the first, on the previous stage's activations
+    [B, S, D] of `hidden_shape(inputs)`) and sends its output on; the last stage's float32 output, of
+    `output_shape(inputs)`, reaches every stage. Called with one micro-batch's input tensors, returns that output
+    (a Tensor) on every rank, as the one-piece cell does."""
+
+    def __init__(self, stage_net: nn.Cell, layout: Layout, hidden_shape, hidden_dtype, output_shape):
+        self.stage_net, self.links = stage_net, StageLinks(layout)
+        self.hidden_shape, self.hidden_dtype, self.output_shape = hidden_shape, hidden_dtype, output_shape
+
+    def __call__(self, *inputs) -> Tensor:
+        links = self.links
+        stage_inputs = list(inputs)
+        if not links.first:
+            stage_inputs.append(links.from_previous(zeros(self.hidden_shape(inputs), self.hidden_dtype)))
+        output = self.stage_net(*stage_inputs)
+        if links.last:
+            return links.to_every_stage(output.astype(ms.float32))
+        links.to_next(output)
+        return links.to_every_stage(zeros(self.output_shape(inputs), ms.float32))
+
+
 class LastStageStep(nn.Cell):
     """Last stage, one micro-batch: the loss net's outputs on (inputs, hidden_in) (`hidden_in` the last of
     `num_inputs`), its parameters' gradients added to `buffers`; returns (outputs..., gradient w.r.t. hidden_in)."""
@@ -78,77 +119,83 @@ class LastStageStep(nn.Cell):
         return (ops.depend(outputs[0], done),) + tuple(outputs[1:]) + (grad_in,)
 
 
-class FirstStageBackward(nn.Cell):
-    """First stage, one micro-batch: recomputes its forward and adds its parameters' gradients, given the
-    gradient of its output, to `buffers`."""
+class StageBackward(nn.Cell):
+    """A stage before the last, one micro-batch: recomputes its forward and adds its parameters' gradients, given
+    the gradient of its output (the last input), to `buffers`. A stage after the first (`input_grad`) returns the
+    gradient w.r.t. its own input `hidden_in` (the forward net's last input), which goes back a stage."""
 
-    def __init__(self, forward_net: nn.Cell, params, buffers):
+    def __init__(self, forward_net: nn.Cell, params, buffers, input_grad: bool):
         super().__init__(auto_prefix=False)
         self.forward_net = forward_net
         self.params = params
         self.buffers = buffers
-        self.grad = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.input_grad = input_grad
+        self.grad = ops.GradOperation(get_all=input_grad, get_by_list=True, sens_param=True)
 
     def construct(self, *inputs_and_sens):
-        return add_to_buffers(self.buffers, self.grad(self.forward_net, self.params)(*inputs_and_sens))
+        grads = self.grad(self.forward_net, self.params)(*inputs_and_sens)
+        if self.input_grad:
+            input_grads, param_grads = grads
+            return ops.depend(input_grads[-1], add_to_buffers(self.buffers, param_grads))
+        return add_to_buffers(self.buffers, grads)
 
 
 class PipelineTrainStep:
-    """One optimizer step of a 2-stage pipeline over micro-batches (see the module doc).
+    """One optimizer step of a pipeline of `layout.pp` stages over micro-batches (see the module doc).
 
     `stage_net` is this rank's stage: on the last stage the loss net, called as `loss_net(*inputs, hidden_in)` and
     returning `(loss, *stats)` (its loss summed over micro-batches must be the batch's loss, as the GRPO loss with
-    global token weights); on the first stage the forward net `forward_net(*inputs[:forward_inputs])` returning
-    the activations [B, S, D] (`hidden_shape(inputs)` gives their shape, the receiver needs it). Called with a list
-    of micro-batches (each the `num_inputs` input tensors of the loss net but `hidden_in`), returns
+    global token weights); on a stage before it the forward net, `forward_net(*inputs[:forward_inputs])` on the
+    first stage and `forward_net(*inputs[:forward_inputs], hidden_in)` on the others, returning the activations
+    [B, S, D] (`hidden_shape(inputs)` gives their shape, the receiver needs it). Called with a list of
+    micro-batches (each the `num_inputs` input tensors of the loss net but `hidden_in`), returns
     `(outputs, grad_norm)` on every rank: the loss net's outputs summed over the micro-batches (numpy) and the
-    global norm before clipping (not finite: the update was skipped). `stage_shared` names the parameters both
-    stages hold (`Qwen2ForCausalLM.stage_shared_params`): their gradients are summed over the stages.
+    global norm before clipping (not finite: the update was skipped). `stage_shared` names the parameters the
+    first and the last stage both hold (`Qwen2ForCausalLM.stage_shared_params`): their gradients are summed over
+    those two stages.
     """
 
     def __init__(self, stage_net: nn.Cell, optimizer: nn.Cell, layout: Layout, hidden_shape, hidden_dtype,
                  num_inputs: int, forward_inputs: int, num_outputs: int, grad_reduction: str = "mean",
                  max_grad_norm: float = 0.0, stage_shared=()):
-        if layout.pp != 2:
-            raise NotImplementedError(f"pipeline train step with {layout.pp} stages: only 2 are supported yet")
-        self.layout, self.stage = layout, layout.stage
+        if layout.pp < 2:
+            raise ValueError(f"a pipeline train step needs at least 2 stages, the layout has {layout.pp}")
+        self.layout, self.stage, self.links = layout, layout.stage, StageLinks(layout)
         self.hidden_shape, self.hidden_dtype = hidden_shape, hidden_dtype
         self.forward_inputs, self.num_outputs = forward_inputs, num_outputs
         params = optimizer.parameters
         self.storage = GradientBuffers(params)
         self.buffers = self.storage.buffers
-        self.transfer = StageTransfer(layout.pair_group(0))
-        if self.stage == 0:
-            self.forward = stage_net
-            self.backward = FirstStageBackward(stage_net, params, self.buffers)
-        else:
+        if self.links.last:
             self.last = LastStageStep(stage_net, params, self.buffers, num_inputs + 1)
+        else:
+            self.forward = stage_net
+            self.backward = StageBackward(stage_net, params, self.buffers, input_grad=not self.links.first)
         shared = [buffer for param, buffer in zip(params, self.buffers) if param.name in stage_shared]
-        # the stages' gradients of a shared weight are summed first, in a graph of their own: the pair group is
-        # the pp group too, whose collectives in one graph may run in either order
-        self.sum_shared = AllReduceInPlace(ParameterTuple(shared), layout.pair_group(0)) if shared else None
+        # the end stages' gradients of a shared weight are summed first, in a graph of their own: with 2 stages
+        # their group is the pp group too, whose collectives in one graph may run in either order
+        self.sum_shared = AllReduceInPlace(ParameterTuple(shared), layout.end_stages_group) if shared else None
         self.apply = ApplyGradients(stage_net, optimizer, self.buffers, layout, grad_reduction, max_grad_norm,
                                     counted_elsewhere=stage_shared if self.stage > 0 else ())
 
-    def _receive(self, shape) -> Tensor:
-        return self.transfer(Tensor(np.zeros(shape, np.float32), self.hidden_dtype))
-
     def __call__(self, micro_batches):
-        total = np.zeros(self.num_outputs, np.float64)
+        links, total = self.links, np.zeros(self.num_outputs, np.float64)
         for inputs in micro_batches:
             shape = self.hidden_shape(inputs)
-            if self.stage == 0:
-                stage_inputs = inputs[:self.forward_inputs]
-                self.transfer(self.forward(*stage_inputs))  # activations -> stage 1
-                grad_out = self._receive(shape)  # <- their gradient
-                self.backward(*stage_inputs, grad_out)
-                stats = self.transfer(Tensor(np.zeros(self.num_outputs, np.float32)))  # <- the loss net's outputs
-            else:
-                hidden_in = self._receive(shape)
+            hidden_in = None if links.first else links.from_previous(zeros(shape, self.hidden_dtype))
+            if links.last:
                 *outputs, grad_in = self.last(*inputs, hidden_in)
-                self.transfer(grad_in)
-                stats = self.transfer(ops.stack([o.astype(ms.float32) for o in outputs]))
-            total += stats.asnumpy().astype(np.float64)
+                links.from_previous(grad_in)  # -> the previous stage's backward
+                stats = ops.stack([o.astype(ms.float32) for o in outputs])
+            else:
+                stage_inputs = list(inputs[:self.forward_inputs]) + ([] if links.first else [hidden_in])
+                links.to_next(self.forward(*stage_inputs))  # activations -> the next stage
+                grad_out = links.to_next(zeros(shape, self.hidden_dtype))  # <- their gradient
+                grad_in = self.backward(*stage_inputs, grad_out)
+                if not links.first:
+                    links.from_previous(grad_in)
+                stats = zeros(self.num_outputs, ms.float32)
+            total += links.to_every_stage(stats).asnumpy().astype(np.float64)
         if self.sum_shared is not None:
             self.sum_shared()
         grad_norm = float(self.apply().asnumpy())

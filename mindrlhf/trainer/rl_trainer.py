@@ -88,24 +88,22 @@ def check_tensor_parallel(cfg, tp: int, path: str) -> None:
                           "are replicated)") from None
 
 
-MAX_PIPELINE_STAGES = 2  # what `PipelineTrainStep` schedules so far
-
-
 def check_unstaged(layout, path: str, what: str) -> None:
-    """Nets that only run forward (and the critic, for now) have no pipeline stages."""
+    """Nets that only run forward have no pipeline stages."""
     if layout.pp > 1:
         raise ConfigError(f"{path}: parallel_config.pipeline_stage={layout.pp}, but {what} runs without pipeline "
                           "stages; use pipeline_stage: 1 (only the actor's train net is split into stages)")
 
 
 def check_pipeline(cfg, layout, sched, rows_per_rank: int, path: str) -> None:
-    """A train layout with pipeline stages: at most `MAX_PIPELINE_STAGES`, and `micro_batch_num` micro-batches
-    that split each rank's rows of an update evenly (and stand for schedule.micro_batch_size_per_device)."""
+    """A train layout with pipeline stages: an equal share of the decoder layers for every stage, and
+    `micro_batch_num` micro-batches that split each rank's rows of an update evenly (and stand for
+    schedule.micro_batch_size_per_device)."""
     if layout.pp == 1:
         return
-    if layout.pp > MAX_PIPELINE_STAGES:
-        raise ConfigError(f"{path}: parallel_config.pipeline_stage={layout.pp}; the train step schedules at most "
-                          f"{MAX_PIPELINE_STAGES} stages so far")
+    if cfg.num_layers % layout.pp:
+        raise ConfigError(f"{path}: parallel_config.pipeline_stage={layout.pp} must divide model_config.num_layers="
+                          f"{cfg.num_layers} (each stage holds an equal share of the decoder layers)")
     count = cfg.parallel_config.micro_batch_num
     if rows_per_rank % count:
         raise ConfigError(f"{path}: parallel_config.micro_batch_num={count} must divide the {rows_per_rank} "
@@ -209,7 +207,8 @@ class RLTrainer:
                 check_model_configs(train_cfg, critic_cfg, job.sft_path_train, job.sft_path_critic)
             critic_layout = Layout.from_config(critic_cfg.parallel_config, world_size, rank,
                                                f"{job.sft_path_critic}: parallel_config")
-            check_unstaged(critic_layout, job.sft_path_critic, "the critic")
+            check_pipeline(critic_cfg, critic_layout, sched, sched.prompts_per_update * G // critic_layout.dp,
+                           job.sft_path_critic)
             check_tensor_parallel(critic_cfg, critic_layout.tp, job.sft_path_critic)
             if sched.batch_size * G % critic_layout.dp:
                 raise ConfigError(f"{job.sft_path_critic}: the {sched.batch_size * G} responses of a step do not "

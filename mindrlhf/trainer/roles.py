@@ -194,6 +194,15 @@ class Role:
         """Called once every role has loaded its checkpoint state."""
 
 
+def strategy_file(name: str, strategy: dict, stages) -> dict[str, tuple[dict, dict | None]]:
+    """`Role.shared_files` entry of a trained net's strategy file: its layouts (`strategy`), or with pipeline
+    stages (`stages`, what `gather_stage_layouts` returned) every stage's layouts and the stage of each name."""
+    if stages:
+        layouts, stage_of, _ = stages
+        return {name: (layouts, stage_of)}
+    return {name: (strategy, None)}
+
+
 def phase_plan(roles, phases) -> dict[str, tuple[str, ...]]:
     """Phase -> the swap groups resident in it: the union of what each role declares (`Role.resident_in`)."""
     plan: dict[str, tuple[str, ...]] = {phase: () for phase in phases}
@@ -306,20 +315,16 @@ class Actor(Role):
 
     def _pipeline_step(self, loss_net):
         """The train step of a train net in pipeline stages: the loss net on the last stage, the response
-        positions' hidden states on the first (`PipelineTrainStep`); every stage's layouts for the checkpoints."""
-        from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, ResponseHidden
+        positions' hidden states on the others (`PipelineTrainStep`); every stage's layouts for the checkpoints."""
+        from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, ResponseHidden, response_hidden_shape
         from mindrlhf.parallel.layers import to_ms_dtype
         from mindrlhf.parallel.pipeline import PipelineTrainStep, gather_stage_layouts
 
-        layout, hidden_size = self.train_layout, self.train_cfg.hidden_size
+        layout = self.train_layout
         self.train_stages = gather_stage_layouts(
             self.train_strategy, {p.name: p.dtype for p in self.train_net.get_parameters()}, layout)
         stage_net = loss_net if layout.stage == layout.pp - 1 else ResponseHidden(self.train_net)
-
-        def hidden_shape(inputs):  # prompt + response - 1 positions (`response_inputs`)
-            return inputs[0].shape[0], inputs[0].shape[1] + inputs[2].shape[1] - 1, hidden_size
-
-        return PipelineTrainStep(stage_net, self.optimizer, layout, hidden_shape,
+        return PipelineTrainStep(stage_net, self.optimizer, layout, response_hidden_shape(self.train_cfg.hidden_size),
                                  to_ms_dtype(self.train_cfg.compute_dtype), num_inputs=8, forward_inputs=4,
                                  num_outputs=len(GRPO_OUTPUT_NAMES), grad_reduction="sum",
                                  max_grad_norm=self.config.optimizer.max_grad_norm,
@@ -353,10 +358,7 @@ class Actor(Role):
         return {TRAIN_CKPT: list(self.train_net.trainable_params()) + self.optimizer_state()}
 
     def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
-        if self.train_stages:
-            layouts, stages, _ = self.train_stages
-            return {TRAIN_STRATEGY: (layouts, stages)}
-        return {TRAIN_STRATEGY: (self.train_strategy, None)}
+        return strategy_file(TRAIN_STRATEGY, self.train_strategy, self.train_stages)
 
     def strategy_stage(self, net: str) -> int:
         return self.train_layout.stage if net == "train" else 0
@@ -522,7 +524,8 @@ class Critic(Role):
         self.model_config, self.layout = critic_cfg, layout
         self.net = Qwen2ForValue(critic_cfg, layout)
         self.net.update_parameters_name(CRITIC_PREFIX)
-        self.strategy = net_layouts(self.net, layout)
+        self.strategy = net_layouts(self.net, layout)  # of this rank's stage
+        self.stages = None  # with pipeline stages: `gather_stage_layouts` of the net, from build()
         self.updates = 0
 
     def build(self, actor: Actor) -> None:
@@ -552,15 +555,46 @@ class Critic(Role):
         self.optimizer = AdamW(self.net.trainable_params(), learning_rate=critic.lr, beta1=cfg.optimizer.beta1,
                                beta2=cfg.optimizer.beta2, eps=cfg.optimizer.eps,
                                weight_decay=cfg.optimizer.weight_decay, state_prefix="critic_")
-        self.train_step = MicroBatchedTrainStep(ValueLossNet(self.net, ValueLossCell(critic.cliprange_value)),
-                                                self.optimizer, self.layout, grad_reduction="sum",
-                                                max_grad_norm=critic.grad_clip)
-        self.values_cell = ResponseValues(self.net)
+        loss_net = ValueLossNet(self.net, ValueLossCell(critic.cliprange_value))
+        if self.layout.pp > 1:
+            self._build_stages(loss_net)
+        else:
+            self.train_step = MicroBatchedTrainStep(loss_net, self.optimizer, self.layout, grad_reduction="sum",
+                                                    max_grad_norm=critic.grad_clip)
+            self.values_cell = ResponseValues(self.net)
         sched = cfg.schedule
         self.train_rows = MicroBatchSizer("critic train", sched.micro_batch_size_per_device, self.model_config,
-                                          self.layout.tp, sched.activation_memory_gib)
+                                          self.layout.tp, sched.activation_memory_gib,
+                                          self.model_config.parallel_config.micro_batch_num
+                                          if self.layout.pp > 1 else 0)
         self.value_rows = MicroBatchSizer("values", sched.log_prob_micro_batch_size_per_device, self.model_config,
                                           self.layout.tp, sched.activation_memory_gib)
+
+    def _build_stages(self, loss_net) -> None:
+        """The train step and the values pass of a critic in pipeline stages: the value loss net (training) and
+        the values (scoring) on the last stage, the response positions' hidden states on the others; every
+        stage's layouts for the checkpoints."""
+        from mindrlhf.algorithms.policy_cells import (
+            ResponseHidden,
+            ResponseValues,
+            response_hidden_shape,
+            response_values_shape,
+        )
+        from mindrlhf.algorithms.value_loss_cell import OUTPUT_NAMES
+        from mindrlhf.parallel.layers import to_ms_dtype
+        from mindrlhf.parallel.pipeline import PipelineForward, PipelineTrainStep, gather_stage_layouts
+
+        layout, last = self.layout, self.layout.stage == self.layout.pp - 1
+        self.stages = gather_stage_layouts(self.strategy, {p.name: p.dtype for p in self.net.get_parameters()},
+                                           layout)
+        hidden_shape = response_hidden_shape(self.model_config.hidden_size)
+        dtype = to_ms_dtype(self.model_config.compute_dtype)
+        self.train_step = PipelineTrainStep(loss_net if last else ResponseHidden(self.net), self.optimizer, layout,
+                                            hidden_shape, dtype, num_inputs=7, forward_inputs=4,
+                                            num_outputs=len(OUTPUT_NAMES), grad_reduction="sum",
+                                            max_grad_norm=self.config.critic.grad_clip)
+        self.values_cell = PipelineForward(ResponseValues(self.net) if last else ResponseHidden(self.net), layout,
+                                           hidden_shape, dtype, response_values_shape)
 
     def optimizer_state(self) -> list:
         trained = {id(p) for p in self.net.trainable_params()}
@@ -576,7 +610,10 @@ class Critic(Role):
         return {CRITIC_CKPT: list(self.net.trainable_params()) + self.optimizer_state()}
 
     def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
-        return {CRITIC_STRATEGY: (self.strategy, None)}
+        return strategy_file(CRITIC_STRATEGY, self.strategy, self.stages)
+
+    def strategy_stage(self, net: str) -> int:
+        return self.layout.stage if net == "critic" else 0
 
     def values(self, exp, comm) -> np.ndarray:
         """Values of every row of `exp` [N, R] (0 on padding): each critic dp rank scores its share of the rows,

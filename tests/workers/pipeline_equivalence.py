@@ -1,9 +1,9 @@
 """Worker for the pipeline equivalence tests: `UPDATES` clipped AdamW steps of the GRPO loss on a tiny 4-layer
-Qwen2 split into 2 pipeline stages (x `--tp`) over `--micro_batches`, and the same steps of the whole model in
+Qwen2 split into `--pp` pipeline stages (x `--tp`) over `--micro_batches`, and the same steps of the whole model in
 one piece, which every rank also runs itself (no collective). Each rank writes `<out>/rank_<r>.npz`: both runs'
 summed loss-net outputs and gradient norms per update, and the weights after the updates (its stage's
 parameters, and all of the one-piece run's), with the split axes and lr. `--tied` ties the embedding and the head:
-both stages hold it and sum its gradients."""
+the first and the last stage hold it and sum its gradients."""
 import argparse
 import os
 
@@ -31,6 +31,7 @@ def loss_cell():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--micro_batches", type=int, default=1)
     parser.add_argument("--tied", action="store_true")
     parser.add_argument("--out", required=True)
@@ -38,7 +39,7 @@ def main():
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     from mindspore.communication import get_group_size, get_rank, init
     init()
-    layout = Layout.for_world(1, args.tp, get_group_size(), get_rank(), pp=2).init_groups()
+    layout = Layout.for_world(1, args.tp, get_group_size(), get_rank(), pp=args.pp).init_groups()
     cfg = Qwen2Config(**{**CONFIG, "num_layers": 4, "tie_word_embeddings": args.tied})
 
     # the whole model in one piece, on this rank alone: old/ref log-probs and the expected updates
@@ -67,7 +68,7 @@ def main():
     # this rank's stage
     model = Qwen2ForCausalLM(cfg, layout)
     init_random_weights(model, layout, seed=0)
-    stage_net = ResponseHidden(model) if layout.stage == 0 else GRPOLossNet(model, loss_cell())
+    stage_net = GRPOLossNet(model, loss_cell()) if layout.stage == layout.pp - 1 else ResponseHidden(model)
     optimizer = AdamW(model.trainable_params(), learning_rate=LEARNING_RATE)
     width = data["prompt_ids"].shape[1] + data["response_ids"].shape[1] - 1
     step = PipelineTrainStep(stage_net, optimizer, layout, lambda inputs: (inputs[0].shape[0], width,

@@ -1,8 +1,9 @@
-"""Worker for the pipeline reshard tests: a 4-layer Qwen2 train net in 2 pipeline stages (x `--src_tp`) -> an
-inference net without stages (`--dst dp,tp`, renamed `infer.`), online. Each rank saves its stage's source
+"""Worker for the pipeline reshard tests: a 4-layer Qwen2 train net in `--src_pp` pipeline stages (x `--src_tp`) ->
+an inference net without stages (`--dst dp,tp`, renamed `infer.`), online. Each rank saves its stage's source
 checkpoint (`src_ckpt/rank_<r>/net.ckpt`) and strategy file (`src_strategy/strategy_<r>.ckpt`, its stage as
 `current_stage`), the destination strategy, and the destination tensors it got (`dst_rank_<r>.npz`). `--tied`
-ties the embedding and the head (both stages hold it); `--dst_dtype` is the destination's parameter dtype."""
+ties the embedding and the head (the first and the last stage hold it); `--dst_dtype` is the destination's
+parameter dtype."""
 import argparse
 import dataclasses
 import os
@@ -23,6 +24,7 @@ CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=4, num_heads=4, n_kv_hea
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--src_tp", type=int, default=1)
+    parser.add_argument("--src_pp", type=int, default=2)
     parser.add_argument("--dst", required=True, help="dp,tp of the destination (infer) net")
     parser.add_argument("--tied", action="store_true")
     parser.add_argument("--dst_dtype", default="float32")
@@ -32,7 +34,7 @@ def main():
     from mindspore.communication import get_group_size, get_rank, init
     init()
     world, rank = get_group_size(), get_rank()
-    src_layout = Layout.for_world(1, args.src_tp, world, rank, pp=2).init_groups()
+    src_layout = Layout.for_world(1, args.src_tp, world, rank, pp=args.src_pp).init_groups()
     dst_layout = Layout.for_world(*map(int, args.dst.split(",")), world, rank).init_groups()
     cfg = Qwen2Config(**CONFIG, tie_word_embeddings=args.tied)
     full = random_full_state(Qwen2ForCausalLM(cfg), Layout(), seed=9)

@@ -216,6 +216,12 @@ class Qwen2Model(nn.Cell):
                 h = self.layers[i](h, cos, sin, attn_bias, key_caches[i], value_caches[i], slot_index)
         return self.norm_out(h) if self.last_stage else h
 
+    def hidden(self, input_ids, attention_mask=None, hidden_in=None):
+        """This pipeline stage's output [B, S, D] (a stage before the last): its layers on the embedding of
+        `input_ids` (first stage) or on `hidden_in`. Call inside a Cell's construct."""
+        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
+        return self.construct(input_ids, position_ids, attn_bias, hidden_in=hidden_in)
+
 
 class VocabParallelHead(ParallelLayer):
     """lm_head: hidden [.., D] -> logits over this rank's vocabulary shard, in float32.
@@ -288,8 +294,8 @@ class Qwen2ForCausalLM(nn.Cell):
     @property
     def stage_shared_params(self) -> tuple[str, ...]:
         """Names of the parameters that both the first and the last pipeline stage hold (the tied embedding):
-        their gradients are summed over those two stages, so the copies stay equal."""
-        if self.layout.pp > 1 and self.tie_word_embeddings:
+        their gradients are summed over those two stages, so the copies stay equal (none on a stage between)."""
+        if self.layout.pp > 1 and self.tie_word_embeddings and self.model.tok_embeddings is not None:
             return (self.model.tok_embeddings.embedding_weight.name,)
         return ()
 
@@ -302,12 +308,6 @@ class Qwen2ForCausalLM(nn.Cell):
     def construct(self, input_ids, attention_mask=None):
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         return self.logits(self.model(input_ids, position_ids, attn_bias))
-
-    def hidden(self, input_ids, attention_mask=None, hidden_in=None):
-        """This pipeline stage's output [B, S, D] (a stage before the last): its layers on the embedding of
-        `input_ids` (first stage) or on `hidden_in`. Call inside a Cell's construct."""
-        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        return self.model(input_ids, position_ids, attn_bias, hidden_in=hidden_in)
 
     def log_probs(self, input_ids, labels, attention_mask=None, temperature=1.0, with_entropy=False,
                   first_position=0, hidden_in=None):
@@ -338,26 +338,28 @@ class Qwen2ForValue(nn.Cell):
 
     The backbone's parameter names are the causal LM's, so a policy checkpoint's backbone loads as is. The head
     reads the final norm's output, which every tensor-parallel rank holds whole: it is replicated (like the
-    norms), its gradient needs no collective.
+    norms), its gradient needs no collective. In pipeline stages the head is on the last stage.
     """
+
+    stage_shared_params = ()  # the head is not tied to the embedding: no parameter on two stages
 
     def __init__(self, config: Qwen2Config, layout: Layout | None = None):
         super().__init__()
         self.config = config
         self.layout = layout or Layout()
-        if self.layout.pp > 1:
-            raise LayoutError("value models (critic, reward model) do not support pipeline stages yet")
         self.model = Qwen2Model(config, self.layout)
         self.score = nn.Dense(config.hidden_size, 1, has_bias=config.value_head_bias, weight_init="zeros",
-                              bias_init="zeros", dtype=to_ms_dtype(config.param_init_type))
+                              bias_init="zeros", dtype=to_ms_dtype(config.param_init_type)) \
+            if self.model.last_stage else None
         self.head_bias = config.value_head_bias
         self.compute_dtype = to_ms_dtype(config.compute_dtype)
 
-    def values(self, input_ids, attention_mask=None, first_position=0):
+    def values(self, input_ids, attention_mask=None, first_position=0, hidden_in=None):
         """The head's output at positions `first_position` .. S-1, float32 [B, S - first_position]: the value
-        of the state after reading token s. Call inside a Cell's construct."""
+        of the state after reading token s. On the last of several pipeline stages the layers start from
+        `hidden_in`, the previous stage's output. Call inside a Cell's construct."""
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        hidden = self.model(input_ids, position_ids, attn_bias)
+        hidden = self.model(input_ids, position_ids, attn_bias, hidden_in=hidden_in)
         if first_position:
             hidden = hidden[:, first_position:, :]
         weight = self.score.weight.astype(self.compute_dtype)
