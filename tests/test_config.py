@@ -115,19 +115,26 @@ def test_tensor_parallel_size_must_divide_heads():
                                                                                                    "bias": 2}
 
 
+def qwen2_5_7b_layouts_on_8_devices(train_name: str):
+    """(train config, its layout on each of 8 ranks) of `qwen2_5_7b_<train_name>.yaml`, checked against the 7B
+    inference YAML (dp 2 x tp 4) it is paired with on the same 8 devices."""
+    from mindrlhf.trainer.rl_trainer import check_model_configs
+
+    train_path, infer_path = (CONFIGS / "qwen2_5" / f"qwen2_5_7b_{n}.yaml" for n in (train_name, "infer_dp2"))
+    train, infer = Qwen2Config.from_yaml(train_path), Qwen2Config.from_yaml(infer_path)
+    check_model_configs(train, infer, str(train_path), str(infer_path))
+    assert str(Layout.from_config(infer.parallel_config, 8, 7)) == "dp=2 x tp=4"
+    return train, [Layout.from_config(train.parallel_config, 8, rank) for rank in range(8)]
+
+
 def test_the_seed_recipes_7b_pipeline_layout_covers_8_devices():
     """Train in 2 stages x tp 4, infer dp 2 x tp 4 on the same 8 devices (model_configs/qwen2_5)."""
     from mindrlhf.models.qwen2.modeling import stage_layers
-    from mindrlhf.trainer.rl_trainer import check_model_configs
 
-    train_path, infer_path = (CONFIGS / "qwen2_5" / f"qwen2_5_7b_{n}.yaml" for n in ("train_pp2", "infer_dp2"))
-    train, infer = Qwen2Config.from_yaml(train_path), Qwen2Config.from_yaml(infer_path)
-    check_model_configs(train, infer, str(train_path), str(infer_path))
-    layouts = [Layout.from_config(train.parallel_config, 8, rank) for rank in range(8)]
+    train, layouts = qwen2_5_7b_layouts_on_8_devices("train_pp2")
     assert [lay.stage for lay in layouts] == [0, 0, 0, 0, 1, 1, 1, 1] and layouts[5].tp_rank == 1
     assert layouts[5].pp_group_ranks() == [1, 5] and train.parallel_config.micro_batch_num == 2
     assert stage_layers(train.num_layers, 2, 1) == range(14, 28)
-    assert str(Layout.from_config(infer.parallel_config, 8, 7)) == "dp=2 x tp=4"
     with pytest.raises(LayoutError, match=r"x pipeline_stage=2 = 8 ranks, but the job has 4"):
         Layout.from_config(train.parallel_config, 4, 0)
 
@@ -135,12 +142,8 @@ def test_the_seed_recipes_7b_pipeline_layout_covers_8_devices():
 def test_mindspeed_rls_7b_actor_layout_tp2_pp4_covers_8_devices():
     """Train in 4 stages x tp 2 (7 layers a stage), infer dp 2 x tp 4 on the same 8 devices."""
     from mindrlhf.models.qwen2.modeling import stage_layers
-    from mindrlhf.trainer.rl_trainer import check_model_configs
 
-    train_path, infer_path = (CONFIGS / "qwen2_5" / f"qwen2_5_7b_{n}.yaml" for n in ("train_pp4", "infer_dp2"))
-    train, infer = Qwen2Config.from_yaml(train_path), Qwen2Config.from_yaml(infer_path)
-    check_model_configs(train, infer, str(train_path), str(infer_path))
-    layouts = [Layout.from_config(train.parallel_config, 8, rank) for rank in range(8)]
+    train, layouts = qwen2_5_7b_layouts_on_8_devices("train_pp4")
     assert [lay.stage for lay in layouts] == [0, 0, 1, 1, 2, 2, 3, 3] and layouts[5].tp_rank == 1
     assert layouts[5].pp_group_ranks() == [1, 3, 5, 7] and layouts[5].end_stage_ranks() == [1, 7]
     assert layouts[4].next_stage_pair(1) == [2, 4] and layouts[4].next_stage_pair(2) == [4, 6]
