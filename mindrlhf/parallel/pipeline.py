@@ -3,15 +3,14 @@
 
 On CPU there is no Send/Receive, so a move is an AllReduce(SUM) over the 2-rank group of the neighbours in which
 the receiver contributes zeros (:class:`StageTransfer`); on every backend both ranks call it in the same order.
-The schedule is GPipe's, driven from the host, one graph call per stage and micro-batch: each stage before the
-last runs the forward of every micro-batch in turn and sends the activations on (the transfers pace the stages,
-so stage s runs micro-batch i while stage s + 1 runs i - 1); the last stage runs forward and backward of the loss
-as each arrives; then the gradients of the activations go back, micro-batch by micro-batch, each earlier stage
-running its backward (recomputing its forward from the inputs it kept, so it holds no activations in between)
-and sending the gradient of its own input back. Every pair of neighbours thus calls its transfers in one fixed
-order, whatever order MindSpore gives a backward graph's ops. Each stage accumulates its parameters' gradients
-over the micro-batches in place; then one update: reduced over dp, clipped by the global norm over pp x tp x dp,
-AdamW. The loss net's statistics reach every stage once per step.
+The schedule is driven from the host, one micro-batch at a time: each stage before the last runs its forward
+and sends the activations on; the last stage runs forward and backward of the loss and sends back the gradient
+of its input; each earlier stage, last to first, runs its backward from the gradient it receives (recomputing
+its forward, so it holds no activations between the two) and sends the gradient of its own input back. Each
+stage accumulates its parameters' gradients over the micro-batches in place; then one update: reduced over dp,
+clipped by the global norm over pp x tp x dp, AdamW. Host-driven stages do not overlap (no pipeline fill as in
+GPipe/1F1B), which costs nothing on ranks that share CPU cores and keeps every collective in one fixed order
+whatever order MindSpore gives a backward graph's ops.
 """
 from __future__ import annotations
 
@@ -180,32 +179,25 @@ class PipelineTrainStep:
                                     counted_elsewhere=stage_shared if self.stage > 0 else ())
 
     def __call__(self, micro_batches):
-        links, dtype = self.links, self.hidden_dtype
-        shapes = [self.hidden_shape(inputs) for inputs in micro_batches]
-        total = np.zeros(self.num_outputs, np.float64)
-        kept, grads_in = [], []  # a stage's inputs, for its backward; the last stage's gradients of its inputs
-        # GPipe: every micro-batch forward through the stages (the last one runs its backward at once), so that
-        # stage s computes micro-batch i while stage s + 1 computes i - 1; then the gradients back, in the same
-        # order on every pair of stages
-        for inputs, shape in zip(micro_batches, shapes):
-            hidden_in = None if links.first else links.from_previous(zeros(shape, dtype))
+        links, total = self.links, np.zeros(self.num_outputs, np.float64)
+        for inputs in micro_batches:
+            shape = self.hidden_shape(inputs)
+            hidden_in = None if links.first else links.from_previous(zeros(shape, self.hidden_dtype))
             if links.last:
                 *outputs, grad_in = self.last(*inputs, hidden_in)
-                grads_in.append(grad_in)
-                total += ops.stack([o.astype(ms.float32) for o in outputs]).asnumpy().astype(np.float64)
+                links.from_previous(grad_in)  # -> the previous stage's backward
+                stats = ops.stack([o.astype(ms.float32) for o in outputs])
             else:
-                kept.append(list(inputs[:self.forward_inputs]) + ([] if links.first else [hidden_in]))
-                links.to_next(self.forward(*kept[-1]))  # activations -> the next stage
-        for i, shape in enumerate(shapes):
-            if links.last:
-                links.from_previous(grads_in[i])  # -> the previous stage's backward
-                continue
-            grad_in = self.backward(*kept[i], links.to_next(zeros(shape, dtype)))  # <- the next stage's gradient
-            if not links.first:
-                links.from_previous(grad_in)
-        total = links.to_every_stage(Tensor(total if links.last else np.zeros_like(total), ms.float32)).asnumpy()
+                stage_inputs = list(inputs[:self.forward_inputs]) + ([] if links.first else [hidden_in])
+                links.to_next(self.forward(*stage_inputs))  # activations -> the next stage
+                grad_out = links.to_next(zeros(shape, self.hidden_dtype))  # <- their gradient
+                grad_in = self.backward(*stage_inputs, grad_out)
+                if not links.first:
+                    links.from_previous(grad_in)
+                stats = zeros(self.num_outputs, ms.float32)
+            total += links.to_every_stage(stats).asnumpy().astype(np.float64)
         if self.sum_shared is not None:
             self.sum_shared()
         grad_norm = float(self.apply().asnumpy())
         self.storage.zero()
-        return total.astype(np.float64), grad_norm
+        return total, grad_norm
