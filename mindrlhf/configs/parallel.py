@@ -21,9 +21,9 @@ class ParallelConfig:
     model_parallel: int = help_field(
         1, "Tensor-parallel size (Megatron style): attention heads, MLP columns and the vocabulary are split.")
     pipeline_stage: int = help_field(
-        1, "Pipeline stages (the actor's train net; the others take 1): the decoder layers split into equal "
-           "consecutive shares (it must divide num_layers), the embedding on the first stage, the final norm and "
-           "head on the last.")
+        1, "Pipeline stages of a trained net (the actor's train net, the critic; the others take 1): the decoder "
+           "layers split into equal consecutive shares (it must divide num_layers), the embedding on the first "
+           "stage, the final norm and head on the last.")
     micro_batch_num: int = help_field(
         1, "With pipeline_stage > 1: micro-batches each rank's rows of an update are split into (their "
            "gradients are accumulated; activation memory is that of one micro-batch).")
