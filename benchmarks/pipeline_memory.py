@@ -1,17 +1,20 @@
-"""Memory per rank of a GRPO train step with the train net whole (pp=1, 1 worker) vs in 2 pipeline stages (pp=2,
-2 workers), at Qwen2.5-0.5B's shape.
+"""Memory and time per rank of a GRPO train step with the train net whole (pp=1, 1 worker) vs in 2 pipeline stages
+(pp=2, 2 workers), at Qwen2.5-0.5B's shape; with stages, on the 1F1B schedule and, as the baseline, one micro-batch
+at a time (no overlap).
 
     .venv/bin/python benchmarks/pipeline_memory.py [--model 0.5b|tiny --rows 4 --prompt 64 --response 64
-                                                    --micro_batches 2 --steps 3
+                                                    --micro_batches 2 --steps 3 --schedules 1f1b,sequential
                                                     --output benchmarks/results/pipeline_memory.json]
 
 Each layout runs under msrun in its own processes, one after the other (so their memory never overlaps): a float32
 Qwen2 with seeded random weights (0.5b: vocab 151936, hidden 896, 24 layers, 14/2 heads, intermediate 4864, tied
 embeddings), AdamW, and `--steps` clipped updates of the GRPO loss on `--rows` responses (pp=1: one
-`SPMDTrainStep`; pp=2: `PipelineTrainStep` over `--micro_batches`). Per rank it reports the parameters and AdamW
-moments it holds (bytes), the process's peak RSS after building the nets and after the steps (getrusage), and the
-median step time after the first (which compiles). With stages each rank should hold about half the layers' weights
-and moments; with tied embeddings both stages also hold the embedding.
+`SPMDTrainStep`; pp=2: `PipelineTrainStep` over `--micro_batches`, once per schedule). Each process sets its CPU
+kernel threads as the trainer does (the cores shared by the ranks). Per rank it reports the parameters and AdamW
+moments it holds (bytes), the process's peak RSS after building the nets and after the steps (getrusage), the
+gradient norm of every step (equal whatever the schedule) and the median step time after the first (which compiles).
+With stages each rank should hold about half the layers' weights and moments; with tied embeddings both stages also
+hold the embedding.
 """
 from __future__ import annotations
 
@@ -48,10 +51,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--response", type=int, default=64, help="response tokens per row")
     p.add_argument("--micro_batches", type=int, default=2, help="micro-batches per update with stages")
     p.add_argument("--steps", type=int, default=3, help="updates (the first compiles and is not timed)")
+    p.add_argument("--schedules", default="1f1b,sequential",
+                   help="pipeline schedules to run pp=2 with, comma-separated (mindrlhf.parallel.schedule.SCHEDULES)")
     p.add_argument("--workdir", default=None, help="where the logs and per-rank reports go (default: a temp dir)")
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "pipeline_memory.json"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set by the launcher
     p.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--schedule", default="1f1b", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -73,9 +79,11 @@ def child_main(args: argparse.Namespace) -> None:
     from mindrlhf.parallel.layers import init_random_weights
     from mindrlhf.parallel.pipeline import PipelineTrainStep
     from mindrlhf.parallel.spmd import SPMDTrainStep, split_micro_batches
+    from mindrlhf.trainer.launch import configure_cpu_threads
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     init()
+    threads = configure_cpu_threads(0, get_group_size())
     layout = Layout.for_world(1, 1, get_group_size(), get_rank(), pp=args.pp).init_groups()
     seq = args.prompt + args.response
     cfg = Qwen2Config(**MODELS[args.model], seq_length=seq, max_position_embedding=seq)
@@ -99,34 +107,36 @@ def child_main(args: argparse.Namespace) -> None:
         step = PipelineTrainStep(stage_net, optimizer, layout, lambda inputs: (inputs[0].shape[0], seq - 1,
                                                                                cfg.hidden_size),
                                  ms.float32, num_inputs=8, forward_inputs=4, num_outputs=len(GRPO_OUTPUT_NAMES),
-                                 grad_reduction="sum", max_grad_norm=1.0, stage_shared=net.stage_shared_params)
-        run = lambda: step(split_micro_batches(arrays, rows // args.micro_batches))
+                                 grad_reduction="sum", max_grad_norm=1.0, stage_shared=net.stage_shared_params,
+                                 schedule=args.schedule)
+        run = lambda: step(split_micro_batches(arrays, rows // args.micro_batches))[1]
     else:
         step = SPMDTrainStep(GRPOLossNet(net, loss_cell), optimizer, layout, grad_reduction="sum", max_grad_norm=1.0)
         tensors = [ms.Tensor(a) for a in arrays]
-        run = lambda: step(*tensors)[1].asnumpy()
+        run = lambda: float(step(*tensors)[1].asnumpy())
 
     held = {"weights": sum(p.size * p.itemsize for p in net.trainable_params())}
     held["adam_moments"] = sum(p.size * p.itemsize for p in optimizer.get_parameters()) - held["weights"]
     built_peak = peak_rss_bytes()
-    seconds = []
+    seconds, grad_norms = [], []
     for _ in range(args.steps):
         start = time.perf_counter()
-        run()
+        grad_norms.append(run())
         seconds.append(time.perf_counter() - start)
-    report = {"rank": layout.rank, "pp": layout.pp, "stage": layout.stage,
+    report = {"rank": layout.rank, "pp": layout.pp, "stage": layout.stage, "kernel_threads": threads,
+              "grad_norms": grad_norms,
               "layers": list(net.model.owned_layers), "holds_embedding": net.model.tok_embeddings is not None,
               "parameters": sum(p.size for p in net.trainable_params()), "held_bytes": held,
               "peak_rss_after_build_bytes": built_peak, "peak_rss_bytes": peak_rss_bytes(),
               "first_step_seconds": seconds[0],
               "step_seconds_median": statistics.median(seconds[1:]) if len(seconds) > 1 else None}
-    path = Path(args.workdir) / f"pp{layout.pp}_rank_{layout.rank}.json"
+    path = Path(args.workdir) / f"pp{layout.pp}_{args.schedule}_rank_{layout.rank}.json"
     path.write_text(json.dumps(report, indent=1))
 
 
 # ------------------------------------------------------------------------------------------ launcher
-def run_layout(args: argparse.Namespace, pp: int, workdir: Path) -> list[dict]:
-    """One layout under msrun (`pp` workers, one per stage); each rank's report."""
+def run_layout(args: argparse.Namespace, pp: int, workdir: Path, schedule: str = "1f1b") -> list[dict]:
+    """One layout under msrun (`pp` workers, one per stage, the pipeline on `schedule`); each rank's report."""
     import socket
 
     with socket.socket() as s:
@@ -137,16 +147,17 @@ def run_layout(args: argparse.Namespace, pp: int, workdir: Path) -> list[dict]:
     env.setdefault("GLOG_v", "3")
     forwarded = ["--model", args.model, "--rows", str(args.rows), "--prompt", str(args.prompt), "--response",
                  str(args.response), "--micro_batches", str(args.micro_batches), "--steps", str(args.steps),
-                 "--workdir", str(workdir), "--child", "--pp", str(pp)]
+                 "--workdir", str(workdir), "--child", "--pp", str(pp), "--schedule", schedule]
+    logs = workdir / f"logs_pp{pp}_{schedule}"
     cmd = [str(bin_dir / "msrun"), f"--worker_num={pp}", f"--local_worker_num={pp}", f"--master_port={port}",
-           "--join=True", f"--log_dir={workdir / f'logs_pp{pp}'}", str(Path(__file__).resolve()), *forwarded]
+           "--join=True", f"--log_dir={logs}", str(Path(__file__).resolve()), *forwarded]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        for log in sorted((workdir / f"logs_pp{pp}").glob("worker_*.log")):
+        for log in sorted(logs.glob("worker_*.log")):
             lines = [ln for ln in log.read_text(errors="replace").splitlines() if "WARNING" not in ln]
             print(f"--- {log} (tail) ---\n" + "\n".join(lines[-30:]), file=sys.stderr)
         raise SystemExit(f"pp={pp}: msrun failed ({proc.returncode}); logs in {workdir}")
-    return [json.loads((workdir / f"pp{pp}_rank_{r}.json").read_text()) for r in range(pp)]
+    return [json.loads((workdir / f"pp{pp}_{schedule}_rank_{r}.json").read_text()) for r in range(pp)]
 
 
 def print_table(result: dict) -> None:
@@ -176,14 +187,25 @@ def main(argv=None) -> dict | None:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="mindrlhf_pipeline_memory_"))
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    layouts = {"pp=1 (1 worker)": run_layout(args, 1, workdir), "pp=2 (2 workers)": run_layout(args, 2, workdir)}
-    whole, stages = layouts["pp=1 (1 worker)"][0], layouts["pp=2 (2 workers)"]
+    schedules = args.schedules.split(",")
+    from mindrlhf.parallel.schedule import SCHEDULES
+    unknown = sorted(set(schedules) - set(SCHEDULES))
+    if unknown:
+        raise SystemExit(f"--schedules: unknown {unknown}; expected some of {sorted(SCHEDULES)}")
+    layouts = {"pp=1 (1 worker)": run_layout(args, 1, workdir)}
+    for schedule in schedules:
+        layouts[f"pp=2 {schedule} (2 workers)"] = run_layout(args, 2, workdir, schedule)
+    whole, stages = layouts["pp=1 (1 worker)"][0], layouts[f"pp=2 {schedules[0]} (2 workers)"]
     ratios = {
         "largest stage's weights + moments / the whole net's": max(
             sum(r["held_bytes"].values()) for r in stages) / sum(whole["held_bytes"].values()),
         "largest stage's peak RSS / the whole net's": max(r["peak_rss_bytes"] for r in stages)
         / whole["peak_rss_bytes"],
     }
+    for schedule in schedules[1:]:
+        ratios[f"speed-up of {schedules[0]} over {schedule} (step time ratio)"] = (
+            layouts[f"pp=2 {schedule} (2 workers)"][0]["step_seconds_median"] / stages[0]["step_seconds_median"]
+            if args.steps > 1 else float("nan"))
     result = {"benchmark": "pipeline_memory", "settings": {k: v for k, v in vars(args).items()
                                                             if k not in ("child", "pp", "workdir", "output")},
               "config": MODELS[args.model], "layouts": layouts, "ratios": ratios,

@@ -278,10 +278,10 @@ def test_four_stages_reshard_every_step_and_merge_into_the_whole_net(tmp_path, m
 
 @pytest.mark.msrun
 def test_critic_in_stages_learns_like_the_critic_without_stages(tmp_path, monkeypatch, mindrecord):  # noqa: F811
-    """PPO with the critic in 2 stages (`tiny/train_pp2.yaml`: a layer each, 2 micro-batches) against the same job
-    with the critic at dp=2: the same values, value losses and actor updates over 2 steps (the last stage's values
-    reach every rank), the same metrics on both ranks, and the critic's stage checkpoints merge into the whole
-    value model with the head on the last stage."""
+    """PPO with the critic in 2 stages (`tiny/train_pp2.yaml`: a layer each, 2 micro-batches; the values pass in
+    2-row micro-batches through the stages) against the same job with the critic at dp=2: the same values, value
+    losses and actor updates over 2 steps (the last stage's values reach every rank), the same metrics on both
+    ranks, and the critic's stage checkpoints merge into the whole value model with the head on the last stage."""
     import mindspore as ms
 
     from mindrlhf.parallel.strategy import read_staged_strategy_file
@@ -293,7 +293,8 @@ def test_critic_in_stages_learns_like_the_critic_without_stages(tmp_path, monkey
     runs = {}
     for name, critic_yaml in (("pp2", PIPELINE_YAML), ("dp2", dp2_yaml)):
         extra = ("--sft_path_critic", str(critic_yaml), "--adv_estimator", "gae", "--critic.lr", "1e-3",
-                 "--max_new_tokens", "96")  # the tiny policy's answers fit: rewards vary
+                 "--max_new_tokens", "96",  # the tiny policy's answers fit: rewards vary
+                 "--log_prob_micro_batch_size_per_device", "2")  # the values pass: several micro-batches overlap
         runs[name] = run_job(tmp_path, monkeypatch, f"critic_{name}", job_args(mindrecord, tmp_path / name, 2, extra))
     log = (tmp_path / "critic_pp2_logs" / "worker_0.log").read_text(errors="replace")
     assert "critic layout dp=1 x tp=1 x pp=2" in log

@@ -1,9 +1,12 @@
 """The pipeline benchmarks run (msrun, tiny shape) and measure what they say: the memory benchmark's stages hold
 their layers and the tied embedding, the reshard benchmark's pp2 route equals the offline transform."""
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+
+from mindrlhf.trainer.launch import threads_per_rank
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -16,10 +19,17 @@ def benchmark(name: str):
 
 
 @pytest.mark.msrun
-def test_pipeline_memory_benchmark_splits_the_weights_by_stage(tmp_path):
+def test_pipeline_memory_benchmark_splits_the_weights_by_stage_on_either_schedule(tmp_path):
     result = benchmark("pipeline_memory").main(["--model", "tiny", "--steps", "2", "--workdir", str(tmp_path),
                                                 "--output", str(tmp_path / "out.json")])
-    (whole,), stages = result["layouts"].values()
+    (whole,), stages, no_overlap = result["layouts"].values()
+    # the same updates on either schedule, on both stages
+    for ranks in (stages, no_overlap):
+        norms = [r["grad_norms"] for r in ranks]
+        assert norms[0] == norms[1] and len(norms[0]) == 2 and norms[0][0] > 0
+    assert [r["grad_norms"] for r in stages] == [r["grad_norms"] for r in no_overlap]
+    cores = len(os.sched_getaffinity(0))  # the two ranks share this host's cores, as the trainer's would
+    assert [r["kernel_threads"] for r in stages] == [threads_per_rank(cores, 2)] * 2
     assert whole["layers"] == [0, 1, 2, 3] and [r["layers"] for r in stages] == [[0, 1], [2, 3]]
     assert all(r["holds_embedding"] for r in stages)  # tied: the last stage scores with its copy
     embedding = 96 * 32 * 4

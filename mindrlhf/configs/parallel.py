@@ -25,8 +25,10 @@ class ParallelConfig:
            "layers split into equal consecutive shares (it must divide num_layers), the embedding on the first "
            "stage, the final norm and head on the last.")
     micro_batch_num: int = help_field(
-        1, "With pipeline_stage > 1: micro-batches each rank's rows of an update are split into (their "
-           "gradients are accumulated; activation memory is that of one micro-batch).")
+        1, "With pipeline_stage > 1: micro-batches each rank's rows of an update are split into, run through the "
+           "stages on the 1F1B schedule (their gradients are accumulated; stage s keeps the inputs of at most "
+           "pipeline_stage - s of them; the pipeline fills and drains once per update, so more micro-batches "
+           "idle the stages less).")
 
     def validate(self) -> None:
         for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num"):

@@ -3,14 +3,13 @@
 
 On CPU there is no Send/Receive, so a move is an AllReduce(SUM) over the 2-rank group of the neighbours in which
 the receiver contributes zeros (:class:`StageTransfer`); on every backend both ranks call it in the same order.
-The schedule is driven from the host, one micro-batch at a time: each stage before the last runs its forward
-and sends the activations on; the last stage runs forward and backward of the loss and sends back the gradient
-of its input; each earlier stage, last to first, runs its backward from the gradient it receives (recomputing
-its forward, so it holds no activations between the two) and sends the gradient of its own input back. Each
-stage accumulates its parameters' gradients over the micro-batches in place; then one update: reduced over dp,
-clipped by the global norm over pp x tp x dp, AdamW. Host-driven stages do not overlap (no pipeline fill as in
-GPipe/1F1B), which costs nothing on ranks that share CPU cores and keeps every collective in one fixed order
-whatever order MindSpore gives a backward graph's ops.
+The schedule is 1F1B (:func:`mindrlhf.parallel.schedule.one_f_one_b`), driven from the host with one graph call
+per stage and step: stage s warms up with P - 1 - s forwards, then alternates one forward and one backward, so
+the stages work on different micro-batches at the same time; the last stage runs forward and backward of the loss
+in one graph and sends the gradient of its input back at once. A stage's backward recomputes its forward from the
+inputs it kept, so it holds no activations in between. Each stage accumulates its parameters' gradients over the
+micro-batches in place; then one update: reduced over dp, clipped by the global norm over pp x tp x dp, AdamW.
+The loss net's statistics reach every stage once per step.
 """
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 
 from mindrlhf.parallel.comm import AllReduceInPlace
 from mindrlhf.parallel.layout import Layout
+from mindrlhf.parallel.schedule import SCHEDULES
 from mindrlhf.parallel.spmd import ApplyGradients, GradientBuffers, add_to_buffers
 
 
@@ -84,23 +84,32 @@ class PipelineForward:
     """A forward pass through the stages, no gradients (the critic's values; any last-stage output): each stage
     before the last runs `stage_net` on its inputs (and, after the first, on the previous stage's activations
     [B, S, D] of `hidden_shape(inputs)`) and sends its output on; the last stage's float32 output, of
-    `output_shape(inputs)`, reaches every stage. Called with one micro-batch's input tensors, returns that output
-    (a Tensor) on every rank, as the one-piece cell does."""
+    `output_shape(inputs)`, reaches every stage. :meth:`map` runs a list of micro-batches, stage s on micro-batch
+    i while stage s + 1 is on i - 1, and returns each one's output (Tensors) on every rank; called with one
+    micro-batch's input tensors, returns its output, as the one-piece cell does."""
 
     def __init__(self, stage_net: nn.Cell, layout: Layout, hidden_shape, hidden_dtype, output_shape):
         self.stage_net, self.links = stage_net, StageLinks(layout)
         self.hidden_shape, self.hidden_dtype, self.output_shape = hidden_shape, hidden_dtype, output_shape
 
     def __call__(self, *inputs) -> Tensor:
-        links = self.links
-        stage_inputs = list(inputs)
-        if not links.first:
-            stage_inputs.append(links.from_previous(zeros(self.hidden_shape(inputs), self.hidden_dtype)))
-        output = self.stage_net(*stage_inputs)
-        if links.last:
-            return links.to_every_stage(output.astype(ms.float32))
-        links.to_next(output)
-        return links.to_every_stage(zeros(self.output_shape(inputs), ms.float32))
+        return self.map([inputs])[0]
+
+    def map(self, micro_batches) -> list[Tensor]:
+        links, outputs = self.links, []
+        for inputs in micro_batches:
+            stage_inputs = list(inputs)
+            if not links.first:
+                stage_inputs.append(links.from_previous(zeros(self.hidden_shape(inputs), self.hidden_dtype)))
+            output = self.stage_net(*stage_inputs)
+            if links.last:
+                outputs.append(output.astype(ms.float32))
+            else:
+                links.to_next(output)
+        # after every micro-batch's forward: a transfer over the whole pp group in between would hold every stage
+        # until the last one has finished the micro-batch
+        return [links.to_every_stage(outputs[i] if links.last else zeros(self.output_shape(inputs), ms.float32))
+                for i, inputs in enumerate(micro_batches)]
 
 
 class LastStageStep(nn.Cell):
@@ -152,14 +161,17 @@ class PipelineTrainStep:
     `(outputs, grad_norm)` on every rank: the loss net's outputs summed over the micro-batches (numpy) and the
     global norm before clipping (not finite: the update was skipped). `stage_shared` names the parameters the
     first and the last stage both hold (`Qwen2ForCausalLM.stage_shared_params`): their gradients are summed over
-    those two stages.
+    those two stages. `schedule` names the order of the steps (:data:`mindrlhf.parallel.schedule.SCHEDULES`).
     """
 
     def __init__(self, stage_net: nn.Cell, optimizer: nn.Cell, layout: Layout, hidden_shape, hidden_dtype,
                  num_inputs: int, forward_inputs: int, num_outputs: int, grad_reduction: str = "mean",
-                 max_grad_norm: float = 0.0, stage_shared=()):
+                 max_grad_norm: float = 0.0, stage_shared=(), schedule: str = "1f1b"):
         if layout.pp < 2:
             raise ValueError(f"a pipeline train step needs at least 2 stages, the layout has {layout.pp}")
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown pipeline schedule {schedule!r}; expected one of {sorted(SCHEDULES)}")
+        self.schedule = SCHEDULES[schedule]
         self.layout, self.stage, self.links = layout, layout.stage, StageLinks(layout)
         self.hidden_shape, self.hidden_dtype = hidden_shape, hidden_dtype
         self.forward_inputs, self.num_outputs = forward_inputs, num_outputs
@@ -179,25 +191,45 @@ class PipelineTrainStep:
                                     counted_elsewhere=stage_shared if self.stage > 0 else ())
 
     def __call__(self, micro_batches):
-        links, total = self.links, np.zeros(self.num_outputs, np.float64)
-        for inputs in micro_batches:
-            shape = self.hidden_shape(inputs)
-            hidden_in = None if links.first else links.from_previous(zeros(shape, self.hidden_dtype))
-            if links.last:
-                *outputs, grad_in = self.last(*inputs, hidden_in)
-                links.from_previous(grad_in)  # -> the previous stage's backward
-                stats = ops.stack([o.astype(ms.float32) for o in outputs])
-            else:
-                stage_inputs = list(inputs[:self.forward_inputs]) + ([] if links.first else [hidden_in])
-                links.to_next(self.forward(*stage_inputs))  # activations -> the next stage
-                grad_out = links.to_next(zeros(shape, self.hidden_dtype))  # <- their gradient
-                grad_in = self.backward(*stage_inputs, grad_out)
+        links, dtype = self.links, self.hidden_dtype
+        shapes = [self.hidden_shape(inputs) for inputs in micro_batches]
+        total = np.zeros(self.num_outputs, np.float64)
+        received, kept, sent, grads_out, grads_in = {}, {}, {}, {}, {}  # by micro-batch, while in flight
+
+        def receive(link, micro):
+            return link(zeros(shapes[micro], dtype))
+
+        for kind, micro, *other in self.schedule(self.stage, self.layout.pp, len(micro_batches)):
+            if kind == "recv_activation":
+                received[micro] = receive(links.from_previous, micro)
+            elif kind == "forward":
+                first_inputs = list(micro_batches[micro][:self.forward_inputs])
+                kept[micro] = first_inputs + ([] if links.first else [received.pop(micro)])
+                sent[micro] = self.forward(*kept[micro])
+            elif kind == "forward_backward":
+                *outputs, grads_in[micro] = self.last(*micro_batches[micro], received.pop(micro))
+                total += ops.stack([o.astype(ms.float32) for o in outputs]).asnumpy().astype(np.float64)
+            elif kind == "backward":
+                grad_in = self.backward(*kept.pop(micro), grads_out.pop(micro))
                 if not links.first:
-                    links.from_previous(grad_in)
-                stats = zeros(self.num_outputs, ms.float32)
-            total += links.to_every_stage(stats).asnumpy().astype(np.float64)
+                    grads_in[micro] = grad_in
+            elif kind == "send_activation":
+                links.to_next(sent.pop(micro))
+            elif kind == "recv_gradient":
+                grads_out[micro] = receive(links.to_next, micro)
+            elif kind == "send_gradient":
+                links.from_previous(grads_in.pop(micro))
+            elif kind == "send_activation_recv_gradient":  # the activation first, on both sides of the pair
+                links.to_next(sent.pop(micro))
+                grads_out[other[0]] = receive(links.to_next, other[0])
+            elif kind == "send_gradient_recv_activation":
+                received[other[0]] = receive(links.from_previous, other[0])
+                links.from_previous(grads_in.pop(micro))
+            else:
+                raise AssertionError(f"unknown pipeline step {kind}")
+        total = links.to_every_stage(Tensor(total if links.last else np.zeros_like(total), ms.float32))
         if self.sum_shared is not None:
             self.sum_shared()
         grad_norm = float(self.apply().asnumpy())
         self.storage.zero()
-        return total, grad_norm
+        return total.asnumpy().astype(np.float64), grad_norm

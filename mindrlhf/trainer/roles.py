@@ -139,11 +139,13 @@ class MicroBatchSizer:
 
     def run(self, cell, arrays) -> np.ndarray:
         """`cell` on the rows of `arrays` (prompt ids, prompt mask, response ids, response mask), a micro-batch
-        of rows per call, outputs concatenated."""
+        of rows per call, outputs concatenated; a pass through pipeline stages (`PipelineForward`) gets all the
+        micro-batches at once, so that its stages overlap."""
         from mindrlhf.parallel.spmd import split_micro_batches
 
-        size = self(len(arrays[0]), arrays[0].shape[1], arrays[2].shape[1])
-        return np.concatenate([cell(*micro_batch).asnumpy() for micro_batch in split_micro_batches(arrays, size)])
+        micro_batches = split_micro_batches(arrays, size=self(len(arrays[0]), arrays[0].shape[1], arrays[2].shape[1]))
+        outputs = cell.map(micro_batches) if hasattr(cell, "map") else [cell(*inputs) for inputs in micro_batches]
+        return np.concatenate([output.asnumpy() for output in outputs])
 
 
 class Role:
