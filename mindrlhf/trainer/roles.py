@@ -114,6 +114,14 @@ class MicroBatchSizer:
         self.budget_gib, self.micro_batches = budget_gib, micro_batches
         self._logged: set[tuple] = set()
 
+    @classmethod
+    def for_training(cls, kind: str, schedule, model_config, layout) -> MicroBatchSizer:
+        """The train step's sizer of a net in `layout`: its `micro_batch_num` micro-batches with pipeline stages,
+        else `schedule.micro_batch_size_per_device` (0: from the memory budget)."""
+        stages_split = model_config.parallel_config.micro_batch_num if layout.pp > 1 else 0
+        return cls(kind, schedule.micro_batch_size_per_device, model_config, layout.tp,
+                   schedule.activation_memory_gib, stages_split)
+
     def __call__(self, rows: int, prompt_width: int, response_width: int) -> int:
         from mindrlhf.trainer import memory_budget
 
@@ -205,6 +213,24 @@ def strategy_file(name: str, strategy: dict, stages) -> dict[str, tuple[dict, di
     return {name: (strategy, None)}
 
 
+def pipeline_train_step(net, loss_net, optimizer, layout, model_cfg, strategy: dict, num_inputs: int,
+                        num_outputs: int, max_grad_norm: float, stage_shared=()):
+    """The train step of a trained net in pipeline stages (`PipelineTrainStep`): `loss_net` on the last stage, the
+    response positions' hidden states of `net` on the others; returns (every stage's layouts for the
+    checkpoints, what `gather_stage_layouts` gives; the step)."""
+    from mindrlhf.algorithms.policy_cells import ResponseHidden, response_hidden_shape
+    from mindrlhf.parallel.layers import to_ms_dtype
+    from mindrlhf.parallel.pipeline import PipelineTrainStep, gather_stage_layouts
+
+    stages = gather_stage_layouts(strategy, {p.name: p.dtype for p in net.get_parameters()}, layout)
+    stage_net = loss_net if layout.stage == layout.pp - 1 else ResponseHidden(net)
+    step = PipelineTrainStep(stage_net, optimizer, layout, response_hidden_shape(model_cfg.hidden_size),
+                             to_ms_dtype(model_cfg.compute_dtype), num_inputs=num_inputs, forward_inputs=4,
+                             num_outputs=num_outputs, grad_reduction="sum", max_grad_norm=max_grad_norm,
+                             stage_shared=stage_shared)
+    return stages, step
+
+
 def phase_plan(roles, phases) -> dict[str, tuple[str, ...]]:
     """Phase -> the swap groups resident in it: the union of what each role declares (`Role.resident_in`)."""
     plan: dict[str, tuple[str, ...]] = {phase: () for phase in phases}
@@ -270,7 +296,7 @@ class Actor(Role):
     def build(self) -> None:
         """Weights, optimizer, train step, resharder and generators (skipped by --only_save_strategy)."""
         from mindrlhf.algorithms import GRPOLossCell
-        from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
+        from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, GRPOLossNet, ResponseLogProbs
         from mindrlhf.generation import Generator
         from mindrlhf.optim import AdamW
         from mindrlhf.parallel.layers import init_random_weights
@@ -288,7 +314,10 @@ class Actor(Role):
                                  epsilon_high=cfg.loss.epsilon_high, kl_estimator=cfg.loss.kl_estimator)
         loss_net = GRPOLossNet(self.train_net, loss_cell, gen.temperature)
         if self.train_layout.pp > 1:
-            self.train_step = self._pipeline_step(loss_net)
+            self.train_stages, self.train_step = pipeline_train_step(
+                self.train_net, loss_net, self.optimizer, self.train_layout, self.train_cfg, self.train_strategy,
+                num_inputs=8, num_outputs=len(GRPO_OUTPUT_NAMES), max_grad_norm=opt.max_grad_norm,
+                stage_shared=self.train_net.stage_shared_params)
         else:
             self.train_step = MicroBatchedTrainStep(loss_net, self.optimizer, self.train_layout, grad_reduction="sum",
                                                     max_grad_norm=opt.max_grad_norm)
@@ -296,10 +325,7 @@ class Actor(Role):
             self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
         self.old_log_probs = ResponseLogProbs(self.infer_net, gen.temperature)
         sched = cfg.schedule
-        self.train_rows = MicroBatchSizer("train", sched.micro_batch_size_per_device, self.train_cfg,
-                                          self.train_layout.tp, sched.activation_memory_gib,
-                                          self.train_cfg.parallel_config.micro_batch_num
-                                          if self.train_layout.pp > 1 else 0)
+        self.train_rows = MicroBatchSizer.for_training("train", sched, self.train_cfg, self.train_layout)
         self.log_prob_rows = MicroBatchSizer("log_prob", sched.log_prob_micro_batch_size_per_device,
                                              self.infer_cfg, self.infer_layout.tp, sched.activation_memory_gib)
         self.generator = Generator(self.infer_net, gen)
@@ -314,23 +340,6 @@ class Actor(Role):
             load_weights(self.infer_net, self.infer_layout, job.load_sft_checkpoint_infer, INFER_PREFIX)
         else:
             self.to_infer.run()
-
-    def _pipeline_step(self, loss_net):
-        """The train step of a train net in pipeline stages: the loss net on the last stage, the response
-        positions' hidden states on the others (`PipelineTrainStep`); every stage's layouts for the checkpoints."""
-        from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, ResponseHidden, response_hidden_shape
-        from mindrlhf.parallel.layers import to_ms_dtype
-        from mindrlhf.parallel.pipeline import PipelineTrainStep, gather_stage_layouts
-
-        layout = self.train_layout
-        self.train_stages = gather_stage_layouts(
-            self.train_strategy, {p.name: p.dtype for p in self.train_net.get_parameters()}, layout)
-        stage_net = loss_net if layout.stage == layout.pp - 1 else ResponseHidden(self.train_net)
-        return PipelineTrainStep(stage_net, self.optimizer, layout, response_hidden_shape(self.train_cfg.hidden_size),
-                                 to_ms_dtype(self.train_cfg.compute_dtype), num_inputs=8, forward_inputs=4,
-                                 num_outputs=len(GRPO_OUTPUT_NAMES), grad_reduction="sum",
-                                 max_grad_norm=self.config.optimizer.max_grad_norm,
-                                 stage_shared=self.train_net.stage_shared_params)
 
     def resharder_to(self, net, strategy: dict, prefix: str):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
@@ -534,9 +543,17 @@ class Critic(Role):
         """Weights (a critic checkpoint, or the starting policy's backbone with a zero head), optimizer, train
         step and the values cell."""
         from mindrlhf.algorithms import ValueLossCell
-        from mindrlhf.algorithms.policy_cells import ResponseValues, ValueLossNet
+        from mindrlhf.algorithms.policy_cells import (
+            ResponseHidden,
+            ResponseValues,
+            ValueLossNet,
+            response_hidden_shape,
+            response_values_shape,
+        )
+        from mindrlhf.algorithms.value_loss_cell import OUTPUT_NAMES as VALUE_OUTPUT_NAMES
         from mindrlhf.optim import AdamW
-        from mindrlhf.parallel.layers import random_full_state
+        from mindrlhf.parallel.layers import random_full_state, to_ms_dtype
+        from mindrlhf.parallel.pipeline import PipelineForward
         from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 
         job, cfg = self.job, self.config
@@ -559,44 +576,22 @@ class Critic(Role):
                                weight_decay=cfg.optimizer.weight_decay, state_prefix="critic_")
         loss_net = ValueLossNet(self.net, ValueLossCell(critic.cliprange_value))
         if self.layout.pp > 1:
-            self._build_stages(loss_net)
+            self.stages, self.train_step = pipeline_train_step(
+                self.net, loss_net, self.optimizer, self.layout, self.model_config, self.strategy, num_inputs=7,
+                num_outputs=len(VALUE_OUTPUT_NAMES), max_grad_norm=critic.grad_clip)
+            last = self.layout.stage == self.layout.pp - 1
+            self.values_cell = PipelineForward(
+                ResponseValues(self.net) if last else ResponseHidden(self.net), self.layout,
+                response_hidden_shape(self.model_config.hidden_size), to_ms_dtype(self.model_config.compute_dtype),
+                response_values_shape)
         else:
             self.train_step = MicroBatchedTrainStep(loss_net, self.optimizer, self.layout, grad_reduction="sum",
                                                     max_grad_norm=critic.grad_clip)
             self.values_cell = ResponseValues(self.net)
         sched = cfg.schedule
-        self.train_rows = MicroBatchSizer("critic train", sched.micro_batch_size_per_device, self.model_config,
-                                          self.layout.tp, sched.activation_memory_gib,
-                                          self.model_config.parallel_config.micro_batch_num
-                                          if self.layout.pp > 1 else 0)
+        self.train_rows = MicroBatchSizer.for_training("critic train", sched, self.model_config, self.layout)
         self.value_rows = MicroBatchSizer("values", sched.log_prob_micro_batch_size_per_device, self.model_config,
                                           self.layout.tp, sched.activation_memory_gib)
-
-    def _build_stages(self, loss_net) -> None:
-        """The train step and the values pass of a critic in pipeline stages: the value loss net (training) and
-        the values (scoring) on the last stage, the response positions' hidden states on the others; every
-        stage's layouts for the checkpoints."""
-        from mindrlhf.algorithms.policy_cells import (
-            ResponseHidden,
-            ResponseValues,
-            response_hidden_shape,
-            response_values_shape,
-        )
-        from mindrlhf.algorithms.value_loss_cell import OUTPUT_NAMES
-        from mindrlhf.parallel.layers import to_ms_dtype
-        from mindrlhf.parallel.pipeline import PipelineForward, PipelineTrainStep, gather_stage_layouts
-
-        layout, last = self.layout, self.layout.stage == self.layout.pp - 1
-        self.stages = gather_stage_layouts(self.strategy, {p.name: p.dtype for p in self.net.get_parameters()},
-                                           layout)
-        hidden_shape = response_hidden_shape(self.model_config.hidden_size)
-        dtype = to_ms_dtype(self.model_config.compute_dtype)
-        self.train_step = PipelineTrainStep(loss_net if last else ResponseHidden(self.net), self.optimizer, layout,
-                                            hidden_shape, dtype, num_inputs=7, forward_inputs=4,
-                                            num_outputs=len(OUTPUT_NAMES), grad_reduction="sum",
-                                            max_grad_norm=self.config.critic.grad_clip)
-        self.values_cell = PipelineForward(ResponseValues(self.net) if last else ResponseHidden(self.net), layout,
-                                           hidden_shape, dtype, response_values_shape)
 
     def optimizer_state(self) -> list:
         trained = {id(p) for p in self.net.trainable_params()}
