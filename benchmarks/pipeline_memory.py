@@ -10,7 +10,7 @@ Each layout runs under msrun in its own processes, one after the other (so their
 Qwen2 with seeded random weights (0.5b: vocab 151936, hidden 896, 24 layers, 14/2 heads, intermediate 4864, tied
 embeddings), AdamW, and `--steps` clipped updates of the GRPO loss on `--rows` responses (pp=1: one
 `SPMDTrainStep`; pp=2: `PipelineTrainStep` over `--micro_batches`, once per schedule). Each process sets its CPU
-kernel threads as the trainer does (the cores shared by the ranks). Per rank it reports the parameters and AdamW
+kernel threads and keeps to its share of the cores as the trainer does. Per rank it reports the parameters and AdamW
 moments it holds (bytes), the process's peak RSS after building the nets and after the steps (getrusage), the
 gradient norm of every step (equal whatever the schedule) and the median step time after the first (which compiles).
 With stages each rank should hold about half the layers' weights and moments; with tied embeddings both stages also
@@ -79,11 +79,12 @@ def child_main(args: argparse.Namespace) -> None:
     from mindrlhf.parallel.layers import init_random_weights
     from mindrlhf.parallel.pipeline import PipelineTrainStep
     from mindrlhf.parallel.spmd import SPMDTrainStep, split_micro_batches
-    from mindrlhf.trainer.launch import configure_cpu_threads
+    from mindrlhf.trainer.launch import configure_cpu_threads, pin_cpu_cores
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     init()
     threads = configure_cpu_threads(0, get_group_size())
+    cores = pin_cpu_cores("auto", get_group_size())
     layout = Layout.for_world(1, 1, get_group_size(), get_rank(), pp=args.pp).init_groups()
     seq = args.prompt + args.response
     cfg = Qwen2Config(**MODELS[args.model], seq_length=seq, max_position_embedding=seq)
@@ -123,7 +124,7 @@ def child_main(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         grad_norms.append(run())
         seconds.append(time.perf_counter() - start)
-    report = {"rank": layout.rank, "pp": layout.pp, "stage": layout.stage, "kernel_threads": threads,
+    report = {"rank": layout.rank, "pp": layout.pp, "stage": layout.stage, "kernel_threads": threads, "cores": cores,
               "grad_norms": grad_norms,
               "layers": list(net.model.owned_layers), "holds_embedding": net.model.tok_embeddings is not None,
               "parameters": sum(p.size for p in net.trainable_params()), "held_bytes": held,

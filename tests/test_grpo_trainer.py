@@ -1,6 +1,7 @@
 """The GRPO trainer under msrun: two layouts on the same ranks (train tp=2, infer dp=2), reshard and swap every
 step, checkpoints, exact resume, strategy files."""
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -8,6 +9,8 @@ import numpy as np
 import pytest
 from msrun_utils import run_worker
 from tolerances import assert_weights_close_after_adam
+
+from mindrlhf.trainer.launch import cores_of_rank
 
 ROOT = Path(__file__).parents[1]
 TINY = ROOT / "model_configs" / "tiny"
@@ -71,6 +74,11 @@ def test_every_step_reshards_into_the_infer_net_and_keeps_the_swap_plan(straight
             # num_iterations 2 in grpo.yaml: the old-policy phase runs; every phase of the step is there
             assert [p for p in step["phases"] if p != "train"][:4] == ["generate", "reward", "ref", "old"]
             assert step["phases"][-1] == "reshard"
+    # each rank kept to its share of this host's cores (all of them with fewer cores than ranks)
+    host_cores = sorted(os.sched_getaffinity(0))
+    assert [result["cores"] for result in ranks] == [cores_of_rank(host_cores, 2, rank) for rank in range(2)]
+    if len(host_cores) >= 2:
+        assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"])
     # metrics are global: both ranks log the same values
     for a, b in zip(ranks[0]["steps"], ranks[1]["steps"]):
         assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6)

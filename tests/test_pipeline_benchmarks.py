@@ -30,6 +30,8 @@ def test_pipeline_memory_benchmark_splits_the_weights_by_stage_on_either_schedul
     assert [r["grad_norms"] for r in stages] == [r["grad_norms"] for r in no_overlap]
     cores = len(os.sched_getaffinity(0))  # the two ranks share this host's cores, as the trainer's would
     assert [r["kernel_threads"] for r in stages] == [threads_per_rank(cores, 2)] * 2
+    if cores >= 2:  # and each keeps to its own cores
+        assert not set(stages[0]["cores"]) & set(stages[1]["cores"]) and whole["cores"] is None
     assert whole["layers"] == [0, 1, 2, 3] and [r["layers"] for r in stages] == [[0, 1], [2, 3]]
     assert all(r["holds_embedding"] for r in stages)  # tied: the last stage scores with its copy
     embedding = 96 * 32 * 4

@@ -346,6 +346,16 @@ def test_cpu_threads_share_the_host_cores_between_its_ranks():
     assert threads_per_rank(cores=2, ranks_on_host=2, requested=3) == 3  # an explicit --cpu_threads wins
 
 
+def test_each_rank_keeps_to_its_own_share_of_the_cores():
+    from mindrlhf.trainer.launch import cores_of_rank
+
+    assert [cores_of_rank([0, 1], 2, r) for r in range(2)] == [[0], [1]]
+    assert [cores_of_rank(list(range(8)), 3, r) for r in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
+    assert cores_of_rank([4, 5, 6, 7], 2, 1) == [6, 7]  # the cores the host gave the job, not 0..n-1
+    assert cores_of_rank([0, 1], 4, 3) == [0, 1]  # more ranks than cores: they share every core
+    assert cores_of_rank([0, 1], 1, 0) == [0, 1]
+
+
 def fake_actor(norms, max_consecutive_skips):
     """An Actor whose train step returns the next of `norms` (NaN = a skipped update) and fixed loss shares."""
     from types import SimpleNamespace

@@ -60,6 +60,10 @@ class JobOptions:
     enable_compile_cache: bool = _flag(False, "MindSpore's compile cache under <output_dir>/compile_cache.")
     cpu_threads: int = _flag(0, "CPU backend: kernel threads per rank (0 = the host's cores / the ranks on this "
                                 "host).")
+    cpu_affinity: str = _flag("auto", "CPU backend with several ranks on a host: auto = each rank keeps to its own "
+                                      "share of the cores (MindSpore's matmuls use every core a process may, so ranks "
+                                      "would oversubscribe them); off = the ranks share every core.",
+                              choices=["auto", "off"])
     init_seed: int = _flag(0, "Seed of random weights when no checkpoint is given (tests, smoke runs).")
 
     @property

@@ -50,7 +50,8 @@ def main():
     from mindspore.communication import get_rank
     rank = get_rank() if os.environ.get("MS_WORKER_NUM") else 0
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rank_{rank}.json").write_text(json.dumps({**RESULTS, "exit_code": code}))
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    (out / f"rank_{rank}.json").write_text(json.dumps({**RESULTS, "exit_code": code, "cores": cores}))
     sys.exit(code)
 
 
