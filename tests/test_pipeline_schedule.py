@@ -104,8 +104,9 @@ def test_the_two_stage_schedule_reads_like_1f1b():
         ("forward_backward", 2), ("send_gradient", 2)]
 
 
-def test_a_stage_outside_the_pipeline_is_an_error():
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_a_stage_outside_the_pipeline_is_an_error(schedule):
     with pytest.raises(ValueError, match="stage 2 is not one of the pipeline's 2 stages"):
-        one_f_one_b(2, 2, 4)
+        SCHEDULES[schedule](2, 2, 4)
     with pytest.raises(ValueError, match="at least one micro-batch"):
-        one_f_one_b(0, 2, 0)
+        SCHEDULES[schedule](0, 2, 0)

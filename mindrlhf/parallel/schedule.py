@@ -21,13 +21,18 @@ WITH_PREVIOUS = ("recv_activation", "send_gradient", "send_gradient_recv_activat
 WITH_NEXT = ("send_activation", "recv_gradient", "send_activation_recv_gradient")
 
 
-def one_f_one_b(stage: int, stages: int, micro_batches: int) -> list[tuple]:
-    """The steps of `stage` (0-based) in a pipeline of `stages` over `micro_batches` micro-batches, in order."""
+def _ends(stage: int, stages: int, micro_batches: int) -> tuple[bool, bool]:
+    """(is `stage` the first, the last) after checking the arguments every schedule takes."""
     if not 0 <= stage < stages:
         raise ValueError(f"stage {stage} is not one of the pipeline's {stages} stages")
     if micro_batches < 1:
         raise ValueError(f"a pipeline step needs at least one micro-batch, got {micro_batches}")
-    first, last = stage == 0, stage == stages - 1
+    return stage == 0, stage == stages - 1
+
+
+def one_f_one_b(stage: int, stages: int, micro_batches: int) -> list[tuple]:
+    """The steps of `stage` (0-based) in a pipeline of `stages` over `micro_batches` micro-batches, in order."""
+    first, last = _ends(stage, stages, micro_batches)
     warmup = min(stages - 1 - stage, micro_batches)
     steady = micro_batches - warmup
     steps: list[tuple] = []
@@ -60,8 +65,7 @@ def one_f_one_b(stage: int, stages: int, micro_batches: int) -> list[tuple]:
 def one_micro_batch_at_a_time(stage: int, stages: int, micro_batches: int) -> list[tuple]:
     """No overlap: each micro-batch goes forward through every stage and back before the next one starts (the
     baseline `benchmarks/pipeline_memory.py` measures 1F1B against)."""
-    one_f_one_b(stage, stages, micro_batches)  # the same checks
-    first, last = stage == 0, stage == stages - 1
+    first, last = _ends(stage, stages, micro_batches)
     steps: list[tuple] = []
     for i in range(micro_batches):
         if not first:
