@@ -303,13 +303,15 @@ def test_compiles_once_per_bucket_and_once_for_decode(model):
 @pytest.mark.slow
 def test_a_generator_sharing_graphs_runs_the_other_ones(model):
     """The held-out evaluation's greedy generator shares the rollout's KV caches and graphs: at the rollout's batch
-    size and bucket it compiles nothing, and its answers equal those of a generator with graphs of its own."""
+    size and bucket, prefilling as many prompts a call as the rollout (whose prompts each fill their samples' rows),
+    it compiles nothing, and its answers equal those of a generator with graphs of its own that prefills every prompt
+    in one call."""
     rng = np.random.default_rng(3)
     prompts = [rng.integers(1, MODEL["vocab_size"], size=n).tolist() for n in (5, 9, 12, 7)]
     rollout = Generator(model, gen_config(do_sample=True, num_generations=2))
-    rollout.generate(prompts[:2])  # 2 prompts x 2 samples: 4 rows, bucket 16
+    rollout.generate(prompts[:2])  # 2 prompts x 2 samples: 4 rows, bucket 16, one prefill of 2 prompts
     greedy = gen_config(num_generations=1, max_new_tokens=NEW)
-    shared = Generator(model, greedy, share_graphs_with=rollout)
+    shared = Generator(model, greedy, share_graphs_with=rollout, prefill_prompts=2)
     alone = Generator(model, greedy)
     out_shared, out_alone = shared.generate(prompts), alone.generate(prompts)  # 4 rows, bucket 16
     np.testing.assert_array_equal(out_shared.response_ids, out_alone.response_ids)
@@ -318,6 +320,8 @@ def test_a_generator_sharing_graphs_runs_the_other_ones(model):
     graphs = {"prefill": 1, "decode": 1, "forward": 0}
     assert rollout.graph_compile_counts() == alone.graph_compile_counts() == graphs  # nothing compiled twice
     assert shared.compile_counts() == rollout.compile_counts() == graphs
+    prefills = [sig for sig in rollout.first_call_seconds if sig[0] == "prefill"]
+    assert [sig[3] for sig in prefills] == [(2, 16)]  # the rollout and the evaluation: 2 prompts a call
     assert rollout.generate(prompts[2:]).response_ids.shape == (4, NEW)  # the rollout still runs after it
     assert rollout.graph_compile_counts() == graphs
     with pytest.raises(ValueError, match="another model"):

@@ -238,31 +238,37 @@ def test_a_reward_function_written_for_trl_runs_unchanged(tmp_path, mindrecord, 
     assert metrics["reward/trl_style_rewards:short_answers"] == pytest.approx(expected)
 
 
-def test_micro_batches_train_like_whole_mini_batches(tmp_path, mindrecord, graph_mode):
+@pytest.mark.parametrize("variant,flags", [
+    ("micro-batches", ["--micro_batch_size_per_device", "2", "--log_prob_micro_batch_size_per_device", "2"]),
+    ("each response with its own prompt", ["--share_prompts", "false"]),
+])
+def test_micro_batches_and_unshared_prompts_train_like_whole_mini_batches(variant, flags, tmp_path, mindrecord,
+                                                                           graph_mode):
     """--micro_batch_size_per_device (gradient accumulation) and --log_prob_micro_batch_size_per_device (ref
-    log-probs a few rows at a time): the same step as whole batches."""
+    log-probs a few rows at a time, each prompt read once for the 2 responses of a call), or every response read
+    with its own copy of its prompt (--share_prompts false): the same step as whole batches that read each prompt
+    once for all of its responses (the default)."""
     from mindrlhf.trainer.checkpoint import read_policy_weights
 
     runs = {}
-    for micro in ("0", "2"):
-        out = tmp_path / f"micro{micro}"
+    for name, extra in (("whole", []), (variant, flags)):
+        out = tmp_path / name.replace(" ", "_")
         code = load_script().main(base_args(mindrecord, out) + [
-            "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1",
-            "--micro_batch_size_per_device", micro, "--log_prob_micro_batch_size_per_device", micro])
+            "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1"] + extra)
         assert code == 0
         metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-        runs[micro] = metrics, read_policy_weights(str(out / "checkpoints" / "step_000001"))
-    (whole, whole_weights), (micro, micro_weights) = runs["0"], runs["2"]
-    assert micro["reward/mean"] == whole["reward/mean"] and whole["actor/updates"] == 4
+        runs[name] = metrics, read_policy_weights(str(out / "checkpoints" / "step_000001"))
+    (whole, whole_weights), (other, other_weights) = runs["whole"], runs[variant]
+    assert other["reward/mean"] == whole["reward/mean"] and whole["actor/updates"] == 4
     assert whole["reward/frac_zero_std"] < 1 and whole["actor/grad_norm"] > 0  # there was something to learn
     for key in ("actor/loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
-        assert micro[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
+        assert other[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
     start = read_policy_weights(str(TINY / "tiny_sft.ckpt"))
     assert any(not np.array_equal(whole_weights[n], start[n]) for n in start)
     # 4 AdamW updates at lr 1e-3 (tiny/grpo.yaml, constant): a near-zero gradient's float noise moves its weight
     # by a fraction of lr, so the weights are compared in units of lr * updates (tests/tolerances.py)
-    assert_weights_close_after_adam(micro_weights, whole_weights, lr=1e-3, updates=whole["actor/updates"],
-                                    what="micro-batched vs whole")
+    assert_weights_close_after_adam(other_weights, whole_weights, lr=1e-3, updates=whole["actor/updates"],
+                                    what=f"{variant} vs whole")
 
 
 def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, capsys):

@@ -6,8 +6,14 @@ from mindspore import nn
 from tolerances import assert_weights_close_after_adam
 
 from mindrlhf.algorithms import GRPOLossCell, aggregate, aggregation_weights, grpo_policy_loss
-from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, GRPOLossNet, ResponseLogProbs
-from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.algorithms.policy_cells import (
+    GRPO_OUTPUT_NAMES,
+    GRPOLossNet,
+    ResponseLogProbs,
+    ResponseScores,
+    ResponseValues,
+)
+from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.optim import AdamW
 from mindrlhf.parallel.layers import init_random_weights
 from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDTrainStep, split_micro_batches
@@ -138,3 +144,70 @@ def test_split_micro_batches_keeps_row_order_and_pairs_the_arrays():
     assert [p[1].asnumpy().tolist() for p in parts] == [[0, 1], [2, 3], [4]]
     whole = split_micro_batches([ids, mask], 0)
     assert len(whole) == 1 and whole[0][0].shape == (5, 2)
+
+
+def grouped_batch(groups=2, count=3, prompt_width=7, response_width=6, seed=0):
+    """`groups` left-padded prompts (the second shorter) and `count` right-padded responses of each, one of them
+    ended at its first token."""
+    rng = np.random.RandomState(seed)
+    prompt = rng.randint(1, 64, (groups, prompt_width)).astype(np.int32)
+    prompt_mask = np.ones_like(prompt)
+    prompt_mask[1, :3], prompt[1, :3] = 0, 0
+    lengths = rng.randint(1, response_width + 1, groups * count)
+    lengths[1] = 1
+    response_mask = (np.arange(response_width)[None] < lengths[:, None]).astype(np.int32)
+    response = np.where(response_mask > 0, rng.randint(1, 64, response_mask.shape), 0).astype(np.int32)
+    return prompt, prompt_mask, response, response_mask
+
+
+def test_a_prompt_read_once_for_its_responses_gives_their_log_probs_entropy_and_gradients(model):
+    """Prefix sharing: prompts [2, P] with 3 responses each give the log-probs, entropies and loss gradients of the 6
+    [prompt | response] rows (grouped-query attention with 2 query heads a kv head, a left-padded prompt, a response
+    of one token)."""
+    prompt, prompt_mask, response, response_mask = grouped_batch()
+    count = len(response) // len(prompt)
+    each = [np.repeat(prompt, count, 0), np.repeat(prompt_mask, count, 0), response, response_mask]
+    shared = [prompt, prompt_mask, response, response_mask]
+    cell = ResponseLogProbs(model, 0.8, with_entropy=True)
+    mask = response_mask.astype(bool)
+    (logp_each, entropy_each), (logp_shared, entropy_shared) = [
+        [out.asnumpy() for out in cell(*map(ms.Tensor, inputs))] for inputs in (each, shared)]
+    assert logp_shared.shape == logp_each.shape == response.shape
+    np.testing.assert_allclose(logp_shared[mask], logp_each[mask], atol=2e-6)
+    np.testing.assert_allclose(entropy_shared[mask], entropy_each[mask], atol=2e-6)
+    np.testing.assert_allclose(logp_each[mask], numpy_response_logp(model, *each, temperature=0.8)[mask], atol=1e-5)
+
+    rng = np.random.RandomState(1)
+    old = (logp_each + rng.normal(0, 0.2, logp_each.shape)).astype(np.float32)
+    ref = (logp_each + rng.normal(0, 0.2, logp_each.shape)).astype(np.float32)
+    adv = rng.normal(0, 1, len(response)).astype(np.float32)
+    weights = aggregation_weights(response_mask).astype(np.float32)
+    loss_net = GRPOLossNet(model, GRPOLossCell(beta=0.04, epsilon_low=0.2, epsilon_high=0.28), temperature=0.8)
+    grad = ms.ops.value_and_grad(loss_net, None, model.trainable_params(), has_aux=True)
+    results = [grad(*map(ms.Tensor, inputs + [old, ref, adv, weights])) for inputs in (each, shared)]
+    (outputs_each, grads_each), (outputs_shared, grads_shared) = results
+    for a, b in zip(outputs_each, outputs_shared):
+        assert float(b.asnumpy()) == pytest.approx(float(a.asnumpy()), rel=1e-5, abs=1e-7)
+    scale = max(float(np.abs(g.asnumpy()).max()) for g in grads_each)
+    assert scale > 1e-3
+    for param, a, b in zip(model.trainable_params(), grads_each, grads_shared):
+        np.testing.assert_allclose(b.asnumpy(), a.asnumpy(), atol=1e-5 * scale, err_msg=param.name)
+
+
+def test_value_heads_read_a_shared_prompt_like_each_response(graph_mode):
+    """The critic's values (before each response token) and a reward model's score (at the last response token) of
+    responses sharing their prompt equal those of each [prompt | response] row."""
+    net = Qwen2ForValue(Qwen2Config(**CONFIG))
+    init_random_weights(net, seed=4)
+    net.score.weight.set_data(ms.Tensor(np.random.RandomState(4).normal(0, 1, (1, 32)).astype(np.float32)))
+    prompt, prompt_mask, response, response_mask = grouped_batch(count=2, seed=3)
+    each = [np.repeat(prompt, 2, 0), np.repeat(prompt_mask, 2, 0), response, response_mask]
+    mask = response_mask.astype(bool)
+    for cell in (ResponseValues(net), ResponseScores(net)):
+        values_each = cell(*map(ms.Tensor, each)).asnumpy()
+        values_shared = cell(*map(ms.Tensor, (prompt, prompt_mask, response, response_mask))).asnumpy()
+        assert values_shared.shape == values_each.shape
+        assert np.abs(values_each).max() > 0.1
+        if values_each.ndim == 2:
+            values_each, values_shared = values_each[mask], values_shared[mask]
+        np.testing.assert_allclose(values_shared, values_each, atol=1e-5)

@@ -61,7 +61,7 @@ def greedy_with_cache(net, prompt, new_tokens, cache_length=64):
     batch, seq = prompt.shape
     cache = KVCache(net, batch, cache_length)
     mask = np.ones_like(prompt)
-    logits = cache.prefill(ms.Tensor(prompt), ms.Tensor(mask)).asnumpy()
+    logits = cache.prefill(ms.Tensor(prompt), ms.Tensor(mask), *cache.rows_of(0, batch)).asnumpy()
     valid = np.zeros((batch, cache_length), np.float32)
     valid[:, :seq] = 1
     out = []
@@ -93,7 +93,7 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(converted):
     mask[1, :4] = 0  # row 1 is a 6-token prompt, left-padded
     ids[1, :4] = 0
     cache = KVCache(net, batch, length)
-    logits = cache.prefill(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+    logits = cache.prefill(ms.Tensor(ids), ms.Tensor(mask), *cache.rows_of(0, batch)).asnumpy()
     np.testing.assert_allclose(logits, net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()[:, -1], atol=1e-5)
     valid = np.zeros((batch, length), np.float32)
     valid[:, :seq] = mask

@@ -14,7 +14,15 @@ from mindrlhf.trainer.checkpoint import (
     complete_checkpoints,
     find_resume_checkpoint,
 )
-from mindrlhf.trainer.experience import Experience, concat_experiences, group_unit, rows_of_rank, update_chunks
+from mindrlhf.trainer.experience import (
+    Experience,
+    concat_experiences,
+    group_unit,
+    prompt_micro_batches,
+    rows_of_rank,
+    shared_prompt_run,
+    update_chunks,
+)
 from mindrlhf.trainer.phases import PHASES, Phases
 from mindrlhf.trainer.roles import (
     CRITIC_MOMENTS,
@@ -25,6 +33,7 @@ from mindrlhf.trainer.roles import (
     TRAIN_WEIGHTS,
     Actor,
     Critic,
+    MicroBatchSizer,
     Reference,
     Reward,
     Role,
@@ -369,7 +378,7 @@ def fake_actor(norms, max_consecutive_skips):
     actor = Actor.__new__(Actor)
     actor.config, actor.generation, actor.train_layout = config, config.generation, Layout()
     actor.optimizer = SimpleNamespace(set_learning_rate=lambda lr: None)
-    actor.train_rows = lambda rows, prompt_width, response_width: rows
+    actor.train_rows = SimpleNamespace(split=lambda arrays: [arrays])
     calls = iter(norms)
 
     def train_step(micro_batches):
@@ -454,3 +463,79 @@ def test_one_pool_block_stops_a_train_steps_memory_growing_from_call_to_call(tmp
     assert default[-1] - default[0] > 0.5, default  # the problem, reproduced
     assert trainer[-1] - trainer[0] < 0.1, trainer
     assert trainer[-1] < default[-1] - 0.5, (trainer, default)
+
+
+def grouped_rows(groups, group_size, prompt_width=6, seed=0):
+    """(prompt ids, prompt mask) of `groups` distinct left-padded prompts, each repeated for its `group_size`
+    responses (rows j G .. j G + G - 1), as a rollout lays them out."""
+    exp = make_experience(groups, prompt_width, 3, seed=seed)
+    return np.repeat(exp.prompt_ids, group_size, 0), np.repeat(exp.prompt_mask, group_size, 0)
+
+
+def test_shared_prompt_run_finds_the_rows_that_read_one_prompt():
+    ids, mask = grouped_rows(4, 8)
+    assert shared_prompt_run(ids, mask, 8) == 8
+    assert shared_prompt_run(ids, mask, 4) == 4  # never more than the limit (a prompt's responses)
+    assert shared_prompt_run(ids[4:12], mask[4:12], 8) == 4  # a dp rank's rows that start mid-group
+    assert shared_prompt_run(ids[2:8], mask[2:8], 8) == 2
+    assert shared_prompt_run(ids[:7], mask[:7], 8) == 1  # a run divides a prompt's responses
+    assert shared_prompt_run(ids, mask, 1) == 1
+    other = ids.copy()
+    other[5, -1] += 1  # one response of the first group with another prompt
+    assert shared_prompt_run(other, mask, 8) == 1
+    masked = mask.copy()
+    masked[9, 0] = 1 - masked[9, 0]  # the same ids with another mask are another prompt
+    assert shared_prompt_run(ids, masked, 8) == 1
+
+
+def test_prompt_micro_batches_give_each_call_its_prompts_once_per_share():
+    ids, mask = grouped_rows(2, 4)
+    response = np.arange(8 * 3).reshape(8, 3)
+    per_row = np.arange(8, dtype=np.float32)
+    calls = prompt_micro_batches([ids, mask, response, per_row], size=4, share=2)
+    assert len(calls) == 2
+    for call, start in zip(calls, (0, 4)):
+        assert [t.shape for t in call] == [(2, 6), (2, 6), (4, 3), (4,)]
+        np.testing.assert_array_equal(call[0].asnumpy(), ids[start:start + 4:2])
+        np.testing.assert_array_equal(call[1].asnumpy(), mask[start:start + 4:2])
+        np.testing.assert_array_equal(call[2].asnumpy(), response[start:start + 4])
+        np.testing.assert_array_equal(call[3].asnumpy(), per_row[start:start + 4])
+    with pytest.raises(ValueError, match="3 responses a prompt do not divide micro-batches of 4"):
+        prompt_micro_batches([ids, mask, response], size=4, share=3)
+
+
+@pytest.mark.parametrize("configured,share_prompts,plan", [
+    (0, True, (16, 8)),  # auto: every row in one call, each prompt read once for its 8 responses
+    (0, False, (16, 1)),
+    (4, True, (4, 4)),  # a set size: the prompt read once for the 4 responses of a call
+    (2, True, (2, 2)),
+])
+def test_the_sizer_plans_calls_and_prompt_reads(configured, share_prompts, plan):
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+    from mindrlhf.parallel import Layout
+
+    cfg = Qwen2Config.from_yaml("model_configs/arith/train.yaml")
+    sched = ScheduleConfig(micro_batch_size_per_device=configured, share_prompts=share_prompts)
+    sizer = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, True)
+    ids, mask = grouped_rows(2, 8, prompt_width=160)
+    arrays = [ids, mask, np.zeros((16, 48), np.int32)]
+    assert sizer.plan(arrays) == plan
+    calls = sizer.split(arrays)
+    assert len(calls) == 16 // plan[0] and calls[0][0].shape == (plan[0] // plan[1], 160)
+
+
+def test_the_auto_size_counts_a_shared_prompt_once():
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+    from mindrlhf.parallel import Layout
+
+    cfg = Qwen2Config.from_yaml("model_configs/arith/train.yaml")
+    ids, mask = grouped_rows(1, 8, prompt_width=160)
+    arrays = [ids, mask, np.zeros((8, 48), np.int32)]
+    plans = {}
+    for share in (True, False):
+        # a budget that holds the prompt once with 8 responses but not 8 copies of it
+        sched = ScheduleConfig(share_prompts=share, activation_memory_gib=0.09)
+        plans[share] = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, True).plan(arrays)
+    assert plans[True] == (8, 8) and plans[False] == (2, 1)

@@ -1,24 +1,14 @@
 """Cells between a causal LM and the losses: response log-probs, the GRPO loss net and the SFT loss.
 
 Shapes are static: prompts are left-padded to a bucket width P and responses padded to R, so each cell
-compiles once per (batch, P, R).
+compiles once per (prompts, responses, P, R). The cells take prompts [Bg, P] and responses [Bg K, R]: the K
+responses j K .. j K + K - 1 share prompt j, which is read once for all of them (prefix sharing,
+`mindrlhf.models.qwen2.modeling.response_sequences`); K = 1 is one prompt per response.
 """
 from __future__ import annotations
 
 import mindspore as ms
 from mindspore import nn, ops
-
-
-def response_inputs(prompt_ids, prompt_mask, response_ids, response_mask):
-    """The tokens a causal LM reads to score every response token: the prompt and all but the last response
-    token (which predicts nothing scored), and their attention mask. P + R - 1 positions; the last R score
-    response tokens 0 .. R-1."""
-    response_width = response_ids.shape[1]
-    input_ids, attention_mask = prompt_ids, prompt_mask.astype(ms.int32)
-    if response_width > 1:
-        input_ids = ops.concat((input_ids, response_ids[:, :response_width - 1]), 1)
-        attention_mask = ops.concat((attention_mask, response_mask[:, :response_width - 1].astype(ms.int32)), 1)
-    return input_ids, attention_mask
 
 
 class ResponseLogProbs(nn.Cell):
@@ -40,14 +30,13 @@ class ResponseLogProbs(nn.Cell):
         self.with_entropy = with_entropy
 
     def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, hidden_in=None):
-        input_ids, attention_mask = response_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
-        return self.model.log_probs(input_ids, response_ids, attention_mask, self.temperature, self.with_entropy,
-                                    prompt_ids.shape[1] - 1, hidden_in)
+        return self.model.response_log_probs(prompt_ids, prompt_mask, response_ids, response_mask, self.temperature,
+                                             self.with_entropy, hidden_in)
 
 
 class ResponseHidden(nn.Cell):
-    """A pipeline stage before the last on the positions `ResponseLogProbs` reads: its output [B, P + R - 1, D],
-    from the prompt and response tokens (first stage) or from `hidden_in`, the previous stage's output. Wraps a
+    """A pipeline stage before the last on the positions `ResponseLogProbs` reads: its output [Bg, P + K (R - 1),
+    D], from the prompt and response tokens (first stage) or from `hidden_in`, the previous stage's output. Wraps a
     causal LM or a value model (anything whose `model` is a `Qwen2Model`)."""
 
     def __init__(self, model: nn.Cell):
@@ -55,19 +44,22 @@ class ResponseHidden(nn.Cell):
         self.model = model
 
     def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, hidden_in=None):
-        input_ids, attention_mask = response_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
-        return self.model.model.hidden(input_ids, attention_mask, hidden_in)
+        return self.model.model.read_responses(prompt_ids, prompt_mask, response_ids, response_mask, True, hidden_in)
 
 
 def response_hidden_shape(hidden_size: int):
-    """The shape of `ResponseHidden`'s output for a micro-batch (prompt ids, prompt mask, response ids, ...):
-    [B, P + R - 1, hidden_size], what a pipeline stage receives (`PipelineTrainStep(hidden_shape=)`)."""
-    return lambda inputs: (inputs[0].shape[0], inputs[0].shape[1] + inputs[2].shape[1] - 1, hidden_size)
+    """The shape of `ResponseHidden`'s output for a micro-batch (prompt ids [Bg, P], prompt mask, response ids
+    [Bg K, R], ...): [Bg, P + K (R - 1), hidden_size], what a pipeline stage receives
+    (`PipelineTrainStep(hidden_shape=)`)."""
+    def shape(inputs):
+        (groups, prompt_width), (rows, response_width) = inputs[0].shape, inputs[2].shape
+        return groups, prompt_width + rows // groups * (response_width - 1), hidden_size
+    return shape
 
 
 def response_values_shape(inputs):
     """The shape of `ResponseValues`' output for a micro-batch (prompt ids, prompt mask, response ids, ...)."""
-    return inputs[0].shape[0], inputs[2].shape[1]
+    return inputs[2].shape
 
 
 class ResponseValues(nn.Cell):
@@ -80,8 +72,7 @@ class ResponseValues(nn.Cell):
         self.model = model
 
     def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, hidden_in=None):
-        input_ids, attention_mask = response_inputs(prompt_ids, prompt_mask, response_ids, response_mask)
-        return self.model.values(input_ids, attention_mask, prompt_ids.shape[1] - 1, hidden_in)
+        return self.model.response_values(prompt_ids, prompt_mask, response_ids, response_mask, True, hidden_in)
 
 
 class ResponseScores(nn.Cell):
@@ -93,9 +84,7 @@ class ResponseScores(nn.Cell):
         self.model = model
 
     def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
-        input_ids = ops.concat((prompt_ids, response_ids), 1)
-        attention_mask = ops.concat((prompt_mask.astype(ms.int32), response_mask.astype(ms.int32)), 1)
-        values = self.model.values(input_ids, attention_mask, prompt_ids.shape[1])
+        values = self.model.response_values(prompt_ids, prompt_mask, response_ids, response_mask, False)
         mask = response_mask.astype(ms.float32)
         following = ops.concat((mask[:, 1:], ops.zeros_like(mask[:, :1])), 1)
         return (values * (mask - following)).sum(axis=1)  # 1 at the last response token only

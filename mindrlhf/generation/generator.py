@@ -99,12 +99,18 @@ class Generator:
     too, as the held-out evaluation does the rollout's: a compiled graph keeps memory per layer while it lives, so
     a second set of graphs of the same shapes would cost as much as the first. Shapes one of them compiled are
     not compiled (nor counted) again; the two must not generate at the same time.
+
+    Prefill reads each prompt once for all of its `num_generations` samples. `prefill_prompts` (0 = all) prefills
+    that many prompts a call: the evaluation (one sample a prompt, as many prompts as the rollout has rows) passes
+    the rollout's prompts per call, so that both run one compiled prefill graph.
     """
 
-    def __init__(self, model: Qwen2ForCausalLM, config: GenerationConfig, share_graphs_with: Generator | None = None):
+    def __init__(self, model: Qwen2ForCausalLM, config: GenerationConfig, share_graphs_with: Generator | None = None,
+                 prefill_prompts: int = 0):
         if share_graphs_with is not None and share_graphs_with.model is not model:
             raise ValueError("share_graphs_with: a Generator of another model cannot share its graphs")
         self.model = model
+        self.prefill_prompts = prefill_prompts
         self._graphs = _CompiledGraphs() if share_graphs_with is None else share_graphs_with._graphs
         self.last_stats: dict = {}
         self.config = config
@@ -176,7 +182,8 @@ class Generator:
         lengths = np.repeat(np.array([len(r) for r in rows], np.int64), n)
         bucket = cfg.bucket_for(max(int(lengths.max()), min_prompt_width))
         batch = len(rows) * n
-        ids, mask = pad_rows([row for row in rows for _ in range(n)], bucket, cfg.pad_token_id)
+        prompts, prompts_mask = pad_rows(rows, bucket, cfg.pad_token_id)
+        ids, mask = np.repeat(prompts, n, 0), np.repeat(prompts_mask, n, 0)
 
         start = time.perf_counter()
         steps = cfg.max_new_tokens
@@ -184,7 +191,8 @@ class Generator:
                    disable=not (progress and sys.stderr.isatty()))
         with bar:
             if cfg.use_kv_cache:
-                response, resp_mask, log_probs, steps = self._run_cached(ids, mask, lengths, return_log_probs, bar)
+                response, resp_mask, log_probs, steps = self._run_cached(prompts, prompts_mask, lengths,
+                                                                         return_log_probs, bar)
             else:
                 response, resp_mask, log_probs, steps = self._run_uncached(ids, mask, return_log_probs, bar)
         elapsed = time.perf_counter() - start
@@ -271,15 +279,19 @@ class Generator:
             logger.info("allocated KV cache batch=%d length=%d (%.1f MB)", batch, key[1], caches[key].nbytes() / 2**20)
         return caches[key]
 
-    def _run_cached(self, ids, mask, prompt_lengths, return_log_probs, bar):
+    def _run_cached(self, prompts, prompts_mask, prompt_lengths, return_log_probs, bar):
+        """Prefill reads each prompt once and fills the cache rows of its `num_generations` samples; each decode
+        step runs every sample."""
         cfg = self.config
-        batch, bucket = ids.shape
+        n = cfg.num_generations
+        bucket = prompts.shape[1]
+        batch = len(prompts) * n
         cache = self.cache(batch)
         key = (batch, cache.length)
         response, resp_mask, log_probs, finished = self._buffers(batch, return_log_probs)
         valid = np.zeros((batch, cache.length), np.float32)
-        valid[:, :bucket] = mask
-        logits = self._run("prefill", key, cache.prefill, Tensor(ids), Tensor(mask))
+        valid[:, :bucket] = np.repeat(prompts_mask, n, 0)
+        logits = np.repeat(self._prefill(cache, key, prompts, prompts_mask, n), n, 0)
         steps = cfg.max_new_tokens
         for t in range(cfg.max_new_tokens):
             tokens = self._step(t, logits, finished, response, resp_mask, log_probs)
@@ -293,6 +305,15 @@ class Generator:
             logits = self._run("decode", key, cache.decode, Tensor(tokens[:, None]), Tensor(positions),
                                Tensor(slot, ms.int32), Tensor(valid))
         return response, resp_mask, log_probs, steps
+
+    def _prefill(self, cache: KVCache, key: tuple, prompts: np.ndarray, prompts_mask: np.ndarray, n: int):
+        """Fills the cache rows of every prompt's `n` samples (prompt j: rows j n .. j n + n - 1), `prefill_prompts`
+        prompts a call (all of them when it does not divide their number); returns the prompts' logits [U, V]."""
+        count = len(prompts)
+        chunk = self.prefill_prompts if self.prefill_prompts and count % self.prefill_prompts == 0 else count
+        return np.concatenate([self._run("prefill", key, cache.prefill, Tensor(prompts[start:start + chunk]),
+                                         Tensor(prompts_mask[start:start + chunk]), *cache.rows_of(start, chunk, n))
+                               for start in range(0, count, chunk)])
 
     def _run_uncached(self, ids, mask, return_log_probs, bar):
         cfg = self.config

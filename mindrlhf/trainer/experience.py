@@ -132,3 +132,28 @@ def rows_of_rank(num_rows: int, dp_size: int, dp_rank: int) -> slice:
 def group_unit(group_size: int, dp_size: int) -> int:
     """Smallest number of groups whose rows split evenly over `dp_size` ranks."""
     return dp_size // np.gcd(group_size, dp_size)
+
+
+def shared_prompt_run(prompt_ids: np.ndarray, prompt_mask: np.ndarray, limit: int) -> int:
+    """The largest k dividing both `limit` (a prompt's number of responses) and the row count such that every run of
+    k consecutive rows, from the first, holds one prompt: what a graph call may read once for k responses."""
+    rows = len(prompt_ids)
+    for k in sorted((k for k in range(1, limit + 1) if limit % k == 0 and rows % k == 0), reverse=True):
+        ids, mask = prompt_ids.reshape(rows // k, k, -1), prompt_mask.reshape(rows // k, k, -1)
+        if (ids == ids[:, :1]).all() and (mask == mask[:, :1]).all():
+            return k
+    return 1
+
+
+def prompt_micro_batches(arrays, size: int, share: int) -> list[list]:
+    """Graph-call inputs from the rows of `arrays` (prompt ids, prompt mask, then per-response columns): consecutive
+    micro-batches of `size` responses, each with its prompts once per `share` responses ([size / share, P]), as the
+    response cells take them (`mindrlhf.algorithms.policy_cells`). `share` must divide `size` and be a run of
+    :func:`shared_prompt_run`."""
+    import mindspore as ms
+
+    if size % share:
+        raise ValueError(f"{share} responses a prompt do not divide micro-batches of {size}")
+    rows = len(arrays[0])
+    return [[ms.Tensor(a[start:start + size:share]) for a in arrays[:2]] +
+            [ms.Tensor(a[start:start + size]) for a in arrays[2:]] for start in range(0, rows, size)]

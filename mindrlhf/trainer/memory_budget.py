@@ -1,38 +1,51 @@
 """Rows per graph call from an activation-memory budget: what a micro-batch size of 0 ("auto") resolves to.
 
-Pure arithmetic on the model's shape. The per-token constants are measured, not derived: MindSpore's CPU backend
-keeps the activations a backward pass needs plus several working buffers per op (SmolLM2-135M's shape, 30 layers,
-223 tokens, 1 vs 2 rows: +0.6 GB a row, ~90 KB per token per layer in the train graph; the [tokens, vocab] float32
-logits and their log-softmax, exp and gradient ~4 copies). They overestimate a little on purpose: a run that fits
-is worth more than a few percent of speed. What a graph holds besides activations (gradients, optimizer state,
-weights) is not in the budget.
+Pure arithmetic on the model's shape. A graph call reads `prompts` prompts of width P and `rows` responses of width
+R; each prompt is read once for its rows / prompts responses (prefix sharing: `prompts == rows` without it). The
+per-token constants are measured, not derived: MindSpore's CPU backend keeps the activations a backward pass needs
+plus several working buffers per op (SmolLM2-135M's shape, 30 layers, 223 tokens, 1 vs 2 rows: +0.6 GB a row,
+~90 KB per token per layer in the train graph; the [tokens, vocab] float32 logits and their log-softmax, exp and
+gradient ~4 copies). They overestimate a little on purpose: a run that fits is worth more than a few percent of
+speed. What a graph holds besides activations (gradients, optimizer state, weights) is not in the budget.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 FLOAT_BYTES = 4
 
 
-def train_bytes_per_row(tokens: int, scored: int, hidden: int, intermediate: int, heads: int, layers: int,
-                        vocab: int, tp: int = 1) -> int:
-    """Activation bytes one response row costs in the train graph (forward kept for backward + backward).
-
-    `tokens`: positions the model reads (prompt bucket + response width - 1); `scored`: positions that reach the
-    head (the response width); `heads`, `intermediate` and `vocab` are split over `tp`."""
-    per_token_layer = 24 * hidden + 3 * intermediate // tp + 2 * (heads // tp) * tokens
-    return FLOAT_BYTES * (tokens * layers * per_token_layer + scored * 4 * vocab // tp)
+def _tokens_and_attention(prompts: int, rows: int, prompt_width: int, read_width: int) -> tuple[int, int]:
+    """(positions the layers read, attention scores per head) of a call whose responses read `read_width` positions
+    each after their prompt: a prompt attends to itself, a response to its prompt and to itself."""
+    tokens = prompts * prompt_width + rows * read_width
+    scores = prompts * prompt_width ** 2 + rows * read_width * (prompt_width + read_width)
+    return tokens, scores
 
 
-def log_prob_bytes_per_row(tokens: int, scored: int, hidden: int, intermediate: int, heads: int, vocab: int,
-                           tp: int = 1) -> int:
-    """Activation bytes one row costs in a forward-only log-prob graph (buffers are reused from layer to layer,
-    so one layer's working set counts, plus the scored positions' logits)."""
-    per_token_layer = 24 * hidden + 4 * intermediate // tp + 3 * (heads // tp) * tokens
-    return FLOAT_BYTES * (tokens * per_token_layer + scored * 3 * vocab // tp)
+def train_bytes(prompts: int, rows: int, prompt_width: int, response_width: int, hidden: int, intermediate: int,
+                heads: int, layers: int, vocab: int, tp: int = 1) -> int:
+    """Activation bytes of one train graph call (forward kept for backward + backward): `rows` responses of
+    `response_width` tokens, each scored, read after `prompts` prompts of `prompt_width` tokens (the response's last
+    token is scored but not read). `heads`, `intermediate` and `vocab` are split over `tp`."""
+    tokens, scores = _tokens_and_attention(prompts, rows, prompt_width, response_width - 1)
+    per_layer = tokens * (24 * hidden + 3 * intermediate // tp) + 2 * (heads // tp) * scores
+    return FLOAT_BYTES * (layers * per_layer + rows * response_width * 4 * vocab // tp)
 
 
-def rows_per_call(rows: int, bytes_per_row: int, budget_bytes: int) -> int:
-    """The largest divisor of `rows` whose activations fit `budget_bytes` (at least 1: one row always runs)."""
+def log_prob_bytes(prompts: int, rows: int, prompt_width: int, response_width: int, hidden: int, intermediate: int,
+                   heads: int, vocab: int, tp: int = 1) -> int:
+    """Activation bytes of one forward-only log-prob graph call (buffers are reused from layer to layer, so one
+    layer's working set counts, plus the scored positions' logits); arguments as :func:`train_bytes`."""
+    tokens, scores = _tokens_and_attention(prompts, rows, prompt_width, response_width - 1)
+    per_layer = tokens * (24 * hidden + 4 * intermediate // tp) + 3 * (heads // tp) * scores
+    return FLOAT_BYTES * (per_layer + rows * response_width * 3 * vocab // tp)
+
+
+def rows_per_call(rows: int, call_bytes: Callable[[int], int], budget_bytes: int) -> int:
+    """The largest divisor d of `rows` whose call of d rows fits `budget_bytes` (`call_bytes(d)`; at least 1: one
+    row always runs)."""
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
-    fitting = max(1, budget_bytes // max(1, bytes_per_row))
-    return max(d for d in range(1, rows + 1) if rows % d == 0 and d <= fitting)
+    fitting = [d for d in range(1, rows + 1) if rows % d == 0 and call_bytes(d) <= budget_bytes]
+    return max(fitting, default=1)

@@ -105,53 +105,79 @@ class NonFiniteUpdates(RuntimeError):
 
 
 class MicroBatchSizer:
-    """Rows per graph call of one pass: the configured size, `micro_batches` equal micro-batches (a train net in
-    pipeline stages: its `micro_batch_num`), or (0) the most rows whose estimated activations fit
-    `schedule.activation_memory_gib` (`mindrlhf.trainer.memory_budget`); the choice is logged once per shape."""
+    """How one pass splits a rank's rows into graph calls: `plan` gives the responses per call (the configured size,
+    `micro_batches` equal micro-batches for a train net in pipeline stages (its `micro_batch_num`), or (0) the most
+    responses whose estimated activations fit `schedule.activation_memory_gib`, `mindrlhf.trainer.memory_budget`)
+    and how many of them share each prompt read (up to `share_limit`, a prompt's responses, when
+    `schedule.share_prompts`; 1 reads the prompt again for every response); the choice is logged once per shape."""
 
-    def __init__(self, kind: str, configured: int, model_config, tp: int, budget_gib: float, micro_batches: int = 0):
+    def __init__(self, kind: str, configured: int, model_config, tp: int, budget_gib: float, micro_batches: int = 0,
+                 share_limit: int = 1):
         self.kind, self.configured, self.model_config, self.tp = kind, configured, model_config, tp
-        self.budget_gib, self.micro_batches = budget_gib, micro_batches
+        self.budget_gib, self.micro_batches, self.share_limit = budget_gib, micro_batches, share_limit
         self._logged: set[tuple] = set()
 
     @classmethod
-    def for_training(cls, kind: str, schedule, model_config, layout) -> MicroBatchSizer:
-        """The train step's sizer of a net in `layout`: its `micro_batch_num` micro-batches with pipeline stages,
-        else `schedule.micro_batch_size_per_device` (0: from the memory budget)."""
-        stages_split = model_config.parallel_config.micro_batch_num if layout.pp > 1 else 0
-        return cls(kind, schedule.micro_batch_size_per_device, model_config, layout.tp,
-                   schedule.activation_memory_gib, stages_split)
+    def for_pass(cls, kind: str, schedule, model_config, layout, group_size: int, training: bool) -> MicroBatchSizer:
+        """The sizer of a net in `layout` whose rows come in groups of `group_size` responses to one prompt: for
+        training its `micro_batch_num` micro-batches with pipeline stages, else
+        `schedule.micro_batch_size_per_device`; for a forward pass `schedule.log_prob_micro_batch_size_per_device`
+        (0: from the memory budget)."""
+        stages_split = model_config.parallel_config.micro_batch_num if training and layout.pp > 1 else 0
+        configured = schedule.micro_batch_size_per_device if training else schedule.log_prob_micro_batch_size_per_device
+        return cls(kind, configured, model_config, layout.tp, schedule.activation_memory_gib, stages_split,
+                   group_size if schedule.share_prompts else 1)
 
-    def __call__(self, rows: int, prompt_width: int, response_width: int) -> int:
+    def _call_bytes(self, prompts: int, rows: int, prompt_width: int, response_width: int) -> int:
         from mindrlhf.trainer import memory_budget
 
-        if self.micro_batches:
-            return math.ceil(rows / self.micro_batches)
-        if self.configured:
-            return self.configured
         cfg = self.model_config
-        tokens = prompt_width + response_width - 1
         shape = dict(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, heads=cfg.num_heads,
                      vocab=cfg.vocab_size, tp=self.tp)
-        if self.kind == "train":
-            per_row = memory_budget.train_bytes_per_row(tokens, response_width, layers=cfg.num_layers, **shape)
+        if self.kind.endswith("train"):
+            return memory_budget.train_bytes(prompts, rows, prompt_width, response_width, layers=cfg.num_layers,
+                                             **shape)
+        return memory_budget.log_prob_bytes(prompts, rows, prompt_width, response_width, **shape)
+
+    def plan(self, arrays) -> tuple[int, int]:
+        """(responses per call, responses per prompt read) for `arrays` (prompt ids, prompt mask, response ids,
+        ...: one row per response)."""
+        from mindrlhf.trainer import memory_budget
+        from mindrlhf.trainer.experience import shared_prompt_run
+
+        prompt_ids, prompt_mask, response_ids = arrays[0], arrays[1], arrays[2]
+        rows, prompt_width, response_width = len(prompt_ids), prompt_ids.shape[1], response_ids.shape[1]
+        run = shared_prompt_run(prompt_ids, prompt_mask, self.share_limit) if self.share_limit > 1 else 1
+        if self.micro_batches:
+            size = math.ceil(rows / self.micro_batches)
+        elif self.configured:
+            size = self.configured
         else:
-            per_row = memory_budget.log_prob_bytes_per_row(tokens, response_width, **shape)
-        chosen = memory_budget.rows_per_call(rows, per_row, int(self.budget_gib * 2**30))
-        if (rows, tokens, chosen) not in self._logged:
-            self._logged.add((rows, tokens, chosen))
-            logger.info("%s micro-batches: %d of %d rows per call (auto: ~%.0f MiB of activations a row at %d "
-                        "tokens, schedule.activation_memory_gib=%g)", self.kind, chosen, rows, per_row / 2**20,
-                        tokens, self.budget_gib)
-        return chosen
+            size = memory_budget.rows_per_call(
+                rows, lambda d: self._call_bytes(d // math.gcd(d, run), d, prompt_width, response_width),
+                int(self.budget_gib * 2**30))
+        share = math.gcd(size, run)
+        if (rows, prompt_width, response_width, size, share) not in self._logged:
+            self._logged.add((rows, prompt_width, response_width, size, share))
+            estimate = self._call_bytes(size // share, size, prompt_width, response_width) / 2**20
+            how = f"auto, schedule.activation_memory_gib={self.budget_gib:g}" if not (self.micro_batches or
+                                                                                      self.configured) else "set"
+            logger.info("%s micro-batches: %d of %d responses per call, %d per prompt read (%d + %d tokens; ~%.0f MiB "
+                        "of activations a call; %s)", self.kind, size, rows, share, prompt_width, response_width,
+                        estimate, how)
+        return size, share
+
+    def split(self, arrays) -> list[list]:
+        """The graph calls' inputs for the rows of `arrays` (`experience.prompt_micro_batches` of `plan`)."""
+        from mindrlhf.trainer.experience import prompt_micro_batches
+
+        return prompt_micro_batches(arrays, *self.plan(arrays))
 
     def run(self, cell, arrays) -> np.ndarray:
         """`cell` on the rows of `arrays` (prompt ids, prompt mask, response ids, response mask), a micro-batch
         of rows per call, outputs concatenated; a pass through pipeline stages (`PipelineForward`) gets all the
         micro-batches at once, so that its stages overlap."""
-        from mindrlhf.parallel.spmd import split_micro_batches
-
-        micro_batches = split_micro_batches(arrays, size=self(len(arrays[0]), arrays[0].shape[1], arrays[2].shape[1]))
+        micro_batches = self.split(arrays)
         outputs = cell.map(micro_batches) if hasattr(cell, "map") else [cell(*inputs) for inputs in micro_batches]
         return np.concatenate([output.asnumpy() for output in outputs])
 
@@ -324,15 +350,17 @@ class Actor(Role):
         self.to_infer = None if self.shares_weights else \
             self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
         self.old_log_probs = ResponseLogProbs(self.infer_net, gen.temperature)
-        sched = cfg.schedule
-        self.train_rows = MicroBatchSizer.for_training("train", sched, self.train_cfg, self.train_layout)
-        self.log_prob_rows = MicroBatchSizer("log_prob", sched.log_prob_micro_batch_size_per_device,
-                                             self.infer_cfg, self.infer_layout.tp, sched.activation_memory_gib)
+        sched, group = cfg.schedule, gen.num_generations
+        self.train_rows = MicroBatchSizer.for_pass("train", sched, self.train_cfg, self.train_layout, group, True)
+        self.log_prob_rows = MicroBatchSizer.for_pass("log_prob", sched, self.infer_cfg, self.infer_layout, group,
+                                                      False)
         self.generator = Generator(self.infer_net, gen)
         self.generator.rng = np.random.default_rng([gen.seed, self.infer_layout.dp_rank])
+        # the evaluation prefills as many prompts a call as the rollout: both run one prefill graph
         self.eval_generator = Generator(self.infer_net, dataclasses.replace(
             gen, do_sample=False, num_generations=1,
-            max_new_tokens=cfg.eval.eval_max_new_tokens or gen.max_new_tokens), share_graphs_with=self.generator)
+            max_new_tokens=cfg.eval.eval_max_new_tokens or gen.max_new_tokens), share_graphs_with=self.generator,
+            prefill_prompts=sched.batch_size // self.infer_layout.dp)
         if self.shares_weights:
             logger.info("actor: the inference net uses the train net's weights (same model and layout %s): no "
                         "second copy, no reshard", self.infer_layout)
@@ -411,7 +439,6 @@ class Actor(Role):
         from mindrlhf.algorithms import aggregation_weights
         from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES
         from mindrlhf.optim import learning_rate_at
-        from mindrlhf.parallel.spmd import split_micro_batches
         from mindrlhf.trainer.experience import rows_of_rank, update_chunks
 
         self.require((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "train")
@@ -429,8 +456,7 @@ class Actor(Role):
                 self.optimizer.set_learning_rate(lr)
                 inputs = [part[name][mine] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask",
                                                         "old_logp", "ref_logp", "advantages")] + [weights[mine]]
-                size = self.train_rows(len(inputs[0]), inputs[0].shape[1], inputs[2].shape[1])
-                shares, grad_norm = self.train_step(split_micro_batches(inputs, size))
+                shares, grad_norm = self.train_step(self.train_rows.split(inputs))
                 self.updates += 1
                 last_lr = lr
                 if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)
@@ -588,10 +614,9 @@ class Critic(Role):
             self.train_step = MicroBatchedTrainStep(loss_net, self.optimizer, self.layout, grad_reduction="sum",
                                                     max_grad_norm=critic.grad_clip)
             self.values_cell = ResponseValues(self.net)
-        sched = cfg.schedule
-        self.train_rows = MicroBatchSizer.for_training("critic train", sched, self.model_config, self.layout)
-        self.value_rows = MicroBatchSizer("values", sched.log_prob_micro_batch_size_per_device, self.model_config,
-                                          self.layout.tp, sched.activation_memory_gib)
+        sched, group = cfg.schedule, cfg.generation.num_generations
+        self.train_rows = MicroBatchSizer.for_pass("critic train", sched, self.model_config, self.layout, group, True)
+        self.value_rows = MicroBatchSizer.for_pass("values", sched, self.model_config, self.layout, group, False)
 
     def optimizer_state(self) -> list:
         trained = {id(p) for p in self.net.trainable_params()}
@@ -629,7 +654,6 @@ class Critic(Role):
         from mindrlhf.algorithms import aggregation_weights
         from mindrlhf.algorithms.value_loss_cell import OUTPUT_NAMES
         from mindrlhf.optim import learning_rate_at
-        from mindrlhf.parallel.spmd import split_micro_batches
         from mindrlhf.trainer.experience import rows_of_rank, update_chunks
 
         self.require((CRITIC_WEIGHTS, CRITIC_MOMENTS), "train")
@@ -648,8 +672,7 @@ class Critic(Role):
                 self.optimizer.set_learning_rate(lr)
                 inputs = [part[name][mine] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask",
                                                         "values", "returns")] + [weights[mine]]
-                size = self.train_rows(len(inputs[0]), inputs[0].shape[1], inputs[2].shape[1])
-                shares, grad_norm = self.train_step(split_micro_batches(inputs, size))
+                shares, grad_norm = self.train_step(self.train_rows.split(inputs))
                 self.updates += 1
                 if not np.isfinite(grad_norm):
                     skipped += 1
@@ -700,9 +723,8 @@ class Reward(Role):
         load_value_model(self.net, self.layout, state, path, REWARD_MODEL_PREFIX,
                          f"reward model {self.job.sft_path_reward or self.job.sft_path_infer}")
         self.cell = ResponseScores(self.net)
-        sched = self.config.schedule
-        self.rows = MicroBatchSizer("reward model", sched.log_prob_micro_batch_size_per_device, self.model_config,
-                                    self.layout.tp, sched.activation_memory_gib)
+        self.rows = MicroBatchSizer.for_pass("reward model", self.config.schedule, self.model_config, self.layout,
+                                             self.config.generation.num_generations, False)
         logger.info("reward model %s (weight %g)%s", path, self.config.reward.reward_model_weight,
                     f" + rule rewards {self.rules}" if self.rules else "")
 

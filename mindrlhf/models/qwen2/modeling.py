@@ -50,7 +50,7 @@ def rotate_half_matrix(head_dim: int) -> np.ndarray:
 
 
 def apply_rotary(x, cos, sin, rotate_half):
-    """Rotates [B, heads, S, hd] by cos/sin [B, 1, S, hd] in float32 (`rotate_half`: `rotate_half_matrix`);
+    """Rotates [B, S, heads, hd] by cos/sin [B, S, 1, hd] in float32 (`rotate_half`: `rotate_half_matrix`);
     returns x's dtype."""
     x32 = x.astype(ms.float32)
     rotated = ops.matmul(x32.reshape(-1, x.shape[-1]), rotate_half).reshape(x.shape)
@@ -69,7 +69,11 @@ def kv_head_shards(n_kv_heads: int, tp: int) -> int:
 
 class Qwen2Attention(nn.Cell):
     """Grouped-query attention; q/k/v column-parallel by heads, o row-parallel. With tp above the kv heads each
-    rank holds the one kv head its query heads use (`kv_head_shards`)."""
+    rank holds the one kv head its query heads use (`kv_head_shards`).
+
+    `attn_bias` is an additive bias [B, 1, S, L] (one sequence per row), or, for prompts shared by several
+    responses (:func:`response_sequences`), the pair (prompt bias [Bg, 1, P, P], response bias
+    [Bg, 1, K, 1, W, P + W]): each row then holds a prompt and K responses of width W that read it."""
 
     def __init__(self, config: Qwen2Config, layout: Layout):
         super().__init__()
@@ -93,46 +97,86 @@ class Qwen2Attention(nn.Cell):
                                        **kw)
         self.wo = RowParallelLinear(config.num_heads * hd, config.hidden_size, False, name="wo", **kw)
 
-    def _heads(self, x, batch, seq, heads):
-        return x.reshape(batch, seq, heads, self.head_dim).transpose(0, 2, 1, 3)
-
     def _by_kv_head(self, x, batch, seq):
         """[B, heads, S, X] -> [B, kv_heads, group * S, X]: each kv head with the query heads that share it
         (query head h uses kv head h // group), so attention needs no repeated copy of k and v."""
         return x.reshape(batch, self.kv_heads_local, self.kv_repeat * seq, x.shape[-1])
 
-    def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_index=None):
+    def _probs(self, scores, bias):
+        """softmax(scores * scale + bias) over the keys, in float32; returns the compute dtype."""
+        scores = scores.astype(ms.float32) * self.scale
+        return ops.softmax(scores + expand_as(bias, scores), -1).astype(self.compute_dtype)
+
+    def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_index=None, prefill_rows=None):
         batch, seq, _ = x.shape
-        q = apply_rotary(self._heads(self.wq(x), batch, seq, self.heads_local), cos, sin, self.rotate_half)
-        k = apply_rotary(self._heads(self.wk(x), batch, seq, self.kv_heads_local), cos, sin, self.rotate_half)
-        v = self._heads(self.wv(x), batch, seq, self.kv_heads_local)
+        hd = self.head_dim
+        q = apply_rotary(self.wq(x).reshape(batch, seq, self.heads_local, hd), cos, sin, self.rotate_half)
+        k = apply_rotary(self.wk(x).reshape(batch, seq, self.kv_heads_local, hd), cos, sin, self.rotate_half)
+        v = self.wv(x).reshape(batch, seq, self.kv_heads_local, hd)
+        if isinstance(attn_bias, tuple):
+            return self.wo(self._shared_prompt_attention(q, k, v, attn_bias[0], attn_bias[1]))
+        q, k, v = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         if key_cache is not None:
             if slot_index is None:
-                # prefill: the `seq` new positions fill slots [0, seq)
-                length = key_cache.shape[2]
-                if seq < length:
-                    ops.assign(key_cache, ops.concat((k.astype(key_cache.dtype), key_cache[:, :, seq:]), 2))
-                    ops.assign(value_cache, ops.concat((v.astype(value_cache.dtype), value_cache[:, :, seq:]), 2))
-                else:
-                    ops.assign(key_cache, k.astype(key_cache.dtype))
-                    ops.assign(value_cache, v.astype(value_cache.dtype))
+                # prefill: slots [0, seq) of the cache rows `prefill_rows` marks are filled from the prompt each
+                # reads (several rows from one prompt: its samples; rows not marked keep what they hold)
+                self._fill_prompt_slots(key_cache, k, prefill_rows)
+                self._fill_prompt_slots(value_cache, v, prefill_rows)
             else:
                 # decode: the new position is written in place at the (batch, head, slot) triples of
                 # `slot_index` [B, kv_heads, 3]; only B x kv_heads x head_dim values move
-                new_shape = (batch, self.kv_heads_local, self.head_dim)  # seq is 1: a reshape, not a slice
+                new_shape = (batch, self.kv_heads_local, hd)  # seq is 1: a reshape, not a slice
                 k = ops.scatter_nd_update(key_cache, slot_index, k.reshape(new_shape).astype(key_cache.dtype))
                 v = ops.scatter_nd_update(value_cache, slot_index, v.reshape(new_shape).astype(value_cache.dtype))
                 k = k.astype(self.compute_dtype)
                 v = v.astype(self.compute_dtype)
         length = k.shape[2]
         scores = self.scores_matmul(self._by_kv_head(q, batch, seq), k)  # q k^T without a transposed copy of k
-        scores = scores.reshape(batch, self.heads_local, seq, length).astype(ms.float32) * self.scale
-        scores = scores + expand_as(attn_bias, scores)
-        probs = ops.softmax(scores, -1).astype(self.compute_dtype)
+        probs = self._probs(scores.reshape(batch, self.heads_local, seq, length), attn_bias)
         out = ops.matmul(self._by_kv_head(probs, batch, seq), v)
-        out = out.reshape(batch, self.heads_local, seq, self.head_dim).transpose(0, 2, 1, 3)
-        out = out.reshape(batch, seq, self.heads_local * self.head_dim)
-        return self.wo(out)
+        out = out.reshape(batch, self.heads_local, seq, hd).transpose(0, 2, 1, 3)
+        return self.wo(out.reshape(batch, seq, self.heads_local * hd))
+
+    @staticmethod
+    def _fill_prompt_slots(cache, x, prefill_rows):
+        """cache[b, :, :S] = x[source[b]] where written[b] (`prefill_rows` = (source [B] int32, written [B] 0/1)), for
+        prompts' keys or values x [B', heads, S, hd]; the rest of the cache is unchanged."""
+        source, written = prefill_rows
+        seq, length = x.shape[2], cache.shape[2]
+        rows = ops.gather(x.astype(cache.dtype), source, 0)
+        head = cache[:, :, :seq] if seq < length else cache
+        keep = ops.broadcast_to(written.reshape(-1, 1, 1, 1) > 0, rows.shape)
+        head = ops.select(keep, rows, head)
+        ops.assign(cache, ops.concat((head, cache[:, :, seq:]), 2) if seq < length else head)
+
+    def _shared_prompt_attention(self, q, k, v, prompt_bias, response_bias):
+        """Attention over rows [prompt (P) | K responses (W each)], q [Bg, P + K W, heads, hd], k/v [.., kv_heads,
+        hd] (rotated): the prompt attends to itself (causal), each response to the prompt and causally to itself,
+        never to the other responses. Equal to K separate [prompt | response] sequences, with the prompt's
+        projections, keys and values computed once; returns [Bg, P + K W, heads x hd]."""
+        bg = q.shape[0]
+        p, count, width = prompt_bias.shape[-1], response_bias.shape[2], response_bias.shape[4]
+        kvh, group, hd = self.kv_heads_local, self.kv_repeat, self.head_dim
+        # the prompt: [Bg, kv_heads, group x P, hd] queries against its own P keys
+        q_p = q[:, :p].reshape(bg, p, kvh, group, hd).transpose(0, 2, 3, 1, 4).reshape(bg, kvh, group * p, hd)
+        k_p = k[:, :p].transpose(0, 2, 1, 3)
+        v_p = v[:, :p].transpose(0, 2, 1, 3)
+        probs_p = self._probs(self.scores_matmul(q_p, k_p).reshape(bg, self.heads_local, p, p), prompt_bias)
+        out_p = ops.matmul(probs_p.reshape(bg, kvh, group * p, p), v_p)
+        out_p = out_p.reshape(bg, kvh, group, p, hd).transpose(0, 3, 1, 2, 4).reshape(bg, p, self.heads_local * hd)
+        # the responses: queries [Bg, kv_heads, K, group x W, hd] against the prompt's keys and their own
+        q_r = q[:, p:].reshape(bg, count, width, kvh, group, hd).transpose(0, 3, 1, 4, 2, 5)
+        k_r = k[:, p:].reshape(bg, count, width, kvh, hd).transpose(0, 3, 1, 2, 4)
+        v_r = v[:, p:].reshape(bg, count, width, kvh, hd).transpose(0, 3, 1, 2, 4)
+        to_prompt = self.scores_matmul(q_r.reshape(bg, kvh, count * group * width, hd), k_p)
+        to_self = self.scores_matmul(q_r.reshape(bg, kvh, count, group * width, hd), k_r)
+        scores = ops.concat((to_prompt.reshape(bg, kvh, count, group * width, p), to_self), -1)
+        probs_r = self._probs(scores.reshape(bg, kvh, count, group, width, p + width), response_bias)
+        probs_r = probs_r.reshape(bg, kvh, count, group * width, p + width)
+        out_r = ops.matmul(probs_r[..., :p].reshape(bg, kvh, count * group * width, p), v_p)
+        out_r = out_r.reshape(bg, kvh, count, group * width, hd) + ops.matmul(probs_r[..., p:], v_r)
+        out_r = out_r.reshape(bg, kvh, count, group, width, hd).transpose(0, 2, 4, 1, 3, 5)
+        return ops.concat((out_p, out_r.reshape(bg, count * width, self.heads_local * hd)), 1)
 
 
 class Qwen2MLP(nn.Cell):
@@ -162,8 +206,9 @@ class Qwen2DecoderLayer(nn.Cell):
         self.ffn_norm = RMSNorm(config.hidden_size, **norm_kw)
         self.feed_forward = Qwen2MLP(config, layout)
 
-    def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_index=None):
-        h = x + self.attention(self.attention_norm(x), cos, sin, attn_bias, key_cache, value_cache, slot_index)
+    def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_index=None, prefill_rows=None):
+        h = x + self.attention(self.attention_norm(x), cos, sin, attn_bias, key_cache, value_cache, slot_index,
+                               prefill_rows)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
@@ -204,23 +249,28 @@ class Qwen2Model(nn.Cell):
         self.sin_table = Tensor(sin)
 
     def construct(self, input_ids, position_ids, attn_bias, key_caches=None, value_caches=None, slot_index=None,
-                  hidden_in=None):
+                  hidden_in=None, prefill_rows=None):
         h = self.tok_embeddings(input_ids) if self.first_stage else hidden_in
-        cos = ops.expand_dims(ops.gather(self.cos_table, position_ids, 0), 1)
-        sin = ops.expand_dims(ops.gather(self.sin_table, position_ids, 0), 1)
+        cos = ops.expand_dims(ops.gather(self.cos_table, position_ids, 0), 2)
+        sin = ops.expand_dims(ops.gather(self.sin_table, position_ids, 0), 2)
         if key_caches is None:
             for i in self.owned_layers:
                 h = self.layers[i](h, cos, sin, attn_bias)
         else:
             for i in self.owned_layers:
-                h = self.layers[i](h, cos, sin, attn_bias, key_caches[i], value_caches[i], slot_index)
+                h = self.layers[i](h, cos, sin, attn_bias, key_caches[i], value_caches[i], slot_index, prefill_rows)
         return self.norm_out(h) if self.last_stage else h
 
-    def hidden(self, input_ids, attention_mask=None, hidden_in=None):
-        """This pipeline stage's output [B, S, D] (a stage before the last): its layers on the embedding of
-        `input_ids` (first stage) or on `hidden_in`. Call inside a Cell's construct."""
-        position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        return self.construct(input_ids, position_ids, attn_bias, hidden_in=hidden_in)
+    def read_responses(self, prompt_ids, prompt_mask, response_ids, response_mask, next_token=True, hidden_in=None):
+        """This pipeline stage's output over the rows of :func:`response_sequences` (prompts [Bg, P], each read once
+        for its K = response rows / Bg responses [Bg K, R]): [Bg, P + K W, D], W = R - 1 with `next_token` (the
+        positions that predict each response token: the last response token is not read) else R. The first
+        stage embeds the tokens, a later one starts from `hidden_in`; the last one applies the final norm. Call
+        inside a Cell's construct; :func:`response_states` picks each response's positions."""
+        width = response_ids.shape[1] - 1 if next_token else response_ids.shape[1]
+        ids, position_ids, attn_bias = response_sequences(prompt_ids, prompt_mask, response_ids[:, :width],
+                                                          response_mask[:, :width])
+        return self.construct(ids, position_ids, attn_bias, hidden_in=hidden_in)
 
 
 class VocabParallelHead(ParallelLayer):
@@ -274,6 +324,61 @@ def positions_and_bias(input_ids, attention_mask=None):
     return position_ids, (1.0 - allowed) * MASK_VALUE
 
 
+def response_sequences(prompt_ids, prompt_mask, response_ids, response_mask):
+    """Token ids, position ids and attention bias of prompts followed by their responses.
+
+    `prompt_ids`/`prompt_mask` [Bg, P] (left-padded), `response_ids`/`response_mask` [Bg K, W] (right-padded):
+    responses j K .. j K + K - 1 follow prompt j. With K = 1 each row is one [prompt | response] sequence with the
+    causal bias of :func:`positions_and_bias`. With K > 1 each row is [prompt | K responses], [Bg, P + K W]: the
+    prompt is read once for all of its responses (prefix sharing); each response's positions continue from its
+    prompt's length, and the bias is the pair `Qwen2Attention` takes (the prompt's own causal bias [Bg, 1, P, P];
+    for the response tokens [Bg, 1, K, 1, W, P + W]: the prompt's tokens, then causally their own response's).
+    The outputs at real tokens equal those of the K separate sequences."""
+    groups, prompt_width = prompt_ids.shape
+    rows, width = response_ids.shape
+    count = rows // groups
+    prompt_mask = prompt_mask.astype(ms.int32)
+    if width == 0:
+        position_ids, attn_bias = positions_and_bias(prompt_ids, prompt_mask)
+        return prompt_ids, position_ids, attn_bias
+    if count == 1:
+        ids = ops.concat((prompt_ids, response_ids), 1)
+        position_ids, attn_bias = positions_and_bias(ids, ops.concat((prompt_mask, response_mask.astype(ms.int32)), 1))
+        return ids, position_ids, attn_bias
+    ids = ops.concat((prompt_ids, response_ids.reshape(groups, count * width)), 1)
+    prompt_positions, prompt_bias = positions_and_bias(prompt_ids, prompt_mask)
+    steps = ops.arange(0, width, dtype=ms.int32).reshape(1, 1, width)
+    response_positions = prompt_mask.sum(1).reshape(groups, 1, 1) + steps  # [Bg, 1, W]
+    response_positions = ops.broadcast_to(response_positions, (groups, count, width)).reshape(groups, count * width)
+    causal = ops.tril(ops.ones((width, width), ms.float32)).reshape(1, 1, 1, 1, width, width)
+    own = causal * response_mask.astype(ms.float32).reshape(groups, 1, count, 1, 1, width)
+    prompt_keys = ops.broadcast_to(prompt_mask.astype(ms.float32).reshape(groups, 1, 1, 1, 1, prompt_width),
+                                   (groups, 1, count, 1, width, prompt_width))
+    response_bias = (1.0 - ops.concat((prompt_keys, own), -1)) * MASK_VALUE
+    return ids, ops.concat((prompt_positions, response_positions), 1), (prompt_bias, response_bias)
+
+
+def response_states(hidden, prompt_width: int, rows: int, next_token: bool = True):
+    """Each response's positions [rows, R, D] from the output [Bg, P + K W, D] of
+    :meth:`Qwen2Model.read_responses` over prompts of width `prompt_width` and `rows` = Bg K responses: with
+    `next_token` the positions that predict response tokens 0 .. R - 1 (the prompt's last one, then the first
+    W = R - 1 response tokens), else the response tokens' own W = R positions."""
+    groups, length, dim = hidden.shape
+    count = rows // groups
+    width = (length - prompt_width) // count
+    if count == 1:
+        return hidden[:, prompt_width - 1:] if next_token else hidden[:, prompt_width:]
+    if width == 0:
+        last = hidden[:, prompt_width - 1:]
+        return ops.broadcast_to(last.reshape(groups, 1, 1, dim), (groups, count, 1, dim)).reshape(rows, 1, dim)
+    own = hidden[:, prompt_width:].reshape(rows, width, dim)
+    if not next_token:
+        return own
+    last = hidden[:, prompt_width - 1:prompt_width].reshape(groups, 1, 1, dim)
+    last = ops.broadcast_to(last, (groups, count, 1, dim)).reshape(rows, 1, dim)
+    return ops.concat((last, own), 1)
+
+
 class Qwen2ForCausalLM(nn.Cell):
     """Qwen2 causal LM. `model(input_ids[, attention_mask])` -> logits [B, S, vocab] (float32).
 
@@ -316,15 +421,28 @@ class Qwen2ForCausalLM(nn.Cell):
 
         Position s (>= `first_position`) scores labels[b, s - first_position] given input_ids[b, :s+1]; earlier
         positions only feed attention and never reach the head, so the [tokens, vocab] logits (and their
-        gradient) exist for the scored positions only (TRL's `logits_to_keep`). Use the sampling temperature,
-        so that the policy whose log-probs are trained is the one the samples came from. With `with_entropy`
-        returns `(log_probs, entropy)`, the entropy of that distribution per position (no gradient). On the last
-        of several pipeline stages the layers start from `hidden_in`, the previous stage's output.
+        gradient) exist for the scored positions only (TRL's `logits_to_keep`). With `with_entropy` returns
+        `(log_probs, entropy)`, the entropy of that distribution per position (no gradient). On the last of
+        several pipeline stages the layers start from `hidden_in`, the previous stage's output.
         """
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         hidden = self.model(input_ids, position_ids, attn_bias, hidden_in=hidden_in)
         if first_position:
             hidden = hidden[:, first_position:, :]
+        return self.label_log_probs(hidden, labels, temperature, with_entropy)
+
+    def response_log_probs(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature=1.0,
+                           with_entropy=False, hidden_in=None):
+        """log p(response token t | prompt, response[:t]) [Bg K, R] (and the entropy per position with
+        `with_entropy`) of K = response rows / prompt rows responses of each prompt, the prompt read once for all of
+        them (:func:`response_sequences`). Use the sampling temperature, so that the policy whose log-probs are
+        trained is the one the samples came from. Call inside a Cell's construct."""
+        hidden = self.model.read_responses(prompt_ids, prompt_mask, response_ids, response_mask, True, hidden_in)
+        states = response_states(hidden, prompt_ids.shape[1], response_ids.shape[0])
+        return self.label_log_probs(states, response_ids, temperature, with_entropy)
+
+    def label_log_probs(self, hidden, labels, temperature=1.0, with_entropy=False):
+        """The head on final hidden states [B, S, D] and log softmax(logits / temperature) at `labels` [B, S]."""
         local_logits = self.logits(hidden, gather=False)
         if temperature != 1.0:
             local_logits = local_logits / temperature
@@ -362,6 +480,19 @@ class Qwen2ForValue(nn.Cell):
         hidden = self.model(input_ids, position_ids, attn_bias, hidden_in=hidden_in)
         if first_position:
             hidden = hidden[:, first_position:, :]
+        return self.head(hidden)
+
+    def response_values(self, prompt_ids, prompt_mask, response_ids, response_mask, next_token=True,
+                        hidden_in=None):
+        """The head's output [Bg K, R] for K = response rows / prompt rows responses of each prompt, the prompt
+        read once for all of them: with `next_token` at the positions before each response token (the critic's
+        values), else at the response tokens themselves (a reward model's). Call inside a Cell's construct."""
+        hidden = self.model.read_responses(prompt_ids, prompt_mask, response_ids, response_mask, next_token,
+                                           hidden_in)
+        return self.head(response_states(hidden, prompt_ids.shape[1], response_ids.shape[0], next_token))
+
+    def head(self, hidden):
+        """The scalar head on final hidden states [B, S, D]: float32 [B, S]."""
         weight = self.score.weight.astype(self.compute_dtype)
         values = ops.matmul(hidden.astype(self.compute_dtype), weight.T).astype(ms.float32)[..., 0]
         if self.head_bias:
@@ -395,9 +526,10 @@ class _CachedCell(nn.Cell):
 
 
 class _PrefillCell(_CachedCell):
-    def construct(self, input_ids, attention_mask):
+    def construct(self, input_ids, attention_mask, source, written):
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        h = self.model.model(input_ids, position_ids, attn_bias, self.key_caches, self.value_caches)
+        h = self.model.model(input_ids, position_ids, attn_bias, self.key_caches, self.value_caches,
+                             prefill_rows=(source, written))
         return self.model.logits(h[:, -1, :])
 
 
@@ -421,8 +553,10 @@ class _DecodeCell(_CachedCell):
 class KVCache:
     """Static key/value cache for `batch_size` sequences of up to `length` positions, with two graphs.
 
-    `prefill(input_ids, attention_mask)` runs the (left-padded) prompts, fills slots [0, S) and returns
-    the last position's logits [B, vocab]; `decode(token_ids, position_ids, slot, valid_slots)` runs one
+    `prefill(input_ids, attention_mask, source, written)` runs (left-padded) prompts [B', S], fills slots [0, S) of
+    the cache rows b with `written[b]` (float32 [B], 1 or 0) from prompt `source[b]` (int32 [B]; a prompt is read once
+    for all of its samples' rows, and prompts may come a few at a time) and returns each prompt's last-position
+    logits [B', vocab]; `decode(token_ids, position_ids, slot, valid_slots)` runs one
     new token per sequence, writes it at `slot` and attends to the slots where `valid_slots` [B, L] is 1.
     Each graph compiles once per input shape. The cache Parameters are not part of the model's
     checkpoint (they live here, named `kv_cache.*`).
@@ -447,3 +581,17 @@ class KVCache:
 
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.key_caches) * 2
+
+    def rows_of(self, first_prompt: int, prompts: int, samples: int = 1) -> tuple[Tensor, Tensor]:
+        """`prefill`'s (source, written) for prompts `first_prompt` .. `first_prompt + prompts - 1` of a batch whose
+        prompt j fills cache rows j samples .. j samples + samples - 1 (every row: first_prompt 0 and as many prompts
+        as the batch has)."""
+        if (first_prompt + prompts) * samples > self.batch_size:
+            raise ValueError(f"prompts {first_prompt}..{first_prompt + prompts - 1} x {samples} samples do not fit "
+                             f"the cache's {self.batch_size} rows")
+        source = np.zeros(self.batch_size, np.int32)
+        written = np.zeros(self.batch_size, np.float32)
+        rows = slice(first_prompt * samples, (first_prompt + prompts) * samples)
+        source[rows] = np.arange(prompts * samples) // samples
+        written[rows] = 1.0
+        return Tensor(source), Tensor(written)
