@@ -414,29 +414,23 @@ class Qwen2ForCausalLM(nn.Cell):
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
         return self.logits(self.model(input_ids, position_ids, attn_bias))
 
-    def log_probs(self, input_ids, labels, attention_mask=None, temperature=1.0, with_entropy=False,
-                  first_position=0, hidden_in=None):
-        """log softmax(logits / temperature)[labels] in float32, [B, S - first_position]. Call inside a Cell's
-        construct.
-
-        Position s (>= `first_position`) scores labels[b, s - first_position] given input_ids[b, :s+1]; earlier
-        positions only feed attention and never reach the head, so the [tokens, vocab] logits (and their
-        gradient) exist for the scored positions only (TRL's `logits_to_keep`). With `with_entropy` returns
-        `(log_probs, entropy)`, the entropy of that distribution per position (no gradient). On the last of
-        several pipeline stages the layers start from `hidden_in`, the previous stage's output.
-        """
+    def log_probs(self, input_ids, labels, attention_mask=None, temperature=1.0, with_entropy=False):
+        """log softmax(logits / temperature)[labels] in float32 [B, S]: position s scores labels[b, s] given
+        input_ids[b, :s+1]. With `with_entropy` returns `(log_probs, entropy)`, the entropy of that distribution per
+        position (no gradient). Call inside a Cell's construct."""
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        hidden = self.model(input_ids, position_ids, attn_bias, hidden_in=hidden_in)
-        if first_position:
-            hidden = hidden[:, first_position:, :]
+        hidden = self.model(input_ids, position_ids, attn_bias)
         return self.label_log_probs(hidden, labels, temperature, with_entropy)
 
     def response_log_probs(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature=1.0,
                            with_entropy=False, hidden_in=None):
         """log p(response token t | prompt, response[:t]) [Bg K, R] (and the entropy per position with
         `with_entropy`) of K = response rows / prompt rows responses of each prompt, the prompt read once for all of
-        them (:func:`response_sequences`). Use the sampling temperature, so that the policy whose log-probs are
-        trained is the one the samples came from. Call inside a Cell's construct."""
+        them (:func:`response_sequences`). Only the response positions reach the head, so the [tokens, vocab]
+        logits (and their gradient) exist for the scored positions only (TRL's `logits_to_keep`). Use the sampling
+        temperature, so that the policy whose log-probs are trained is the one the samples came from. On the last of
+        several pipeline stages the layers start from `hidden_in`, the previous stage's output. Call inside a Cell's
+        construct."""
         hidden = self.model.read_responses(prompt_ids, prompt_mask, response_ids, response_mask, True, hidden_in)
         states = response_states(hidden, prompt_ids.shape[1], response_ids.shape[0])
         return self.label_log_probs(states, response_ids, temperature, with_entropy)
@@ -472,15 +466,11 @@ class Qwen2ForValue(nn.Cell):
         self.head_bias = config.value_head_bias
         self.compute_dtype = to_ms_dtype(config.compute_dtype)
 
-    def values(self, input_ids, attention_mask=None, first_position=0, hidden_in=None):
-        """The head's output at positions `first_position` .. S-1, float32 [B, S - first_position]: the value
-        of the state after reading token s. On the last of several pipeline stages the layers start from
-        `hidden_in`, the previous stage's output. Call inside a Cell's construct."""
+    def values(self, input_ids, attention_mask=None):
+        """The head's output at every position, float32 [B, S]: the value of the state after reading token s. Call
+        inside a Cell's construct."""
         position_ids, attn_bias = positions_and_bias(input_ids, attention_mask)
-        hidden = self.model(input_ids, position_ids, attn_bias, hidden_in=hidden_in)
-        if first_position:
-            hidden = hidden[:, first_position:, :]
-        return self.head(hidden)
+        return self.head(self.model(input_ids, position_ids, attn_bias))
 
     def response_values(self, prompt_ids, prompt_mask, response_ids, response_mask, next_token=True,
                         hidden_in=None):
