@@ -32,15 +32,16 @@ STEPS = 10
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo") / "out"
-    env = dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3")
+    port = free_port()
+    env = dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(port), GLOG_v="3")
     proc = subprocess.run(["bash", str(ROOT / "run_grpo.sh"), "--steps", str(STEPS), "--eval_interval", "0"],
                           env=env, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, proc.stdout
+    return out, proc.stdout, port
 
 
 def test_default_run_learns_and_ends_with_the_accuracy_line(run):
-    out, stdout = run
+    out, stdout, run_port = run
     last = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"held-out accuracy: before=\d+\.\d% after=\d+\.\d%", last), last
     for step in (1, STEPS):  # each step line shown once (live from msrun, not repeated from the worker log)
@@ -62,11 +63,14 @@ def test_default_run_learns_and_ends_with_the_accuracy_line(run):
         assert re.findall(r"allocated KV cache batch=(\d+)", log) == ["32"], rank
         # both nets dp=2 with the same model: one set of weights, nothing to reshard
         assert "the inference net uses the train net's weights" in log, rank
+        # both ranks on this host: the gradient sums go through shared memory (none of its files left behind)
+        assert "data-parallel gradient sums through shared memory" in log, rank
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"mindrlhf-127.0.0.1-{run_port}-")]
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_trained_checkpoint_reverses_to_a_transformers_model_that_answers_alike(run, graph_mode, tmp_path):
-    out, _ = run
+    out, _, _ = run
     step_dir = out / "checkpoints" / f"step_{STEPS:06d}"
     hf_dir = tmp_path / "hf"
     subprocess.run([sys.executable, str(ROOT / "tools" / "convert_weight.py"), "--reverse", "--mindspore_ckpt_path",

@@ -85,6 +85,17 @@ class MaxOverGroup(nn.Cell):
         return ops.max(gathered, axis=-1)[0]
 
 
+def sum_over(group: str):
+    """An AllReduce(SUM) over `group` for the data-parallel gradient sums: through shared memory when the group is a
+    shared-memory group (`host_collective`, CPU ranks on one host), else MindSpore's. Returns (op, shared): calls of
+    a shared-memory op must be chained (`ops.depend`) so that every member issues them in the same order."""
+    from mindrlhf.parallel import host_collective
+
+    if host_collective.group(group) is not None:
+        return host_collective.all_reduce_op(group), True
+    return ops.AllReduce(ops.ReduceOp.SUM, group), False
+
+
 class DataParallelGradReducer(nn.Cell):
     """Reduces a tuple of gradients over the data-parallel group (identity when dp == 1).
 
@@ -95,15 +106,29 @@ class DataParallelGradReducer(nn.Cell):
     def __init__(self, group: str | None, dp_size: int, mean: bool = True):
         super().__init__()
         self.dp_size = dp_size
-        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group) if dp_size > 1 else None
+        self.all_reduce, self.chained = sum_over(group) if dp_size > 1 else (None, False)
         self.scale = 1.0 / dp_size if mean else 1.0
 
     def construct(self, grads):
         if self.all_reduce is None:
             return grads
+        if self.chained:
+            return self._one_after_the_other(grads)
         if self.scale == 1.0:  # a sum: no gradient-sized product (the CPU backend keeps each op's output)
             return tuple(self.all_reduce(g) for g in grads)
         return tuple(self.all_reduce(g) * self.scale for g in grads)
+
+    def _one_after_the_other(self, grads):
+        # no `if` inside the loop (graph mode nests a call per iteration; see AllReduceInPlace)
+        reduced = ()
+        done = ops.zeros((), mstype.float32)
+        for i in range(len(grads)):
+            total = self.all_reduce(ops.depend(grads[i], done))
+            done = ops.depend(done, total)
+            reduced = reduced + (total,)
+        if self.scale == 1.0:
+            return reduced
+        return tuple(g * self.scale for g in reduced)
 
 
 class WorldAllGather(nn.Cell):
@@ -135,7 +160,7 @@ class AllReduceInPlace(nn.Cell):
     def __init__(self, params, group: str, scale: float = 1.0):
         super().__init__()
         self.params = params
-        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+        self.all_reduce, _ = sum_over(group)  # chained either way: one parameter after the other
         self.scale = float(scale)
 
     def construct(self):

@@ -156,6 +156,28 @@ def pin_cpu_cores(mode: str, world_size: int) -> list[int] | None:
     return sorted(os.sched_getaffinity(0))
 
 
+def share_data_parallel_sums(mode: str, layouts, world_size: int, rank: int) -> list[str]:
+    """CPU backend with every rank on this host and `mode` "auto": the data-parallel groups of `layouts` (their
+    gradient sums) go through shared memory (`mindrlhf.parallel.host_collective`); returns those groups. Every rank
+    must call it with the same layouts (it waits for the others)."""
+    import mindspore as ms
+
+    from mindrlhf.parallel import host_collective
+    from mindrlhf.parallel.host import HostCollectives
+
+    if mode != "auto" or world_size <= 1 or ms.get_context("device_target") != "CPU" or \
+            not host_collective.available() or _ranks_on_host(world_size) != world_size:
+        return []
+    groups = []
+    for layout in layouts:
+        if layout is not None and layout.dp > 1:
+            host_collective.enable(layout.dp_group, layout.dp_group_ranks(), rank)
+            groups.append(layout.dp_group)
+    if groups:
+        host_collective.finish_setup(HostCollectives(world_size, rank).barrier)
+    return sorted(set(groups))
+
+
 def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -> int:
     """Runs the job; returns the process exit code. Bad input prints `error: <where>: <problem>` and gives 2."""
     import mindspore as ms

@@ -232,9 +232,14 @@ class RLTrainer:
         resume_dir = find_resume_checkpoint(job.resume, job.checkpoint_dir) if job.resume else None
 
         if world_size > 1:
+            from mindrlhf.trainer.launch import share_data_parallel_sums
+
             for layout in (train_layout, infer_layout, critic_layout):
                 if layout is not None:
                     layout.init_groups()
+            shared = share_data_parallel_sums(job.cpu_collectives, (train_layout, critic_layout), world_size, rank)
+            if shared:
+                logger.info("data-parallel gradient sums through shared memory (CPU, one host): %s", ", ".join(shared))
         if job.enable_compile_cache:
             ms.set_context(enable_compile_cache=True,
                            compile_cache_path=os.path.join(job.output_dir, "compile_cache", f"rank_{rank}"))

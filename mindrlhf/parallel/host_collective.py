@@ -1,0 +1,246 @@
+"""AllReduce(SUM) through shared memory for CPU ranks on one host.
+
+MindSpore's CPU collectives run over TCP and cost CPU time in proportion to the bytes (a 13 MB AllReduce between two
+ranks of one host: 72 ms, 65 ms of it CPU time on each rank; `docs/performance.md`). Ranks on one host can sum
+through shared memory instead: each member writes its tensor into a file of its own under /dev/shm, the members wait
+for each other, and each adds the members' tensors in the same order (so every member gets the same bits).
+
+A member's files are unlinked as soon as every peer has them open, so a killed job leaves nothing behind. Waiting
+uses one FIFO per ordered pair of members: the token write and read are system calls, which also order the shared
+memory between them. Calls of one group must come in the same order on every member (as for any collective); each
+call's header (sequence number, size, dtype) is checked, so a mismatch is an error rather than a wrong sum.
+
+`enable(group, ranks, rank)` registers a group (every member calls it at the same point, followed by
+`finish_setup`); `all_reduce_op(group)` is then an in-graph op (a MindSpore `pyfunc` Custom op) for that group.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import select
+
+import numpy as np
+
+ROOT = "/dev/shm"
+CHUNK_BYTES = 32 * 2**20  # larger tensors go through in chunks: the shared memory a member holds stays bounded
+HEADER_BYTES = 64
+TIMEOUT_S = 600.0  # a peer that never comes (msrun kills a job whose worker died; this catches the rest)
+_MAGIC = 0x6D696E64726C6866  # "mindrlhf"
+_DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2, np.dtype(np.int32): 3, np.dtype(np.float64): 4,
+           np.dtype(np.int64): 5}
+
+_groups: dict[str, SharedMemoryGroup] = {}
+
+
+class CollectiveError(RuntimeError):
+    """The members of a shared-memory group disagree (another call, shape or dtype) or one did not come."""
+
+
+def available() -> bool:
+    """Whether this host has the shared-memory folder and FIFOs the groups use."""
+    return os.path.isdir(ROOT) and hasattr(os, "mkfifo")
+
+
+def job_key() -> str:
+    """What tells this job's files from another job's on the host: msrun's scheduler address."""
+    return f"{os.environ.get('MS_SCHED_HOST', 'local')}-{os.environ.get('MS_SCHED_PORT', os.getppid())}"
+
+
+class SharedMemoryGroup:
+    """One member's side of a group of ranks on this host (`ranks`, this process being `rank`)."""
+
+    def __init__(self, name: str, ranks: list[int], rank: int, key: str | None = None):
+        self.name, self.ranks = name, list(ranks)
+        self.index, self.size = self.ranks.index(rank), len(self.ranks)
+        self.folder = os.path.join(ROOT, f"mindrlhf-{key or job_key()}-{name}")
+        self.sequence = 0
+        self._incoming: dict[int, int] = {}
+        self._outgoing: dict[int, int] = {}
+        self._maps: dict[tuple[int, int, int], mmap.mmap] = {}
+        self._created: list[tuple[str, int]] = []
+        self.stage = "created"
+        os.makedirs(self.folder, exist_ok=True)
+        for peer in self.peers:
+            path = self._fifo(peer, self.index)
+            _unlink(path)  # left by a job killed during its set-up on the same scheduler port
+            os.mkfifo(path, 0o600)
+            self._incoming[peer] = os.open(path, os.O_RDWR)  # RDWR: never blocks, and the pipe always has a reader
+
+    @property
+    def peers(self) -> list[int]:
+        return [i for i in range(self.size) if i != self.index]
+
+    def _fifo(self, source: int, target: int) -> str:
+        return os.path.join(self.folder, f"fifo.{source}.{target}")
+
+    def connect(self) -> None:
+        """Opens the FIFOs to the peers (after every member has made its own)."""
+        for peer in self.peers:
+            self._outgoing[peer] = os.open(self._fifo(self.index, peer), os.O_WRONLY)
+        self.stage = "connected"
+
+    def unlink_own(self) -> None:
+        """Removes this member's FIFO names (after every member has opened them); the open pipes stay."""
+        for peer in self.peers:
+            _unlink(self._fifo(peer, self.index))
+        self._remove_folder()
+        self.stage = "ready"
+
+    def _remove_folder(self) -> None:
+        try:
+            os.rmdir(self.folder)
+        except OSError:  # a member's files are still there: whoever unlinks the last one removes it
+            pass
+
+    # ------------------------------------------------------------------ exchange
+    def _slot(self, member: int, parity: int, nbytes: int) -> mmap.mmap:
+        key = (member, parity, nbytes)
+        if key not in self._maps:
+            path = os.path.join(self.folder, f"slot.{member}.{parity}.{nbytes}")
+            if member == self.index:
+                os.makedirs(self.folder, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+                os.ftruncate(fd, HEADER_BYTES + nbytes)
+                self._created.append((path, self.sequence))
+            else:
+                try:
+                    fd = os.open(path, os.O_RDWR)
+                except FileNotFoundError:
+                    raise CollectiveError(f"shared-memory group {self.name}: member {self.ranks[member]} has no "
+                                          f"{nbytes}-byte tensor at call {self.sequence}: the members' collectives "
+                                          "differ in order or shape") from None
+            try:
+                self._maps[key] = mmap.mmap(fd, HEADER_BYTES + nbytes)
+            finally:
+                os.close(fd)
+        return self._maps[key]
+
+    def _wait_for_peers(self) -> None:
+        for peer in self.peers:
+            os.write(self._outgoing[peer], b"\x01")
+        for peer in self.peers:
+            ready, _, _ = select.select([self._incoming[peer]], [], [], TIMEOUT_S)
+            if not ready:
+                raise CollectiveError(f"shared-memory group {self.name}: member {self.ranks[peer]} did not reach call "
+                                      f"{self.sequence} within {TIMEOUT_S:.0f} s")
+            os.read(self._incoming[peer], 1)
+
+    def _unlink_opened(self) -> None:
+        """Unlinks own slot files every peer has mapped: those made in an earlier call (a peer that has reached this
+        call's wait is done with the earlier ones)."""
+        if not self._created:
+            return
+        keep = []
+        for path, created in self._created:
+            if created < self.sequence:
+                _unlink(path)
+            else:
+                keep.append((path, created))
+        self._created = keep
+        if not keep:
+            self._remove_folder()
+
+    def _sum_chunk(self, flat: np.ndarray) -> np.ndarray:
+        sequence, nbytes = self.sequence, flat.nbytes
+        parity = sequence & 1  # a member reuses a slot two calls later, when every peer has read it
+        header = np.array([sequence, nbytes, _DTYPES[flat.dtype], _MAGIC], np.int64)
+        mine = self._slot(self.index, parity, nbytes)
+        mine[:HEADER_BYTES] = header.tobytes().ljust(HEADER_BYTES, b"\0")
+        np.frombuffer(mine, flat.dtype, flat.size, HEADER_BYTES)[:] = flat
+        self._wait_for_peers()
+        self._unlink_opened()
+        self.sequence += 1
+        views = []
+        for member in range(self.size):
+            slot = self._slot(member, parity, nbytes)
+            theirs = np.frombuffer(slot, np.int64, 4)
+            if not np.array_equal(theirs, header):
+                raise CollectiveError(f"shared-memory group {self.name}: member {self.ranks[member]} is at call "
+                                      f"{theirs[0]} ({theirs[1]} bytes, dtype code {theirs[2]}), this member at call "
+                                      f"{sequence} ({nbytes} bytes, dtype code {header[2]}): the members' "
+                                      "collectives differ in order or shape")
+            views.append(np.frombuffer(slot, flat.dtype, flat.size, HEADER_BYTES))
+        total = np.add(views[0], views[1]) if self.size > 1 else views[0].copy()
+        for view in views[2:]:
+            np.add(total, view, out=total)
+        return total
+
+    def all_reduce(self, x: np.ndarray) -> np.ndarray:
+        """The sum of every member's `x` (same shape and dtype on every member), the same on every member."""
+        if self.stage != "ready":
+            raise CollectiveError(f"shared-memory group {self.name}: set up incompletely ({self.stage}); call "
+                                  "host_collective.finish_setup on every member")
+        flat = np.ascontiguousarray(x).reshape(-1)
+        if x.dtype not in _DTYPES:
+            raise CollectiveError(f"shared-memory group {self.name}: dtype {x.dtype} is not supported")
+        if flat.nbytes <= CHUNK_BYTES:
+            return self._sum_chunk(flat).reshape(x.shape)
+        step = CHUNK_BYTES // flat.itemsize
+        return np.concatenate([self._sum_chunk(flat[start:start + step])
+                               for start in range(0, flat.size, step)]).reshape(x.shape)
+
+    def close(self) -> None:
+        for fd in list(self._incoming.values()) + list(self._outgoing.values()):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for path, _ in self._created:
+            _unlink(path)
+        self._remove_folder()
+        for slot in self._maps.values():
+            try:
+                slot.close()
+            except BufferError:  # a numpy view still refers to it; the process is ending anyway
+                pass
+        self._incoming, self._outgoing, self._maps, self._created = {}, {}, {}, []
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def enable(name: str, ranks: list[int], rank: int) -> None:
+    """Makes `name` (this rank among `ranks`, all on this host) a shared-memory group: every member calls it, then
+    `finish_setup` with a barrier between the steps. Idempotent per name."""
+    if name not in _groups and len(ranks) > 1:
+        if not _groups:
+            import atexit
+
+            atexit.register(reset)
+        _groups[name] = SharedMemoryGroup(name, ranks, rank)
+
+
+def finish_setup(barrier) -> None:
+    """Connects the groups `enable` made (every member calls it, `barrier()` waits for every rank of the job)."""
+    pending = [group for group in _groups.values() if group.stage != "ready"]
+    barrier()
+    for group in pending:
+        group.connect()
+    barrier()
+    for group in pending:
+        group.unlink_own()
+
+
+def group(name: str) -> SharedMemoryGroup | None:
+    """The shared-memory group `name`, or None when it is not one."""
+    return _groups.get(name)
+
+
+def reset() -> None:
+    """Closes every group (tests; the end of a process)."""
+    for member in _groups.values():
+        member.close()
+    _groups.clear()
+
+
+def all_reduce_op(name: str):
+    """An in-graph AllReduce(SUM) over the shared-memory group `name` (a `pyfunc` Custom op: the graph hands this
+    process the tensor, the members sum it in shared memory). No gradient."""
+    from mindspore import ops
+
+    member = _groups[name]
+    return ops.Custom(member.all_reduce, out_shape=lambda x: x, out_dtype=lambda x: x, func_type="pyfunc")

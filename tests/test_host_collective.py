@@ -1,0 +1,92 @@
+"""AllReduce(SUM) through shared memory (mindrlhf.parallel.host_collective) among processes of this host: sums,
+the same bits on every member, chunks, mismatches reported, nothing left in /dev/shm."""
+import multiprocessing as mp
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+from mindrlhf.parallel import host_collective as hc
+
+pytestmark = pytest.mark.skipif(not hc.available(), reason="no /dev/shm or FIFOs on this host")
+
+
+def member_inputs(index: int):
+    rng = np.random.default_rng(index)
+    return [rng.standard_normal((3, 5)).astype(np.float32),  # one chunk
+            rng.standard_normal(1000).astype(np.float64),
+            rng.integers(-5, 5, (7,)).astype(np.int32),
+            rng.standard_normal((4, 300)).astype(np.float32),  # several chunks of CHUNK_BYTES (set small below)
+            np.float16(index + 0.5) * np.ones(2, np.float16)]
+
+
+def member(index: int, size: int, key: str, barrier, results, mismatch: bool):
+    hc.CHUNK_BYTES = 1024
+    try:
+        group = hc.SharedMemoryGroup("g", list(range(10, 10 + size)), 10 + index, key=key)
+        barrier.wait()
+        group.connect()
+        barrier.wait()
+        group.unlink_own()
+        if mismatch:
+            x = np.zeros(4 if index == 0 else 5, np.float32)
+            try:
+                group.all_reduce(x)
+            except hc.CollectiveError as err:
+                results[index] = ("error", str(err))
+            group.close()
+            return
+        outputs = [group.all_reduce(x) for _ in range(3) for x in member_inputs(index)]
+        group.close()
+        results[index] = ("ok", [o.tobytes() for o in outputs], [o.dtype.str for o in outputs],
+                          [o.shape for o in outputs])
+    except Exception as err:  # reported to the test
+        results[index] = ("exception", repr(err))
+
+
+def run_members(size: int, mismatch: bool = False):
+    ctx = mp.get_context("fork")
+    key = f"test-{uuid.uuid4().hex[:8]}"
+    manager = ctx.Manager()
+    results, barrier = manager.dict(), ctx.Barrier(size)
+    procs = [ctx.Process(target=member, args=(i, size, key, barrier, results, mismatch)) for i in range(size)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    leftovers = [name for name in os.listdir(hc.ROOT) if key in name]
+    return dict(results), leftovers
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_members_get_the_sum_with_the_same_bits(size):
+    results, leftovers = run_members(size)
+    assert sorted(results) == list(range(size)), results
+    assert all(result[0] == "ok" for result in results.values()), results
+    expected = [sum(member_inputs(i)[k] for i in range(size)) for _ in range(3) for k in range(5)]
+    mine = results[0]
+    for got, dtype, shape, want in zip(mine[1], mine[2], mine[3], expected):
+        assert dtype == want.dtype.str and tuple(shape) == want.shape
+        np.testing.assert_allclose(np.frombuffer(got, dtype).reshape(shape), want, rtol=1e-6)
+    for index in range(1, size):
+        assert results[index][1] == mine[1]  # bit for bit: every member adds in the same order
+    assert leftovers == []  # the files are unlinked once every member has them open
+
+
+def test_members_that_disagree_raise_instead_of_summing():
+    results, leftovers = run_members(2, mismatch=True)
+    assert all(result[0] == "error" for result in results.values()), results
+    assert all("differ in order or shape" in result[1] for result in results.values())
+    assert leftovers == []
+
+
+def test_a_group_that_was_not_set_up_refuses_to_sum():
+    group = hc.SharedMemoryGroup("alone", [0, 1], 0, key=f"test-{uuid.uuid4().hex[:8]}")
+    try:
+        with pytest.raises(hc.CollectiveError, match="set up incompletely"):
+            group.all_reduce(np.ones(3, np.float32))
+    finally:
+        group.unlink_own()
+        group.close()
