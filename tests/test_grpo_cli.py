@@ -3,6 +3,7 @@ no traceback, and nothing written; --only_save_strategy writes strategy files Mi
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -241,24 +242,32 @@ def test_a_reward_function_written_for_trl_runs_unchanged(tmp_path, mindrecord, 
 @pytest.mark.parametrize("variant,flags", [
     ("micro-batches", ["--micro_batch_size_per_device", "2", "--log_prob_micro_batch_size_per_device", "2"]),
     ("each response with its own prompt", ["--share_prompts", "false"]),
+    ("every response position read", ["--response_buckets", "1"]),
 ])
 def test_micro_batches_and_unshared_prompts_train_like_whole_mini_batches(variant, flags, tmp_path, mindrecord,
-                                                                           graph_mode):
+                                                                           graph_mode, capsys):
     """--micro_batch_size_per_device (gradient accumulation) and --log_prob_micro_batch_size_per_device (ref
-    log-probs a few rows at a time, each prompt read once for the 2 responses of a call), or every response read
-    with its own copy of its prompt (--share_prompts false): the same step as whole batches that read each prompt
-    once for all of its responses (the default)."""
+    log-probs a few rows at a time, each prompt read once for the 2 responses of a call), every response read
+    with its own copy of its prompt (--share_prompts false), or every one of the max_new_tokens positions read
+    (--response_buckets 1): the same step as whole batches that read each prompt once for all of its responses
+    and only as many response positions as the longest response needs (the default)."""
     from mindrlhf.trainer.checkpoint import read_policy_weights
 
-    runs = {}
+    runs, widths = {}, {}
     for name, extra in (("whole", []), (variant, flags)):
         out = tmp_path / name.replace(" ", "_")
         code = load_script().main(base_args(mindrecord, out) + [
             "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1"] + extra)
         assert code == 0
+        # "<pass> micro-batches: ... (P + W of R tokens; ...)": the response positions each pass read
+        widths[name] = [(int(w), int(r)) for w, r in re.findall(r"micro-batches: .*\(\d+ \+ (\d+) of (\d+) tokens",
+                                                                 capsys.readouterr().err)]
         metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
         runs[name] = metrics, read_policy_weights(str(out / "checkpoints" / "step_000001"))
     (whole, whole_weights), (other, other_weights) = runs["whole"], runs[variant]
+    assert widths["whole"] and any(w < r for w, r in widths["whole"])  # the default cut the responses' padding
+    if "--response_buckets" in flags:
+        assert widths[variant] and all(w == r for w, r in widths[variant])
     assert other["reward/mean"] == whole["reward/mean"] and whole["actor/updates"] == 4
     assert whole["reward/frac_zero_std"] < 1 and whole["actor/grad_norm"] > 0  # there was something to learn
     for key in ("actor/loss", "actor/kl", "actor/entropy", "actor/grad_norm"):

@@ -3,6 +3,7 @@ import json
 import os
 import resource
 
+import mindspore as ms
 import numpy as np
 import pytest
 
@@ -19,8 +20,10 @@ from mindrlhf.trainer.experience import (
     concat_experiences,
     group_unit,
     prompt_micro_batches,
+    response_widths,
     rows_of_rank,
     shared_prompt_run,
+    trimmed_width,
     update_chunks,
 )
 from mindrlhf.trainer.phases import PHASES, Phases
@@ -378,7 +381,7 @@ def fake_actor(norms, max_consecutive_skips):
     actor = Actor.__new__(Actor)
     actor.config, actor.generation, actor.train_layout = config, config.generation, Layout()
     actor.optimizer = SimpleNamespace(set_learning_rate=lambda lr: None)
-    actor.train_rows = SimpleNamespace(split=lambda arrays: [arrays])
+    actor.train_rows = SimpleNamespace(width=lambda mask: mask.shape[1], split=lambda arrays, width: [arrays])
     calls = iter(norms)
 
     def train_step(micro_batches):
@@ -504,13 +507,22 @@ def test_prompt_micro_batches_give_each_call_its_prompts_once_per_share():
         prompt_micro_batches([ids, mask, response], size=4, share=3)
 
 
-@pytest.mark.parametrize("configured,share_prompts,plan", [
-    (0, True, (16, 8)),  # auto: every row in one call, each prompt read once for its 8 responses
-    (0, False, (16, 1)),
-    (4, True, (4, 4)),  # a set size: the prompt read once for the 4 responses of a call
-    (2, True, (2, 2)),
+def responses_of_length(rows, longest, width=48):
+    """Response ids and mask [rows, width] whose longest response has `longest` tokens."""
+    lengths = np.minimum(np.arange(rows) % longest + 1, longest)
+    lengths[0] = longest
+    mask = (np.arange(width)[None] < lengths[:, None]).astype(np.int32)
+    return np.where(mask > 0, 7, 0).astype(np.int32), mask
+
+
+@pytest.mark.parametrize("configured,share_prompts,longest,plan", [
+    (0, True, 48, (16, 8, 48)),  # auto: every row in one call, each prompt read once for its 8 responses
+    (0, False, 48, (16, 1, 48)),
+    (4, True, 48, (4, 4, 48)),  # a set size: the prompt read once for the 4 responses of a call
+    (2, True, 20, (2, 2, 32)),  # responses of at most 20 tokens: 32 of the 48 positions are read
+    (0, True, 16, (16, 8, 16)),
 ])
-def test_the_sizer_plans_calls_and_prompt_reads(configured, share_prompts, plan):
+def test_the_sizer_plans_calls_prompt_reads_and_width(configured, share_prompts, longest, plan):
     from mindrlhf.configs.grpo_configs import ScheduleConfig
     from mindrlhf.models.qwen2 import Qwen2Config
     from mindrlhf.parallel import Layout
@@ -519,10 +531,46 @@ def test_the_sizer_plans_calls_and_prompt_reads(configured, share_prompts, plan)
     sched = ScheduleConfig(micro_batch_size_per_device=configured, share_prompts=share_prompts)
     sizer = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, True)
     ids, mask = grouped_rows(2, 8, prompt_width=160)
-    arrays = [ids, mask, np.zeros((16, 48), np.int32)]
+    response, response_mask = responses_of_length(16, longest)
+    per_token, per_row = np.ones((16, 48), np.float32), np.arange(16, dtype=np.float32)
+    arrays = [ids, mask, response, response_mask, per_token, per_row]
     assert sizer.plan(arrays) == plan
     calls = sizer.split(arrays)
-    assert len(calls) == 16 // plan[0] and calls[0][0].shape == (plan[0] // plan[1], 160)
+    size, share, width = plan
+    assert len(calls) == 16 // size
+    assert [t.shape for t in calls[0]] == [(size // share, 160), (size // share, 160), (size, width), (size, width),
+                                           (size, width), (size,)]
+    assert sizer.plan(arrays, width=48)[2] == 48  # a caller's width (the update's on every dp rank) wins
+
+
+def test_a_pass_reads_the_narrowest_width_that_holds_its_responses_and_pads_its_outputs_back():
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+    from mindrlhf.parallel import Layout
+
+    assert response_widths(48, 3) == [16, 32, 48]
+    assert response_widths(1024, 3) == [344, 688, 1024]
+    assert response_widths(48, 1) == [48] and response_widths(10, 4) == [8, 10]
+    _, mask = responses_of_length(4, 20)
+    assert trimmed_width(mask, [16, 32, 48]) == 32 and trimmed_width(mask[:, :0], [16, 32, 48]) == 16
+    assert trimmed_width(np.ones((2, 48), np.int32), [16, 32, 48]) == 48
+
+    cfg = Qwen2Config.from_yaml("model_configs/arith/train.yaml")
+    sizer = MicroBatchSizer.for_pass("log_prob", ScheduleConfig(log_prob_micro_batch_size_per_device=4), cfg,
+                                     Layout(), 8, False)
+    ids, prompt_mask = grouped_rows(1, 8, prompt_width=12)
+    response, response_mask = responses_of_length(8, 11)  # 16 of 48 positions hold every response
+    seen = []
+
+    def cell(prompt_ids, prompt_mask, response_ids, response_mask):
+        seen.append((prompt_ids.shape, response_ids.shape))
+        return ms.Tensor(response_ids.asnumpy().astype(np.float32) + 1)
+
+    out = sizer.run(cell, [ids, prompt_mask, response, response_mask])
+    assert seen == [((1, 12), (4, 16))] * 2
+    assert out.shape == (8, 48)
+    np.testing.assert_array_equal(out[:, :16], response[:, :16] + 1)
+    assert not out[:, 16:].any()  # zeros where the pass read nothing: padding after every response
 
 
 def test_the_auto_size_counts_a_shared_prompt_once():
@@ -532,10 +580,10 @@ def test_the_auto_size_counts_a_shared_prompt_once():
 
     cfg = Qwen2Config.from_yaml("model_configs/arith/train.yaml")
     ids, mask = grouped_rows(1, 8, prompt_width=160)
-    arrays = [ids, mask, np.zeros((8, 48), np.int32)]
+    arrays = [ids, mask, *responses_of_length(8, 48)]
     plans = {}
     for share in (True, False):
         # a budget that holds the prompt once with 8 responses but not 8 copies of it
         sched = ScheduleConfig(share_prompts=share, activation_memory_gib=0.09)
         plans[share] = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, True).plan(arrays)
-    assert plans[True] == (8, 8) and plans[False] == (2, 1)
+    assert plans[True] == (8, 8, 48) and plans[False] == (2, 1, 48)

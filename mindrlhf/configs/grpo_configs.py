@@ -259,6 +259,12 @@ class ScheduleConfig:
               "tokens instead of K x (P + R) for K responses of a prompt (the bundled job: 3x fewer). The results "
               "are the same up to float rounding; false runs each [prompt | response] on its own, as TRL and verl "
               "do.")
+    response_buckets: int = help_field(
+        3, "Widths the train and log-prob passes may cut the padded responses to: a pass reads only as many response "
+           "positions as its longest response needs, rounded up to one of this many even steps up to "
+           "max_new_tokens (multiples of 8; 48 in 3: 16, 32, 48), and the results are the same (the positions cut "
+           "are padding after every response's end). Each width is a compiled graph of its own per pass (memory "
+           "and compile time on CPU); 1 = always max_new_tokens.")
     ref_model_sync_steps: int = help_field(
         0, "Copy the policy into the reference model every this many steps (TRL's sync_ref_model); 0 = never: "
            "the reference stays the starting policy, as in DeepSeekMath.")
@@ -274,6 +280,7 @@ class ScheduleConfig:
             (self.log_prob_micro_batch_size_per_device >= 0, "log_prob_micro_batch_size_per_device",
              "must be >= 0 (0 = auto)"),
             (self.activation_memory_gib > 0, "activation_memory_gib", "must be > 0"),
+            (self.response_buckets >= 1, "response_buckets", "must be >= 1 (1 = always max_new_tokens)"),
             (self.ref_model_sync_steps >= 0, "ref_model_sync_steps", "must be >= 0 (0 = never)"),
             (self.seed >= 0, "seed", "must be >= 0"),
         ]

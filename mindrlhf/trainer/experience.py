@@ -14,6 +14,7 @@ Rows are responses (sample i of prompt j is row j * G + i). Columns the loop fil
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -157,3 +158,23 @@ def prompt_micro_batches(arrays, size: int, share: int) -> list[list]:
     rows = len(arrays[0])
     return [[ms.Tensor(a[start:start + size:share]) for a in arrays[:2]] +
             [ms.Tensor(a[start:start + size]) for a in arrays[2:]] for start in range(0, rows, size)]
+
+
+def response_widths(max_width: int, buckets: int) -> list[int]:
+    """The widths a pass may cut responses padded to `max_width` to: `buckets` even steps up to `max_width`, each
+    rounded up to a multiple of 8 (48 in 3: 16, 32, 48); one width (`max_width`) with `buckets` <= 1."""
+    steps = max(1, buckets)
+    return sorted({min(max_width, math.ceil(math.ceil(k * max_width / steps) / 8) * 8) for k in range(1, steps + 1)})
+
+
+def trimmed_width(response_mask: np.ndarray, widths: list[int]) -> int:
+    """The narrowest of `widths` that holds every response of `response_mask` [N, R] (right-padded; the widest of
+    `widths` is R)."""
+    longest = int(response_mask.sum(axis=1).max()) if response_mask.size else 0
+    return min(width for width in widths if width >= longest)
+
+
+def trim_responses(arrays, width: int) -> list:
+    """`arrays` (prompt ids, prompt mask, then per-response columns) with every per-token column ([N, R]) cut to
+    its first `width` positions: the rest is padding after every response's end."""
+    return list(arrays[:2]) + [a[:, :width] if a.ndim > 1 else a for a in arrays[2:]]

@@ -107,14 +107,17 @@ class NonFiniteUpdates(RuntimeError):
 class MicroBatchSizer:
     """How one pass splits a rank's rows into graph calls: `plan` gives the responses per call (the configured size,
     `micro_batches` equal micro-batches for a train net in pipeline stages (its `micro_batch_num`), or (0) the most
-    responses whose estimated activations fit `schedule.activation_memory_gib`, `mindrlhf.trainer.memory_budget`)
-    and how many of them share each prompt read (up to `share_limit`, a prompt's responses, when
-    `schedule.share_prompts`; 1 reads the prompt again for every response); the choice is logged once per shape."""
+    responses whose estimated activations fit `schedule.activation_memory_gib`, `mindrlhf.trainer.memory_budget`),
+    how many of them share each prompt read (up to `share_limit`, a prompt's responses, when
+    `schedule.share_prompts`; 1 reads the prompt again for every response) and the response width the calls read
+    (the narrowest of `schedule.response_buckets` widths that holds the longest response); the choice is logged once
+    per shape."""
 
     def __init__(self, kind: str, configured: int, model_config, tp: int, budget_gib: float, micro_batches: int = 0,
-                 share_limit: int = 1):
+                 share_limit: int = 1, response_buckets: int = 1):
         self.kind, self.configured, self.model_config, self.tp = kind, configured, model_config, tp
         self.budget_gib, self.micro_batches, self.share_limit = budget_gib, micro_batches, share_limit
+        self.response_buckets = response_buckets
         self._logged: set[tuple] = set()
 
     @classmethod
@@ -126,7 +129,7 @@ class MicroBatchSizer:
         stages_split = model_config.parallel_config.micro_batch_num if training and layout.pp > 1 else 0
         configured = schedule.micro_batch_size_per_device if training else schedule.log_prob_micro_batch_size_per_device
         return cls(kind, configured, model_config, layout.tp, schedule.activation_memory_gib, stages_split,
-                   group_size if schedule.share_prompts else 1)
+                   group_size if schedule.share_prompts else 1, schedule.response_buckets)
 
     def _call_bytes(self, prompts: int, rows: int, prompt_width: int, response_width: int) -> int:
         from mindrlhf.trainer import memory_budget
@@ -139,14 +142,22 @@ class MicroBatchSizer:
                                              **shape)
         return memory_budget.log_prob_bytes(prompts, rows, prompt_width, response_width, **shape)
 
-    def plan(self, arrays) -> tuple[int, int]:
-        """(responses per call, responses per prompt read) for `arrays` (prompt ids, prompt mask, response ids,
-        ...: one row per response)."""
+    def width(self, response_mask: np.ndarray) -> int:
+        """The response width calls over the rows of `response_mask` read (`experience.trimmed_width`)."""
+        from mindrlhf.trainer.experience import response_widths, trimmed_width
+
+        return trimmed_width(response_mask, response_widths(response_mask.shape[1], self.response_buckets))
+
+    def plan(self, arrays, width: int | None = None) -> tuple[int, int, int]:
+        """(responses per call, responses per prompt read, response width) for `arrays` (prompt ids, prompt mask,
+        response ids, response mask, ...: one row per response); `width` (default: `self.width` of these rows)
+        lets a caller read as many positions on every data-parallel rank."""
         from mindrlhf.trainer import memory_budget
         from mindrlhf.trainer.experience import shared_prompt_run
 
-        prompt_ids, prompt_mask, response_ids = arrays[0], arrays[1], arrays[2]
-        rows, prompt_width, response_width = len(prompt_ids), prompt_ids.shape[1], response_ids.shape[1]
+        prompt_ids, prompt_mask = arrays[0], arrays[1]
+        rows, prompt_width = len(prompt_ids), prompt_ids.shape[1]
+        width = width or self.width(arrays[3])
         run = shared_prompt_run(prompt_ids, prompt_mask, self.share_limit) if self.share_limit > 1 else 1
         if self.micro_batches:
             size = math.ceil(rows / self.micro_batches)
@@ -154,32 +165,39 @@ class MicroBatchSizer:
             size = self.configured
         else:
             size = memory_budget.rows_per_call(
-                rows, lambda d: self._call_bytes(d // math.gcd(d, run), d, prompt_width, response_width),
+                rows, lambda d: self._call_bytes(d // math.gcd(d, run), d, prompt_width, width),
                 int(self.budget_gib * 2**30))
         share = math.gcd(size, run)
-        if (rows, prompt_width, response_width, size, share) not in self._logged:
-            self._logged.add((rows, prompt_width, response_width, size, share))
-            estimate = self._call_bytes(size // share, size, prompt_width, response_width) / 2**20
+        if (rows, prompt_width, width, size, share) not in self._logged:
+            self._logged.add((rows, prompt_width, width, size, share))
+            estimate = self._call_bytes(size // share, size, prompt_width, width) / 2**20
             how = f"auto, schedule.activation_memory_gib={self.budget_gib:g}" if not (self.micro_batches or
                                                                                       self.configured) else "set"
-            logger.info("%s micro-batches: %d of %d responses per call, %d per prompt read (%d + %d tokens; ~%.0f MiB "
-                        "of activations a call; %s)", self.kind, size, rows, share, prompt_width, response_width,
-                        estimate, how)
-        return size, share
+            logger.info("%s micro-batches: %d of %d responses per call, %d per prompt read (%d + %d of %d tokens; "
+                        "~%.0f MiB of activations a call; %s)", self.kind, size, rows, share, prompt_width, width,
+                        arrays[2].shape[1], estimate, how)
+        return size, share, width
 
-    def split(self, arrays) -> list[list]:
-        """The graph calls' inputs for the rows of `arrays` (`experience.prompt_micro_batches` of `plan`)."""
-        from mindrlhf.trainer.experience import prompt_micro_batches
+    def split(self, arrays, width: int | None = None) -> list[list]:
+        """The graph calls' inputs for the rows of `arrays` (`experience.prompt_micro_batches` of `plan`, the
+        per-token columns cut to its width)."""
+        from mindrlhf.trainer.experience import prompt_micro_batches, trim_responses
 
-        return prompt_micro_batches(arrays, *self.plan(arrays))
+        size, share, width = self.plan(arrays, width)
+        return prompt_micro_batches(trim_responses(arrays, width), size, share)
 
     def run(self, cell, arrays) -> np.ndarray:
         """`cell` on the rows of `arrays` (prompt ids, prompt mask, response ids, response mask), a micro-batch
-        of rows per call, outputs concatenated; a pass through pipeline stages (`PipelineForward`) gets all the
-        micro-batches at once, so that its stages overlap."""
+        of rows per call, outputs concatenated (per-token outputs padded back to the responses' width with zeros);
+        a pass through pipeline stages (`PipelineForward`) gets all the micro-batches at once, so that its stages
+        overlap."""
         micro_batches = self.split(arrays)
         outputs = cell.map(micro_batches) if hasattr(cell, "map") else [cell(*inputs) for inputs in micro_batches]
-        return np.concatenate([output.asnumpy() for output in outputs])
+        out = np.concatenate([output.asnumpy() for output in outputs])
+        full = arrays[2].shape[1]
+        if out.ndim == 2 and out.shape[1] < full:
+            out = np.pad(out, ((0, 0), (0, full - out.shape[1])))
+        return out
 
 
 class Role:
@@ -456,7 +474,9 @@ class Actor(Role):
                 self.optimizer.set_learning_rate(lr)
                 inputs = [part[name][mine] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask",
                                                         "old_logp", "ref_logp", "advantages")] + [weights[mine]]
-                shares, grad_norm = self.train_step(self.train_rows.split(inputs))
+                # every dp rank reads the update's widest response, so that no rank waits for another
+                width = self.train_rows.width(part.response_mask)
+                shares, grad_norm = self.train_step(self.train_rows.split(inputs, width))
                 self.updates += 1
                 last_lr = lr
                 if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)
@@ -672,7 +692,8 @@ class Critic(Role):
                 self.optimizer.set_learning_rate(lr)
                 inputs = [part[name][mine] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask",
                                                         "values", "returns")] + [weights[mine]]
-                shares, grad_norm = self.train_step(self.train_rows.split(inputs))
+                width = self.train_rows.width(part.response_mask)
+                shares, grad_norm = self.train_step(self.train_rows.split(inputs, width))
                 self.updates += 1
                 if not np.isfinite(grad_norm):
                     skipped += 1
