@@ -1,5 +1,6 @@
 """AllReduce(SUM) through shared memory (mindrlhf.parallel.host_collective) among processes of this host: sums,
-the same bits on every member, chunks, mismatches reported, nothing left in /dev/shm."""
+the same bits on every member, into a new array or in place, chunks, mismatches reported, nothing left in
+/dev/shm."""
 import multiprocessing as mp
 import os
 import uuid
@@ -38,9 +39,12 @@ def member(index: int, size: int, key: str, barrier, results, mismatch: bool):
             group.close()
             return
         outputs = [group.all_reduce(x) for _ in range(3) for x in member_inputs(index)]
+        in_place = member_inputs(index)
+        for x in in_place:
+            group.all_reduce_in_place(x)
         group.close()
         results[index] = ("ok", [o.tobytes() for o in outputs], [o.dtype.str for o in outputs],
-                          [o.shape for o in outputs])
+                          [o.shape for o in outputs], [x.tobytes() for x in in_place])
     except Exception as err:  # reported to the test
         results[index] = ("exception", repr(err))
 
@@ -72,6 +76,8 @@ def test_members_get_the_sum_with_the_same_bits(size):
         np.testing.assert_allclose(np.frombuffer(got, dtype).reshape(shape), want, rtol=1e-6)
     for index in range(1, size):
         assert results[index][1] == mine[1]  # bit for bit: every member adds in the same order
+    for index in range(size):  # summed into the members' own arrays (chunk by chunk): the same bits
+        assert results[index][4] == mine[1][:5]
     assert leftovers == []  # the files are unlinked once every member has them open
 
 

@@ -62,15 +62,19 @@ def replica_weights(ranks, tp, d, t, prefix="weight/"):
     return weights
 
 
-@pytest.mark.parametrize("dp,tp,kv", [(1, 2, 4), (2, 1, 4), (2, 2, 4), (1, 4, 2)],
-                         ids=["tp2", "dp2", "dp2xtp2", "tp4-over-2-kv-heads"])
-def test_parallel_run_matches_single_process(request, tmp_path, dp, tp, kv):
+@pytest.mark.parametrize("dp,tp,kv,collectives", [(1, 2, 4, "native"), (2, 1, 4, "native"), (2, 2, 4, "auto"),
+                                                  (1, 4, 2, "native")],
+                         ids=["tp2", "dp2", "dp2xtp2-shared-memory-sums", "tp4-over-2-kv-heads"])
+def test_parallel_run_matches_single_process(request, tmp_path, dp, tp, kv, collectives):
     """tp4-over-2-kv-heads: each kv head (wk/wv rows) is held by 2 ranks, whose gradients of it are summed; the
-    global norm counts it once."""
+    global norm counts it once. dp2xtp2-shared-memory-sums: the dp gradient sums (of the whole step, in the graph,
+    and of the micro-batches' buffers, in place between graphs) go through shared memory, as the trainer's on one
+    CPU host."""
     reference = request.getfixturevalue("reference" if kv == 4 else "reference_kv2")
     world = dp * tp
     run_worker("spmd_equivalence.py", ["--dp", str(dp), "--tp", str(tp), "--n_kv_heads", str(kv),
-                                       "--out", str(tmp_path)], world, tmp_path / "log")
+                                       "--cpu_collectives", collectives, "--out", str(tmp_path)], world,
+               tmp_path / "log")
     ranks = load_ranks(tmp_path, world)
     logits = np.concatenate([ranks[d * tp]["logits"] for d in range(dp)], axis=0)
     np.testing.assert_allclose(logits, reference["logits"], atol=TOL)

@@ -7,6 +7,8 @@ ReduceScatter), so each op below is a Cell with its own `bprop`.
 """
 from __future__ import annotations
 
+import mindspore as ms
+import numpy as np
 from mindspore import dtype as mstype
 from mindspore import nn, ops
 
@@ -183,3 +185,27 @@ class AllReduceInPlace(nn.Cell):
             reduced = self.all_reduce(ops.depend(self.params[i], done)) * self.scale
             done = ops.depend(done, ops.assign(self.params[i], reduced))
         return done
+
+
+class SumInPlaceOnHost:
+    """`AllReduceInPlace` over a shared-memory group (`host_collective`), called from Python between graphs: each
+    parameter's memory is summed over the group in place and scaled, one parameter after the other. On CPU a
+    parameter's `asnumpy()` is a view of its memory, so no copy is made; the in-graph op (`sum_over`) would keep a
+    copy of every parameter it is given (for gradient buffers, a model's worth)."""
+
+    def __init__(self, params, group: str, scale: float = 1.0):
+        from mindrlhf.parallel import host_collective
+
+        self.params, self.member, self.scale = list(params), host_collective.group(group), float(scale)
+
+    def __call__(self) -> None:
+        for param in self.params:
+            data = param.asnumpy()
+            view = np.shares_memory(data, param.asnumpy())  # a fresh copy each call would share nothing
+            if not view:
+                data = np.array(data)
+            self.member.all_reduce_in_place(data)
+            if self.scale != 1.0:
+                data *= np.asarray(self.scale, data.dtype)
+            if not view:
+                param.set_data(ms.Tensor(data))

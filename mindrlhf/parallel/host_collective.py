@@ -140,7 +140,7 @@ class SharedMemoryGroup:
         if not keep:
             self._remove_folder()
 
-    def _sum_chunk(self, flat: np.ndarray) -> np.ndarray:
+    def _sum_chunk(self, flat: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         sequence, nbytes = self.sequence, flat.nbytes
         parity = sequence & 1  # a member reuses a slot two calls later, when every peer has read it
         header = np.array([sequence, nbytes, _DTYPES[flat.dtype], _MAGIC], np.int64)
@@ -160,24 +160,44 @@ class SharedMemoryGroup:
                                       f"{sequence} ({nbytes} bytes, dtype code {header[2]}): the members' "
                                       "collectives differ in order or shape")
             views.append(np.frombuffer(slot, flat.dtype, flat.size, HEADER_BYTES))
-        total = np.add(views[0], views[1]) if self.size > 1 else views[0].copy()
+        if self.size == 1:
+            if out is None:
+                return views[0].copy()
+            np.copyto(out, views[0])
+            return out
+        total = np.add(views[0], views[1], out=out)
         for view in views[2:]:
             np.add(total, view, out=total)
         return total
 
     def all_reduce(self, x: np.ndarray) -> np.ndarray:
         """The sum of every member's `x` (same shape and dtype on every member), the same on every member."""
-        if self.stage != "ready":
-            raise CollectiveError(f"shared-memory group {self.name}: set up incompletely ({self.stage}); call "
-                                  "host_collective.finish_setup on every member")
-        flat = np.ascontiguousarray(x).reshape(-1)
-        if x.dtype not in _DTYPES:
-            raise CollectiveError(f"shared-memory group {self.name}: dtype {x.dtype} is not supported")
+        flat = self._checked_flat(x)
         if flat.nbytes <= CHUNK_BYTES:
             return self._sum_chunk(flat).reshape(x.shape)
         step = CHUNK_BYTES // flat.itemsize
         return np.concatenate([self._sum_chunk(flat[start:start + step])
                                for start in range(0, flat.size, step)]).reshape(x.shape)
+
+    def all_reduce_in_place(self, x: np.ndarray) -> None:
+        """`x` (C-contiguous, writable) becomes the sum of every member's `x`, a chunk at a time: no copy of `x` is
+        made (the members' chunks are added from shared memory straight into it)."""
+        if not (x.flags.c_contiguous and x.flags.writeable):
+            raise CollectiveError(f"shared-memory group {self.name}: an in-place sum needs a C-contiguous, writable "
+                                  "array")
+        flat = self._checked_flat(x)
+        step = max(1, CHUNK_BYTES // flat.itemsize)
+        for start in range(0, flat.size, step):
+            chunk = flat[start:start + step]
+            self._sum_chunk(chunk, out=chunk)
+
+    def _checked_flat(self, x: np.ndarray) -> np.ndarray:
+        if self.stage != "ready":
+            raise CollectiveError(f"shared-memory group {self.name}: set up incompletely ({self.stage}); call "
+                                  "host_collective.finish_setup on every member")
+        if x.dtype not in _DTYPES:
+            raise CollectiveError(f"shared-memory group {self.name}: dtype {x.dtype} is not supported")
+        return np.ascontiguousarray(x).reshape(-1)
 
     def close(self) -> None:
         for fd in list(self._incoming.values()) + list(self._outgoing.values()):

@@ -7,7 +7,8 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
-from mindrlhf.parallel.comm import AllReduceInPlace, DataParallelGradReducer
+from mindrlhf.parallel import host_collective
+from mindrlhf.parallel.comm import AllReduceInPlace, DataParallelGradReducer, SumInPlaceOnHost
 from mindrlhf.parallel.layers import param_split_axes, param_split_shards
 from mindrlhf.parallel.layout import Layout
 
@@ -206,11 +207,20 @@ class ApplyGradients(nn.Cell):
         super().__init__(auto_prefix=False)
         layout = layout or Layout()
         self.buffers = buffers
-        self.reduce = (AllReduceInPlace(buffers, layout.dp_group, 1.0 / layout.dp if grad_reduction == "mean" else 1.0)
-                       if layout.dp > 1 else None)
+        scale = 1.0 / layout.dp if grad_reduction == "mean" else 1.0
+        self.reduce = self.sum_on_host = None
+        if layout.dp > 1 and host_collective.group(layout.dp_group) is not None:
+            self.sum_on_host = SumInPlaceOnHost(buffers, layout.dp_group, scale)
+        elif layout.dp > 1:
+            self.reduce = AllReduceInPlace(buffers, layout.dp_group, scale)
         self.finish = ReducedClippedGradients(loss_net, optimizer.parameters, layout, grad_reduction, max_grad_norm,
                                               counted_elsewhere, reduced=True)
         self.optimizer = optimizer
+
+    def __call__(self):
+        if self.sum_on_host is not None:  # between the accumulation graphs and this one
+            self.sum_on_host()
+        return super().__call__()
 
     def construct(self):
         if self.reduce is not None:

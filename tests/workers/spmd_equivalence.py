@@ -147,12 +147,18 @@ def main():
     parser.add_argument("--compute_dtype", default="float32")
     parser.add_argument("--n_kv_heads", type=int, default=CONFIG["n_kv_heads"],
                         help="fewer than --tp: each kv head is shared by tp / n_kv_heads ranks")
+    parser.add_argument("--cpu_collectives", choices=("native", "auto"), default="native",
+                        help="auto: the dp gradient sums through shared memory (mindrlhf.parallel.host_collective)")
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     if args.dp * args.tp > 1:
         from mindspore.communication import get_group_size, get_rank, init
         init()
         layout = Layout.for_world(args.dp, args.tp, get_group_size(), get_rank()).init_groups()
+        if args.cpu_collectives == "auto":
+            from mindrlhf.trainer.launch import share_data_parallel_sums
+
+            assert share_data_parallel_sums("auto", [layout], get_group_size(), get_rank()) == [layout.dp_group]
     else:
         layout = Layout()
     cfg = Qwen2Config(**{**CONFIG, "n_kv_heads": args.n_kv_heads}, compute_dtype=args.compute_dtype)
