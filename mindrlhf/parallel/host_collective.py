@@ -22,7 +22,7 @@ import select
 import numpy as np
 
 ROOT = "/dev/shm"
-CHUNK_BYTES = 32 * 2**20  # larger tensors go through in chunks: the shared memory a member holds stays bounded
+CHUNK_BYTES = 8 * 2**20  # larger tensors go through in chunks: a member maps 2 slots of this per member (resident)
 HEADER_BYTES = 64
 TIMEOUT_S = 600.0  # a peer that never comes (msrun kills a job whose worker died; this catches the rest)
 _MAGIC = 0x6D696E64726C6866  # "mindrlhf"
