@@ -66,8 +66,11 @@ TABLE_PHASES = (("generate", "generate"), ("ref", "ref log-probs"), ("updates", 
 NOT_EQUAL = (
     "sampling: both sample at the same temperature without top-k/top-p, but from different RNG streams (numpy on "
     "the host vs torch), so the responses, their lengths and rewards differ step by step, and with them the work",
-    "padding: ours pads prompts to the bucket (grpo.yaml prompt_buckets) and responses to max_new_tokens (static "
-    "shapes, graphs compiled once); TRL pads to the longest prompt / completion of the batch",
+    "padding: ours pads prompts to the bucket (grpo.yaml prompt_buckets) and responses to max_new_tokens in "
+    "generation, and its train and log-prob passes read responses cut to one of schedule.response_buckets widths "
+    "(static shapes, a graph per width); TRL pads to the longest prompt / completion of the batch",
+    "prompts: ours reads each prompt once for all of its responses in a graph call (schedule.share_prompts); TRL "
+    "runs every [prompt | completion] row on its own",
     "old-policy log-probs: with num_iterations 1 ours reuses the sampler's log-probs; TRL recomputes them with a "
     "forward pass when one generation feeds several updates (in its 'ref log-probs' row, timing_s/old in the JSON)",
     "processes: ours runs `run_grpo.sh`'s msrun workers (in the layouts of its train/infer YAMLs) sharing the "
