@@ -98,6 +98,9 @@ def sum_over(group: str):
     return ops.AllReduce(ops.ReduceOp.SUM, group), False
 
 
+CHAIN_BLOCK = 32  # gradients a chained reduction appends to its output tuple in one unrolled loop
+
+
 class DataParallelGradReducer(nn.Cell):
     """Reduces a tuple of gradients over the data-parallel group (identity when dp == 1).
 
@@ -121,16 +124,25 @@ class DataParallelGradReducer(nn.Cell):
         return tuple(self.all_reduce(g) * self.scale for g in grads)
 
     def _one_after_the_other(self, grads):
-        # no `if` inside the loop (graph mode nests a call per iteration; see AllReduceInPlace)
+        # Graph mode nests a call per iteration of an unrolled loop that grows a tuple (or holds an `if`; see
+        # AllReduceInPlace), past its call depth limit (1000) at a real model's ~300 parameters: the tuple grows
+        # in blocks, each chained inside `_chain`.
         reduced = ()
         done = ops.zeros((), mstype.float32)
-        for i in range(len(grads)):
-            total = self.all_reduce(ops.depend(grads[i], done))
-            done = ops.depend(done, total)
-            reduced = reduced + (total,)
+        for start in range(0, len(grads), CHAIN_BLOCK):
+            block, done = self._chain(grads[start:start + CHAIN_BLOCK], done)
+            reduced = reduced + block
         if self.scale == 1.0:
             return reduced
         return tuple(g * self.scale for g in reduced)
+
+    def _chain(self, grads, done):
+        block = ()
+        for i in range(len(grads)):
+            total = self.all_reduce(ops.depend(grads[i], done))
+            done = ops.depend(done, total)
+            block = block + (total,)
+        return block, done
 
 
 class WorldAllGather(nn.Cell):

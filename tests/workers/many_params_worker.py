@@ -4,7 +4,8 @@ body that nests a call per iteration exceeds its call depth limit (1000) only at
 
 2 ranks. A 32-layer model of width 8 (387 parameters) in data parallel takes `UPDATES` clipped AdamW updates two
 ways from the same weights: 1-row micro-batches of a globally normalised loss, accumulated and then summed over dp
-in place (the GRPO trainer's), and the whole batch in one fused step with the dp reduction a mean. Then the
+in place (the GRPO trainer's), and the whole batch in one fused step with the dp reduction a mean, both with the
+dp sums through shared memory (`host_collective`, the trainer's default on one CPU host). Then the
 micro-batched net is resharded into a tp=2 net. Each rank writes `rank_<r>.npz`: both nets' weights (`micro/`,
 `whole/`) and grad norms, the resharded shards (`infer/`) with their split axes (`axis/`).
 """
@@ -22,6 +23,7 @@ from mindrlhf.parallel.layers import init_random_weights, param_split_axes
 from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.spmd import MicroBatchedTrainStep, split_micro_batches
 from mindrlhf.parallel.strategy import net_layouts
+from mindrlhf.trainer.launch import share_data_parallel_sums
 
 CONFIG = dict(vocab_size=32, hidden_size=8, num_layers=32, num_heads=2, n_kv_heads=2, intermediate_size=16,
               seq_length=16, max_position_embedding=32, theta=10000.0, qkv_has_bias=True)
@@ -49,6 +51,9 @@ def main():
     init()
     world, rank = get_group_size(), get_rank()
     layout = Layout.for_world(world, 1, world, rank).init_groups()
+    # the dp sums through shared memory, as the trainer's on one CPU host: in the fused step's graph, chained over
+    # every gradient, and in place on the micro-batches' buffers
+    assert share_data_parallel_sums("auto", [layout], world, rank) == [layout.dp_group]
     rng = np.random.RandomState(1)
     ids = rng.randint(0, CONFIG["vocab_size"], (2 * world, 12)).astype(np.int32)
     labels, mask = np.roll(ids, -1, axis=1), np.ones(ids.shape, np.int32)
