@@ -140,7 +140,8 @@ class SharedMemoryGroup:
         if not keep:
             self._remove_folder()
 
-    def _sum_chunk(self, flat: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def _sum_chunk(self, flat: np.ndarray) -> None:
+        """`flat` (a chunk of at most CHUNK_BYTES) becomes the members' sum of it."""
         sequence, nbytes = self.sequence, flat.nbytes
         parity = sequence & 1  # a member reuses a slot two calls later, when every peer has read it
         header = np.array([sequence, nbytes, _DTYPES[flat.dtype], _MAGIC], np.int64)
@@ -160,24 +161,15 @@ class SharedMemoryGroup:
                                       f"{sequence} ({nbytes} bytes, dtype code {header[2]}): the members' "
                                       "collectives differ in order or shape")
             views.append(np.frombuffer(slot, flat.dtype, flat.size, HEADER_BYTES))
-        if self.size == 1:
-            if out is None:
-                return views[0].copy()
-            np.copyto(out, views[0])
-            return out
-        total = np.add(views[0], views[1], out=out)
+        np.add(views[0], views[1], out=flat)  # a group has 2+ members (`enable`); the sum in member order
         for view in views[2:]:
-            np.add(total, view, out=total)
-        return total
+            np.add(flat, view, out=flat)
 
     def all_reduce(self, x: np.ndarray) -> np.ndarray:
         """The sum of every member's `x` (same shape and dtype on every member), the same on every member."""
-        flat = self._checked_flat(x)
-        if flat.nbytes <= CHUNK_BYTES:
-            return self._sum_chunk(flat).reshape(x.shape)
-        step = CHUNK_BYTES // flat.itemsize
-        return np.concatenate([self._sum_chunk(flat[start:start + step])
-                               for start in range(0, flat.size, step)]).reshape(x.shape)
+        total = np.array(x, order="C")
+        self.all_reduce_in_place(total)
+        return total
 
     def all_reduce_in_place(self, x: np.ndarray) -> None:
         """`x` (C-contiguous, writable) becomes the sum of every member's `x`, a chunk at a time: no copy of `x` is
@@ -188,8 +180,7 @@ class SharedMemoryGroup:
         flat = self._checked_flat(x)
         step = max(1, CHUNK_BYTES // flat.itemsize)
         for start in range(0, flat.size, step):
-            chunk = flat[start:start + step]
-            self._sum_chunk(chunk, out=chunk)
+            self._sum_chunk(flat[start:start + step])
 
     def _checked_flat(self, x: np.ndarray) -> np.ndarray:
         if self.stage != "ready":
