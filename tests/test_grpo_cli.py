@@ -1,6 +1,8 @@
 """grpo_one_stage.py as a new user meets it: bad input gives one line `error: <where>: <problem>`, exit code 2,
 no traceback, and nothing written; --only_save_strategy writes strategy files MindSpore reads."""
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -239,39 +241,51 @@ def test_a_reward_function_written_for_trl_runs_unchanged(tmp_path, mindrecord, 
     assert metrics["reward/trl_style_rewards:short_answers"] == pytest.approx(expected)
 
 
+def one_step_run(mindrecord, out, extra):
+    """One step of the tiny job from the bundled checkpoint; returns its metrics, trained weights and the response
+    widths its passes read ([(W, R)] from the log's "<pass> micro-batches: ... (P + W of R tokens")."""
+    from mindrlhf.trainer.checkpoint import read_policy_weights
+
+    log = io.StringIO()
+    with contextlib.redirect_stderr(log):
+        code = load_script().main(base_args(mindrecord, out) + [
+            "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1",
+            "--response_buckets", "3"] + extra)  # the default's cut (tiny/grpo.yaml reads every position)
+    assert code == 0, log.getvalue()[-3000:]
+    widths = [(int(w), int(r)) for w, r in re.findall(r"micro-batches: .*\(\d+ \+ (\d+) of (\d+) tokens",
+                                                      log.getvalue())]
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    return metrics, read_policy_weights(str(out / "checkpoints" / "step_000001")), widths
+
+
+@pytest.fixture(scope="module")
+def whole_step(tmp_path_factory, mindrecord, graph_mode):
+    """The reference of the variants below: whole mini-batches that read each prompt once for all of its responses
+    and only as many response positions as the longest response needs (the defaults)."""
+    return one_step_run(mindrecord, tmp_path_factory.mktemp("whole") / "out", [])
+
+
 @pytest.mark.parametrize("variant,flags", [
     ("micro-batches", ["--micro_batch_size_per_device", "2", "--log_prob_micro_batch_size_per_device", "2"]),
     ("each response with its own prompt", ["--share_prompts", "false"]),
     ("every response position read", ["--response_buckets", "1"]),
 ])
 def test_micro_batches_and_unshared_prompts_train_like_whole_mini_batches(variant, flags, tmp_path, mindrecord,
-                                                                           graph_mode, capsys):
+                                                                           whole_step):
     """--micro_batch_size_per_device (gradient accumulation) and --log_prob_micro_batch_size_per_device (ref
     log-probs a few rows at a time, each prompt read once for the 2 responses of a call), every response read
     with its own copy of its prompt (--share_prompts false), or every one of the max_new_tokens positions read
-    (--response_buckets 1): the same step as whole batches that read each prompt once for all of its responses
-    and only as many response positions as the longest response needs (the default)."""
-    from mindrlhf.trainer.checkpoint import read_policy_weights
-
-    runs, widths = {}, {}
-    for name, extra in (("whole", []), (variant, flags)):
-        out = tmp_path / name.replace(" ", "_")
-        code = load_script().main(base_args(mindrecord, out) + [
-            "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1"] + extra)
-        assert code == 0
-        # "<pass> micro-batches: ... (P + W of R tokens; ...)": the response positions each pass read
-        widths[name] = [(int(w), int(r)) for w, r in re.findall(r"micro-batches: .*\(\d+ \+ (\d+) of (\d+) tokens",
-                                                                 capsys.readouterr().err)]
-        metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-        runs[name] = metrics, read_policy_weights(str(out / "checkpoints" / "step_000001"))
-    (whole, whole_weights), (other, other_weights) = runs["whole"], runs[variant]
-    assert widths["whole"] and any(w < r for w, r in widths["whole"])  # the default cut the responses' padding
+    (--response_buckets 1): the same step as `whole_step`."""
+    whole, whole_weights, whole_widths = whole_step
+    other, other_weights, widths = one_step_run(mindrecord, tmp_path / "out", flags)
+    assert whole_widths and any(w < r for w, r in whole_widths)  # the default cut the responses' padding
     if "--response_buckets" in flags:
-        assert widths[variant] and all(w == r for w, r in widths[variant])
+        assert widths and all(w == r for w, r in widths)
     assert other["reward/mean"] == whole["reward/mean"] and whole["actor/updates"] == 4
     assert whole["reward/frac_zero_std"] < 1 and whole["actor/grad_norm"] > 0  # there was something to learn
     for key in ("actor/loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
         assert other[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
+    from mindrlhf.trainer.checkpoint import read_policy_weights
     start = read_policy_weights(str(TINY / "tiny_sft.ckpt"))
     assert any(not np.array_equal(whole_weights[n], start[n]) for n in start)
     # 4 AdamW updates at lr 1e-3 (tiny/grpo.yaml, constant): a near-zero gradient's float noise moves its weight
