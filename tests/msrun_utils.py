@@ -1,5 +1,6 @@
 """Launching test workers under msrun (CPU, several processes on this machine)."""
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,15 +29,37 @@ def run_worker(script: str, args: list[str], workers: int, log_dir: Path, timeou
     else:
         cmd = [str(Path(sys.executable).parent / "msrun"), f"--worker_num={workers}", f"--local_worker_num={workers}",
                f"--master_port={free_port()}", "--join=True", f"--log_dir={log_dir}", script_path, *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        failure = f"failed ({proc.returncode})" if proc.returncode != 0 else None
+    except subprocess.TimeoutExpired:
+        stop_job(proc)
+        stdout, stderr = proc.communicate()
+        failure = f"did not finish in {timeout} s"
+    if failure:
         logs = ""
         if log_dir.exists():
             for log in sorted(log_dir.glob("worker_*.log")):
                 lines = [ln for ln in log.read_text(errors="replace").splitlines() if "WARNING" not in ln]
                 logs += f"\n--- {log.name} (tail) ---\n" + "\n".join(lines[-40:])
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                             f"{proc.stderr[-3000:]}{logs}")
+        raise AssertionError(f"{' '.join(cmd)} {failure}:\n{stdout[-3000:]}\n{stderr[-3000:]}{logs}")
+
+
+def stop_job(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """Stops a job started in a session of its own: SIGINT first (msrun then kills its workers, which run in
+    process groups of their own and would otherwise keep computing after msrun is gone), SIGKILL to the session's
+    group after `grace` seconds."""
+    try:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def load_ranks(out_dir: Path, world: int) -> list[dict]:
