@@ -29,14 +29,12 @@ def run_worker(script: str, args: list[str], workers: int, log_dir: Path, timeou
     else:
         cmd = [str(Path(sys.executable).parent / "msrun"), f"--worker_num={workers}", f"--local_worker_num={workers}",
                f"--master_port={free_port()}", "--join=True", f"--log_dir={log_dir}", script_path, *args]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
+        proc = run_command(cmd, env, timeout)
+        stdout, stderr = proc.stdout, proc.stderr
         failure = f"failed ({proc.returncode})" if proc.returncode != 0 else None
-    except subprocess.TimeoutExpired:
-        stop_job(proc)
-        stdout, stderr = proc.communicate()
+    except subprocess.TimeoutExpired as timed_out:
+        stdout, stderr = timed_out.stdout or "", timed_out.stderr or ""
         failure = f"did not finish in {timeout} s"
     if failure:
         logs = ""
@@ -47,13 +45,29 @@ def run_worker(script: str, args: list[str], workers: int, log_dir: Path, timeou
         raise AssertionError(f"{' '.join(cmd)} {failure}:\n{stdout[-3000:]}\n{stderr[-3000:]}{logs}")
 
 
-def stop_job(proc: subprocess.Popen, grace: float = 15.0) -> None:
-    """Stops a job started in a session of its own: SIGINT first (msrun then kills its workers, which run in
-    process groups of their own and would otherwise keep computing after msrun is gone), SIGKILL to the session's
-    group after `grace` seconds."""
+def run_command(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """`subprocess.run(cmd, capture_output=True, text=True)` in a session of its own; past `timeout` the whole job
+    is stopped (`stop_job`) and `subprocess.TimeoutExpired` raised with the output so far."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_job(proc)
+        stdout, stderr = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr) from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def stop_job(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """Stops a job started in a session of its own: SIGINT to its process group first (msrun, also under
+    `bash run_grpo.sh`, then kills its workers, which run in process groups of their own and would otherwise keep
+    computing after msrun is gone), SIGKILL to the group after `grace` seconds."""
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=grace)
+    except ProcessLookupError:
+        return
     except subprocess.TimeoutExpired:
         pass
     try:

@@ -244,13 +244,15 @@ def test_a_reward_function_written_for_trl_runs_unchanged(tmp_path, mindrecord, 
 def one_step_run(mindrecord, out, extra):
     """One step of the tiny job from the bundled checkpoint; returns its metrics, trained weights and the response
     widths its passes read ([(W, R)] from the log's "<pass> micro-batches: ... (P + W of R tokens")."""
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
     from mindrlhf.trainer.checkpoint import read_policy_weights
 
     log = io.StringIO()
     with contextlib.redirect_stderr(log):
         code = load_script().main(base_args(mindrecord, out) + [
             "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1",
-            "--response_buckets", "3"] + extra)  # the default's cut (tiny/grpo.yaml reads every position)
+            # the default's cut (tiny/grpo.yaml reads every position)
+            "--response_buckets", str(ScheduleConfig.response_buckets)] + extra)
     assert code == 0, log.getvalue()[-3000:]
     widths = [(int(w), int(r)) for w, r in re.findall(r"micro-batches: .*\(\d+ \+ (\d+) of (\d+) tokens",
                                                       log.getvalue())]

@@ -131,16 +131,14 @@ def test_resume_with_stages_equals_the_straight_run(pipeline_run, tmp_path, monk
 @pytest.mark.msrun
 def test_resume_with_other_stages_is_a_one_line_error(pipeline_run, tmp_path, mindrecord):  # noqa: F811
     """The pipeline checkpoint resumed by a job whose train net has no stages: refused, naming both layouts."""
-    import subprocess
-
-    from msrun_utils import free_port
+    from msrun_utils import free_port, run_command
     from test_grpo_trainer import msrun_command, msrun_env
 
     straight_dir, _ = pipeline_run
     out = tmp_path / "out"
     shutil.copytree(straight_dir / "out" / "checkpoints" / "step_000002", out / "checkpoints" / "step_000002")
-    done = subprocess.run(msrun_command(tmp_path / "logs", free_port(), job_args(mindrecord, out, 3, ["--resume"])),
-                          env=msrun_env(), capture_output=True, text=True, timeout=600)
+    done = run_command(msrun_command(tmp_path / "logs", free_port(), job_args(mindrecord, out, 3, ["--resume"])),
+                       msrun_env(), timeout=600)
     assert done.returncode != 0
     log = (tmp_path / "logs" / "worker_0.log").read_text(errors="replace")
     assert "train layout dp=1 x tp=1 x pp=2 differs from this job's dp=1 x tp=2" in log
@@ -149,18 +147,16 @@ def test_resume_with_other_stages_is_a_one_line_error(pipeline_run, tmp_path, mi
 
 @pytest.mark.msrun
 def test_only_save_strategy_writes_each_stage_which_mindspore_merges(tmp_path, mindrecord):  # noqa: F811
-    import subprocess
-
     import mindspore as ms
-    from msrun_utils import free_port
+    from msrun_utils import free_port, run_command
     from test_grpo_trainer import msrun_command, msrun_env
 
     from mindrlhf.parallel.strategy import read_staged_strategy_file
 
     out = tmp_path / "out"
-    done = subprocess.run(msrun_command(tmp_path / "logs", free_port(),
-                                        pipeline_args(mindrecord, out, 1, ["--only_save_strategy"])),
-                          env=msrun_env(), capture_output=True, text=True, timeout=600)
+    done = run_command(msrun_command(tmp_path / "logs", free_port(),
+                                     pipeline_args(mindrecord, out, 1, ["--only_save_strategy"])),
+                       msrun_env(), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]
     merged = tmp_path / "merged.ckpt"
     ms.parallel.merge_pipeline_strategys(str(out / "strategy" / "train"), str(merged))

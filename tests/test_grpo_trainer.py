@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from msrun_utils import run_worker
+from msrun_utils import run_command, run_worker
 from tolerances import assert_weights_close_after_adam
 
 from mindrlhf.trainer.launch import cores_of_rank
@@ -228,12 +228,9 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
     step = json.loads((Path(last) / "meta.json").read_text())["step"]
     assert step >= 2
     # the last complete checkpoint resumes and trains one more step
-    resumed = subprocess.run(msrun_command(tmp_path / "resume_logs", free_port(),
-                                           job_args(mindrecord, out, step + 1, ["--save_interval", "1",
-                                                                                "--num_iterations", "1",
-                                                                                "--mini_batch_size", "0",
-                                                                                "--resume"])),
-                             env=msrun_env(), capture_output=True, text=True, timeout=600)
+    resume_args = job_args(mindrecord, out, step + 1, ["--save_interval", "1", "--num_iterations", "1",
+                                                       "--mini_batch_size", "0", "--resume"])
+    resumed = run_command(msrun_command(tmp_path / "resume_logs", free_port(), resume_args), msrun_env(), timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert (out / "checkpoints" / f"step_{step + 1:06d}" / "meta.json").is_file()
 

@@ -12,7 +12,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 import torch
-from msrun_utils import free_port
+from msrun_utils import free_port, run_command
 from policy_utils import greedy_completions
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -34,8 +34,8 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo") / "out"
     port = free_port()
     env = dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(port), GLOG_v="3")
-    proc = subprocess.run(["bash", str(ROOT / "run_grpo.sh"), "--steps", str(STEPS), "--eval_interval", "0"],
-                          env=env, capture_output=True, text=True, timeout=1200)
+    proc = run_command(["bash", str(ROOT / "run_grpo.sh"), "--steps", str(STEPS), "--eval_interval", "0"], env,
+                       timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout, port
 
@@ -115,8 +115,8 @@ def test_ppo_run_learns_with_a_critic(tmp_path):
     follow the returns."""
     out = tmp_path / "ppo"
     env = dict(os.environ, ALGORITHM="ppo", OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3")
-    proc = subprocess.run(["bash", str(ROOT / "run_grpo.sh"), "--steps", str(STEPS), "--eval_interval", "0"],
-                          env=env, capture_output=True, text=True, timeout=1200)
+    proc = run_command(["bash", str(ROOT / "run_grpo.sh"), "--steps", str(STEPS), "--eval_interval", "0"], env,
+                       timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0]
