@@ -56,7 +56,7 @@ EVAL_ARGS=()
 if [ -n "$EVAL_DATA" ]; then
   "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$EVAL_DATA" \
       --output_path "$OUTPUT/heldout.mindrecord" --template r1_think --max_prompt_length "$MAX_PROMPT_LENGTH"
-  EVAL_ARGS=(--eval_dataset_dir "$OUTPUT/heldout.mindrecord")
+  EVAL_ARGS=(--eval_dataset_file "$OUTPUT/heldout.mindrecord")
 fi
 status=0
 msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR" \

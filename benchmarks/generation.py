@@ -23,7 +23,8 @@ if ROOT not in sys.path:
 import mindspore as ms  # noqa: E402
 
 from benchmarks.results_io import write_results  # noqa: E402
-from mindrlhf.generation import GenerationConfig, Generator, sample_tokens  # noqa: E402
+from mindrlhf.configs.generation import GenerationConfig  # noqa: E402
+from mindrlhf.generation import Generator, sample_tokens  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from mindrlhf.parallel.layers import init_random_weights  # noqa: E402
 

@@ -72,14 +72,15 @@ def child_main(args: argparse.Namespace) -> None:
     from mindspore.communication import get_group_size, get_rank, init
 
     from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
-    from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, GRPOLossNet, ResponseHidden
+    from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseHidden
+    from mindrlhf.engine.batches import prompt_micro_batches
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
     from mindrlhf.optim import AdamW
-    from mindrlhf.parallel import Layout
+    from mindrlhf.parallel.host_setup import configure_cpu_threads, pin_cpu_cores
     from mindrlhf.parallel.layers import init_random_weights
+    from mindrlhf.parallel.layout import Layout
     from mindrlhf.parallel.pipeline import PipelineTrainStep
-    from mindrlhf.parallel.spmd import SPMDTrainStep, split_micro_batches
-    from mindrlhf.trainer.launch import configure_cpu_threads, pin_cpu_cores
+    from mindrlhf.parallel.spmd import SPMDTrainStep
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     init()
@@ -107,10 +108,10 @@ def child_main(args: argparse.Namespace) -> None:
         stage_net = GRPOLossNet(net, loss_cell) if layout.stage == layout.pp - 1 else ResponseHidden(net)
         step = PipelineTrainStep(stage_net, optimizer, layout, lambda inputs: (inputs[0].shape[0], seq - 1,
                                                                                cfg.hidden_size),
-                                 ms.float32, num_inputs=8, forward_inputs=4, num_outputs=len(GRPO_OUTPUT_NAMES),
+                                 ms.float32, num_inputs=8, forward_inputs=4, num_outputs=len(GRPOLossNet.OUTPUTS),
                                  grad_reduction="sum", max_grad_norm=1.0, stage_shared=net.stage_shared_params,
                                  schedule=args.schedule)
-        run = lambda: step(split_micro_batches(arrays, rows // args.micro_batches))[1]
+        run = lambda: step(prompt_micro_batches(arrays, rows // args.micro_batches or rows, 1))[1]
     else:
         step = SPMDTrainStep(GRPOLossNet(net, loss_cell), optimizer, layout, grad_reduction="sum", max_grad_norm=1.0)
         tensors = [ms.Tensor(a) for a in arrays]

@@ -260,7 +260,7 @@ class Worker:
     def run(self) -> dict:
         import mindspore as ms
 
-        from mindrlhf.parallel import Layout
+        from mindrlhf.parallel.layout import Layout
 
         src = SOURCES[self.args.src]
         src_layout = Layout.for_world(src["dp"], src["tp"], self.world, self.rank, pp=src["pp"]).init_groups()

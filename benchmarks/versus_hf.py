@@ -149,7 +149,7 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
     import mindspore as ms
 
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-    from mindrlhf.trainer.launch import configure_cpu_memory_pool
+    from mindrlhf.parallel.host_setup import configure_cpu_memory_pool
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     configure_cpu_memory_pool(world_size=1)  # as the trainer does
@@ -159,7 +159,8 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
     ms.load_param_into_net(model, ms.load_checkpoint(os.path.join(folder, "model.ckpt")), strict_load=True)
     ids = case_inputs(case)
     if case["kind"] == "generate":
-        from mindrlhf.generation import GenerationConfig, Generator
+        from mindrlhf.configs.generation import GenerationConfig
+        from mindrlhf.generation import Generator
 
         gen = Generator(model, GenerationConfig(max_new_tokens=case["new_tokens"], num_generations=1,
                                                 temperature=1.0, eos_token_ids=[], pad_token_id=0,
@@ -168,9 +169,10 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
         warmup, times, _ = timed(lambda: gen.generate(prompts), inner)
         return {"warmup_s": warmup, "times_s": times, "tokens": case["batch"] * case["new_tokens"]}
     from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
+    from mindrlhf.engine.batches import prompt_micro_batches
     from mindrlhf.optim import AdamW
-    from mindrlhf.parallel import Layout
-    from mindrlhf.parallel.spmd import MicroBatchedTrainStep, split_micro_batches
+    from mindrlhf.parallel.layout import Layout
+    from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 
     optimizer = AdamW(model.trainable_params(), learning_rate=ADAMW["lr"], beta1=ADAMW["beta1"],
                       beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"])
@@ -180,7 +182,7 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
     micro = case.get("micro", case["batch"])
     # every row has the same token count, so the batch's token-mean loss is the mean of the micro-batches'
     step = MicroBatchedTrainStep(scaled_loss(ResponseNLLLoss(model), micro / case["batch"]), optimizer, Layout())
-    micro_batches = split_micro_batches(arrays, micro)
+    micro_batches = prompt_micro_batches(arrays, micro, 1)
     losses = []
 
     def call():

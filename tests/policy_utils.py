@@ -1,6 +1,7 @@
 """Greedy answers of a policy to R1-style prompts, shared by the policy tests."""
+from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.data import build_prompt
-from mindrlhf.generation import GenerationConfig, Generator
+from mindrlhf.generation import Generator
 
 
 def greedy_completions(model, tokenizer, problems, max_new_tokens):

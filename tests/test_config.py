@@ -7,7 +7,7 @@ import yaml
 
 from mindrlhf.configs import ConfigError
 from mindrlhf.models.qwen2 import Qwen2Config
-from mindrlhf.parallel import Layout, LayoutError
+from mindrlhf.parallel.layout import Layout, LayoutError
 
 CONFIGS = Path(__file__).parents[1] / "model_configs"
 
@@ -80,6 +80,35 @@ def test_missing_file_and_bad_yaml(tmp_path):
         Qwen2Config.from_yaml(bad)
 
 
+def test_the_architecture_is_read_and_checked(tmp_path):
+    assert Qwen2Config.from_yaml(CONFIGS / "arith" / "critic.yaml").arch == "Qwen2ForValue"
+    assert Qwen2Config.from_yaml(CONFIGS / "tiny" / "model.yaml").arch == "Qwen2ForCausalLM"
+    data = yaml.safe_load((CONFIGS / "tiny" / "model.yaml").read_text())
+    path = tmp_path / "arch.yaml"
+    for arch, expected in (("LlamaForCausalLM", "Qwen2ForCausalLM"), ("Qwen2ForValue", "Qwen2ForValue")):
+        data["model"]["arch"] = {"type": arch}
+        path.write_text(yaml.safe_dump(data))
+        config = Qwen2Config.from_yaml(path)
+        assert config.arch == expected
+        config.to_yaml(tmp_path / "out.yaml")
+        assert Qwen2Config.from_yaml(tmp_path / "out.yaml") == config
+    del data["model"]["arch"]
+    path.write_text(yaml.safe_dump(data))
+    assert Qwen2Config.from_yaml(path).arch == "Qwen2ForCausalLM"
+    data["model"]["arch"] = {"type": "Qwen2ForRewardModel"}
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError) as err:
+        Qwen2Config.from_yaml(path)
+    assert str(err.value) == (f"{path}: model.arch.type='Qwen2ForRewardModel' is not a known architecture; expected "
+                              "one of Qwen2ForCausalLM, LlamaForCausalLM, Qwen2ForValue")
+    del data["model"]["arch"]
+    data["model"]["model_config"]["arch"] = "Qwen2ForValue"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"unknown field 'arch' in model.model_config; the architecture is "
+                                          r"model.arch.type"):
+        Qwen2Config.from_yaml(path)
+
+
 def test_mindformers_only_keys_are_accepted(tmp_path):
     path = write_tiny(tmp_path, **{"model.use_past": True, "model.use_flash_attention": False})
     assert Qwen2Config.from_yaml(path).num_layers == 2
@@ -118,7 +147,7 @@ def test_tensor_parallel_size_must_divide_heads():
 def qwen2_5_7b_layouts_on_8_devices(train_name: str):
     """(train config, its layout on each of 8 ranks) of `qwen2_5_7b_<train_name>.yaml`, checked against the 7B
     inference YAML (dp 2 x tp 4) it is paired with on the same 8 devices."""
-    from mindrlhf.trainer.rl_trainer import check_model_configs
+    from mindrlhf.trainer.plan import check_model_configs
 
     train_path, infer_path = (CONFIGS / "qwen2_5" / f"qwen2_5_7b_{n}.yaml" for n in (train_name, "infer_dp2"))
     train, infer = Qwen2Config.from_yaml(train_path), Qwen2Config.from_yaml(infer_path)

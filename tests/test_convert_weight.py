@@ -423,9 +423,9 @@ def test_ckpt_loads_into_network(hf_model, tmp_path, variant):
 def _write_trainer_checkpoint(weights: dict, step_dir: Path, net: str = "actor") -> None:
     """One net of a trainer step folder as tp=2 writes it: 2-D weights split along dim 0, with the net's name
     prefix, AdamW entries beside them (the critic's prefixed `critic_`)."""
+    from mindrlhf.checkpoint.step import STEP_NETS, rank_dir, save_parameters
     from mindrlhf.parallel.layout import Layout
     from mindrlhf.parallel.strategy import layouts_for, write_strategy_file
-    from mindrlhf.trainer.checkpoint import STEP_NETS, rank_dir, save_parameters
 
     rank_file, strategy_file, prefix = STEP_NETS[net]
     optimizer = "critic_" if net == "critic" else ""
@@ -445,13 +445,13 @@ def _write_trainer_checkpoint(weights: dict, step_dir: Path, net: str = "actor")
 
 
 def test_cli_reverse_of_a_trainer_checkpoint_with_tokenizer(hf_model, tmp_path):
+    from mindrlhf.checkpoint.weights import read_weights
     from mindrlhf.models.tokenizer import load_tokenizer
-    from mindrlhf.trainer.checkpoint import read_policy_weights
 
     folder, model = hf_model("qwen2")
     convert_hf_to_ms(folder, tmp_path / "m.ckpt", output_yaml=tmp_path / "m.yaml")
     step_dir = tmp_path / "step_000003"
-    _write_trainer_checkpoint(read_policy_weights(str(tmp_path / "m.ckpt")), step_dir)
+    _write_trainer_checkpoint(read_weights(str(tmp_path / "m.ckpt")), step_dir)
     tokenizer_dir = ROOT / "model_configs" / "tiny" / "tokenizer"
     back = tmp_path / "back"
     res = run_cli("--reverse", "--mindspore_ckpt_path", step_dir, "--torch_ckpt_dir", back,
@@ -469,12 +469,12 @@ def test_cli_reverse_of_a_trainer_checkpoint_with_tokenizer(hf_model, tmp_path):
 
 
 def test_cli_reverse_of_a_broken_trainer_checkpoint(hf_model, tmp_path, capsys):
-    from mindrlhf.trainer.checkpoint import read_policy_weights
+    from mindrlhf.checkpoint.weights import read_weights
 
     folder, _ = hf_model("qwen2")
     convert_hf_to_ms(folder, tmp_path / "m.ckpt", output_yaml=tmp_path / "m.yaml")
     step_dir = tmp_path / "step_000003"
-    _write_trainer_checkpoint(read_policy_weights(str(tmp_path / "m.ckpt")), step_dir)
+    _write_trainer_checkpoint(read_weights(str(tmp_path / "m.ckpt")), step_dir)
     shutil.rmtree(step_dir / "rank_1")
     args = ["--reverse", "--mindspore_ckpt_path", str(step_dir), "--torch_ckpt_dir", str(tmp_path / "back"),
             "--config_path", str(tmp_path / "m.yaml")]

@@ -49,6 +49,7 @@ def test_a_reward_model_converts_to_a_critic_that_scores_alike_and_back(tmp_path
     ckpt = tmp_path / "critic.ckpt"
     yaml = tmp_path / "critic.yaml"
     cfg = convert_hf_to_ms(path, ckpt, output_yaml=yaml)
+    assert cfg.arch == Qwen2Config.from_yaml(yaml).arch == "Qwen2ForValue"
     weights = read_ms_checkpoint(ckpt)
     assert "score.weight" in weights and "lm_head.weight" not in weights and weights["score.weight"].shape == (1, 64)
     ids, mask = batch()
@@ -81,7 +82,7 @@ def test_a_token_classification_critic_converts_with_its_head_bias_and_back(tmp_
     equals HF's per-token logit, the YAML says `value_head_bias: true`, and the reverse is that class again."""
     from transformers import AutoModelForTokenClassification, LlamaForTokenClassification, Qwen2ForTokenClassification
 
-    from mindrlhf.parallel import Layout
+    from mindrlhf.parallel.layout import Layout
     from mindrlhf.trainer.roles import CRITIC_PREFIX, load_value_model
 
     cls = {"qwen2": Qwen2ForTokenClassification, "llama": LlamaForTokenClassification}[arch]
@@ -114,7 +115,7 @@ def test_a_token_classification_critic_converts_with_its_head_bias_and_back(tmp_
 
 def test_a_value_head_bias_the_yaml_does_not_declare_is_one_line(tmp_path):
     from mindrlhf.configs.base import ConfigError
-    from mindrlhf.parallel import Layout
+    from mindrlhf.parallel.layout import Layout
     from mindrlhf.trainer.roles import load_value_model
 
     path, _ = reward_model_dir(tmp_path, "qwen2")
@@ -143,12 +144,12 @@ def test_a_trained_critic_exports_from_a_trainer_checkpoint_folder(tmp_path):
     back into the reward model they came from, byte for byte, which `transformers` loads as its class."""
     from test_convert_weight import _safetensors_bytes, _write_trainer_checkpoint, run_cli
 
-    from mindrlhf.trainer.checkpoint import read_policy_weights
+    from mindrlhf.checkpoint.weights import read_weights
 
     path, model = reward_model_dir(tmp_path, "qwen2")
     convert_hf_to_ms(path, tmp_path / "critic.ckpt", output_yaml=tmp_path / "critic.yaml")
     step_dir = tmp_path / "step_000002"
-    critic = read_policy_weights(str(tmp_path / "critic.ckpt"))
+    critic = read_weights(str(tmp_path / "critic.ckpt"))
     _write_trainer_checkpoint(critic, step_dir, net="critic")
     actor = {name: value + 1 for name, value in critic.items() if name != "score.weight"}
     actor["lm_head.weight"] = np.zeros((320, 64), np.float32)

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mindrlhf.configs.generation import bucket_length
 from mindrlhf.data.mindrecord import DataError, convert_to_mindrecord, read_problems
-from mindrlhf.data.reader import PromptDataset, bucket_length, read_prompt_records
+from mindrlhf.data.reader import PromptDataset, read_prompt_records
 from mindrlhf.data.templates import R1_THINK_SYSTEM_PROMPT, build_prompt
 from mindrlhf.models.qwen2.tokenizer import Qwen2Tokenizer
 
@@ -416,7 +417,7 @@ def test_pad_rows_left_and_right():
 
 
 def test_arithmetic_task_splits_are_correct_disjoint_and_reproducible(tmp_path):
-    from mindrlhf.reward.math_answer import extract_gold_answer
+    from mindrlhf.data.answers import extract_gold_answer
 
     spec = importlib.util.spec_from_file_location("make_arithmetic", os.path.join(SAMPLE_DIR, "make_arithmetic.py"))
     module = importlib.util.module_from_spec(spec)

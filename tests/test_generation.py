@@ -9,8 +9,8 @@ import pytest
 ms = pytest.importorskip("mindspore")
 
 from mindrlhf.configs.base import ConfigError, from_mapping  # noqa: E402
+from mindrlhf.configs.generation import GenerationConfig  # noqa: E402
 from mindrlhf.generation import (  # noqa: E402
-    GenerationConfig,
     Generator,
     nucleus_mask,
     sample_tokens,

@@ -244,8 +244,8 @@ def test_a_reward_function_written_for_trl_runs_unchanged(tmp_path, mindrecord, 
 def one_step_run(mindrecord, out, extra):
     """One step of the tiny job from the bundled checkpoint; returns its metrics, trained weights and the response
     widths its passes read ([(W, R)] from the log's "<pass> micro-batches: ... (P + W of R tokens")."""
+    from mindrlhf.checkpoint.weights import read_weights
     from mindrlhf.configs.grpo_configs import ScheduleConfig
-    from mindrlhf.trainer.checkpoint import read_policy_weights
 
     log = io.StringIO()
     with contextlib.redirect_stderr(log):
@@ -257,7 +257,7 @@ def one_step_run(mindrecord, out, extra):
     widths = [(int(w), int(r)) for w, r in re.findall(r"micro-batches: .*\(\d+ \+ (\d+) of (\d+) tokens",
                                                       log.getvalue())]
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    return metrics, read_policy_weights(str(out / "checkpoints" / "step_000001")), widths
+    return metrics, read_weights(str(out / "checkpoints" / "step_000001")), widths
 
 
 @pytest.fixture(scope="module")
@@ -287,8 +287,8 @@ def test_micro_batches_and_unshared_prompts_train_like_whole_mini_batches(varian
     assert whole["reward/frac_zero_std"] < 1 and whole["actor/grad_norm"] > 0  # there was something to learn
     for key in ("actor/loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
         assert other[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
-    from mindrlhf.trainer.checkpoint import read_policy_weights
-    start = read_policy_weights(str(TINY / "tiny_sft.ckpt"))
+    from mindrlhf.checkpoint.weights import read_weights
+    start = read_weights(str(TINY / "tiny_sft.ckpt"))
     assert any(not np.array_equal(whole_weights[n], start[n]) for n in start)
     # 4 AdamW updates at lr 1e-3 (tiny/grpo.yaml, constant): a near-zero gradient's float noise moves its weight
     # by a fraction of lr, so the weights are compared in units of lr * updates (tests/tolerances.py)
@@ -297,7 +297,7 @@ def test_micro_batches_and_unshared_prompts_train_like_whole_mini_batches(varian
 
 
 def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, capsys):
-    """--eval_dataset_dir: greedy accuracy on every held-out prompt before the first step (equal to an
+    """--eval_dataset_file: greedy accuracy on every held-out prompt before the first step (equal to an
     independent greedy evaluation of the starting policy) and after the last, and the final summary line."""
     import dataclasses
 
@@ -319,7 +319,7 @@ def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, ca
     out = tmp_path / "out"
     code = load_script().main(base_args(mindrecord, out) + [
         "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), "--steps", "1", "--max_new_tokens", "48",
-        "--num_iterations", "1", "--eval_dataset_dir", str(eval_path), "--eval_batch_size", "4"])
+        "--num_iterations", "1", "--eval_dataset_file", str(eval_path), "--eval_batch_size", "4"])
     assert code == 0
     recorded, metrics = (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
     before = json.loads((out / "checkpoints" / "step_000001" / "meta.json").read_text())["eval_before"]

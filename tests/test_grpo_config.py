@@ -7,6 +7,7 @@ import pytest
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.cli import add_config_flags, config_overrides, section_field_names
 from mindrlhf.configs.grpo_configs import SECTIONS, GRPOConfig
+from mindrlhf.trainer.plan import check_registered_names
 
 
 def parse(argv):
@@ -62,12 +63,13 @@ def test_fields_that_moved_to_algorithm_keep_their_old_names(tmp_path):
                                           "disagree"):
         GRPOConfig.from_yaml(str(path))
     with pytest.raises(ConfigError, match="algorithm.adv_estimator: unknown advantage estimator 'ppo'"):
-        GRPOConfig().replace({"algorithm": {"adv_estimator": "ppo"}})
+        check_registered_names(GRPOConfig().replace({"algorithm": {"adv_estimator": "ppo"}}))
 
 
 def test_defaults_follow_the_seed_tutorial():
     config = GRPOConfig()
     config.validate()
+    check_registered_names(config)
     opt = config.optimizer
     assert (opt.beta1, opt.beta2, opt.eps, opt.weight_decay) == (0.9, 0.95, 1e-8, 0.01)
     assert config.loss.kl_estimator == "k3" and config.generation.num_generations >= 2
@@ -89,7 +91,9 @@ def test_bad_yaml_names_the_file_and_field(tmp_path, yaml_text, message):
     path = tmp_path / "grpo.yaml"
     path.write_text(yaml_text)
     with pytest.raises(ConfigError, match=message) as info:
-        GRPOConfig.from_yaml(str(path)).validate()
+        config = GRPOConfig.from_yaml(str(path))
+        config.validate()
+        check_registered_names(config)  # the loss aggregation and KL estimator names
     assert "\n" not in str(info.value)
 
 
@@ -103,7 +107,9 @@ def test_bad_yaml_names_the_file_and_field(tmp_path, yaml_text, message):
 ])
 def test_cross_field_checks(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        GRPOConfig().replace(overrides).validate()
+        config = GRPOConfig().replace(overrides)
+        config.validate()
+        check_registered_names(config)  # the reward function names
 
 
 def test_layout_from_config_covers_the_world():
@@ -136,6 +142,22 @@ def test_job_flags_are_generated_from_the_job_options():
                            "--use_parallel", "maybe"])
 
 
+def test_a_renamed_job_flag_still_works_under_its_old_name_with_a_warning(caplog):
+    from mindrlhf.configs.job import JobOptions
+
+    parser = argparse.ArgumentParser()
+    JobOptions.add_flags(parser)
+    required = ["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d"]
+    assert JobOptions.from_args(parser.parse_args(required)).eval_dataset_file == ""
+    with caplog.at_level("WARNING"):
+        job = JobOptions.from_args(parser.parse_args(required + ["--eval_dataset_dir", "held.mindrecord"]))
+    assert job.eval_dataset_file == "held.mindrecord"
+    assert "--eval_dataset_dir is deprecated, use --eval_dataset_file" in caplog.text
+    caplog.clear()
+    assert JobOptions.from_args(parser.parse_args(required + ["--eval_dataset_file", "x"])).eval_dataset_file == "x"
+    assert "deprecated" not in caplog.text
+
+
 def test_several_yaml_files_merge_field_by_field(tmp_path):
     base, extra = tmp_path / "base.yaml", tmp_path / "extra.yaml"
     base.write_text("loss:\n  beta: 0.02\n  aggregation: token-mean\nschedule:\n  steps: 7\n")
@@ -149,3 +171,30 @@ def test_several_yaml_files_merge_field_by_field(tmp_path):
     extra.write_text("losses:\n  beta: 0.0\n")
     with pytest.raises(ConfigError, match=r"extra.yaml: unknown section\(s\) \['losses'\]"):
         GRPOConfig.from_yaml(str(base), str(extra))
+
+
+def test_the_critics_learning_rate_has_its_own_name(tmp_path, caplog):
+    """critic.learning_rate (formerly lr: `--lr` read as the policy's): the old name works, with a warning."""
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    # --learning_rate stays the policy's alone; the critic's is the dotted flag
+    assert config_overrides(parser.parse_args(["--learning_rate", "1e-5"])) == {"optimizer": {"learning_rate": 1e-5}}
+    assert config_overrides(parser.parse_args(["--critic.learning_rate", "1e-3"])) == {
+        "critic": {"learning_rate": 1e-3}}
+    for flag in ("--lr", "--critic.lr"):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="mindrlhf.configs"):
+            assert config_overrides(parser.parse_args([flag, "1e-3"])) == {"critic": {"learning_rate": 1e-3}}
+        assert f"{flag} is deprecated, use --critic.learning_rate" in caplog.text
+    path = tmp_path / "ppo.yaml"
+    path.write_text("critic:\n  lr: 1.0e-3\n")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mindrlhf.configs"):
+        config = GRPOConfig.from_yaml(str(path))
+    assert config.critic.learning_rate == 1e-3 and config.optimizer.learning_rate == 1e-6
+    assert f"{path}: critic.lr is deprecated, use critic.learning_rate" in caplog.text
+    path.write_text("critic:\n  lr: 1.0e-3\n  learning_rate: 1.0e-4\n")
+    with pytest.raises(ConfigError, match=r"critic.lr=0.001 and critic.learning_rate=0.0001 disagree"):
+        GRPOConfig.from_yaml(str(path))
+    with pytest.raises(ConfigError, match=r"critic.learning_rate must be > 0, got 0.0"):
+        GRPOConfig().replace({"critic": {"lr": 0.0}})

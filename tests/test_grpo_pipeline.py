@@ -76,8 +76,9 @@ def test_stage_checkpoint_merges_into_the_whole_net(pipeline_run, tmp_path):
     import mindspore as ms
     from test_transform_checkpoint import _tool_module
 
+    from mindrlhf.checkpoint.step import is_optimizer_state
+    from mindrlhf.checkpoint.weights import read_weights
     from mindrlhf.parallel.strategy import read_staged_strategy_file
-    from mindrlhf.trainer.checkpoint import is_optimizer_state, read_policy_weights
 
     run_dir, _ = pipeline_run
     step = run_dir / "out" / "checkpoints" / "step_000003"
@@ -89,7 +90,7 @@ def test_stage_checkpoint_merges_into_the_whole_net(pipeline_run, tmp_path):
     assert not stage_names[0] & stage_names[1]
     layouts, stages = read_staged_strategy_file(step / "train_strategy.ckpt")
     assert {n for n, s in stages.items() if s == 1} == stage_names[1]
-    merged = read_policy_weights(str(step))
+    merged = read_weights(str(step))
     assert set(merged) == stage_names[0] | stage_names[1] == set(layouts)
     ckpt = tmp_path / "ckpt"
     for rank in range(2):
@@ -107,7 +108,7 @@ def test_stage_checkpoint_merges_into_the_whole_net(pipeline_run, tmp_path):
 def test_resume_with_stages_equals_the_straight_run(pipeline_run, tmp_path, monkeypatch, mindrecord):  # noqa: F811
     import mindspore as ms
 
-    from mindrlhf.trainer.checkpoint import is_optimizer_state
+    from mindrlhf.checkpoint.step import is_optimizer_state
 
     straight_dir, straight = pipeline_run
     out = tmp_path / "out"
@@ -198,8 +199,8 @@ def test_tied_embedding_across_stages_learns_like_without_stages(tmp_path, monke
     and the job learns as the same job with the train net at dp=2."""
     import mindspore as ms
 
+    from mindrlhf.checkpoint.weights import read_weights
     from mindrlhf.parallel.strategy import read_staged_strategy_file
-    from mindrlhf.trainer.checkpoint import read_policy_weights
 
     dp2_yaml = tmp_path / "train_dp2.yaml"
     dp2_yaml.write_text(PIPELINE_YAML.read_text().replace("data_parallel: 1", "data_parallel: 2")
@@ -221,7 +222,7 @@ def test_tied_embedding_across_stages_learns_like_without_stages(tmp_path, monke
     np.testing.assert_array_equal(copies[0].asnumpy(), copies[1].asnumpy())
     layouts, stages = read_staged_strategy_file(step / "train_strategy.ckpt")
     assert stages["model.tok_embeddings.embedding_weight"] == 0 and "lm_head.weight" not in layouts
-    merged = read_policy_weights(str(step))
+    merged = read_weights(str(step))
     np.testing.assert_array_equal(merged["model.tok_embeddings.embedding_weight"], copies[0].asnumpy())
     assert set(merged) == set(layouts)
 
@@ -234,8 +235,8 @@ def test_four_stages_reshard_every_step_and_merge_into_the_whole_net(tmp_path, m
     stage, and the step checkpoint merges into the whole net."""
     import mindspore as ms
 
+    from mindrlhf.checkpoint.weights import read_weights
     from mindrlhf.parallel.strategy import read_staged_strategy_file
-    from mindrlhf.trainer.checkpoint import read_policy_weights
 
     args = tied_job(tmp_path, monkeypatch, mindrecord, tmp_path / "pp4", 2, PIPELINE_YAML)
     for flag, stages, dp in (("--sft_path_train", 4, 1), ("--sft_path_infer", 1, 4)):
@@ -266,7 +267,7 @@ def test_four_stages_reshard_every_step_and_merge_into_the_whole_net(tmp_path, m
     layouts, stages = read_staged_strategy_file(step / "train_strategy.ckpt")
     assert [stages[f"model.layers.{i}.attention.wq.weight"] for i in range(4)] == [0, 1, 2, 3]
     assert stages[embedding] == 0 and stages["model.norm_out.weight"] == 3
-    merged = read_policy_weights(str(step))
+    merged = read_weights(str(step))
     assert set(merged) == set(layouts)
     for name, value in merged.items():
         np.testing.assert_array_equal(value, held[stages[name]][name], err_msg=name)
@@ -280,15 +281,16 @@ def test_critic_in_stages_learns_like_the_critic_without_stages(tmp_path, monkey
     ranks, and the critic's stage checkpoints merge into the whole value model with the head on the last stage."""
     import mindspore as ms
 
+    from mindrlhf.checkpoint.step import is_optimizer_state
+    from mindrlhf.checkpoint.weights import read_weights
     from mindrlhf.parallel.strategy import read_staged_strategy_file
-    from mindrlhf.trainer.checkpoint import is_optimizer_state, read_policy_weights
 
     dp2_yaml = tmp_path / "critic_dp2.yaml"
     dp2_yaml.write_text(PIPELINE_YAML.read_text().replace("data_parallel: 1", "data_parallel: 2")
                         .replace("pipeline_stage: 2", "pipeline_stage: 1"))
     runs = {}
     for name, critic_yaml in (("pp2", PIPELINE_YAML), ("dp2", dp2_yaml)):
-        extra = ("--sft_path_critic", str(critic_yaml), "--adv_estimator", "gae", "--critic.lr", "1e-3",
+        extra = ("--sft_path_critic", str(critic_yaml), "--adv_estimator", "gae", "--critic.learning_rate", "1e-3",
                  "--max_new_tokens", "96",  # the tiny policy's answers fit: rewards vary
                  "--log_prob_micro_batch_size_per_device", "2")  # the values pass: several micro-batches overlap
         runs[name] = run_job(tmp_path, monkeypatch, f"critic_{name}", job_args(mindrecord, tmp_path / name, 2, extra))
@@ -316,7 +318,7 @@ def test_critic_in_stages_learns_like_the_critic_without_stages(tmp_path, monkey
     held = [{k: v.asnumpy() for k, v in ms.load_checkpoint(str(step / f"rank_{r}" / "critic.ckpt")).items()
              if not is_optimizer_state(k)} for r in range(2)]
     assert not held[0].keys() & held[1].keys() and "critic.score.weight" in held[1]
-    merged = read_policy_weights(str(step), "critic")
+    merged = read_weights(str(step), "critic")
     assert set(merged) == {name[len("critic."):] for name in layouts}
     for name, value in merged.items():
         np.testing.assert_array_equal(value, held[stages["critic." + name]]["critic." + name], err_msg=name)

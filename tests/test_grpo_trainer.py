@@ -10,7 +10,7 @@ import pytest
 from msrun_utils import run_command, run_worker
 from tolerances import assert_weights_close_after_adam
 
-from mindrlhf.trainer.launch import cores_of_rank
+from mindrlhf.parallel.host_setup import cores_of_rank
 
 ROOT = Path(__file__).parents[1]
 TINY = ROOT / "model_configs" / "tiny"
@@ -124,7 +124,7 @@ def test_checkpoints_are_complete_and_readable_by_mindspore(straight_run):
 def test_resume_from_step_2_equals_the_straight_run(straight_run, tmp_path, monkeypatch, mindrecord):
     import mindspore as ms
 
-    from mindrlhf.trainer.checkpoint import is_optimizer_state
+    from mindrlhf.checkpoint.step import is_optimizer_state
     straight_dir, straight = straight_run
     out = tmp_path / "out"
     (out / "checkpoints").mkdir(parents=True)
@@ -223,7 +223,7 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
     report = first_failed_worker(msrun_output, str(tmp_path / "logs"))
     assert report is not None and report.startswith(f"rank 1 (pid {victim.pid}) failed first: killed by SIGKILL"), \
         (report, msrun_output[-2000:])
-    from mindrlhf.trainer.checkpoint import complete_checkpoints
+    from mindrlhf.checkpoint.step import complete_checkpoints
     last = complete_checkpoints(str(out / "checkpoints"))[-1]
     step = json.loads((Path(last) / "meta.json").read_text())["step"]
     assert step >= 2
@@ -242,7 +242,7 @@ def test_ppo_on_two_workers_with_a_tensor_parallel_critic_resumes_exactly(tmp_pa
     controller) resumes into the same step 3."""
     import mindspore as ms
 
-    extra = ("--sft_path_critic", str(TINY / "train.yaml"), "--adv_estimator", "gae", "--critic.lr", "1e-3",
+    extra = ("--sft_path_critic", str(TINY / "train.yaml"), "--adv_estimator", "gae", "--critic.learning_rate", "1e-3",
              "--use_kl_in_reward", "true", "--kl_ctrl", "adaptive", "--kl_horizon", "100", "--save_interval", "2",
              "--max_new_tokens", "96")  # the tiny policy's answers fit: rewards vary, the critic has something to learn
     straight_out = tmp_path / "out"

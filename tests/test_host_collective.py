@@ -1,6 +1,6 @@
-"""AllReduce(SUM) through shared memory (mindrlhf.parallel.host_collective) among processes of this host: sums,
-the same bits on every member, into a new array or in place, chunks, mismatches reported, nothing left in
-/dev/shm."""
+"""AllReduce(SUM) through shared memory (mindrlhf.parallel.shared_memory) among processes of this host: groups set
+up by `open_groups`, sums, the same bits on every member, into a new array or in place, chunks, mismatches reported,
+nothing left in /dev/shm."""
 import multiprocessing as mp
 import os
 import uuid
@@ -8,7 +8,7 @@ import uuid
 import numpy as np
 import pytest
 
-from mindrlhf.parallel import host_collective as hc
+import mindrlhf.parallel.shared_memory as hc
 
 pytestmark = pytest.mark.skipif(not hc.available(), reason="no /dev/shm or FIFOs on this host")
 
@@ -25,11 +25,10 @@ def member_inputs(index: int):
 def member(index: int, size: int, key: str, barrier, results, mismatch: bool):
     hc.CHUNK_BYTES = 1024
     try:
-        group = hc.SharedMemoryGroup("g", list(range(10, 10 + size)), 10 + index, key=key)
-        barrier.wait()
-        group.connect()
-        barrier.wait()
-        group.unlink_own()
+        groups = hc.open_groups({"g": list(range(10, 10 + size)), "alone": [10 + index]}, 10 + index, barrier.wait,
+                                key=key)
+        assert list(groups) == ["g"]  # a group of one rank is left out
+        group = groups["g"]
         if mismatch:
             x = np.zeros(4 if index == 0 else 5, np.float32)
             try:

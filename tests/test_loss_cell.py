@@ -8,7 +8,6 @@ ms = pytest.importorskip("mindspore")
 
 from mindrlhf.algorithms import (  # noqa: E402
     KL_ESTIMATORS,
-    LOSS_CELL_OUTPUT_NAMES,
     GRPOLossCell,
     aggregation_weights,
     grpo_policy_loss,
@@ -89,7 +88,7 @@ def test_value_stats_and_grad_match_numpy(aggregation):
     arrays = fixed_batch()
     outputs, grad = cell_value_and_grad(GRPOLossCell(BETA, EPS_LOW, EPS_HIGH), arrays, aggregation)
     expected_loss, expected_stats = numpy_loss(*arrays, aggregation)
-    values = dict(zip(LOSS_CELL_OUTPUT_NAMES, outputs))
+    values = dict(zip(GRPOLossCell.OUTPUTS, outputs))
     assert values["loss"] == pytest.approx(expected_loss, abs=1e-5)
     for name, expected in expected_stats.items():
         assert values[name] == pytest.approx(expected, abs=1e-5), name
@@ -136,7 +135,7 @@ def test_gradient_on_exact_clip_boundary():
     arrays = [logp, logp.copy(), ref_logp, advantages, mask]
     cell = GRPOLossCell(BETA, 0.0, 0.0)
     outputs, grad = cell_value_and_grad(cell, arrays, "seq-mean-token-mean")
-    values = dict(zip(LOSS_CELL_OUTPUT_NAMES, outputs))
+    values = dict(zip(GRPOLossCell.OUTPUTS, outputs))
     assert values["clipfrac"] == 0.0 and values["ratio_mean"] == pytest.approx(1.0)
     expected = analytic_grad(*arrays, "seq-mean-token-mean", epsilon_low=0.0, epsilon_high=0.0)
     np.testing.assert_allclose(grad, expected, atol=1e-6)
@@ -151,7 +150,7 @@ def test_shares_of_row_blocks_add_up_to_the_whole_batch(aggregation):
     cell = GRPOLossCell(BETA, EPS_LOW, EPS_HIGH)
     grad_fn = ms.value_and_grad(cell, grad_position=0, has_aux=True)
     whole, whole_grad = grad_fn(*(ms.Tensor(a) for a in [*arrays, weights]))
-    totals, grads = np.zeros(len(LOSS_CELL_OUTPUT_NAMES)), []
+    totals, grads = np.zeros(len(GRPOLossCell.OUTPUTS)), []
     for rows in (slice(0, 1), slice(1, 4)):  # blocks of 1 and 3 rows with very different token counts
         part = [a[rows] for a in arrays] + [weights[rows]]
         outputs, grad = grad_fn(*(ms.Tensor(a) for a in part))

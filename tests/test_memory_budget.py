@@ -1,7 +1,7 @@
-"""Auto micro-batch sizes from the activation budget (mindrlhf.trainer.memory_budget)."""
+"""Auto micro-batch sizes from the activation budget (mindrlhf.engine.memory_budget)."""
 import pytest
 
-from mindrlhf.trainer.memory_budget import log_prob_bytes, rows_per_call, train_bytes
+from mindrlhf.engine.memory_budget import log_prob_bytes, rows_per_call, train_bytes
 
 SMOLLM2 = dict(hidden=576, intermediate=1536, heads=9, vocab=49152)  # SmolLM2-135M, 30 layers
 ARITH = dict(hidden=256, intermediate=672, heads=4, vocab=640)  # the bundled policy, 4 layers

@@ -4,7 +4,6 @@ import pytest
 
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.models.qwen2.names import ms_to_hf_name
-from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import (
     full_shape,
     init_random_weights,
@@ -13,6 +12,7 @@ from mindrlhf.parallel.layers import (
     random_full_state,
     shard_array,
 )
+from mindrlhf.parallel.layout import Layout
 
 CONFIG = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=48,
               seq_length=32, max_position_embedding=32, qkv_has_bias=True)

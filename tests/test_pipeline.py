@@ -128,7 +128,6 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path, tied)
         merge_shards,
         net_layouts,
         read_staged_strategy_file,
-        save_net_strategy,
         write_strategy_file,
     )
 
@@ -141,7 +140,8 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path, tied)
         init_random_weights(net, layout, seed=5)
         os.makedirs(tmp_path / "ckpt" / f"rank_{rank}")
         ms.save_checkpoint(net, str(tmp_path / "ckpt" / f"rank_{rank}" / "net.ckpt"))
-        save_net_strategy(net, layout, tmp_path / "strategy" / f"strategy_{rank}.ckpt")
+        write_strategy_file(tmp_path / "strategy" / f"strategy_{rank}.ckpt", net_layouts(net, layout),
+                            stage=layout.stage)
         for name, lay in net_layouts(net, layout).items():
             all_layouts.setdefault(name, lay)
             stages.setdefault(name, layout.stage)

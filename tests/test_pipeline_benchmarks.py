@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mindrlhf.trainer.launch import threads_per_rank
+from mindrlhf.parallel.host_setup import threads_per_rank
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

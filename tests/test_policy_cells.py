@@ -1,4 +1,6 @@
 """Trainer cells: response log-probs slice the right positions; the loss net equals the numpy loss."""
+import inspect
+
 import mindspore as ms
 import numpy as np
 import pytest
@@ -7,16 +9,19 @@ from tolerances import assert_weights_close_after_adam
 
 from mindrlhf.algorithms import GRPOLossCell, aggregate, aggregation_weights, grpo_policy_loss
 from mindrlhf.algorithms.policy_cells import (
-    GRPO_OUTPUT_NAMES,
     GRPOLossNet,
+    ResponseHidden,
     ResponseLogProbs,
+    ResponseNLLLoss,
     ResponseScores,
     ResponseValues,
+    ValueLossNet,
 )
+from mindrlhf.algorithms.value_loss_cell import ValueLossCell
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.optim import AdamW
 from mindrlhf.parallel.layers import init_random_weights
-from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDTrainStep, split_micro_batches
+from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDTrainStep
 
 CONFIG = dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=2, intermediate_size=64,
               seq_length=64, max_position_embedding=64, theta=10000.0)
@@ -58,6 +63,19 @@ def numpy_response_logp(model, prompt, prompt_mask, response, response_mask, tem
     return np.take_along_axis(window, response[..., None], -1)[..., 0]
 
 
+@pytest.mark.parametrize("cell", [ResponseLogProbs, ResponseHidden, ResponseValues, ResponseScores, ResponseNLLLoss,
+                                  GRPOLossNet, ValueLossNet])
+def test_cells_name_their_inputs_in_construct_order(cell):
+    arguments = [name for name in inspect.signature(cell.construct).parameters if name not in ("self", "hidden_in")]
+    assert [{"old_values": "values"}.get(name, name) for name in arguments] == list(cell.INPUTS)
+
+
+def test_loss_outputs_carry_no_role_prefix():
+    assert GRPOLossNet.OUTPUTS == ("loss", "pg_loss", "kl", "clipfrac", "ratio_mean", "entropy")
+    assert GRPOLossNet.OUTPUTS[:-1] == GRPOLossCell.OUTPUTS
+    assert ValueLossNet.OUTPUTS == ValueLossCell.OUTPUTS == ("vf_loss", "vf_clipfrac")
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_response_log_probs_pick_the_tokens_that_follow_the_prompt(model, temperature):
     data = batch()
@@ -78,15 +96,15 @@ def test_grpo_loss_net_equals_the_numpy_loss(model):
     for aggregation in ("seq-mean-token-mean", "token-mean"):
         weights = aggregation_weights(response_mask, aggregation).astype(np.float32)
         net = GRPOLossNet(model, GRPOLossCell(beta=0.04, epsilon_low=0.2, epsilon_high=0.28), temperature=0.8)
-        out = dict(zip(GRPO_OUTPUT_NAMES, net(*map(ms.Tensor, (prompt, prompt_mask, response, response_mask, old,
+        out = dict(zip(GRPOLossNet.OUTPUTS, net(*map(ms.Tensor, (prompt, prompt_mask, response, response_mask, old,
                                                                 ref, adv, weights)))))
         logp_t = numpy_response_logp(model, *data, temperature=0.8)
         loss, stats = grpo_policy_loss(logp_t, old, ref, adv, response_mask, beta=0.04, epsilon_low=0.2,
                                        epsilon_high=0.28, aggregation=aggregation)
-        assert abs(float(out["actor/loss"].asnumpy()) - loss) < 1e-5, aggregation
-        assert abs(float(out["actor/kl"].asnumpy()) - stats["kl"]) < 1e-5
+        assert abs(float(out["loss"].asnumpy()) - loss) < 1e-5, aggregation
+        assert abs(float(out["kl"].asnumpy()) - stats["kl"]) < 1e-5
         expected_entropy = aggregate(entropy, response_mask, aggregation)
-        assert float(out["actor/entropy"].asnumpy()) == pytest.approx(expected_entropy, rel=1e-5)
+        assert float(out["entropy"].asnumpy()) == pytest.approx(expected_entropy, rel=1e-5)
         assert 0.1 < expected_entropy < np.log(model.config.vocab_size)
 
 
@@ -133,17 +151,6 @@ def test_micro_batches_give_the_update_of_the_whole_batch(graph_mode):
     # Adam moves each weight by ~lr = 1e-2 per step whatever its gradient's size, so near-zero gradients (k biases:
     # softmax is almost invariant to them) turn float rounding into weight differences: compared in lr units
     assert_weights_close_after_adam(micro_weights, whole_weights, lr=1e-2, updates=2, what="one row at a time vs whole")
-
-
-def test_split_micro_batches_keeps_row_order_and_pairs_the_arrays():
-    ids = np.arange(10).reshape(5, 2)
-    mask = np.arange(5)
-    parts = split_micro_batches([ids, mask], 2)
-    assert [len(p) for p in parts] == [2, 2, 2]
-    np.testing.assert_array_equal(np.concatenate([p[0].asnumpy() for p in parts]), ids)
-    assert [p[1].asnumpy().tolist() for p in parts] == [[0, 1], [2, 3], [4]]
-    whole = split_micro_batches([ids, mask], 0)
-    assert len(whole) == 1 and whole[0][0].shape == (5, 2)
 
 
 def grouped_batch(groups=2, count=3, prompt_width=7, response_width=6, seed=0):

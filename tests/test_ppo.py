@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("graph_mode")
 
 def ppo_args(mindrecord, out, *extra):  # noqa: F811
     return base_args(mindrecord, out) + [
-        "--sft_path_critic", str(TINY / "model.yaml"), "--adv_estimator", "gae", "--critic.lr", "1e-3",
+        "--sft_path_critic", str(TINY / "model.yaml"), "--adv_estimator", "gae", "--critic.learning_rate", "1e-3",
         "--load_sft_checkpoint_train", str(TINY / "tiny_sft.ckpt"), *extra]
 
 
@@ -106,9 +106,9 @@ def test_the_critic_can_start_from_a_value_model_checkpoint(tmp_path, mindrecord
     tools/convert_weight.py writes a reward model) starts the critic instead of the zero head."""
     import mindspore as ms
 
-    from mindrlhf.trainer.checkpoint import read_policy_weights
+    from mindrlhf.checkpoint.weights import read_weights
 
-    weights = {k: v for k, v in read_policy_weights(str(TINY / "tiny_sft.ckpt")).items() if k != "lm_head.weight"}
+    weights = {k: v for k, v in read_weights(str(TINY / "tiny_sft.ckpt")).items() if k != "lm_head.weight"}
     hidden = weights["model.norm_out.weight"].shape[0]
     weights["score.weight"] = np.random.default_rng(0).normal(0, 0.05, (1, hidden)).astype(np.float32)
     ckpt = tmp_path / "rm.ckpt"

@@ -5,7 +5,8 @@ import pytest
 import torch
 from hf_fixtures import hf_logits, make_hf_model_dir
 
-from mindrlhf.models.qwen2 import KVCache, Qwen2ForCausalLM, Qwen2LogProbs
+from mindrlhf.algorithms.policy_cells import ResponseLogProbs
+from mindrlhf.models.qwen2 import KVCache, Qwen2ForCausalLM
 from mindrlhf.models.qwen2.convert import convert_hf_to_ms
 
 LOGIT_TOL = 1e-4
@@ -123,14 +124,14 @@ def test_left_padding_does_not_change_the_real_tokens_logits(converted):
 def test_log_probs_equal_log_softmax_of_logits(converted):
     _, net, config = converted
     ids = random_ids(config, 2, 16, seed=5)
-    labels = np.roll(ids, -1, 1)
     mask = np.ones_like(ids)
-    logp = Qwen2LogProbs(net)(ms.Tensor(ids), ms.Tensor(labels), ms.Tensor(mask)).asnumpy()
-    logits = net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy().astype(np.float64)
+    prompt, response = ids[:, :6], ids[:, 6:]
+    logp = ResponseLogProbs(net)(*map(ms.Tensor, (prompt, mask[:, :6], response, mask[:, 6:]))).asnumpy()
+    logits = net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy().astype(np.float64)[:, 5:-1]  # position s predicts s + 1
     log_softmax = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
         - logits.max(-1, keepdims=True)
-    expected = np.take_along_axis(log_softmax, labels[..., None], -1)[..., 0]
-    assert logp.shape == (2, 16) and logp.dtype == np.float32
+    expected = np.take_along_axis(log_softmax, response[..., None], -1)[..., 0]
+    assert logp.shape == (2, 10) and logp.dtype == np.float32
     np.testing.assert_allclose(logp, expected, atol=1e-5)
 
 

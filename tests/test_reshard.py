@@ -72,7 +72,7 @@ def test_errors_name_parameters_and_layouts(tmp_path):
     from workers.reshard_worker import CONFIG
 
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-    from mindrlhf.parallel import Layout
+    from mindrlhf.parallel.layout import Layout
     from mindrlhf.parallel.reshard import Resharder
     from mindrlhf.parallel.strategy import net_layouts
 

@@ -17,9 +17,9 @@ def reward_model_ckpt(tmp_path_factory):
     """The tiny policy's backbone with a random value head: what convert_weight.py writes for a reward model."""
     import mindspore as ms
 
-    from mindrlhf.trainer.checkpoint import read_policy_weights
+    from mindrlhf.checkpoint.weights import read_weights
 
-    weights = {k: v for k, v in read_policy_weights(str(TINY / "tiny_sft.ckpt")).items() if k != "lm_head.weight"}
+    weights = {k: v for k, v in read_weights(str(TINY / "tiny_sft.ckpt")).items() if k != "lm_head.weight"}
     hidden = weights["model.norm_out.weight"].shape[0]
     weights["score.weight"] = np.random.default_rng(0).normal(0, 0.5, (1, hidden)).astype(np.float32)
     path = tmp_path_factory.mktemp("rm") / "rm.ckpt"
@@ -33,8 +33,8 @@ def last_token_scores(weights, records):
     import mindspore as ms
 
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForValue
-    from mindrlhf.parallel import Layout
     from mindrlhf.parallel.layers import load_full_state
+    from mindrlhf.parallel.layout import Layout
 
     net = Qwen2ForValue(Qwen2Config.from_yaml(str(TINY / "model.yaml")))
     load_full_state(net, weights, Layout())

@@ -16,10 +16,10 @@ from msrun_utils import free_port, run_command
 from policy_utils import greedy_completions
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mindrlhf.checkpoint.weights import read_weights
 from mindrlhf.data import build_prompt, read_problems
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.models.tokenizer import load_tokenizer
-from mindrlhf.trainer.checkpoint import read_policy_weights
 
 ROOT = Path(__file__).parents[1]
 ARITH = ROOT / "model_configs" / "arith"
@@ -79,7 +79,7 @@ def test_trained_checkpoint_reverses_to_a_transformers_model_that_answers_alike(
 
     problems = list(read_problems(HELDOUT))[:16]
     model = Qwen2ForCausalLM(Qwen2Config.from_yaml(ARITH / "train.yaml"))
-    ms.load_param_into_net(model, {k: ms.Parameter(v, name=k) for k, v in read_policy_weights(str(step_dir)).items()},
+    ms.load_param_into_net(model, {k: ms.Parameter(v, name=k) for k, v in read_weights(str(step_dir)).items()},
                            strict_load=True)
     tokenizer = load_tokenizer(ARITH / "policy")
     ours = greedy_completions(model, tokenizer, problems, 48)

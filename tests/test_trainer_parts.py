@@ -1,4 +1,4 @@
-"""Host-side pieces of the trainer: experience packing and splitting, phases and swap plans, checkpoint picking."""
+"""Host-side pieces of the trainer: experience packing, phases and swap plans, checkpoint picking, host set-up."""
 import json
 import os
 import resource
@@ -7,25 +7,15 @@ import mindspore as ms
 import numpy as np
 import pytest
 
-from mindrlhf.parallel.swap import SwapError, SwapManager
-from mindrlhf.trainer.checkpoint import (
+from mindrlhf.checkpoint.step import (
     CheckpointError,
     CheckpointWriter,
     check_resumable,
     complete_checkpoints,
     find_resume_checkpoint,
 )
-from mindrlhf.trainer.experience import (
-    Experience,
-    concat_experiences,
-    group_unit,
-    prompt_micro_batches,
-    response_widths,
-    rows_of_rank,
-    shared_prompt_run,
-    trimmed_width,
-    update_chunks,
-)
+from mindrlhf.parallel.swap import SwapError, SwapManager
+from mindrlhf.trainer.experience import Experience, concat_experiences
 from mindrlhf.trainer.phases import PHASES, Phases
 from mindrlhf.trainer.roles import (
     CRITIC_MOMENTS,
@@ -36,7 +26,6 @@ from mindrlhf.trainer.roles import (
     TRAIN_WEIGHTS,
     Actor,
     Critic,
-    MicroBatchSizer,
     Reference,
     Reward,
     Role,
@@ -104,17 +93,7 @@ def test_concat_left_pads_narrower_prompts():
     np.testing.assert_array_equal(both.prompt_ids[2:], b.prompt_ids)
 
 
-def test_update_chunks_and_rank_rows():
-    assert update_chunks(num_groups=4, groups_per_update=2, group_size=3) == [slice(0, 6), slice(6, 12)]
-    assert update_chunks(3, 2, 2) == [slice(0, 4), slice(4, 6)]
-    assert rows_of_rank(8, 2, 1) == slice(4, 8)
-    with pytest.raises(ValueError, match="6 rows cannot be split evenly over data_parallel=4"):
-        rows_of_rank(6, 4, 0)
-    assert group_unit(4, 2) == 1 and group_unit(3, 2) == 2 and group_unit(2, 8) == 4
-
-
 def make_swap():
-    import mindspore as ms
     swap = SwapManager(device_target="CPU")
     for i, group in enumerate((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS, INFER_WEIGHTS, REF_WEIGHTS)):
         swap.register(group, [ms.Parameter(ms.Tensor(np.zeros(4 * (i + 1), np.float32)), name=f"{group}.p")])
@@ -204,11 +183,10 @@ def test_only_complete_checkpoints_are_picked_and_old_ones_pruned(tmp_path):
 
 
 def test_saved_parameters_load_as_mindspore_saves_them_in_any_chunking(tmp_path, monkeypatch):
-    import mindspore as ms
     from mindspore import Parameter, Tensor
 
     import mindrlhf.utils.checkpoint_file as checkpoint_file
-    from mindrlhf.trainer.checkpoint import save_parameters
+    from mindrlhf.checkpoint.step import save_parameters
 
     rng = np.random.default_rng(0)
     params = [Parameter(Tensor(rng.standard_normal((7, 13)).astype(np.float32)), name="w"),
@@ -349,7 +327,7 @@ def test_postmortem_maps_the_pid_msrun_saw_fail_first_to_its_rank(tmp_path):
 
 
 def test_cpu_threads_share_the_host_cores_between_its_ranks():
-    from mindrlhf.trainer.launch import threads_per_rank
+    from mindrlhf.parallel.host_setup import threads_per_rank
 
     assert threads_per_rank(cores=2, ranks_on_host=2) == 1
     assert threads_per_rank(cores=2, ranks_on_host=1) == 2
@@ -359,56 +337,13 @@ def test_cpu_threads_share_the_host_cores_between_its_ranks():
 
 
 def test_each_rank_keeps_to_its_own_share_of_the_cores():
-    from mindrlhf.trainer.launch import cores_of_rank
+    from mindrlhf.parallel.host_setup import cores_of_rank
 
     assert [cores_of_rank([0, 1], 2, r) for r in range(2)] == [[0], [1]]
     assert [cores_of_rank(list(range(8)), 3, r) for r in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]
     assert cores_of_rank([4, 5, 6, 7], 2, 1) == [6, 7]  # the cores the host gave the job, not 0..n-1
     assert cores_of_rank([0, 1], 4, 3) == [0, 1]  # more ranks than cores: they share every core
     assert cores_of_rank([0, 1], 1, 0) == [0, 1]
-
-
-def fake_actor(norms, max_consecutive_skips):
-    """An Actor whose train step returns the next of `norms` (NaN = a skipped update) and fixed loss shares."""
-    from types import SimpleNamespace
-
-    from mindrlhf.configs.grpo_configs import GRPOConfig
-    from mindrlhf.parallel import Layout
-
-    config = GRPOConfig().replace({"optimizer": {"max_consecutive_skips": max_consecutive_skips},
-                                   "schedule": {"batch_size": 4, "mini_batch_size": 1, "steps": 10},
-                                   "generation": {"num_generations": 2}})
-    actor = Actor.__new__(Actor)
-    actor.config, actor.generation, actor.train_layout = config, config.generation, Layout()
-    actor.optimizer = SimpleNamespace(set_learning_rate=lambda lr: None)
-    actor.train_rows = SimpleNamespace(width=lambda mask: mask.shape[1], split=lambda arrays, width: [arrays])
-    calls = iter(norms)
-
-    def train_step(micro_batches):
-        norm = next(calls)
-        return np.full(6, np.nan if not np.isfinite(norm) else 1.0), norm
-
-    actor.train_step, actor.updates, actor.consecutive_skips = train_step, 0, 0
-    return actor
-
-
-def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when_they_repeat():
-    from types import SimpleNamespace
-
-    from mindrlhf.trainer.roles import NonFiniteUpdates
-
-    exp = make_experience(8, 3, 4)  # 4 groups of 2: 4 updates of one group each
-    comm = SimpleNamespace(group_sum=lambda values, group: values)
-    actor = fake_actor([0.5, np.nan, 1.5, np.inf], max_consecutive_skips=2)
-    metrics = actor.train(exp, comm)
-    assert metrics["actor/skipped_updates"] == 2 and metrics["actor/updates"] == 2
-    assert metrics["actor/grad_norm"] == 1.0 and metrics["actor/loss"] == 1.0  # the finite updates only
-    assert actor.updates == 4 and actor.consecutive_skips == 1
-    actor = fake_actor([0.5, np.nan, np.nan, 1.0], max_consecutive_skips=2)
-    with pytest.raises(NonFiniteUpdates, match="2 actor updates in a row had a non-finite loss or gradient"):
-        actor.train(exp, comm)
-    actor = fake_actor([np.nan] * 4, max_consecutive_skips=0)  # 0: never stop
-    assert actor.train(exp, comm)["actor/skipped_updates"] == 4
 
 
 def test_pipeline_layouts_the_trainer_cannot_take_are_one_line_errors():
@@ -418,8 +353,8 @@ def test_pipeline_layouts_the_trainer_cannot_take_are_one_line_errors():
     from mindrlhf.configs.grpo_configs import ScheduleConfig
     from mindrlhf.configs.parallel import ParallelConfig
     from mindrlhf.models.qwen2 import Qwen2Config
-    from mindrlhf.parallel import Layout
-    from mindrlhf.trainer.rl_trainer import check_pipeline, check_unstaged
+    from mindrlhf.parallel.layout import Layout
+    from mindrlhf.trainer.plan import check_pipeline, check_unstaged
 
     cfg = Qwen2Config.from_yaml("model_configs/tiny/train_pp2.yaml")
     staged = Layout(pp=2, rank=1)
@@ -443,7 +378,7 @@ def test_pipeline_layouts_the_trainer_cannot_take_are_one_line_errors():
 
 
 def test_the_cpu_memory_pool_is_one_block_of_the_ranks_share_of_the_host():
-    from mindrlhf.trainer.launch import memory_pool_gib
+    from mindrlhf.parallel.host_setup import memory_pool_gib
 
     assert memory_pool_gib(host_memory_gib=23.4, ranks_on_host=2) == 11
     assert memory_pool_gib(host_memory_gib=23.4, ranks_on_host=1) == 23
@@ -466,124 +401,3 @@ def test_one_pool_block_stops_a_train_steps_memory_growing_from_call_to_call(tmp
     assert default[-1] - default[0] > 0.5, default  # the problem, reproduced
     assert trainer[-1] - trainer[0] < 0.1, trainer
     assert trainer[-1] < default[-1] - 0.5, (trainer, default)
-
-
-def grouped_rows(groups, group_size, prompt_width=6, seed=0):
-    """(prompt ids, prompt mask) of `groups` distinct left-padded prompts, each repeated for its `group_size`
-    responses (rows j G .. j G + G - 1), as a rollout lays them out."""
-    exp = make_experience(groups, prompt_width, 3, seed=seed)
-    return np.repeat(exp.prompt_ids, group_size, 0), np.repeat(exp.prompt_mask, group_size, 0)
-
-
-def test_shared_prompt_run_finds_the_rows_that_read_one_prompt():
-    ids, mask = grouped_rows(4, 8)
-    assert shared_prompt_run(ids, mask, 8) == 8
-    assert shared_prompt_run(ids, mask, 4) == 4  # never more than the limit (a prompt's responses)
-    assert shared_prompt_run(ids[4:12], mask[4:12], 8) == 4  # a dp rank's rows that start mid-group
-    assert shared_prompt_run(ids[2:8], mask[2:8], 8) == 2
-    assert shared_prompt_run(ids[:7], mask[:7], 8) == 1  # a run divides a prompt's responses
-    assert shared_prompt_run(ids, mask, 1) == 1
-    other = ids.copy()
-    other[5, -1] += 1  # one response of the first group with another prompt
-    assert shared_prompt_run(other, mask, 8) == 1
-    masked = mask.copy()
-    masked[9, 0] = 1 - masked[9, 0]  # the same ids with another mask are another prompt
-    assert shared_prompt_run(ids, masked, 8) == 1
-
-
-def test_prompt_micro_batches_give_each_call_its_prompts_once_per_share():
-    ids, mask = grouped_rows(2, 4)
-    response = np.arange(8 * 3).reshape(8, 3)
-    per_row = np.arange(8, dtype=np.float32)
-    calls = prompt_micro_batches([ids, mask, response, per_row], size=4, share=2)
-    assert len(calls) == 2
-    for call, start in zip(calls, (0, 4)):
-        assert [t.shape for t in call] == [(2, 6), (2, 6), (4, 3), (4,)]
-        np.testing.assert_array_equal(call[0].asnumpy(), ids[start:start + 4:2])
-        np.testing.assert_array_equal(call[1].asnumpy(), mask[start:start + 4:2])
-        np.testing.assert_array_equal(call[2].asnumpy(), response[start:start + 4])
-        np.testing.assert_array_equal(call[3].asnumpy(), per_row[start:start + 4])
-    with pytest.raises(ValueError, match="3 responses a prompt do not divide micro-batches of 4"):
-        prompt_micro_batches([ids, mask, response], size=4, share=3)
-
-
-def responses_of_length(rows, longest, width=48):
-    """Response ids and mask [rows, width] whose longest response has `longest` tokens."""
-    lengths = np.minimum(np.arange(rows) % longest + 1, longest)
-    lengths[0] = longest
-    mask = (np.arange(width)[None] < lengths[:, None]).astype(np.int32)
-    return np.where(mask > 0, 7, 0).astype(np.int32), mask
-
-
-@pytest.mark.parametrize("configured,share_prompts,longest,plan", [
-    (0, True, 48, (16, 8, 48)),  # auto: every row in one call, each prompt read once for its 8 responses
-    (0, False, 48, (16, 1, 48)),
-    (4, True, 48, (4, 4, 48)),  # a set size: the prompt read once for the 4 responses of a call
-    (2, True, 20, (2, 2, 32)),  # responses of at most 20 tokens: 32 of the 48 positions are read
-    (0, True, 16, (16, 8, 16)),
-])
-def test_the_sizer_plans_calls_prompt_reads_and_width(configured, share_prompts, longest, plan):
-    from mindrlhf.configs.grpo_configs import ScheduleConfig
-    from mindrlhf.models.qwen2 import Qwen2Config
-    from mindrlhf.parallel import Layout
-
-    cfg = Qwen2Config.from_yaml("model_configs/arith/train.yaml")
-    sched = ScheduleConfig(micro_batch_size_per_device=configured, share_prompts=share_prompts)
-    sizer = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, True)
-    ids, mask = grouped_rows(2, 8, prompt_width=160)
-    response, response_mask = responses_of_length(16, longest)
-    per_token, per_row = np.ones((16, 48), np.float32), np.arange(16, dtype=np.float32)
-    arrays = [ids, mask, response, response_mask, per_token, per_row]
-    assert sizer.plan(arrays) == plan
-    calls = sizer.split(arrays)
-    size, share, width = plan
-    assert len(calls) == 16 // size
-    assert [t.shape for t in calls[0]] == [(size // share, 160), (size // share, 160), (size, width), (size, width),
-                                           (size, width), (size,)]
-    assert sizer.plan(arrays, width=48)[2] == 48  # a caller's width (the update's on every dp rank) wins
-
-
-def test_a_pass_reads_the_narrowest_width_that_holds_its_responses_and_pads_its_outputs_back():
-    from mindrlhf.configs.grpo_configs import ScheduleConfig
-    from mindrlhf.models.qwen2 import Qwen2Config
-    from mindrlhf.parallel import Layout
-
-    assert response_widths(48, 3) == [16, 32, 48]
-    assert response_widths(1024, 3) == [344, 688, 1024]
-    assert response_widths(48, 1) == [48] and response_widths(10, 4) == [8, 10]
-    _, mask = responses_of_length(4, 20)
-    assert trimmed_width(mask, [16, 32, 48]) == 32 and trimmed_width(mask[:, :0], [16, 32, 48]) == 16
-    assert trimmed_width(np.ones((2, 48), np.int32), [16, 32, 48]) == 48
-
-    cfg = Qwen2Config.from_yaml("model_configs/arith/train.yaml")
-    sizer = MicroBatchSizer.for_pass("log_prob", ScheduleConfig(log_prob_micro_batch_size_per_device=4), cfg,
-                                     Layout(), 8, False)
-    ids, prompt_mask = grouped_rows(1, 8, prompt_width=12)
-    response, response_mask = responses_of_length(8, 11)  # 16 of 48 positions hold every response
-    seen = []
-
-    def cell(prompt_ids, prompt_mask, response_ids, response_mask):
-        seen.append((prompt_ids.shape, response_ids.shape))
-        return ms.Tensor(response_ids.asnumpy().astype(np.float32) + 1)
-
-    out = sizer.run(cell, [ids, prompt_mask, response, response_mask])
-    assert seen == [((1, 12), (4, 16))] * 2
-    assert out.shape == (8, 48)
-    np.testing.assert_array_equal(out[:, :16], response[:, :16] + 1)
-    assert not out[:, 16:].any()  # zeros where the pass read nothing: padding after every response
-
-
-def test_the_auto_size_counts_a_shared_prompt_once():
-    from mindrlhf.configs.grpo_configs import ScheduleConfig
-    from mindrlhf.models.qwen2 import Qwen2Config
-    from mindrlhf.parallel import Layout
-
-    cfg = Qwen2Config.from_yaml("model_configs/arith/train.yaml")
-    ids, mask = grouped_rows(1, 8, prompt_width=160)
-    arrays = [ids, mask, *responses_of_length(8, 48)]
-    plans = {}
-    for share in (True, False):
-        # a budget that holds the prompt once with 8 responses but not 8 copies of it
-        sched = ScheduleConfig(share_prompts=share, activation_memory_gib=0.09)
-        plans[share] = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, True).plan(arrays)
-    assert plans[True] == (8, 8, 48) and plans[False] == (2, 1, 48)

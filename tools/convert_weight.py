@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from mindrlhf.checkpoint.step import STEP_NETS, CheckpointError
+from mindrlhf.checkpoint.weights import read_weights
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.models.qwen2.convert import ConversionError, convert_hf_to_ms, convert_ms_to_hf
-from mindrlhf.trainer.checkpoint import STEP_NETS, CheckpointError, read_policy_weights
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--net only applies to --reverse")
     try:
         if args.reverse:
-            weights = read_policy_weights(args.mindspore_ckpt_path, args.net)
+            weights = read_weights(args.mindspore_ckpt_path, args.net)
             cfg = convert_ms_to_hf(args.mindspore_ckpt_path, args.config_path, args.torch_ckpt_dir, args.dtype,
                                    weights=weights, tokenizer_dir=args.tokenizer_dir)
             print(f"wrote {args.torch_ckpt_dir} ({cfg.num_parameters()} parameters, {cfg.param_init_type})")

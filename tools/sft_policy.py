@@ -83,7 +83,8 @@ class SFTData:
 
 def heldout_accuracy(model, tokenizer, data: SFTData, batch_size: int = 50) -> float:
     """Greedy accuracy of `model` on every problem of `data`."""
-    from mindrlhf.generation import GenerationConfig, Generator
+    from mindrlhf.configs.generation import GenerationConfig
+    from mindrlhf.generation import Generator
     from mindrlhf.trainer.evaluation import count_correct
 
     generator = Generator(model, GenerationConfig(

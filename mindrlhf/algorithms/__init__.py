@@ -34,7 +34,7 @@ from mindrlhf.algorithms.ppo import (
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "KL_CONTROLLERS", "KL_ESTIMATORS", "GRPOLossCell",
-    "LOSS_CELL_OUTPUT_NAMES", "ValueLossCell", "build_kl_controller", "explained_variance", "gae_advantages_returns",
+    "ValueLossCell", "build_kl_controller", "explained_variance", "gae_advantages_returns",
     "masked_whiten", "token_level_rewards", "value_loss",
     "aggregate", "aggregation_weights", "broadcast_over_tokens", "check_loss_hyperparameters",
     "dynamic_sampling_mask", "expand_group_mask", "get_advantage_estimator", "group_advantages", "grpo_policy_loss",
@@ -50,7 +50,4 @@ def __getattr__(name: str):
     if name == "ValueLossCell":
         from mindrlhf.algorithms.value_loss_cell import ValueLossCell
         return ValueLossCell
-    if name == "LOSS_CELL_OUTPUT_NAMES":
-        from mindrlhf.algorithms.loss_cell import OUTPUT_NAMES
-        return OUTPUT_NAMES
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,8 +9,6 @@ from mindspore import dtype as mstype
 from mindrlhf.algorithms.policy_loss import check_loss_hyperparameters
 from mindrlhf.utils.registry import Registry
 
-OUTPUT_NAMES = ("loss", "pg_loss", "kl", "clipfrac", "ratio_mean")
-
 # The MindSpore twins of the numpy KL estimators, under the same names (tests check both registries agree).
 KL_CELL_ESTIMATORS: Registry = Registry("KL estimator")
 
@@ -40,7 +38,7 @@ class GRPOLossCell(nn.Cell):
     (`mindrlhf.algorithms.aggregation_weights`, computed on the global mini-batch); every output is
     `sum(token_weights * per-token value)`: on a data-parallel rank its share
     of the global value. Returns the 0-d float32 tensors `(loss, pg_loss, kl, clipfrac, ratio_mean)`
-    (`OUTPUT_NAMES`); the stats are wrapped in `stop_gradient`, so `mindspore.value_and_grad(cell,
+    (`OUTPUTS`); the stats are wrapped in `stop_gradient`, so `mindspore.value_and_grad(cell,
     grad_position=0)` differentiates only the loss, with or without `has_aux=True`.
 
     Gradient: where the clip is active the token's policy term is taken as a constant (it is, locally);
@@ -48,6 +46,8 @@ class GRPOLossCell(nn.Cell):
     with `select` on a strict comparison rather than `ops.minimum`, whose gradient on ties is convention.
     Padding positions (mask 0) are zeroed before `exp`, so garbage there cannot produce inf or NaN.
     """
+
+    OUTPUTS = ("loss", "pg_loss", "kl", "clipfrac", "ratio_mean")
 
     def __init__(self, beta: float = 0.01, epsilon_low: float = 0.2, epsilon_high: float = 0.2,
                  kl_estimator: str = "k3"):

@@ -4,21 +4,30 @@ Shapes are static: prompts are left-padded to a bucket width P and responses pad
 compiles once per (prompts, responses, P, R). The cells take prompts [Bg, P] and responses [Bg K, R]: the K
 responses j K .. j K + K - 1 share prompt j, which is read once for all of them (prefix sharing,
 `mindrlhf.models.qwen2.modeling.response_sequences`); K = 1 is one prompt per response.
+
+Each cell names its tensor arguments in construct order, `hidden_in` excluded, in `INPUTS` (experience columns,
+and `token_weights`, the aggregation's weights of the mini-batch); each loss net names its outputs in `OUTPUTS`,
+without a role prefix (the trainer adds `actor/` or `critic/` to its metrics).
 """
 from __future__ import annotations
 
 import mindspore as ms
 from mindspore import nn, ops
 
+from mindrlhf.algorithms.loss_cell import GRPOLossCell
+from mindrlhf.algorithms.value_loss_cell import ValueLossCell
+
 
 class ResponseLogProbs(nn.Cell):
     """log p(response token t | prompt, response[:t]) for every response position, float32 [B, R].
 
-    Wraps a causal LM exposing `log_probs(input_ids, labels, attention_mask, temperature)`
-    (Qwen2ForCausalLM); `temperature` must be the sampling temperature (the generator reports
-    log-probs of softmax(logits / T) too). Only the response positions go through the head. Positions after
-    a response's end are computed but meaningless: mask them with the response mask.
+    Wraps a causal LM exposing `response_log_probs` (Qwen2ForCausalLM); `temperature` must be the sampling
+    temperature (the generator reports log-probs of softmax(logits / T) too). Only the response positions go
+    through the head. Positions after a response's end are computed but meaningless: mask them with the response
+    mask.
     """
+
+    INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
     def __init__(self, model: nn.Cell, temperature: float = 1.0, with_entropy: bool = False):
         super().__init__(auto_prefix=False)
@@ -38,6 +47,8 @@ class ResponseHidden(nn.Cell):
     """A pipeline stage before the last on the positions `ResponseLogProbs` reads: its output [Bg, P + K (R - 1),
     D], from the prompt and response tokens (first stage) or from `hidden_in`, the previous stage's output. Wraps a
     causal LM or a value model (anything whose `model` is a `Qwen2Model`)."""
+
+    INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)
@@ -67,6 +78,8 @@ class ResponseValues(nn.Cell):
     log-probs `ResponseLogProbs` returns (verl's `values[:, -response_length - 1:-1]`). Wraps a
     `Qwen2ForValue`."""
 
+    INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)
         self.model = model
@@ -78,6 +91,8 @@ class ResponseValues(nn.Cell):
 class ResponseScores(nn.Cell):
     """A reward model's score of each (prompt, response), float32 [B]: a `Qwen2ForValue`'s output at the last
     response token (right-padded responses; HF's `*ForSequenceClassification` reads the last non-pad token)."""
+
+    INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)
@@ -92,7 +107,11 @@ class ResponseScores(nn.Cell):
 
 class ValueLossNet(nn.Cell):
     """The critic's values of the sampled responses fed to the clipped value loss (`ValueLossCell`); returns
-    `(vf_loss, vf_clipfrac)`, this rank's shares under the token weights."""
+    `OUTPUTS` `(vf_loss, vf_clipfrac)`, this rank's shares under the token weights. The experience column `values`
+    (the critic's values when the responses were scored) is the construct argument `old_values`."""
+
+    INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "values", "returns", "token_weights")
+    OUTPUTS = ValueLossCell.OUTPUTS
 
     def __init__(self, model: nn.Cell, loss_cell: nn.Cell):
         super().__init__(auto_prefix=False)
@@ -105,16 +124,16 @@ class ValueLossNet(nn.Cell):
         return self.loss_cell(values, old_values, returns, response_mask, token_weights)
 
 
-GRPO_OUTPUT_NAMES = ("actor/loss", "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/ratio_mean",
-                     "actor/entropy")
-
-
 class GRPOLossNet(nn.Cell):
     """Policy log-probs of the sampled responses fed to the GRPO loss cell.
 
-    Returns `GRPO_OUTPUT_NAMES`: the loss cell's outputs and the token-weighted entropy of the policy
+    Returns `OUTPUTS`: the loss cell's outputs and the token-weighted entropy of the policy
     (softmax(logits / T) over the whole vocabulary), each this rank's share under the token weights.
     """
+
+    INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "old_logp", "ref_logp", "advantages",
+              "token_weights")
+    OUTPUTS = GRPOLossCell.OUTPUTS + ("entropy",)
 
     def __init__(self, model: nn.Cell, loss_cell: nn.Cell, temperature: float = 1.0):
         super().__init__(auto_prefix=False)
@@ -131,6 +150,8 @@ class GRPOLossNet(nn.Cell):
 
 class ResponseNLLLoss(nn.Cell):
     """Supervised fine-tuning loss: token-mean negative log-likelihood of the responses, as (loss, loss)."""
+
+    INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
     def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)

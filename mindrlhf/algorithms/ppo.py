@@ -27,15 +27,6 @@ def _token_arrays(mask, **arrays) -> tuple[np.ndarray, ...]:
     return (*out, mask > 0)
 
 
-def masked_mean(values, mask) -> float:
-    """Mean of `values` over the valid (mask 1) entries."""
-    values, valid = _token_arrays(mask, values=values)
-    count = int(valid.sum())
-    if not count:
-        raise ValueError("masked_mean: the mask selects no entry")
-    return float(values.sum() / count)
-
-
 def masked_whiten(values, mask, shift_mean: bool = True, eps: float = 1e-8) -> np.ndarray:
     """(x - mean) / sqrt(var + eps) with mean and unbiased variance over the valid entries only (verl's
     `masked_whiten`); `shift_mean=False` adds the mean back. Needs at least 2 valid entries. float32."""

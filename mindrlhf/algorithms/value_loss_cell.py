@@ -5,20 +5,20 @@ from __future__ import annotations
 from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
-OUTPUT_NAMES = ("vf_loss", "vf_clipfrac")
-
 
 class ValueLossCell(nn.Cell):
     """0.5 * max((v - R)^2, (v_clip - R)^2), v_clip = old + clip(v - old, -c, c) (exactly v within the range),
     reduced with token weights.
 
     `construct(values, old_values, returns, mask, token_weights)` takes [B, T] float tensors and returns the 0-d
-    float32 `(vf_loss, vf_clipfrac)`, each `sum(token_weights * per-token value)` (on a data-parallel rank its
-    share of the global value); the clip fraction is in `stop_gradient`. Where the clipped error is strictly
+    float32 `(vf_loss, vf_clipfrac)` (`OUTPUTS`), each `sum(token_weights * per-token value)` (on a data-parallel
+    rank its share of the global value); the clip fraction is in `stop_gradient`. Where the clipped error is strictly
     larger, the token's gradient is that of the clipped branch (zero outside the clip range), as the numpy
     reference's `max`; `select` on a strict comparison keeps ties on the unclipped branch. Padding is zeroed
     before any arithmetic, so garbage there cannot produce NaN.
     """
+
+    OUTPUTS = ("vf_loss", "vf_clipfrac")
 
     def __init__(self, cliprange_value: float = 0.5):
         super().__init__()

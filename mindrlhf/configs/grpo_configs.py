@@ -13,22 +13,30 @@ YAML layout (`--config grpo.yaml`), every section and field optional::
 
 Each field is also a command-line flag of `grpo_one_stage.py` (`--num_generations 8`, or the dotted
 `--generation.num_generations 8` where a name is used by two sections).
+
+Only what a config can check alone is checked here; the names looked up in the algorithm and reward registries
+(advantage estimator, loss aggregation and KL estimator, reward functions) are checked by
+`mindrlhf.trainer.plan.check_registered_names`, with the rest of the job.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mindrlhf.configs.base import ConfigError, from_mapping, help_field, load_yaml
-from mindrlhf.generation.config import GenerationConfig
+from mindrlhf.configs.generation import GenerationConfig
+
+logger = logging.getLogger("mindrlhf.configs")
 
 
 @dataclass
 class LossConfig:
-    """The GRPO objective: clipped surrogate + beta * KL(policy || ref), and how it is normalised."""
+    """The GRPO objective: clipped surrogate + beta * KL(policy || ref), and how it is normalised (checked by the
+    algorithms' `check_loss_hyperparameters`, see `mindrlhf.trainer.plan.check_registered_names`)."""
 
     beta: float = help_field(
         0.04, "KL coefficient. 0.04 is DeepSeekMath's GRPO value (Shao et al. 2024); 0 drops the reference model "
@@ -45,14 +53,6 @@ class LossConfig:
         "'seq-mean-token-sum'. Normalised over the global mini-batch, whatever the data-parallel split.")
     kl_estimator: str = help_field(
         "k3", "Per-token KL estimator (Schulman 2020): 'k3' (the GRPO paper's, unbiased and >= 0), 'k1', 'k2'.")
-
-    def validate(self) -> None:
-        from mindrlhf.algorithms import check_loss_hyperparameters
-        try:
-            check_loss_hyperparameters(self.beta, self.epsilon_low, self.epsilon_high, self.aggregation,
-                                       self.kl_estimator)
-        except ValueError as err:
-            raise ConfigError(f"loss: {err}") from None
 
 
 @dataclass
@@ -87,11 +87,6 @@ class AlgorithmConfig:
         3, "Dynamic sampling: extra rollout rounds per step before training on what was kept.")
 
     def validate(self) -> None:
-        from mindrlhf.algorithms import ADVANTAGE_ESTIMATORS
-        try:
-            ADVANTAGE_ESTIMATORS.get(self.adv_estimator)
-        except ValueError as err:
-            raise ConfigError(f"algorithm.adv_estimator: {err}") from None
         checks = [
             (self.advantage_eps >= 0, "advantage_eps", "must be >= 0"),
             (0 <= self.gamma <= 1, "gamma", "must be in [0, 1]"),
@@ -112,9 +107,9 @@ class CriticConfig:
     """The PPO critic (`--sft_path_critic`): its learning rate and value loss (verl's `critic.*` names); AdamW
     betas, eps, weight decay and the lr schedule are the optimizer section's."""
 
-    lr: float = help_field(
+    learning_rate: float = help_field(
         1e-5, "Critic peak learning rate (verl's default; usually above the actor's: the value head starts from "
-              "zero and has to catch up with the returns).")
+              "zero and has to catch up with the returns). Old name: lr (--lr), deprecated.")
     lr_warmup_steps: int = help_field(0, "Linear warmup of the critic's learning rate over this many updates.")
     grad_clip: float = help_field(1.0, "Clip the critic's global gradient norm to this (0 = no clipping).")
     cliprange_value: float = help_field(
@@ -125,7 +120,7 @@ class CriticConfig:
 
     def validate(self) -> None:
         checks = [
-            (self.lr > 0, "lr", "must be > 0"),
+            (self.learning_rate > 0, "learning_rate", "must be > 0"),
             (self.lr_warmup_steps >= 0, "lr_warmup_steps", "must be >= 0"),
             (self.grad_clip >= 0, "grad_clip", "must be >= 0 (0 = no clipping)"),
             (self.cliprange_value >= 0, "cliprange_value", "must be >= 0"),
@@ -159,7 +154,6 @@ class RewardConfig:
              "reward/reward_model, unweighted).")
 
     def validate(self) -> None:
-        from mindrlhf.reward import get_reward_function
         if not self.reward_funcs and not self.reward_model_path:
             raise ConfigError("reward.reward_funcs must list at least one reward function (or give "
                               "reward.reward_model_path)")
@@ -167,11 +161,6 @@ class RewardConfig:
             raise ConfigError(f"reward.reward_weights has {len(self.reward_weights)} value(s) "
                               f"{self.reward_weights} but reward.reward_funcs has {len(self.reward_funcs)} "
                               f"{self.reward_funcs}: give one weight per function")
-        for name in self.reward_funcs:
-            try:
-                get_reward_function(name)
-            except (ValueError, ImportError, TypeError) as err:
-                raise ConfigError(f"reward.reward_funcs: {err}") from None
         if not math.isfinite(self.reward_model_weight):
             raise ConfigError(f"reward.reward_model_weight must be a finite number, got {self.reward_model_weight}")
 
@@ -181,8 +170,8 @@ class OptimizerConfig:
     """AdamW with bias correction (as `torch.optim.AdamW`), learning-rate schedule and gradient clipping."""
 
     learning_rate: float = help_field(
-        1e-6, "Peak learning rate. 1e-6 is TRL's GRPO default for billion-parameter policies; a tiny model "
-              "needs far more (the bundled run uses 1e-3).")
+        1e-6, "Peak learning rate of the policy (the critic's is critic.learning_rate). 1e-6 is TRL's GRPO default "
+              "for billion-parameter policies; a tiny model needs far more (the bundled run uses 1e-4).")
     beta1: float = help_field(0.9, "Adam beta1 (first-moment decay), the usual value.")
     beta2: float = help_field(
         0.95, "Adam beta2. 0.95 rather than 0.999: the second moment adapts faster to the shifting gradient scale "
@@ -248,17 +237,15 @@ class ScheduleConfig:
            "data_parallel x num_generations).")
     activation_memory_gib: float = help_field(
         1.0, "Activation memory per rank that the auto micro-batch sizes (0) aim at, in GiB, estimated from the "
-             "model's shape and the padded lengths (mindrlhf.trainer.memory_budget). Activations grow with "
-             "responses x length x layers (MindSpore on CPU keeps ~90 KB per token per layer of a 576-wide model "
-             "when training: a 135M model's 4 x 224 tokens need ~2.4 GB in one call) and the scored positions' "
-             "logits with the vocabulary. Raise it on a large-memory device for fewer, larger calls.")
+             "model's shape and the padded lengths (mindrlhf.engine.memory_budget). Activations grow with "
+             "responses x length x layers (and the model's width) when training, and the scored positions' logits "
+             "with the vocabulary. Raise it on a large-memory device for fewer, larger calls.")
     share_prompts: bool = help_field(
         True, "Read each prompt once for all of its responses in a graph call (prefix sharing) in the train, "
               "reference, old-policy, critic and reward-model passes, instead of once per response: the prompt's "
               "tokens go through the layers once and every response attends to them, so a call costs P + K x R "
-              "tokens instead of K x (P + R) for K responses of a prompt (the bundled job: 3x fewer). The results "
-              "are the same up to float rounding; false runs each [prompt | response] on its own, as TRL and verl "
-              "do.")
+              "tokens instead of K x (P + R) for K responses of a prompt. The results are the same up to float "
+              "rounding; false runs each [prompt | response] on its own, as TRL and verl do.")
     response_buckets: int = help_field(
         3, "Widths the train and log-prob passes may cut the padded responses to: a pass reads only as many response "
            "positions as its longest response needs, rounded up to one of this many even steps up to "
@@ -313,7 +300,7 @@ class CheckpointConfig:
 
 @dataclass
 class EvalConfig:
-    """Held-out evaluation (`--eval_dataset_dir`): greedy accuracy on every prompt of the split."""
+    """Held-out evaluation (`--eval_dataset_file`): greedy accuracy on every prompt of the split."""
 
     eval_interval: int = help_field(
         0, "Evaluate every this many steps; 0 = only before the first step and after the last one (which is "
@@ -340,6 +327,16 @@ MOVED_FIELDS: dict[tuple[str, str], tuple[str, str]] = {
     ("loss", "advantage_eps"): ("algorithm", "advantage_eps"),
     ("schedule", "dynamic_sampling"): ("algorithm", "dynamic_sampling"),
     ("schedule", "max_sampling_retries"): ("algorithm", "max_sampling_retries"),
+}
+
+# Fields renamed because the old name misled: the old name keeps working (YAML and flag) with a warning.
+RENAMED_FIELDS: dict[tuple[str, str], tuple[str, str]] = {
+    ("critic", "lr"): ("critic", "learning_rate"),  # `--lr` read as the policy's learning rate
+}
+
+# Names of several sections whose plain flag `--name` sets one section only (not all of them, as `--seed`).
+PLAIN_FLAG_SECTION: dict[str, str] = {
+    "learning_rate": "optimizer",  # the policy's; the critic's is --critic.learning_rate
 }
 
 SECTIONS: dict[str, type] = {
@@ -369,12 +366,21 @@ class GRPOConfig:
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    # "section.field" -> the YAML file (or "command line") that gave its value, the latest last; not a setting
+    sources: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def from_dict(cls, data: Mapping, source: str = "<dict>") -> GRPOConfig:
         """Builds the config from a mapping of sections; unknown sections or fields are errors naming them."""
         data = _move_old_fields(data, source)
+        config = cls._build(data, source)
+        config.sources = _given_fields(data, {}, source)
+        return config
+
+    @classmethod
+    def _build(cls, data: Mapping, source: str) -> GRPOConfig:
+        """The config of `data` (new field names) over the defaults, each section built and checked."""
         unknown = sorted(set(data) - set(SECTIONS))
         if unknown:
             raise ConfigError(f"{source}: unknown section(s) {unknown}; known sections: {list(SECTIONS)}")
@@ -402,21 +408,37 @@ class GRPOConfig:
 
     def replace(self, overrides: Mapping[str, Mapping[str, Any]], source: str = "command line") -> GRPOConfig:
         """A copy with `{section: {field: value}}` applied, validated like a YAML."""
+        overrides = _move_old_fields(overrides, source)
         data = self.to_dict()
-        for section, values in _move_old_fields(overrides, source).items():
+        for section, values in overrides.items():
             if isinstance(values, Mapping) and section in data:
                 data[section].update(values)
             else:
-                data[section] = values  # from_dict names what is wrong with it
-        return GRPOConfig.from_dict(data, source)
+                data[section] = values  # _build names what is wrong with it
+        config = GRPOConfig._build(data, source)
+        config.sources = _given_fields(overrides, self.sources, source)
+        return config
+
+    def source_of(self, section: str, *names: str) -> str | None:
+        """The YAML file (or "command line") that gave the latest of `section.<name>`; None for defaults."""
+        wanted = {f"{section}.{name}" for name in names}
+        latest = None
+        for key, source in self.sources.items():
+            if key in wanted:
+                latest = source
+        return latest
 
     # --------------------------------------------------------------- validation
     def validate(self) -> None:
-        """Cross-section checks that need no model (per-section checks ran when the sections were built)."""
+        """Cross-section checks that need no model (per-section checks ran when the sections were built; the
+        registered names are checked by `mindrlhf.trainer.plan.check_registered_names`)."""
         for name in SECTIONS:
-            section = getattr(self, name)
+            # LossConfig has none: its settings are checked by the algorithms' check_loss_hyperparameters
+            validate = getattr(getattr(self, name), "validate", None)
+            if validate is None:
+                continue
             try:
-                section.validate()
+                validate()
             except ConfigError as err:
                 message = str(err)
                 raise ConfigError(message if message.startswith(name) else f"{name}: {message}") from None
@@ -433,13 +455,28 @@ class GRPOConfig:
                               "decoding every response of a group is identical and all advantages are zero")
 
 
+def _given_fields(data: Mapping, previous: Mapping[str, str], source: str) -> dict[str, str]:
+    """`previous` provenance ("section.field" -> source) with the fields `data` gives attributed to `source`, last."""
+    sources = dict(previous)
+    for section, values in data.items():
+        if section in SECTIONS and isinstance(values, Mapping):
+            for name in values:
+                sources.pop(f"{section}.{name}", None)
+                sources[f"{section}.{name}"] = source
+    return sources
+
+
 def _move_old_fields(data: Mapping, source: str) -> dict:
-    """`data` with fields given at their old place (`MOVED_FIELDS`) moved to the new one."""
+    """`data` with fields given at their old place (`MOVED_FIELDS`) or name (`RENAMED_FIELDS`, with a warning)
+    moved to the new one."""
     moved = {name: dict(values) if isinstance(values, Mapping) else values for name, values in data.items()}
-    for (old_section, old_name), (new_section, new_name) in MOVED_FIELDS.items():
+    for (old_section, old_name), (new_section, new_name) in {**MOVED_FIELDS, **RENAMED_FIELDS}.items():
         section = moved.get(old_section)
         if not isinstance(section, dict) or old_name not in section:
             continue
+        if (old_section, old_name) in RENAMED_FIELDS:
+            logger.warning("%s: %s.%s is deprecated, use %s.%s", source, old_section, old_name, new_section,
+                           new_name)
         value = section.pop(old_name)
         target = moved.setdefault(new_section, {}) or {}
         moved[new_section] = target

@@ -18,6 +18,10 @@ def _flag(default, help: str, required: bool = False, **argparse_kwargs):
     return field
 
 
+# flags renamed: old spelling -> field; the old one still works, with a warning
+RENAMED_FLAGS = {"eval_dataset_dir": "eval_dataset_file"}
+
+
 @dataclass
 class JobOptions:
     """Where a run reads and writes (the MindRLHF flag names), separate from the algorithm's hyper-parameters."""
@@ -30,9 +34,10 @@ class JobOptions:
                                      "parallel_config is the critic layout. Needed by algorithm.adv_estimator gae.")
     sft_path_reward: str = _flag("", "Model YAML of the reward model (reward.reward_model_path); default: the "
                                      "inference YAML. Its parallel_config must be the inference layout's.")
-    mind_dataset_dir: str = _flag("", "Prompt MindRecord written by rlhf_data.py.", required=True)
-    eval_dataset_dir: str = _flag("", "Held-out prompt MindRecord: greedy accuracy on every prompt before the first "
-                                      "step, every eval_interval steps and after the last.")
+    mind_dataset_dir: str = _flag("", "Prompt MindRecord file written by rlhf_data.py (MindRLHF's flag name).",
+                                  required=True)
+    eval_dataset_file: str = _flag("", "Held-out prompt MindRecord file: greedy accuracy on every prompt before the "
+                                       "first step, every eval_interval steps and after the last.")
     tokenizer_dir: str = _flag("", "Hugging Face tokenizer folder (tokenizer.json or vocab.json + merges.txt).")
     vocab_path: str = _flag("", "vocab.json (with --merges_file_path).")
     merges_file_path: str = _flag("", "merges.txt (with --vocab_path).")
@@ -66,7 +71,7 @@ class JobOptions:
                               choices=["auto", "off"])
     cpu_collectives: str = _flag("auto", "CPU backend, every rank on one host: auto = the data-parallel gradient sums "
                                          "go through shared memory (MindSpore's CPU AllReduce runs over TCP and costs "
-                                         "CPU time per byte: a 13 MB sum took 72 ms); native = MindSpore's AllReduce.",
+                                         "CPU time per byte); native = MindSpore's AllReduce.",
                                  choices=["auto", "native"])
     init_seed: int = _flag(0, "Seed of random weights when no checkpoint is given (tests, smoke runs).")
 
@@ -91,6 +96,11 @@ class JobOptions:
                 kwargs["required"] = True
                 kwargs.pop("default", None)
             parser.add_argument(f"--{field.name}", help=field.metadata["help"], **kwargs)
+        from mindrlhf.configs.cli import DeprecatedFlag
+
+        for old, new in RENAMED_FLAGS.items():
+            parser.add_argument(f"--{old}", dest=new, action=DeprecatedFlag, new_flag=f"--{new}",
+                                default=argparse.SUPPRESS, help=f"deprecated old name of --{new}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> JobOptions:

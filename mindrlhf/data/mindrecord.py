@@ -21,8 +21,8 @@ from typing import Protocol
 
 import numpy as np
 
+from mindrlhf.data.answers import extract_gold_answer
 from mindrlhf.data.templates import TEMPLATE_NAMES, build_prompt
-from mindrlhf.reward.math_answer import extract_gold_answer
 
 logger = logging.getLogger(__name__)
 

@@ -7,24 +7,10 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from mindrlhf.configs.generation import bucket_length
 from mindrlhf.data.mindrecord import DataError
 
 REQUIRED_FIELDS = ("prompt_ids", "solution")
-
-
-def bucket_length(length: int, buckets: Sequence[int] | None) -> int:
-    """The smallest bucket >= `length` (or `length` itself when there are no buckets).
-
-    Padding to a few fixed lengths keeps the number of compiled graph shapes small.
-    """
-    if length < 0:
-        raise ValueError(f"length must be non-negative, got {length}")
-    if not buckets:
-        return length
-    for bucket in buckets:
-        if bucket >= length:
-            return bucket
-    raise ValueError(f"length {length} is longer than the largest length bucket {buckets[-1]}")
 
 
 def pad_rows(rows: Sequence[Sequence[int]], width: int, pad_token_id: int,

@@ -1,5 +1,7 @@
-"""Batched sampling with a static KV cache: prefill + decode graphs compiled once per shape bucket."""
-from mindrlhf.generation.config import GenerationConfig
+"""Batched sampling with a static KV cache: prefill + decode graphs compiled once per shape bucket.
+
+Its settings, `GenerationConfig`, live in `mindrlhf.configs.generation` (re-exported here)."""
+from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.generation.generator import GenerationOutput, Generator
 from mindrlhf.generation.sampling import (
                                           greedy_tokens,

@@ -19,8 +19,8 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from tqdm import tqdm
 
+from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.data.reader import pad_rows
-from mindrlhf.generation.config import GenerationConfig
 from mindrlhf.generation.sampling import greedy_tokens, sample_tokens, token_log_probs
 from mindrlhf.models.qwen2.modeling import KVCache, Qwen2ForCausalLM, positions_and_bias
 

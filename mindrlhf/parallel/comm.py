@@ -12,6 +12,8 @@ import numpy as np
 from mindspore import dtype as mstype
 from mindspore import nn, ops
 
+from mindrlhf.parallel.shared_memory import SharedMemoryGroup, all_reduce_op
+
 
 class CopyToTensorParallel(nn.Cell):
     """Identity forward, AllReduce(SUM) of the gradient over the tp group (input of column-parallel layers)."""
@@ -87,15 +89,21 @@ class MaxOverGroup(nn.Cell):
         return ops.max(gathered, axis=-1)[0]
 
 
-def sum_over(group: str):
-    """An AllReduce(SUM) over `group` for the data-parallel gradient sums: through shared memory when the group is a
-    shared-memory group (`host_collective`, CPU ranks on one host), else MindSpore's. Returns (op, shared): calls of
-    a shared-memory op must be chained (`ops.depend`) so that every member issues them in the same order."""
-    from mindrlhf.parallel import host_collective
-
-    if host_collective.group(group) is not None:
-        return host_collective.all_reduce_op(group), True
+def sum_over(group: str, dp_sums: SharedMemoryGroup | None = None):
+    """An AllReduce(SUM) over `group` for the data-parallel gradient sums: through shared memory when `dp_sums` (the
+    shared-memory group of `group`, :mod:`mindrlhf.parallel.shared_memory`, CPU ranks on one host) is given, else
+    MindSpore's. Returns (op, shared): calls of a shared-memory op must be chained (`ops.depend`) so that every
+    member issues them in the same order."""
+    if dp_sums is not None:
+        check_dp_sums(dp_sums, group)
+        return all_reduce_op(dp_sums), True
     return ops.AllReduce(ops.ReduceOp.SUM, group), False
+
+
+def check_dp_sums(member: SharedMemoryGroup, group: str) -> None:
+    """Raises ValueError unless `member` is the shared-memory group of `group`."""
+    if member.name != group:
+        raise ValueError(f"the shared-memory group {member.name!r} is not the data-parallel group {group!r}")
 
 
 CHAIN_BLOCK = 32  # gradients a chained reduction appends to its output tuple in one unrolled loop
@@ -105,13 +113,14 @@ class DataParallelGradReducer(nn.Cell):
     """Reduces a tuple of gradients over the data-parallel group (identity when dp == 1).
 
     `mean=True` averages (each dp rank's loss is a mean over its own rows); `mean=False` sums (each dp
-    rank's loss is its share of one global loss, e.g. token weights normalised over the global batch).
+    rank's loss is its share of one global loss, e.g. token weights normalised over the global batch). `dp_sums`:
+    the shared-memory group of `group` to sum through (:func:`sum_over`), None = MindSpore's AllReduce.
     """
 
-    def __init__(self, group: str | None, dp_size: int, mean: bool = True):
+    def __init__(self, group: str | None, dp_size: int, mean: bool = True, dp_sums: SharedMemoryGroup | None = None):
         super().__init__()
         self.dp_size = dp_size
-        self.all_reduce, self.chained = sum_over(group) if dp_size > 1 else (None, False)
+        self.all_reduce, self.chained = sum_over(group, dp_sums) if dp_size > 1 else (None, False)
         self.scale = 1.0 / dp_size if mean else 1.0
 
     def construct(self, grads):
@@ -174,7 +183,7 @@ class AllReduceInPlace(nn.Cell):
     def __init__(self, params, group: str, scale: float = 1.0):
         super().__init__()
         self.params = params
-        self.all_reduce, _ = sum_over(group)  # chained either way: one parameter after the other
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)  # chained: one parameter after the other
         self.scale = float(scale)
 
     def construct(self):
@@ -200,15 +209,13 @@ class AllReduceInPlace(nn.Cell):
 
 
 class SumInPlaceOnHost:
-    """`AllReduceInPlace` over a shared-memory group (`host_collective`), called from Python between graphs: each
-    parameter's memory is summed over the group in place and scaled, one parameter after the other. On CPU a
-    parameter's `asnumpy()` is a view of its memory, so no copy is made; the in-graph op (`sum_over`) would keep a
-    copy of every parameter it is given (for gradient buffers, a model's worth)."""
+    """`AllReduceInPlace` over a shared-memory group (`member`, :mod:`mindrlhf.parallel.shared_memory`), called from
+    Python between graphs: each parameter's memory is summed over the group in place and scaled, one parameter after
+    the other. On CPU a parameter's `asnumpy()` is a view of its memory, so no copy is made; the in-graph op
+    (`sum_over`) would keep a copy of every parameter it is given (for gradient buffers, a model's worth)."""
 
-    def __init__(self, params, group: str, scale: float = 1.0):
-        from mindrlhf.parallel import host_collective
-
-        self.params, self.member, self.scale = list(params), host_collective.group(group), float(scale)
+    def __init__(self, params, member: SharedMemoryGroup, scale: float = 1.0):
+        self.params, self.member, self.scale = list(params), member, float(scale)
 
     def __call__(self) -> None:
         for param in self.params:

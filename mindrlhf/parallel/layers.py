@@ -186,7 +186,8 @@ class VocabParallelLogProbs(ParallelLayer):
         logits = logits.astype(ms.float32)
         if self.max_over_tp is None:
             # one fused LogSoftmax kernel (and its grad): faster and ~3 fewer [tokens, vocab] buffers than the
-            # max / subtract / exp / sum chain the tp path needs (0.5B vocab, 512 tokens: 0.75 -> 0.4 s, -0.9 GiB)
+            # max / subtract / exp / sum chain the tp path needs (`docs/performance.md`, "Where the tiny train
+            # step goes")
             log_softmax = ops.log_softmax(logits, -1)
             logp = ops.gather_elements(log_softmax, -1, ops.expand_dims(labels, -1)).squeeze(-1)
             if with_entropy:
@@ -225,9 +226,9 @@ def expand_as(small, like):
     equal shapes (same values either way).
 
     On MindSpore's CPU backend a binary op that broadcasts one input keeps several output-sized buffers alive
-    until its graph is released: 16 chained [25000, 1000] * [1000] products hold 6.3 GiB, the same with an
-    explicit broadcast 0.5-2.0 GiB, with equal shapes 0.3 GiB. Through a transformer's norms, rotary and
-    attention bias that was ~80% of a forward graph's memory (Qwen2.5-0.5B shape, 8 x 160 tokens)."""
+    until its graph is released, far more than with an explicit broadcast or equal shapes; through a
+    transformer's norms, rotary and attention bias that was most of a forward graph's memory
+    (`docs/performance.md`, "Broadcasting and memory on CPU")."""
     if _is_large(like.shape):
         return ops.broadcast_to(small, like.shape)
     return small

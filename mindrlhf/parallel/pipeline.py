@@ -20,6 +20,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindrlhf.parallel.comm import AllReduceInPlace
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.schedule import SCHEDULES
+from mindrlhf.parallel.shared_memory import SharedMemoryGroup
 from mindrlhf.parallel.spmd import ApplyGradients, GradientBuffers, add_to_buffers
 
 
@@ -29,13 +30,13 @@ def gather_stage_layouts(local: dict, dtypes: dict, layout: Layout) -> tuple[dic
     dtype). A world gather on the host; every rank must call it."""
     import json
 
-    from mindrlhf.parallel.host import HostCollectives
+    from mindrlhf.parallel.array_collectives import ArrayCollectives
     from mindrlhf.parallel.layers import to_ms_dtype
     from mindrlhf.parallel.strategy import ParamLayout
 
     mine = json.dumps({name: [list(lay.dev_matrix), list(lay.tensor_map), list(lay.full_shape),
                               str(dtypes[name]).lower(), layout.stage] for name, lay in local.items()})
-    comm = HostCollectives(layout.world_size, layout.rank)
+    comm = ArrayCollectives(layout.world_size, layout.rank)
     data = np.frombuffer(mine.encode(), np.uint8).astype(np.int32)  # CPU collectives carry no 8-bit integers
     longest = int(comm.all_gather(np.array([data.size], np.int32)).max())
     rows = comm.all_gather(np.pad(data, (0, longest - data.size))[None]).reshape(layout.world_size, longest)
@@ -162,11 +163,14 @@ class PipelineTrainStep:
     global norm before clipping (not finite: the update was skipped). `stage_shared` names the parameters the
     first and the last stage both hold (`Qwen2ForCausalLM.stage_shared_params`): their gradients are summed over
     those two stages. `schedule` names the order of the steps (:data:`mindrlhf.parallel.schedule.SCHEDULES`).
+    `dp_sums`: the shared-memory group of `layout.dp_group` the dp gradient sums go through (None = MindSpore's
+    AllReduce), as :class:`mindrlhf.parallel.spmd.ApplyGradients`.
     """
 
     def __init__(self, stage_net: nn.Cell, optimizer: nn.Cell, layout: Layout, hidden_shape, hidden_dtype,
                  num_inputs: int, forward_inputs: int, num_outputs: int, grad_reduction: str = "mean",
-                 max_grad_norm: float = 0.0, stage_shared=(), schedule: str = "1f1b"):
+                 max_grad_norm: float = 0.0, stage_shared=(), schedule: str = "1f1b",
+                 dp_sums: SharedMemoryGroup | None = None):
         if layout.pp < 2:
             raise ValueError(f"a pipeline train step needs at least 2 stages, the layout has {layout.pp}")
         if schedule not in SCHEDULES:
@@ -188,7 +192,7 @@ class PipelineTrainStep:
         # their group is the pp group too, whose collectives in one graph may run in either order
         self.sum_shared = AllReduceInPlace(ParameterTuple(shared), layout.end_stages_group) if shared else None
         self.apply = ApplyGradients(stage_net, optimizer, self.buffers, layout, grad_reduction, max_grad_norm,
-                                    counted_elsewhere=stage_shared if self.stage > 0 else ())
+                                    counted_elsewhere=stage_shared if self.stage > 0 else (), dp_sums=dp_sums)
 
     def __call__(self, micro_batches):
         links, dtype = self.links, self.hidden_dtype

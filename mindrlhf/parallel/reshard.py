@@ -584,13 +584,3 @@ class Resharder:
         logger.debug("reshard rank %d: %s", self.rank, stats)
         return stats
 
-
-def reshard(src_net: nn.Cell, dst_net: nn.Cell, src_strategy, dst_strategy, name_map: Mapping[str, str] | None = None,
-            bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> ReshardStats:
-    """Copies `src_net`'s weights into `dst_net` online, from two strategy files (or layout dicts).
-
-    `name_map` maps source parameter names to destination names (None = identical names); every
-    parameter of both nets must be matched. Errors (unmatched names, different world sizes, shapes
-    that disagree) are raised before any weight is touched. For repeated moves keep a `Resharder`.
-    """
-    return Resharder(src_net, dst_net, src_strategy, dst_strategy, name_map, bucket_bytes=bucket_bytes).run()

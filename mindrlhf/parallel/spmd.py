@@ -7,16 +7,16 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
-from mindrlhf.parallel import host_collective
-from mindrlhf.parallel.comm import AllReduceInPlace, DataParallelGradReducer, SumInPlaceOnHost
+from mindrlhf.parallel.comm import AllReduceInPlace, DataParallelGradReducer, SumInPlaceOnHost, check_dp_sums
 from mindrlhf.parallel.layers import param_split_axes, param_split_shards
 from mindrlhf.parallel.layout import Layout
+from mindrlhf.parallel.shared_memory import SharedMemoryGroup
 
 
 def sum_of_squares(x):
-    """Sum of the squares of all elements of `x`, by rows: a full reduction of a large tensor is several times
-    slower on MindSpore's CPU backend than reducing the last axis first (Qwen2.5-0.5B's embedding gradient
-    [151936, 896]: 0.85 s as square().sum(), 0.21 s as the squared norms of its rows)."""
+    """Sum of the squares of all elements of `x`, by rows: on MindSpore's CPU backend a full reduction of a large
+    tensor (an embedding gradient) is much slower than reducing the last axis first (`docs/performance.md`, "Where
+    the tiny train step goes")."""
     if x.ndim < 2:
         return ops.square(x).sum()
     return ops.square(ops.norm(x, dim=-1)).sum()
@@ -36,10 +36,13 @@ class ReducedClippedGradients(nn.Cell):
     `torch.nn.utils.clip_grad_norm_`. `reduced`: the gradients arrive reduced over dp already
     (`comm.AllReduceInPlace`). `counted_elsewhere` names parameters whose gradient another pipeline stage
     holds too (a tied embedding's, summed over the stages beforehand) and counts in the norm instead of this rank.
+    `dp_sums`: the shared-memory group of `layout.dp_group` the dp sums go through
+    (:mod:`mindrlhf.parallel.shared_memory`, CPU ranks on one host); None = MindSpore's AllReduce.
     """
 
     def __init__(self, loss_net: nn.Cell, params, layout: Layout | None = None, grad_reduction: str = "mean",
-                 max_grad_norm: float = 0.0, counted_elsewhere=(), reduced: bool = False):
+                 max_grad_norm: float = 0.0, counted_elsewhere=(), reduced: bool = False,
+                 dp_sums: SharedMemoryGroup | None = None):
         super().__init__(auto_prefix=False)
         if grad_reduction not in ("mean", "sum"):
             raise ValueError(f"grad_reduction must be 'mean' or 'sum', got {grad_reduction!r}")
@@ -47,7 +50,8 @@ class ReducedClippedGradients(nn.Cell):
             raise ValueError(f"max_grad_norm must be >= 0 (0 = no clipping), got {max_grad_norm}")
         layout = layout or Layout()
         self.grad_reducer = None if reduced else DataParallelGradReducer(layout.dp_group, layout.dp,
-                                                                         mean=grad_reduction == "mean")
+                                                                         mean=grad_reduction == "mean",
+                                                                         dp_sums=dp_sums)
         axes, shards = param_split_axes(loss_net), param_split_shards(loss_net, layout.tp)
         counted = [i for i, p in enumerate(params) if p.name not in counted_elsewhere]
         # the norm's terms as index tuples, so that its loops hold no `if` (graph mode nests a call per `if` in
@@ -88,11 +92,12 @@ class SPMDGradients(nn.Cell):
     clipped as :class:`ReducedClippedGradients` (whose arguments these are)."""
 
     def __init__(self, loss_net: nn.Cell, params, layout: Layout | None = None, grad_reduction: str = "mean",
-                 max_grad_norm: float = 0.0):
+                 max_grad_norm: float = 0.0, dp_sums: SharedMemoryGroup | None = None):
         super().__init__(auto_prefix=False)
         self.loss_net = loss_net
         self.grad_fn = ops.value_and_grad(loss_net, None, params, has_aux=True)
-        self.finish = ReducedClippedGradients(loss_net, params, layout, grad_reduction, max_grad_norm)
+        self.finish = ReducedClippedGradients(loss_net, params, layout, grad_reduction, max_grad_norm,
+                                              dp_sums=dp_sums)
 
     def construct(self, *inputs):
         outputs, grads = self.grad_fn(*inputs)
@@ -120,14 +125,15 @@ class SPMDTrainStep(nn.Cell):
     (:class:`ReducedClippedGradients`), then the optimizer with the clip factor, skipped when the gradient norm is
     not finite (`step_if_finite`).
 
-    Returns `(outputs, grad_norm)` (the norm before clipping).
+    Returns `(outputs, grad_norm)` (the norm before clipping). The arguments as :class:`ReducedClippedGradients`.
     """
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, layout: Layout | None = None,
-                 grad_reduction: str = "mean", max_grad_norm: float = 0.0):
+                 grad_reduction: str = "mean", max_grad_norm: float = 0.0, dp_sums: SharedMemoryGroup | None = None):
         super().__init__(auto_prefix=False)
         self.grad_fn = ops.value_and_grad(loss_net, None, optimizer.parameters, has_aux=True)
-        self.finish = ReducedClippedGradients(loss_net, optimizer.parameters, layout, grad_reduction, max_grad_norm)
+        self.finish = ReducedClippedGradients(loss_net, optimizer.parameters, layout, grad_reduction, max_grad_norm,
+                                              dp_sums=dp_sums)
         self.optimizer = optimizer
 
     def construct(self, *inputs):
@@ -199,18 +205,21 @@ class _ZeroParameters(nn.Cell):
 
 class ApplyGradients(nn.Cell):
     """Accumulated gradients in `buffers` (one per optimizer parameter) -> reduced over dp in place
-    (`comm.AllReduceInPlace`), clipped, one optimizer step (skipped when the norm is not finite); returns the
-    norm before clipping. The other arguments as :class:`ReducedClippedGradients`."""
+    (`comm.AllReduceInPlace`; with `dp_sums`, `comm.SumInPlaceOnHost` before the graph), clipped, one optimizer step
+    (skipped when the norm is not finite); returns the norm before clipping. The other arguments as
+    :class:`ReducedClippedGradients`."""
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, buffers: ParameterTuple, layout: Layout | None = None,
-                 grad_reduction: str = "mean", max_grad_norm: float = 0.0, counted_elsewhere=()):
+                 grad_reduction: str = "mean", max_grad_norm: float = 0.0, counted_elsewhere=(),
+                 dp_sums: SharedMemoryGroup | None = None):
         super().__init__(auto_prefix=False)
         layout = layout or Layout()
         self.buffers = buffers
         scale = 1.0 / layout.dp if grad_reduction == "mean" else 1.0
         self.reduce = self.sum_on_host = None
-        if layout.dp > 1 and host_collective.group(layout.dp_group) is not None:
-            self.sum_on_host = SumInPlaceOnHost(buffers, layout.dp_group, scale)
+        if layout.dp > 1 and dp_sums is not None:
+            check_dp_sums(dp_sums, layout.dp_group)
+            self.sum_on_host = SumInPlaceOnHost(buffers, dp_sums, scale)
         elif layout.dp > 1:
             self.reduce = AllReduceInPlace(buffers, layout.dp_group, scale)
         self.finish = ReducedClippedGradients(loss_net, optimizer.parameters, layout, grad_reduction, max_grad_norm,
@@ -229,14 +238,6 @@ class ApplyGradients(nn.Cell):
         return step_if_finite(self.optimizer, grads, grad_norm, clip_scale)
 
 
-def split_micro_batches(arrays, size: int) -> list[list[ms.Tensor]]:
-    """The rows of `arrays` (equal first dimensions) as consecutive micro-batches of `size` rows, each a list of
-    Tensors in the order of `arrays`; `size` 0 = one micro-batch of every row."""
-    rows = len(arrays[0])
-    size = size or rows
-    return [[ms.Tensor(a[start:start + size]) for a in arrays] for start in range(0, rows, size)]
-
-
 class MicroBatchedTrainStep:
     """One optimizer step over a batch given as micro-batches (gradient accumulation): each micro-batch's
     forward and backward run on their own, so activation memory is that of one micro-batch; the gradients
@@ -246,15 +247,16 @@ class MicroBatchedTrainStep:
 
     Called with a list of micro-batches (each the loss net's input tensors), returns `(outputs, grad_norm)`:
     the loss net's outputs summed over the micro-batches (numpy), the norm before clipping (float). A norm that
-    is not finite means the update was skipped (`step_if_finite`).
+    is not finite means the update was skipped (`step_if_finite`). The arguments as :class:`ReducedClippedGradients`.
     """
 
     def __init__(self, loss_net: nn.Cell, optimizer: nn.Cell, layout: Layout | None = None,
-                 grad_reduction: str = "mean", max_grad_norm: float = 0.0):
+                 grad_reduction: str = "mean", max_grad_norm: float = 0.0, dp_sums: SharedMemoryGroup | None = None):
         self.loss_net = loss_net
         self.params = optimizer.parameters
-        self.whole = SPMDTrainStep(loss_net, optimizer, layout, grad_reduction, max_grad_norm)
+        self.whole = SPMDTrainStep(loss_net, optimizer, layout, grad_reduction, max_grad_norm, dp_sums)
         self.layout, self.grad_reduction, self.max_grad_norm = layout, grad_reduction, max_grad_norm
+        self.dp_sums = dp_sums
         self.accumulate = self.apply = None  # the buffers (a gradient's worth of memory) exist once micro-batches come
 
     def __call__(self, micro_batches):
@@ -264,7 +266,7 @@ class MicroBatchedTrainStep:
         if self.accumulate is None:
             self.accumulate = AccumulateGradients(self.loss_net, self.params)
             self.apply = ApplyGradients(self.loss_net, self.whole.optimizer, self.accumulate.buffers, self.layout,
-                                        self.grad_reduction, self.max_grad_norm)
+                                        self.grad_reduction, self.max_grad_norm, dp_sums=self.dp_sums)
         total = 0.0
         for inputs in micro_batches:
             total = total + np.array([o.asnumpy() for o in self.accumulate(*inputs)], np.float64)

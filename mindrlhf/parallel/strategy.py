@@ -491,9 +491,3 @@ def merge_shards(shards: list[Mapping[str, np.ndarray]], layouts: Mapping[str, P
         merged[name] = full
     return merged
 
-
-def save_net_strategy(net, layout: Layout, path: str | os.PathLike) -> str:
-    """Writes the strategy file of `net` under `layout` (same content on every rank of a pipeline stage, which it
-    names as `current_stage`, as MindSpore does; `mindspore.merge_pipeline_strategys` merges the stages' files);
-    returns the path."""
-    return write_strategy_file(path, net_layouts(net, layout), stage=layout.stage)

@@ -1,5 +1,5 @@
 """Rule-based reward verifiers behind a registry; user functions by import path; weighted combination."""
-from mindrlhf.reward.math_answer import (
+from mindrlhf.data.answers import (
     answers_match,
     extract_completion_answer,
     extract_gold_answer,

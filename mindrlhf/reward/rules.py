@@ -5,7 +5,7 @@ import logging
 import re
 from collections.abc import Sequence
 
-from mindrlhf.reward.math_answer import answers_match, extract_completion_answer, extract_gold_answer
+from mindrlhf.data.answers import answers_match, extract_completion_answer, extract_gold_answer
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def accuracy_reward(completions: Sequence[str], solutions: Sequence[str]) -> lis
     """1.0 where the completion's final number equals the solution's gold number, else 0.0.
 
     The math-verifier reward of DeepSeek-R1 / Open-R1, for numeric answers; the extraction and
-    normalisation rules are those of `mindrlhf.reward.math_answer`. An unparseable gold gives 0.0.
+    normalisation rules are those of `mindrlhf.data.answers`. An unparseable gold gives 0.0.
     """
     check_reward_inputs(completions, solutions)
     rewards = []

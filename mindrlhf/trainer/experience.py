@@ -14,7 +14,6 @@ Rows are responses (sample i of prompt j is row j * G + i). Columns the loop fil
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 
 import numpy as np
@@ -113,68 +112,3 @@ def concat_experiences(parts: list[Experience], pad_token_id: int) -> Experience
                                      prompt_mask=mask.astype(part.prompt_mask.dtype))
         padded.append(part)
     return Experience({name: np.concatenate([p[name] for p in padded], axis=0) for name in names})
-
-
-def update_chunks(num_groups: int, groups_per_update: int, group_size: int) -> list[slice]:
-    """Row slices of the optimizer updates of one pass: consecutive runs of `groups_per_update` groups."""
-    rows = groups_per_update * group_size
-    total = num_groups * group_size
-    return [slice(start, min(start + rows, total)) for start in range(0, total, rows)]
-
-
-def rows_of_rank(num_rows: int, dp_size: int, dp_rank: int) -> slice:
-    """This data-parallel rank's contiguous share of `num_rows` rows (which dp_size must divide)."""
-    if num_rows % dp_size:
-        raise ValueError(f"{num_rows} rows cannot be split evenly over data_parallel={dp_size}")
-    per_rank = num_rows // dp_size
-    return slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
-
-
-def group_unit(group_size: int, dp_size: int) -> int:
-    """Smallest number of groups whose rows split evenly over `dp_size` ranks."""
-    return dp_size // np.gcd(group_size, dp_size)
-
-
-def shared_prompt_run(prompt_ids: np.ndarray, prompt_mask: np.ndarray, limit: int) -> int:
-    """The largest k dividing both `limit` (a prompt's number of responses) and the row count such that every run of
-    k consecutive rows, from the first, holds one prompt: what a graph call may read once for k responses."""
-    rows = len(prompt_ids)
-    for k in sorted((k for k in range(1, limit + 1) if limit % k == 0 and rows % k == 0), reverse=True):
-        ids, mask = prompt_ids.reshape(rows // k, k, -1), prompt_mask.reshape(rows // k, k, -1)
-        if (ids == ids[:, :1]).all() and (mask == mask[:, :1]).all():
-            return k
-    return 1
-
-
-def prompt_micro_batches(arrays, size: int, share: int) -> list[list]:
-    """Graph-call inputs from the rows of `arrays` (prompt ids, prompt mask, then per-response columns): consecutive
-    micro-batches of `size` responses, each with its prompts once per `share` responses ([size / share, P]), as the
-    response cells take them (`mindrlhf.algorithms.policy_cells`). `share` must divide `size` and be a run of
-    :func:`shared_prompt_run`."""
-    import mindspore as ms
-
-    if size % share:
-        raise ValueError(f"{share} responses a prompt do not divide micro-batches of {size}")
-    rows = len(arrays[0])
-    return [[ms.Tensor(a[start:start + size:share]) for a in arrays[:2]] +
-            [ms.Tensor(a[start:start + size]) for a in arrays[2:]] for start in range(0, rows, size)]
-
-
-def response_widths(max_width: int, buckets: int) -> list[int]:
-    """The widths a pass may cut responses padded to `max_width` to: `buckets` even steps up to `max_width`, each
-    rounded up to a multiple of 8 (48 in 3: 16, 32, 48); one width (`max_width`) with `buckets` <= 1."""
-    steps = max(1, buckets)
-    return sorted({min(max_width, math.ceil(math.ceil(k * max_width / steps) / 8) * 8) for k in range(1, steps + 1)})
-
-
-def trimmed_width(response_mask: np.ndarray, widths: list[int]) -> int:
-    """The narrowest of `widths` that holds every response of `response_mask` [N, R] (right-padded; the widest of
-    `widths` is R)."""
-    longest = int(response_mask.sum(axis=1).max()) if response_mask.size else 0
-    return min(width for width in widths if width >= longest)
-
-
-def trim_responses(arrays, width: int) -> list:
-    """`arrays` (prompt ids, prompt mask, then per-response columns) with every per-token column ([N, R]) cut to
-    its first `width` positions: the rest is padding after every response's end."""
-    return list(arrays[:2]) + [a[:, :width] if a.ndim > 1 else a for a in arrays[2:]]

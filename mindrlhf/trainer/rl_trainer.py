@@ -1,5 +1,5 @@
 """`RLTrainer`: one loop over the roles of the job (:mod:`mindrlhf.trainer.roles`), on the same ranks in
-their own layouts. `GRPOTrainer` is its GRPO configuration (the algorithm is a config choice, not a subclass).
+their own layouts. The algorithm (GRPO, PPO, ...) is a config choice, not a subclass.
 
 One step (each block is a phase, see :mod:`mindrlhf.trainer.phases`)::
 
@@ -18,7 +18,6 @@ One step (each block is a phase, see :mod:`mindrlhf.trainer.phases`)::
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -26,11 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mindrlhf.configs.base import ConfigError
-from mindrlhf.configs.grpo_configs import GRPOConfig
-from mindrlhf.configs.job import JobOptions
-from mindrlhf.reward import columns_per_completion
-from mindrlhf.trainer.checkpoint import (
+from mindrlhf.checkpoint.step import (
     RANK_STATE,
     CheckpointWriter,
     check_resumable,
@@ -39,262 +34,104 @@ from mindrlhf.trainer.checkpoint import (
     read_meta,
     save_parameters,
 )
-from mindrlhf.trainer.experience import Experience, concat_experiences, group_unit
+from mindrlhf.checkpoint.weights import load_rank_params
+from mindrlhf.configs.base import ConfigError
+from mindrlhf.engine.batches import group_unit
+from mindrlhf.reward import columns_per_completion
+from mindrlhf.trainer.experience import Experience, concat_experiences
 from mindrlhf.trainer.phases import PHASES, Phases, peak_rss_gib
-from mindrlhf.trainer.roles import (
-    REF_WEIGHTS,
-    Actor,
-    Critic,
-    Reference,
-    Reward,
-    Role,
-    load_rank_params,
-    phase_plan,
-)
+from mindrlhf.trainer.plan import JobPlan
+from mindrlhf.trainer.roles import REF_WEIGHTS, Actor, Critic, Reference, Reward, Role, phase_plan
 
 logger = logging.getLogger("mindrlhf.trainer")
 
-
-def _model_signature(cfg) -> dict:
-    """Fields that must agree between the train and the infer nets (everything but dtypes and layout)."""
-    skip = {"parallel_config", "compute_dtype", "param_init_type", "softmax_compute_type", "rotary_dtype",
-            "layernorm_compute_type", "value_head_bias"}
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
-
-
-def check_model_configs(train_cfg, infer_cfg, train_path: str, infer_path: str) -> None:
-    """The train and infer YAMLs must describe the same network."""
-    train_sig, infer_sig = _model_signature(train_cfg), _model_signature(infer_cfg)
-    differing = [f"{k}: {train_sig[k]!r} vs {infer_sig[k]!r}" for k in train_sig if train_sig[k] != infer_sig[k]]
-    if differing:
-        raise ConfigError(f"{train_path} and {infer_path} describe different models ({'; '.join(differing)}); "
-                          "only dtypes and parallel_config may differ")
-
-
-def check_tensor_parallel(cfg, tp: int, path: str) -> None:
-    """The model's widths split over `tp`; the kv heads may also be fewer (a divisor of tp: each is replicated)."""
-    from mindrlhf.models.qwen2.modeling import kv_head_shards
-    from mindrlhf.parallel.layout import LayoutError
-
-    for name in ("num_heads", "vocab_size", "intermediate_size"):
-        value = getattr(cfg, name)
-        if value % tp:
-            raise ConfigError(f"{path}: model_config.{name}={value} is not divisible by parallel_config."
-                              f"model_parallel={tp}")
-    try:
-        kv_head_shards(cfg.n_kv_heads, tp)
-    except LayoutError as err:
-        raise ConfigError(f"{path}: model_config.{err} (parallel_config.model_parallel; fewer kv heads than tp ranks "
-                          "are replicated)") from None
-
-
-def check_unstaged(layout, path: str, what: str) -> None:
-    """Nets that only run forward have no pipeline stages."""
-    if layout.pp > 1:
-        raise ConfigError(f"{path}: parallel_config.pipeline_stage={layout.pp}, but {what} runs without pipeline "
-                          "stages; use pipeline_stage: 1 (only the actor's train net is split into stages)")
-
-
-def check_pipeline(cfg, layout, sched, rows_per_rank: int, path: str) -> None:
-    """A train layout with pipeline stages: an equal share of the decoder layers for every stage, and
-    `micro_batch_num` micro-batches that split each rank's rows of an update evenly (and stand for
-    schedule.micro_batch_size_per_device)."""
-    if layout.pp == 1:
-        return
-    if cfg.num_layers % layout.pp:
-        raise ConfigError(f"{path}: parallel_config.pipeline_stage={layout.pp} must divide model_config.num_layers="
-                          f"{cfg.num_layers} (each stage holds an equal share of the decoder layers)")
-    count = cfg.parallel_config.micro_batch_num
-    if rows_per_rank % count:
-        raise ConfigError(f"{path}: parallel_config.micro_batch_num={count} must divide the {rows_per_rank} "
-                          "responses each train rank gets per update")
-    if sched.micro_batch_size_per_device:
-        raise ConfigError(f"schedule.micro_batch_size_per_device={sched.micro_batch_size_per_device}: with pipeline "
-                          f"stages the train micro-batches are {path}'s parallel_config.micro_batch_num; leave it 0")
-
-
-def _check_micro_batch_size(sched, field: str, rows: int, whose: str) -> None:
-    """`schedule.<field>` (0 = auto) must divide the `rows` it splits ("responses <whose>")."""
-    size = getattr(sched, field)
-    if size and rows % size:
-        raise ConfigError(f"schedule.{field}={size} must divide the {rows} responses {whose}")
+RESPONSE_COLUMNS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
 
 class RLTrainer:
-    """Builds the roles, data, swap plan and checkpoints of one job and runs its steps.
+    """Builds the roles, data, swap plan and checkpoints of one planned job (`JobPlan`: configs and layouts, all
+    checked) and runs its steps.
 
-    `callbacks` are called as `callback(trainer, step, metrics)` after each step (tests use them to check
-    weights and the swap plan on every rank).
+    `host_sums` maps a data-parallel group name to its shared-memory gradient sums (`mindrlhf.parallel.host_setup`;
+    empty: MindSpore's AllReduce). `callbacks` are called as `callback(trainer, step, metrics)` after each step
+    (tests use them to check weights and the swap plan on every rank).
     """
 
-    def __init__(self, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int = 1, rank: int = 0,
+    def __init__(self, plan: JobPlan, config, job, tokenizer, host_sums: dict | None = None,
                  callbacks: list[Callable] | None = None):
-        import mindspore as ms
-
         from mindrlhf.algorithms import build_kl_controller, get_advantage_estimator
-        from mindrlhf.data import PromptDataset
-        from mindrlhf.models.qwen2 import Qwen2Config
-        from mindrlhf.parallel import Layout
-        from mindrlhf.parallel.host import HostCollectives
-        from mindrlhf.parallel.swap import SwapManager
 
-        config.validate()
-        self.config, self.job, self.tokenizer = config, job, tokenizer
-        self.world_size, self.rank = world_size, rank
+        self.plan, self.config, self.job, self.tokenizer = plan, config, job, tokenizer
+        self.world_size, self.rank = plan.world_size, plan.rank
         self.callbacks = list(callbacks or [])
-        sched, gen = config.schedule, config.generation
-        self.num_generations = G = gen.num_generations
-
-        # ---- configs and layouts, all checked before anything is built or written
-        train_cfg = Qwen2Config.from_yaml(job.sft_path_train)
-        infer_cfg = Qwen2Config.from_yaml(job.sft_path_infer)
-        check_model_configs(train_cfg, infer_cfg, job.sft_path_train, job.sft_path_infer)
-        train_layout = Layout.from_config(train_cfg.parallel_config, world_size, rank,
-                                          f"{job.sft_path_train}: parallel_config")
-        infer_layout = Layout.from_config(infer_cfg.parallel_config, world_size, rank,
-                                          f"{job.sft_path_infer}: parallel_config")
-        self.train_layout, self.infer_layout = train_layout, infer_layout
-        check_unstaged(infer_layout, job.sft_path_infer, "the inference net (and the reference and the reward model "
-                                                         "in its layout)")
-        check_pipeline(train_cfg, train_layout, sched, sched.prompts_per_update * G // train_layout.dp,
-                       job.sft_path_train)
-        check_tensor_parallel(train_cfg, train_layout.tp, job.sft_path_train)
-        check_tensor_parallel(infer_cfg, infer_layout.tp, job.sft_path_infer)
-        if sched.batch_size % infer_layout.dp:
-            raise ConfigError(f"schedule.batch_size={sched.batch_size} is not divisible by the inference "
-                              f"data_parallel={infer_layout.dp} ({job.sft_path_infer})")
-        # prompts per evaluation call on this rank: by default the rollout's rows, so the same graphs serve both
-        self.eval_batch_size = config.eval.eval_batch_size or sched.batch_size // infer_layout.dp * G
-        unit = group_unit(G, train_layout.dp)
-        if sched.prompts_per_update % unit:
-            raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {G} generations "
-                              f"per update do not split evenly over the train data_parallel="
-                              f"{train_layout.dp} ({job.sft_path_train})")
-        _check_micro_batch_size(sched, "micro_batch_size_per_device",
-                                sched.prompts_per_update * G // train_layout.dp,
-                                f"each train rank gets per update ({sched.prompts_per_update} prompts x {G} "
-                                f"generations / train data_parallel={train_layout.dp})")
-        _check_micro_batch_size(sched, "log_prob_micro_batch_size_per_device",
-                                sched.batch_size // infer_layout.dp * G,
-                                f"each inference rank generates per round ({sched.batch_size} prompts / "
-                                f"inference data_parallel={infer_layout.dp} x {G} generations)")
-        if len(tokenizer) > train_cfg.vocab_size:
-            raise ConfigError(f"{tokenizer.source}: the tokenizer has {len(tokenizer)} "
-                              f"ids but {job.sft_path_train} model_config.vocab_size is {train_cfg.vocab_size}: "
-                              "tokenizer and model do not belong together")
-        gen = dataclasses.replace(gen, eos_token_ids=list(tokenizer.stop_token_ids),
-                                  pad_token_id=int(tokenizer.pad_token_id))
-        self.generation = gen
-        try:
-            gen.check_model(infer_cfg.vocab_size, infer_cfg.seq_length)
-            gen.check_model(train_cfg.vocab_size, train_cfg.seq_length)
-        except ConfigError as err:
-            raise ConfigError(f"{job.sft_path_infer}: {err}") from None
+        self.num_generations = config.generation.num_generations
+        self.generation, self.eval_batch_size = plan.generation, plan.eval_batch_size
+        self.train_layout, self.infer_layout = plan.train_layout, plan.infer_layout
         algo = config.algorithm
-        if (algo.adv_estimator == "gae") != bool(job.sft_path_critic):
-            raise ConfigError("algorithm.adv_estimator: 'gae' needs a critic (--sft_path_critic)"
-                              if not job.sft_path_critic else
-                              f"--sft_path_critic: a critic is only used by algorithm.adv_estimator gae, not "
-                              f"{algo.adv_estimator!r}")
-        critic_cfg = critic_layout = None
-        if job.sft_path_critic:
-            critic_cfg = Qwen2Config.from_yaml(job.sft_path_critic)
-            if job.load_critic_checkpoint:
-                if critic_cfg.vocab_size != train_cfg.vocab_size:
-                    raise ConfigError(f"{job.sft_path_critic}: model_config.vocab_size={critic_cfg.vocab_size}, but "
-                                      f"the policy's is {train_cfg.vocab_size}: the critic must read the same tokens")
-            else:  # the critic starts from the policy: the same network
-                check_model_configs(train_cfg, critic_cfg, job.sft_path_train, job.sft_path_critic)
-            critic_layout = Layout.from_config(critic_cfg.parallel_config, world_size, rank,
-                                               f"{job.sft_path_critic}: parallel_config")
-            check_pipeline(critic_cfg, critic_layout, sched, sched.prompts_per_update * G // critic_layout.dp,
-                           job.sft_path_critic)
-            check_tensor_parallel(critic_cfg, critic_layout.tp, job.sft_path_critic)
-            if sched.batch_size * G % critic_layout.dp:
-                raise ConfigError(f"{job.sft_path_critic}: the {sched.batch_size * G} responses of a step do not "
-                                  f"split over the critic's data_parallel={critic_layout.dp}")
-            unit = group_unit(G, critic_layout.dp)
-            if sched.prompts_per_update % unit:
-                raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {G} generations "
-                                  f"per update do not split evenly over the critic data_parallel="
-                                  f"{critic_layout.dp} ({job.sft_path_critic})")
         self.advantage_estimator = get_advantage_estimator(algo.adv_estimator)
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon) \
             if algo.use_kl_in_reward else None
-        reward_cfg = self._reward_model_config(infer_cfg, infer_layout) if config.reward.reward_model_path else None
-        self.reward = Reward(config, job, tokenizer, reward_cfg, infer_layout, rank)
-        self.dataset = PromptDataset(job.mind_dataset_dir, sched.batch_size // infer_layout.dp,
-                                     gen.pad_token_id, dp_rank=infer_layout.dp_rank,
-                                     dp_size=infer_layout.dp, seed=sched.seed,
-                                     length_buckets=gen.prompt_buckets)
-        self.eval_set = load_eval_set(job.eval_dataset_dir, gen.prompt_buckets) if job.eval_dataset_dir else None
+        self._load_data()
         self.eval_before: float | None = None
         resume_dir = find_resume_checkpoint(job.resume, job.checkpoint_dir) if job.resume else None
-
-        if world_size > 1:
-            from mindrlhf.trainer.launch import share_data_parallel_sums
-
-            for layout in (train_layout, infer_layout, critic_layout):
-                if layout is not None:
-                    layout.init_groups()
-            shared = share_data_parallel_sums(job.cpu_collectives, (train_layout, critic_layout), world_size, rank)
-            if shared:
-                logger.info("data-parallel gradient sums through shared memory (CPU, one host): %s", ", ".join(shared))
-        if job.enable_compile_cache:
-            ms.set_context(enable_compile_cache=True,
-                           compile_cache_path=os.path.join(job.output_dir, "compile_cache", f"rank_{rank}"))
-
-        # ---- roles: nets first (their strategy files need nothing else), then weights, optimizers, reshards
-        self.actor = Actor(config, job, train_cfg, infer_cfg, train_layout, infer_layout, gen, rank)
-        self.reference = Reference(config, job, infer_cfg, infer_layout, gen.temperature, rank)
-        self.critic = Critic(config, job, critic_cfg, critic_layout, rank) if critic_cfg else None
-        self.roles: list[Role] = [self.actor, self.reference, self.reward] + ([self.critic] if self.critic else [])
+        self._make_roles()
         if job.only_save_strategy:
             return
-        self.actor.build()
-        self.reference.build(self.actor)
-        if self.critic:
-            self.critic.build(self.actor)
-        self.reward.build()
-
-        self.swap = SwapManager()
-        for role in self.roles:
-            role.attach(self.swap)
-        self.phases = Phases(self.swap, phase_plan(self.roles, PHASES))
-        self.comm = HostCollectives(world_size, rank)
+        self._build_roles(host_sums or {})
         self.step = 0
         if resume_dir:
             self._resume(resume_dir)
         from mindrlhf.trainer.metrics import MetricsWriter
-        self.metrics_writer = MetricsWriter(job.output_dir, job.tensorboard_dir or None, enabled=rank == 0,
+
+        self.metrics_writer = MetricsWriter(job.output_dir, job.tensorboard_dir or None, enabled=self.rank == 0,
                                             resume_step=self.step)
-        self.ckpt_writer = CheckpointWriter(job.checkpoint_dir, rank, world_size, self.comm.barrier)
-        critic = f", critic layout {critic_layout}" if critic_layout else ""
+        self.ckpt_writer = CheckpointWriter(job.checkpoint_dir, self.rank, self.world_size, self.comm.barrier)
+        self._log_job()
+
+    def _load_data(self) -> None:
+        from mindrlhf.data import PromptDataset
+
+        sched, gen, layout = self.config.schedule, self.generation, self.infer_layout
+        self.dataset = PromptDataset(self.job.mind_dataset_dir, sched.batch_size // layout.dp, gen.pad_token_id,
+                                     dp_rank=layout.dp_rank, dp_size=layout.dp, seed=sched.seed,
+                                     length_buckets=gen.prompt_buckets)
+        self.eval_set = load_eval_set(self.job.eval_dataset_file, gen.prompt_buckets) if self.job.eval_dataset_file \
+            else None
+
+    def _make_roles(self) -> None:
+        """The roles' nets (their strategy files need nothing else)."""
+        plan, config, job, rank = self.plan, self.config, self.job, self.rank
+        self.reward = Reward(config, job, self.tokenizer, plan.reward_model_cfg, plan.infer_layout, rank)
+        self.actor = Actor(config, job, plan.train_cfg, plan.infer_cfg, plan.train_layout, plan.infer_layout,
+                           self.generation, rank)
+        self.reference = Reference(config, job, plan.infer_cfg, plan.infer_layout, self.generation.temperature, rank)
+        self.critic = Critic(config, job, plan.critic_cfg, plan.critic_layout, rank) if plan.critic_cfg else None
+        self.roles: list[Role] = [self.actor, self.reference, self.reward] + ([self.critic] if self.critic else [])
+
+    def _build_roles(self, host_sums: dict) -> None:
+        """Weights, engines and reshards of every role, then the swap plan of the phases."""
+        from mindrlhf.parallel.array_collectives import ArrayCollectives
+        from mindrlhf.parallel.swap import SwapManager
+
+        self.comm = ArrayCollectives(self.world_size, self.rank)
+        self.actor.build(self.comm, host_sums.get(self.train_layout.dp_group))
+        self.reference.build(self.actor)
+        if self.critic:
+            self.critic.build(self.actor, self.comm, host_sums.get(self.critic.layout.dp_group))
+        self.reward.build()
+        self.swap = SwapManager()
+        for role in self.roles:
+            role.attach(self.swap)
+        self.phases = Phases(self.swap, phase_plan(self.roles, PHASES))
+
+    def _log_job(self) -> None:
+        plan, sched = self.plan, self.config.schedule
+        critic = f", critic layout {plan.critic_layout}" if plan.critic_layout else ""
         logger.info("train layout %s, infer layout %s%s, %d ranks; policy %.2fM parameters; %d prompts, global "
-                    "batch %d x %d generations; roles: %s; advantages: %s", train_layout, infer_layout, critic,
-                    world_size, train_cfg.num_parameters() / 1e6, self.dataset.num_samples, sched.batch_size, G,
-                    ", ".join(role.name for role in self.roles), config.algorithm.adv_estimator)
-
-    def _reward_model_config(self, infer_cfg, infer_layout):
-        """The reward model's architecture (--sft_path_reward, default the inference YAML), checked against the
-        policy's tokens and the inference layout it runs in."""
-        from mindrlhf.models.qwen2 import Qwen2Config
-
-        path = self.job.sft_path_reward
-        if not path:
-            return infer_cfg
-        cfg = Qwen2Config.from_yaml(path)
-        if cfg.vocab_size != infer_cfg.vocab_size:
-            raise ConfigError(f"{path}: model_config.vocab_size={cfg.vocab_size}, but the policy's is "
-                              f"{infer_cfg.vocab_size}: the reward model must read the same tokens")
-        mine = (cfg.parallel_config.data_parallel, cfg.parallel_config.model_parallel)
-        infer = (infer_layout.dp, infer_layout.tp)
-        if mine != infer:
-            raise ConfigError(f"{path}: parallel_config data_parallel x model_parallel = {mine[0]} x {mine[1]}, "
-                              f"but the reward model runs in the inference layout ({infer[0]} x {infer[1]}, "
-                              f"{self.job.sft_path_infer})")
-        check_tensor_parallel(cfg, infer_layout.tp, path)
-        return cfg
+                    "batch %d x %d generations; roles: %s; advantages: %s", plan.train_layout, plan.infer_layout,
+                    critic, self.world_size, plan.train_cfg.num_parameters() / 1e6, self.dataset.num_samples,
+                    sched.batch_size, self.num_generations, ", ".join(role.name for role in self.roles),
+                    self.config.algorithm.adv_estimator)
 
     # ------------------------------------------------------------------ state
     def save_strategies(self, folder: str) -> dict[str, str]:
@@ -338,11 +175,11 @@ class RLTrainer:
                 for name, (layouts, stages) in role.shared_files().items():
                     write_strategy_file(os.path.join(folder, name), layouts, stages=stages)
 
-        meta = {"step": self.step, "updates": self.actor.updates, "world_size": self.world_size,
+        meta = {"step": self.step, "updates": self.actor.engine.updates, "world_size": self.world_size,
                 "layouts": self._layouts_meta(), "data": self.dataset.state_dict(), "config": self.config.to_dict(),
                 "eval_before": self.eval_before}
         if self.critic:
-            meta["critic_updates"] = self.critic.updates
+            meta["critic_updates"] = self.critic.engine.updates
         if self.kl_ctrl:
             meta["kl_ctrl"] = self.kl_ctrl.state_dict()
         path = self.ckpt_writer.save(self.step, rank_files, shared_files, meta, self.config.checkpoint.keep_last)
@@ -364,10 +201,10 @@ class RLTrainer:
         for role in self.roles:
             role.load_rank_state(state)
         self.dataset.load_state_dict(meta["data"])
-        self.step, self.actor.updates = int(meta["step"]), int(meta["updates"])
+        self.step, self.actor.engine.updates = int(meta["step"]), int(meta["updates"])
         self.eval_before = meta.get("eval_before")
         if self.critic:
-            self.critic.updates = int(meta["critic_updates"])
+            self.critic.engine.updates = int(meta["critic_updates"])
         if self.kl_ctrl:
             self.kl_ctrl.load_state_dict(meta["kl_ctrl"])
         for role in self.roles:
@@ -385,7 +222,7 @@ class RLTrainer:
             solutions = [s for s in batch["solution"] for _ in range(G)]
             rewards, terms, _ = self.reward(out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,
                                             solutions, columns_per_completion(batch["columns"], G))
-        inputs = (out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask)
+        inputs = {name: getattr(out, name) for name in RESPONSE_COLUMNS}
         with self.phases("ref"):
             ref_logp = self.reference.log_probs(inputs)
         old_logp = out.log_probs
@@ -407,7 +244,7 @@ class RLTrainer:
         if self.critic is None:
             return exp
         with self.phases("values"):
-            values = self.critic.values(exp, self.comm)
+            values = self.critic.values(exp)
         kl, coef = None, 0.0
         if self.kl_ctrl is not None:
             kl = kl_penalty(exp.old_logp, exp.ref_logp, "k1") * exp.response_mask
@@ -467,11 +304,11 @@ class RLTrainer:
         critic = {}
         if self.critic:
             with self.phases("update_critic"):
-                critic = self.critic.train(train_exp, self.comm, self.num_generations)
+                critic = self.critic.train(train_exp)
         actor = {"actor/updates": 0}
         if self.step > (self.config.critic.critic_warmup if self.critic else 0):
             with self.phases("train"):
-                actor = self.actor.train(train_exp, self.comm)
+                actor = self.actor.train(train_exp)
         actor.update(critic)
         if self.kl_ctrl is not None:
             actor.update(self._update_kl_controller(generated))
@@ -549,7 +386,7 @@ class RLTrainer:
         return metrics
 
     def evaluate(self) -> float:
-        """Greedy accuracy on every held-out prompt (`--eval_dataset_dir`), split over the infer dp ranks."""
+        """Greedy accuracy on every held-out prompt (`--eval_dataset_file`), split over the infer dp ranks."""
         from mindrlhf.trainer.evaluation import count_correct
 
         prompts, solutions = self.eval_set
@@ -607,9 +444,6 @@ class RLTrainer:
             logger.info("held-out accuracy: before=%.1f%% after=%.1f%%", 100 * self.eval_before,
                         100 * history[-1]["eval/accuracy"])
         return history
-
-
-GRPOTrainer = RLTrainer  # the GRPO configuration of the loop (algorithm.adv_estimator: grpo, the default)
 
 
 def load_eval_set(path: str, prompt_buckets) -> tuple[list[list[int]], list[str]]:

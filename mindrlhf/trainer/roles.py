@@ -1,24 +1,27 @@
-"""Roles of an RL job (actor, reference, reward, critic): each owns its nets, layouts, optimizer, swap
-groups, strategy files and checkpoint state, so the loop only sequences phases and moves experience.
+"""Roles of an RL job (actor, reference, reward, critic), each a composition of engines (`mindrlhf.engine`):
 
-A role declares:
+    actor       a training engine (the policy in the train layout) + the generators and an old-policy forward
+                engine on the inference net + the online reshard train -> infer
+    critic      a training engine (the value model) + a forward engine for its values
+    reference   a forward engine (log-probs in the inference layout), resharded from the actor now and then
+    reward      the rule functions + a forward engine for the reward model's scores, if there is one
+
+A role declares what the job does with its nets:
     swap_groups()      group name -> parameters (registered with the job's `SwapManager`)
     resident_in        phase -> its groups that must be on device in that phase (all others are offloaded)
     strategies()       net name -> per-parameter layouts (`--only_save_strategy` writes them; a net in
                        pipeline stages: this rank's stage, `strategy_stage`)
-    checkpoint_files   rank file name -> parameters, and shared strategy file name -> (layouts, stages)
+    rank_files()       rank file name -> parameters; shared_files(): strategy file name -> (layouts, stages)
     rank_state()       JSON-able per-rank state (random streams), restored by `load_rank_state`
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 
 import numpy as np
 
-from mindrlhf.configs.base import ConfigError
-from mindrlhf.trainer.checkpoint import (
+from mindrlhf.checkpoint.step import (
     CRITIC_CKPT,
     CRITIC_PREFIX,
     CRITIC_STRATEGY,
@@ -26,8 +29,19 @@ from mindrlhf.trainer.checkpoint import (
     REF_CKPT,
     TRAIN_CKPT,
     TRAIN_STRATEGY,
-    read_policy_weights,
 )
+from mindrlhf.checkpoint.weights import (
+    INFER_PREFIX,
+    REF_PREFIX,
+    REWARD_MODEL_PREFIX,
+    load_value_model,
+    load_weights,
+    read_weights,
+    with_zero_value_head,
+)
+from mindrlhf.engine.forward import ForwardEngine
+from mindrlhf.engine.sizing import MicroBatchSizer
+from mindrlhf.engine.train import LearningRateSchedule, TrainEngine, UpdatePolicy, total_updates
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -39,165 +53,6 @@ REF_WEIGHTS = "ref_weights"
 CRITIC_WEIGHTS = "critic_weights"
 CRITIC_MOMENTS = "critic_moments"
 REWARD_MODEL_WEIGHTS = "reward_model_weights"
-
-INFER_PREFIX = "infer."
-REF_PREFIX = "ref."
-REWARD_MODEL_PREFIX = "reward_model."
-VALUE_HEAD = "score.weight"
-VALUE_HEAD_BIAS = "score.bias"
-
-
-def load_weights(net, layout, path: str, prefix: str = "") -> None:
-    """Loads a full `.ckpt` (split to this rank's shards) or a trainer step folder into `net`.
-
-    Names in the file are the plain model names (as `tools/convert_weight.py` writes them); the net's own
-    names may carry `prefix`. Optimizer entries in the file are ignored. Errors name the file.
-    """
-    from mindrlhf.parallel.layers import load_full_state
-
-    state = read_policy_weights(path)
-    plain = {}
-    for name, value in state.items():
-        for known in (INFER_PREFIX, REF_PREFIX):
-            if name.startswith(known):
-                name = name[len(known):]
-        plain[prefix + name] = value
-    try:
-        load_full_state(net, plain, layout)
-    except ValueError as err:
-        raise ConfigError(f"{path}: {err}") from None
-
-
-def load_value_model(net, layout, state: dict, source: str, prefix: str, yaml_path: str) -> None:
-    """Loads the backbone and value head of `state` (from `source`) into the value model `net` (names with
-    `prefix`); the head's bias must be there exactly when `yaml_path` declares `value_head_bias`."""
-    from mindrlhf.parallel.layers import load_full_state
-
-    if VALUE_HEAD not in state:
-        raise ConfigError(f"{source}: no value head '{VALUE_HEAD}' (expected a critic or a reward model converted by "
-                          "tools/convert_weight.py)")
-    has_bias, wants_bias = VALUE_HEAD_BIAS in state, net.config.value_head_bias
-    if has_bias != wants_bias:
-        raise ConfigError(f"{source}: the value head {'has' if has_bias else 'has no'} bias '{VALUE_HEAD_BIAS}' "
-                          f"({'a *ForTokenClassification' if has_bias else 'a *ForSequenceClassification'}), but "
-                          f"{yaml_path} sets model_config.value_head_bias: {str(wants_bias).lower()}")
-    wanted = {prefix + name: value for name, value in state.items()
-              if name.startswith("model.") or name in (VALUE_HEAD, VALUE_HEAD_BIAS)}
-    try:
-        load_full_state(net, wanted, layout)
-    except ValueError as err:
-        raise ConfigError(f"{source}: {err} ({yaml_path})") from None
-
-
-def load_rank_params(params, path: str) -> None:
-    """Sets `params` from this rank's checkpoint file `path`; every one must be there with its shape."""
-    import mindspore as ms
-
-    state = ms.load_checkpoint(path)
-    for param in params:
-        if param.name not in state or tuple(state[param.name].shape) != tuple(param.shape):
-            raise ConfigError(f"{path}: '{param.name}' missing or of another shape")
-        param.set_data(state[param.name])
-
-
-class NonFiniteUpdates(RuntimeError):
-    """Too many optimizer updates in a row had a NaN/inf loss or gradient (`optimizer.max_consecutive_skips`)."""
-
-
-class MicroBatchSizer:
-    """How one pass splits a rank's rows into graph calls: `plan` gives the responses per call (the configured size,
-    `micro_batches` equal micro-batches for a train net in pipeline stages (its `micro_batch_num`), or (0) the most
-    responses whose estimated activations fit `schedule.activation_memory_gib`, `mindrlhf.trainer.memory_budget`),
-    how many of them share each prompt read (up to `share_limit`, a prompt's responses, when
-    `schedule.share_prompts`; 1 reads the prompt again for every response) and the response width the calls read
-    (the narrowest of `schedule.response_buckets` widths that holds the longest response); the choice is logged once
-    per shape."""
-
-    def __init__(self, kind: str, configured: int, model_config, tp: int, budget_gib: float, micro_batches: int = 0,
-                 share_limit: int = 1, response_buckets: int = 1):
-        self.kind, self.configured, self.model_config, self.tp = kind, configured, model_config, tp
-        self.budget_gib, self.micro_batches, self.share_limit = budget_gib, micro_batches, share_limit
-        self.response_buckets = response_buckets
-        self._logged: set[tuple] = set()
-
-    @classmethod
-    def for_pass(cls, kind: str, schedule, model_config, layout, group_size: int, training: bool) -> MicroBatchSizer:
-        """The sizer of a net in `layout` whose rows come in groups of `group_size` responses to one prompt: for
-        training its `micro_batch_num` micro-batches with pipeline stages, else
-        `schedule.micro_batch_size_per_device`; for a forward pass `schedule.log_prob_micro_batch_size_per_device`
-        (0: from the memory budget)."""
-        stages_split = model_config.parallel_config.micro_batch_num if training and layout.pp > 1 else 0
-        configured = schedule.micro_batch_size_per_device if training else schedule.log_prob_micro_batch_size_per_device
-        return cls(kind, configured, model_config, layout.tp, schedule.activation_memory_gib, stages_split,
-                   group_size if schedule.share_prompts else 1, schedule.response_buckets)
-
-    def _call_bytes(self, prompts: int, rows: int, prompt_width: int, response_width: int) -> int:
-        from mindrlhf.trainer import memory_budget
-
-        cfg = self.model_config
-        shape = dict(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, heads=cfg.num_heads,
-                     vocab=cfg.vocab_size, tp=self.tp)
-        if self.kind.endswith("train"):
-            return memory_budget.train_bytes(prompts, rows, prompt_width, response_width, layers=cfg.num_layers,
-                                             **shape)
-        return memory_budget.log_prob_bytes(prompts, rows, prompt_width, response_width, **shape)
-
-    def width(self, response_mask: np.ndarray) -> int:
-        """The response width calls over the rows of `response_mask` read (`experience.trimmed_width`)."""
-        from mindrlhf.trainer.experience import response_widths, trimmed_width
-
-        return trimmed_width(response_mask, response_widths(response_mask.shape[1], self.response_buckets))
-
-    def plan(self, arrays, width: int | None = None) -> tuple[int, int, int]:
-        """(responses per call, responses per prompt read, response width) for `arrays` (prompt ids, prompt mask,
-        response ids, response mask, ...: one row per response); `width` (default: `self.width` of these rows)
-        lets a caller read as many positions on every data-parallel rank."""
-        from mindrlhf.trainer import memory_budget
-        from mindrlhf.trainer.experience import shared_prompt_run
-
-        prompt_ids, prompt_mask = arrays[0], arrays[1]
-        rows, prompt_width = len(prompt_ids), prompt_ids.shape[1]
-        width = width or self.width(arrays[3])
-        run = shared_prompt_run(prompt_ids, prompt_mask, self.share_limit) if self.share_limit > 1 else 1
-        if self.micro_batches:
-            size = math.ceil(rows / self.micro_batches)
-        elif self.configured:
-            size = self.configured
-        else:
-            size = memory_budget.rows_per_call(
-                rows, lambda d: self._call_bytes(d // math.gcd(d, run), d, prompt_width, width),
-                int(self.budget_gib * 2**30))
-        share = math.gcd(size, run)
-        if (rows, prompt_width, width, size, share) not in self._logged:
-            self._logged.add((rows, prompt_width, width, size, share))
-            estimate = self._call_bytes(size // share, size, prompt_width, width) / 2**20
-            how = f"auto, schedule.activation_memory_gib={self.budget_gib:g}" if not (self.micro_batches or
-                                                                                      self.configured) else "set"
-            logger.info("%s micro-batches: %d of %d responses per call, %d per prompt read (%d + %d of %d tokens; "
-                        "~%.0f MiB of activations a call; %s)", self.kind, size, rows, share, prompt_width, width,
-                        arrays[2].shape[1], estimate, how)
-        return size, share, width
-
-    def split(self, arrays, width: int | None = None) -> list[list]:
-        """The graph calls' inputs for the rows of `arrays` (`experience.prompt_micro_batches` of `plan`, the
-        per-token columns cut to its width)."""
-        from mindrlhf.trainer.experience import prompt_micro_batches, trim_responses
-
-        size, share, width = self.plan(arrays, width)
-        return prompt_micro_batches(trim_responses(arrays, width), size, share)
-
-    def run(self, cell, arrays) -> np.ndarray:
-        """`cell` on the rows of `arrays` (prompt ids, prompt mask, response ids, response mask), a micro-batch
-        of rows per call, outputs concatenated (per-token outputs padded back to the responses' width with zeros);
-        a pass through pipeline stages (`PipelineForward`) gets all the micro-batches at once, so that its stages
-        overlap."""
-        micro_batches = self.split(arrays)
-        outputs = cell.map(micro_batches) if hasattr(cell, "map") else [cell(*inputs) for inputs in micro_batches]
-        out = np.concatenate([output.asnumpy() for output in outputs])
-        full = arrays[2].shape[1]
-        if out.ndim == 2 and out.shape[1] < full:
-            out = np.pad(out, ((0, 0), (0, full - out.shape[1])))
-        return out
 
 
 class Role:
@@ -248,33 +103,6 @@ class Role:
         """Called once every role has loaded its checkpoint state."""
 
 
-def strategy_file(name: str, strategy: dict, stages) -> dict[str, tuple[dict, dict | None]]:
-    """`Role.shared_files` entry of a trained net's strategy file: its layouts (`strategy`), or with pipeline
-    stages (`stages`, what `gather_stage_layouts` returned) every stage's layouts and the stage of each name."""
-    if stages:
-        layouts, stage_of, _ = stages
-        return {name: (layouts, stage_of)}
-    return {name: (strategy, None)}
-
-
-def pipeline_train_step(net, loss_net, optimizer, layout, model_cfg, strategy: dict, num_inputs: int,
-                        num_outputs: int, max_grad_norm: float, stage_shared=()):
-    """The train step of a trained net in pipeline stages (`PipelineTrainStep`): `loss_net` on the last stage, the
-    response positions' hidden states of `net` on the others; returns (every stage's layouts for the
-    checkpoints, what `gather_stage_layouts` gives; the step)."""
-    from mindrlhf.algorithms.policy_cells import ResponseHidden, response_hidden_shape
-    from mindrlhf.parallel.layers import to_ms_dtype
-    from mindrlhf.parallel.pipeline import PipelineTrainStep, gather_stage_layouts
-
-    stages = gather_stage_layouts(strategy, {p.name: p.dtype for p in net.get_parameters()}, layout)
-    stage_net = loss_net if layout.stage == layout.pp - 1 else ResponseHidden(net)
-    step = PipelineTrainStep(stage_net, optimizer, layout, response_hidden_shape(model_cfg.hidden_size),
-                             to_ms_dtype(model_cfg.compute_dtype), num_inputs=num_inputs, forward_inputs=4,
-                             num_outputs=num_outputs, grad_reduction="sum", max_grad_norm=max_grad_norm,
-                             stage_shared=stage_shared)
-    return stages, step
-
-
 def phase_plan(roles, phases) -> dict[str, tuple[str, ...]]:
     """Phase -> the swap groups resident in it: the union of what each role declares (`Role.resident_in`)."""
     plan: dict[str, tuple[str, ...]] = {phase: () for phase in phases}
@@ -302,9 +130,28 @@ def shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout, infer
     return same_model and train_layout == infer_layout and not own_weights
 
 
+def update_policy(config, learning_rate: float, warmup_steps: int, max_grad_norm: float) -> UpdatePolicy:
+    """A trained net's `UpdatePolicy` from the job's config, with its own peak learning rate, warmup and clip."""
+    opt = config.optimizer
+    schedule = LearningRateSchedule(learning_rate, warmup_steps, total_updates(config.schedule), opt.lr_schedule,
+                                    opt.min_lr_ratio)
+    return UpdatePolicy(schedule, max_grad_norm, config.loss.aggregation, opt.max_consecutive_skips)
+
+
+def adamw(config, params, state_prefix: str = "", learning_rate: float | None = None):
+    """The job's AdamW (`optimizer` section) over `params`."""
+    from mindrlhf.optim import AdamW
+
+    opt = config.optimizer
+    return AdamW(params, learning_rate=opt.learning_rate if learning_rate is None else learning_rate,
+                 beta1=opt.beta1, beta2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay,
+                 state_prefix=state_prefix)
+
+
 class Actor(Role):
-    """The policy: a train net (train layout, possibly in pipeline stages) with AdamW and the GRPO loss, an
-    inference net (infer layout) with the sampling generator, and the online train -> infer reshard.
+    """The policy: a train net (train layout, possibly in pipeline stages) in a training engine with the GRPO loss,
+    an inference net (infer layout) with the sampling generator and an old-policy forward engine, and the online
+    train -> infer reshard.
 
     When both nets would hold the same shards (`shares_train_weights`), the inference net is the train net: one
     set of weights, nothing to reshard, and the inference phases keep `TRAIN_WEIGHTS` resident."""
@@ -320,65 +167,47 @@ class Actor(Role):
         self.train_cfg, self.infer_cfg = train_cfg, infer_cfg
         self.train_layout, self.infer_layout = train_layout, infer_layout
         self.generation = generation
-        self.updates = 0  # optimizer updates so far (the learning-rate schedule's position)
-        self.consecutive_skips = 0  # updates skipped in a row for a non-finite loss or gradient
         self.train_net = Qwen2ForCausalLM(train_cfg, train_layout)
         self.train_strategy = net_layouts(self.train_net, train_layout)  # of this rank's stage
         self.shares_weights = shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout,
                                                    job.load_sft_checkpoint_infer, job.load_sft_checkpoint_train)
         if self.shares_weights:
-            self.infer_net, self.infer_group, self.infer_prefix = self.train_net, TRAIN_WEIGHTS, ""
+            self.infer_net, self.infer_group = self.train_net, TRAIN_WEIGHTS
             self.infer_strategy = self.train_strategy
             self.resident_in = actor_residency(TRAIN_WEIGHTS)
         else:
-            self.infer_net, self.infer_group, self.infer_prefix = \
-                Qwen2ForCausalLM(infer_cfg, infer_layout), INFER_WEIGHTS, INFER_PREFIX
+            self.infer_net, self.infer_group = Qwen2ForCausalLM(infer_cfg, infer_layout), INFER_WEIGHTS
             self.infer_net.update_parameters_name(INFER_PREFIX)
             self.infer_strategy = net_layouts(self.infer_net, infer_layout)
-        self.train_stages = None  # with pipeline stages: `gather_stage_layouts` of the train net, from build()
+        self.engine: TrainEngine | None = None  # from build()
 
-    def build(self) -> None:
-        """Weights, optimizer, train step, resharder and generators (skipped by --only_save_strategy)."""
+    def build(self, comm, dp_sums=None) -> None:
+        """Weights, the training engine, resharder, forward engine and generators (skipped by
+        --only_save_strategy). `comm` sums metrics over ranks; `dp_sums`: the train dp group's shared-memory
+        gradient sums, if any."""
         from mindrlhf.algorithms import GRPOLossCell
-        from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES, GRPOLossNet, ResponseLogProbs
-        from mindrlhf.generation import Generator
-        from mindrlhf.optim import AdamW
+        from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
         from mindrlhf.parallel.layers import init_random_weights
-        from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 
         cfg, job, gen = self.config, self.job, self.generation
         if job.load_sft_checkpoint_train:
             load_weights(self.train_net, self.train_layout, job.load_sft_checkpoint_train)
         else:
             init_random_weights(self.train_net, self.train_layout, seed=job.init_seed)
-        opt = cfg.optimizer
-        self.optimizer = AdamW(self.train_net.trainable_params(), learning_rate=opt.learning_rate, beta1=opt.beta1,
-                               beta2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay)
+        opt, sched = cfg.optimizer, cfg.schedule
         loss_cell = GRPOLossCell(beta=cfg.loss.beta, epsilon_low=cfg.loss.epsilon_low,
                                  epsilon_high=cfg.loss.epsilon_high, kl_estimator=cfg.loss.kl_estimator)
-        loss_net = GRPOLossNet(self.train_net, loss_cell, gen.temperature)
-        if self.train_layout.pp > 1:
-            self.train_stages, self.train_step = pipeline_train_step(
-                self.train_net, loss_net, self.optimizer, self.train_layout, self.train_cfg, self.train_strategy,
-                num_inputs=8, num_outputs=len(GRPO_OUTPUT_NAMES), max_grad_norm=opt.max_grad_norm,
-                stage_shared=self.train_net.stage_shared_params)
-        else:
-            self.train_step = MicroBatchedTrainStep(loss_net, self.optimizer, self.train_layout, grad_reduction="sum",
-                                                    max_grad_norm=opt.max_grad_norm)
+        self.engine = TrainEngine(
+            "actor", self.train_net, GRPOLossNet(self.train_net, loss_cell, gen.temperature),
+            adamw(cfg, self.train_net.trainable_params()), self.train_layout, self.train_cfg,
+            MicroBatchSizer.for_pass("train", sched, self.train_cfg, self.train_layout, gen.num_generations, True),
+            comm, update_policy(cfg, opt.learning_rate, opt.warmup_steps, opt.max_grad_norm), self.train_strategy,
+            stage_shared=self.train_net.stage_shared_params, dp_sums=dp_sums)
         self.to_infer = None if self.shares_weights else \
             self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
-        self.old_log_probs = ResponseLogProbs(self.infer_net, gen.temperature)
-        sched, group = cfg.schedule, gen.num_generations
-        self.train_rows = MicroBatchSizer.for_pass("train", sched, self.train_cfg, self.train_layout, group, True)
-        self.log_prob_rows = MicroBatchSizer.for_pass("log_prob", sched, self.infer_cfg, self.infer_layout, group,
-                                                      False)
-        self.generator = Generator(self.infer_net, gen)
-        self.generator.rng = np.random.default_rng([gen.seed, self.infer_layout.dp_rank])
-        # the evaluation prefills as many prompts a call as the rollout: both run one prefill graph
-        self.eval_generator = Generator(self.infer_net, dataclasses.replace(
-            gen, do_sample=False, num_generations=1,
-            max_new_tokens=cfg.eval.eval_max_new_tokens or gen.max_new_tokens), share_graphs_with=self.generator,
-            prefill_prompts=sched.batch_size // self.infer_layout.dp)
+        self.old_log_probs = ForwardEngine(ResponseLogProbs(self.infer_net, gen.temperature), MicroBatchSizer.for_pass(
+            "log_prob", sched, self.infer_cfg, self.infer_layout, gen.num_generations, False))
+        self._build_generators()
         if self.shares_weights:
             logger.info("actor: the inference net uses the train net's weights (same model and layout %s): no "
                         "second copy, no reshard", self.infer_layout)
@@ -387,6 +216,18 @@ class Actor(Role):
         else:
             self.to_infer.run()
 
+    def _build_generators(self) -> None:
+        from mindrlhf.generation import Generator
+
+        gen, cfg = self.generation, self.config
+        self.generator = Generator(self.infer_net, gen)
+        self.generator.rng = np.random.default_rng([gen.seed, self.infer_layout.dp_rank])
+        # the evaluation prefills as many prompts a call as the rollout: both run one prefill graph
+        self.eval_generator = Generator(self.infer_net, dataclasses.replace(
+            gen, do_sample=False, num_generations=1,
+            max_new_tokens=cfg.eval.eval_max_new_tokens or gen.max_new_tokens), share_graphs_with=self.generator,
+            prefill_prompts=cfg.schedule.batch_size // self.infer_layout.dp)
+
     def resharder_to(self, net, strategy: dict, prefix: str):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
         net's names), from every pipeline stage when the train net has them."""
@@ -394,16 +235,11 @@ class Actor(Role):
 
         names = {name[len(prefix):]: name for name in strategy}
         return Resharder(self.train_net, net, self.train_strategy, strategy, names, rank=self.rank,
-                         src_pipeline=self.train_layout, src_stage_layouts=self.train_stages)
+                         src_pipeline=self.train_layout, src_stage_layouts=self.engine.stages)
 
     # ------------------------------------------------------------------ state
-    def optimizer_state(self) -> list:
-        """The AdamW moments and step counter (what the swap and the checkpoints handle besides weights)."""
-        trained = {id(p) for p in self.train_net.trainable_params()}
-        return [p for p in self.optimizer.get_parameters() if id(p) not in trained]
-
     def swap_groups(self) -> dict[str, list]:
-        groups = {TRAIN_WEIGHTS: list(self.train_net.trainable_params()), OPTIMIZER_MOMENTS: self.optimizer_state()}
+        groups = {TRAIN_WEIGHTS: self.engine.weights(), OPTIMIZER_MOMENTS: self.engine.optimizer_state()}
         if not self.shares_weights:
             groups[INFER_WEIGHTS] = list(self.infer_net.trainable_params())
         return groups
@@ -412,10 +248,10 @@ class Actor(Role):
         return {"train": self.train_strategy, "infer": self.infer_strategy}
 
     def rank_files(self) -> dict[str, list]:
-        return {TRAIN_CKPT: list(self.train_net.trainable_params()) + self.optimizer_state()}
+        return {TRAIN_CKPT: self.engine.weights() + self.engine.optimizer_state()}
 
     def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
-        return strategy_file(TRAIN_STRATEGY, self.train_strategy, self.train_stages)
+        return self.engine.strategy_file(TRAIN_STRATEGY)
 
     def strategy_stage(self, net: str) -> int:
         return self.train_layout.stage if net == "train" else 0
@@ -441,71 +277,19 @@ class Actor(Role):
         self.require((self.infer_group,), "evaluate")
         return self.eval_generator
 
-    def log_probs(self, arrays) -> np.ndarray:
-        """Old-policy log-probs of the rows of `arrays` under the inference net."""
+    def log_probs(self, columns) -> np.ndarray:
+        """Old-policy log-probs of the rows of `columns` (prompt and response ids and masks by name) under the
+        inference net."""
         self.require((self.infer_group,), "log_probs")
-        return self.log_prob_rows.run(self.old_log_probs, arrays)
+        return self.old_log_probs.run(columns)
 
-    def total_updates(self) -> int:
-        """Optimizer updates of the whole run (the length of the learning-rate schedule)."""
-        sched = self.config.schedule
-        return sched.steps * sched.num_iterations * math.ceil(sched.batch_size / sched.prompts_per_update)
-
-    def train(self, exp, comm) -> dict:
+    def train(self, exp) -> dict:
         """`schedule.num_iterations` passes of mini-batch updates on the experience (every rank holds all of
         it and takes its data-parallel share); returns the `actor/*` metrics averaged over the updates."""
-        from mindrlhf.algorithms import aggregation_weights
-        from mindrlhf.algorithms.policy_cells import GRPO_OUTPUT_NAMES
-        from mindrlhf.optim import learning_rate_at
-        from mindrlhf.trainer.experience import rows_of_rank, update_chunks
-
         self.require((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "train")
-        cfg, G, layout = self.config, self.generation.num_generations, self.train_layout
-        opt = cfg.optimizer
-        sums: dict[str, float] = {}
-        count = skipped = 0
-        for _ in range(cfg.schedule.num_iterations):
-            for chunk in update_chunks(exp.num_rows // G, cfg.schedule.prompts_per_update, G):
-                part = exp.rows(chunk)
-                weights = aggregation_weights(part.response_mask, cfg.loss.aggregation).astype(np.float32)
-                mine = rows_of_rank(part.num_rows, layout.dp, layout.dp_rank)
-                lr = learning_rate_at(self.updates, opt.learning_rate, opt.warmup_steps, self.total_updates(),
-                                      opt.lr_schedule, opt.min_lr_ratio)
-                self.optimizer.set_learning_rate(lr)
-                inputs = [part[name][mine] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask",
-                                                        "old_logp", "ref_logp", "advantages")] + [weights[mine]]
-                # every dp rank reads the update's widest response, so that no rank waits for another
-                width = self.train_rows.width(part.response_mask)
-                shares, grad_norm = self.train_step(self.train_rows.split(inputs, width))
-                self.updates += 1
-                last_lr = lr
-                if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)
-                    skipped += 1
-                    self._count_skip(grad_norm)
-                    continue
-                self.consecutive_skips = 0
-                values = comm.group_sum(shares.astype(np.float32), layout.dp_group)
-                for name, value in zip(GRPO_OUTPUT_NAMES, values):
-                    sums[name] = sums.get(name, 0.0) + float(value)
-                sums["actor/grad_norm"] = sums.get("actor/grad_norm", 0.0) + grad_norm
-                count += 1
-        if not count + skipped:
-            return {"actor/updates": 0}
-        metrics = {name: value / count for name, value in sums.items()}
-        metrics["actor/lr"] = last_lr
-        metrics["actor/updates"] = count
-        metrics["actor/skipped_updates"] = skipped
-        return metrics
-
-    def _count_skip(self, grad_norm: float) -> None:
-        self.consecutive_skips += 1
-        limit = self.config.optimizer.max_consecutive_skips
-        logger.warning("actor update %d skipped: the gradient norm is %s (%d in a row)", self.updates, grad_norm,
-                       self.consecutive_skips)
-        if limit and self.consecutive_skips >= limit:
-            raise NonFiniteUpdates(f"{self.consecutive_skips} actor updates in a row had a non-finite loss or "
-                                   f"gradient (optimizer.max_consecutive_skips={limit}); the job stops with its last "
-                                   "checkpoint intact: lower the learning rate or check the rewards and data")
+        sched = self.config.schedule
+        return self.engine.update(exp, self.generation.num_generations, sched.prompts_per_update,
+                                  sched.num_iterations)
 
     def sync_inference(self) -> None:
         """Reshards the train net's weights into the inference net (nothing to do when it is the train net)."""
@@ -535,8 +319,8 @@ class Reference(Role):
         from mindrlhf.algorithms.policy_cells import ResponseLogProbs
 
         self.from_actor = actor.resharder_to(self.net, self.strategy, REF_PREFIX)
-        self.cell = ResponseLogProbs(self.net, self.temperature)
-        self.rows = actor.log_prob_rows
+        # the actor's sizer: both passes read the same rows in the same layout
+        self.engine = ForwardEngine(ResponseLogProbs(self.net, self.temperature), actor.old_log_probs.sizer)
         if self.job.load_ref_checkpoint:
             load_weights(self.net, self.layout, self.job.load_ref_checkpoint, REF_PREFIX)
         else:
@@ -554,10 +338,10 @@ class Reference(Role):
     def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
         return {INFER_STRATEGY: (self.strategy, None)}
 
-    def log_probs(self, arrays) -> np.ndarray:
-        """Reference log-probs of the rows of `arrays` (prompt ids, prompt mask, response ids, response mask)."""
+    def log_probs(self, columns) -> np.ndarray:
+        """Reference log-probs of the rows of `columns` (prompt and response ids and masks by name)."""
         self.require((REF_WEIGHTS,), "log_probs")
-        return self.rows.run(self.cell, arrays)
+        return self.engine.run(columns)
 
     def sync_from_actor(self) -> None:
         """Reshards the actor's train weights into the reference net."""
@@ -566,9 +350,9 @@ class Reference(Role):
 
 
 class Critic(Role):
-    """The PPO value function: `Qwen2ForValue` in its own layout (`--sft_path_critic`), AdamW and the clipped
-    value loss. It scores every response token of the rollout (phase `values`) and trains on the returns
-    (phase `update_critic`); it is offloaded in every other phase."""
+    """The PPO value function: `Qwen2ForValue` in its own layout (`--sft_path_critic`) in a training engine with the
+    clipped value loss, and a forward engine for its values. It scores every response token of the rollout (phase
+    `values`) and trains on the returns (phase `update_critic`); it is offloaded in every other phase."""
 
     name = "critic"
     resident_in = {"values": (CRITIC_WEIGHTS,), "update_critic": (CRITIC_WEIGHTS, CRITIC_MOMENTS)}
@@ -582,131 +366,76 @@ class Critic(Role):
         self.net = Qwen2ForValue(critic_cfg, layout)
         self.net.update_parameters_name(CRITIC_PREFIX)
         self.strategy = net_layouts(self.net, layout)  # of this rank's stage
-        self.stages = None  # with pipeline stages: `gather_stage_layouts` of the net, from build()
-        self.updates = 0
+        self.engine: TrainEngine | None = None  # from build()
 
-    def build(self, actor: Actor) -> None:
-        """Weights (a critic checkpoint, or the starting policy's backbone with a zero head), optimizer, train
-        step and the values cell."""
+    def build(self, actor: Actor, comm, dp_sums=None) -> None:
+        """Weights (a critic checkpoint, or the starting policy's backbone with a zero head), the training engine
+        and the values' forward engine."""
         from mindrlhf.algorithms import ValueLossCell
-        from mindrlhf.algorithms.policy_cells import (
-            ResponseHidden,
-            ResponseValues,
-            ValueLossNet,
-            response_hidden_shape,
-            response_values_shape,
-        )
-        from mindrlhf.algorithms.value_loss_cell import OUTPUT_NAMES as VALUE_OUTPUT_NAMES
-        from mindrlhf.optim import AdamW
-        from mindrlhf.parallel.layers import random_full_state, to_ms_dtype
-        from mindrlhf.parallel.pipeline import PipelineForward
-        from mindrlhf.parallel.spmd import MicroBatchedTrainStep
+        from mindrlhf.algorithms.policy_cells import ResponseValues, ValueLossNet
 
-        job, cfg = self.job, self.config
+        cfg, critic, group = self.config, self.config.critic, self.config.generation.num_generations
+        self._load_weights(actor)
+        self.comm = comm
+        self.engine = TrainEngine(
+            "critic", self.net, ValueLossNet(self.net, ValueLossCell(critic.cliprange_value)),
+            adamw(cfg, self.net.trainable_params(), "critic_", critic.learning_rate), self.layout, self.model_config,
+            MicroBatchSizer.for_pass("critic train", cfg.schedule, self.model_config, self.layout, group, True),
+            comm, update_policy(cfg, critic.learning_rate, critic.lr_warmup_steps, critic.grad_clip), self.strategy,
+            dp_sums=dp_sums)
+        self.values_engine = ForwardEngine(
+            ResponseValues(self.net),
+            MicroBatchSizer.for_pass("values", cfg.schedule, self.model_config, self.layout, group, False),
+            self.net, self.layout, self.model_config)
+
+    def _load_weights(self, actor: Actor) -> None:
+        from mindrlhf.parallel.layers import random_full_state
+
+        job = self.job
         if job.load_critic_checkpoint:
             source = job.load_critic_checkpoint
-            state = read_policy_weights(source, "critic")
+            state = read_weights(source, "critic")
         else:
             source = job.load_sft_checkpoint_train or f"random weights (seed {job.init_seed})"
-            state = read_policy_weights(job.load_sft_checkpoint_train) if job.load_sft_checkpoint_train else \
+            state = read_weights(job.load_sft_checkpoint_train) if job.load_sft_checkpoint_train else \
                 random_full_state(actor.train_net, actor.train_layout, job.init_seed)
-            state[VALUE_HEAD] = np.zeros((1, self.model_config.hidden_size), np.float32)
-            if self.model_config.value_head_bias:
-                state[VALUE_HEAD_BIAS] = np.zeros((1,), np.float32)
+            state = with_zero_value_head(state, self.model_config.hidden_size, self.model_config.value_head_bias)
             logger.info("critic: the starting policy's backbone with a zero value head (--load_critic_checkpoint "
                         "not given)")
         load_value_model(self.net, self.layout, state, source, CRITIC_PREFIX, f"critic {job.sft_path_critic}")
-        critic = cfg.critic
-        self.optimizer = AdamW(self.net.trainable_params(), learning_rate=critic.lr, beta1=cfg.optimizer.beta1,
-                               beta2=cfg.optimizer.beta2, eps=cfg.optimizer.eps,
-                               weight_decay=cfg.optimizer.weight_decay, state_prefix="critic_")
-        loss_net = ValueLossNet(self.net, ValueLossCell(critic.cliprange_value))
-        if self.layout.pp > 1:
-            self.stages, self.train_step = pipeline_train_step(
-                self.net, loss_net, self.optimizer, self.layout, self.model_config, self.strategy, num_inputs=7,
-                num_outputs=len(VALUE_OUTPUT_NAMES), max_grad_norm=critic.grad_clip)
-            last = self.layout.stage == self.layout.pp - 1
-            self.values_cell = PipelineForward(
-                ResponseValues(self.net) if last else ResponseHidden(self.net), self.layout,
-                response_hidden_shape(self.model_config.hidden_size), to_ms_dtype(self.model_config.compute_dtype),
-                response_values_shape)
-        else:
-            self.train_step = MicroBatchedTrainStep(loss_net, self.optimizer, self.layout, grad_reduction="sum",
-                                                    max_grad_norm=critic.grad_clip)
-            self.values_cell = ResponseValues(self.net)
-        sched, group = cfg.schedule, cfg.generation.num_generations
-        self.train_rows = MicroBatchSizer.for_pass("critic train", sched, self.model_config, self.layout, group, True)
-        self.value_rows = MicroBatchSizer.for_pass("values", sched, self.model_config, self.layout, group, False)
-
-    def optimizer_state(self) -> list:
-        trained = {id(p) for p in self.net.trainable_params()}
-        return [p for p in self.optimizer.get_parameters() if id(p) not in trained]
 
     def swap_groups(self) -> dict[str, list]:
-        return {CRITIC_WEIGHTS: list(self.net.trainable_params()), CRITIC_MOMENTS: self.optimizer_state()}
+        return {CRITIC_WEIGHTS: self.engine.weights(), CRITIC_MOMENTS: self.engine.optimizer_state()}
 
     def strategies(self) -> dict[str, dict]:
         return {"critic": self.strategy}
 
     def rank_files(self) -> dict[str, list]:
-        return {CRITIC_CKPT: list(self.net.trainable_params()) + self.optimizer_state()}
+        return {CRITIC_CKPT: self.engine.weights() + self.engine.optimizer_state()}
 
     def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
-        return strategy_file(CRITIC_STRATEGY, self.strategy, self.stages)
+        return self.engine.strategy_file(CRITIC_STRATEGY)
 
     def strategy_stage(self, net: str) -> int:
         return self.layout.stage if net == "critic" else 0
 
-    def values(self, exp, comm) -> np.ndarray:
+    def values(self, exp) -> np.ndarray:
         """Values of every row of `exp` [N, R] (0 on padding): each critic dp rank scores its share of the rows,
         then the shares are gathered."""
-        from mindrlhf.trainer.experience import rows_of_rank
+        from mindrlhf.engine.batches import rows_of_rank
 
         self.require((CRITIC_WEIGHTS,), "values")
         mine = rows_of_rank(exp.num_rows, self.layout.dp, self.layout.dp_rank)
-        arrays = [exp[name][mine] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
-        local = self.value_rows.run(self.values_cell, arrays).astype(np.float32)
-        values = comm.gather_data_parallel_rows(local, self.layout) if self.layout.world_size > 1 else local
+        local = self.values_engine.run(exp.rows(mine)).astype(np.float32)
+        values = self.comm.gather_data_parallel_rows(local, self.layout) if self.layout.world_size > 1 else local
         return values * exp.response_mask.astype(np.float32)
 
-    def train(self, exp, comm, group_size: int) -> dict:
+    def train(self, exp) -> dict:
         """`schedule.num_iterations` passes of the actor's mini-batches on the value loss; `critic/*` metrics."""
-        from mindrlhf.algorithms import aggregation_weights
-        from mindrlhf.algorithms.value_loss_cell import OUTPUT_NAMES
-        from mindrlhf.optim import learning_rate_at
-        from mindrlhf.trainer.experience import rows_of_rank, update_chunks
-
         self.require((CRITIC_WEIGHTS, CRITIC_MOMENTS), "train")
-        cfg, layout = self.config, self.layout
-        sums: dict[str, float] = {}
-        count = skipped = 0
-        total = cfg.schedule.steps * cfg.schedule.num_iterations * math.ceil(
-            cfg.schedule.batch_size / cfg.schedule.prompts_per_update)
-        for _ in range(cfg.schedule.num_iterations):
-            for chunk in update_chunks(exp.num_rows // group_size, cfg.schedule.prompts_per_update, group_size):
-                part = exp.rows(chunk)
-                weights = aggregation_weights(part.response_mask, cfg.loss.aggregation).astype(np.float32)
-                mine = rows_of_rank(part.num_rows, layout.dp, layout.dp_rank)
-                lr = learning_rate_at(self.updates, cfg.critic.lr, cfg.critic.lr_warmup_steps, total,
-                                      cfg.optimizer.lr_schedule, cfg.optimizer.min_lr_ratio)
-                self.optimizer.set_learning_rate(lr)
-                inputs = [part[name][mine] for name in ("prompt_ids", "prompt_mask", "response_ids", "response_mask",
-                                                        "values", "returns")] + [weights[mine]]
-                width = self.train_rows.width(part.response_mask)
-                shares, grad_norm = self.train_step(self.train_rows.split(inputs, width))
-                self.updates += 1
-                if not np.isfinite(grad_norm):
-                    skipped += 1
-                    logger.warning("critic update %d skipped: the gradient norm is %s", self.updates, grad_norm)
-                    continue
-                values = comm.group_sum(shares.astype(np.float32), layout.dp_group)
-                for name, value in zip(OUTPUT_NAMES, values):
-                    sums[f"critic/{name}"] = sums.get(f"critic/{name}", 0.0) + float(value)
-                sums["critic/grad_norm"] = sums.get("critic/grad_norm", 0.0) + grad_norm
-                count += 1
-        metrics = {name: value / count for name, value in sums.items()} if count else {}
-        metrics.update({"critic/lr": lr, "critic/updates": count, "critic/skipped_updates": skipped})
-        return metrics
+        sched = self.config.schedule
+        return self.engine.update(exp, self.config.generation.num_generations, sched.prompts_per_update,
+                                  sched.num_iterations)
 
 
 class Reward(Role):
@@ -734,18 +463,18 @@ class Reward(Role):
             self.resident_in = {"reward": (REWARD_MODEL_WEIGHTS,)}
 
     def build(self) -> None:
-        """Loads the reward model (a checkpoint with a value head) and its scoring cell."""
+        """Loads the reward model (a checkpoint with a value head) and its scoring engine."""
         from mindrlhf.algorithms.policy_cells import ResponseScores
 
         if self.net is None:
             return
         path = self.config.reward.reward_model_path
-        state = read_policy_weights(path, "critic")  # a step folder's value model is its critic
+        state = read_weights(path, "critic")  # a step folder's value model is its critic
         load_value_model(self.net, self.layout, state, path, REWARD_MODEL_PREFIX,
                          f"reward model {self.job.sft_path_reward or self.job.sft_path_infer}")
-        self.cell = ResponseScores(self.net)
-        self.rows = MicroBatchSizer.for_pass("reward model", self.config.schedule, self.model_config, self.layout,
-                                             self.config.generation.num_generations, False)
+        self.engine = ForwardEngine(ResponseScores(self.net), MicroBatchSizer.for_pass(
+            "reward model", self.config.schedule, self.model_config, self.layout,
+            self.config.generation.num_generations, False))
         logger.info("reward model %s (weight %g)%s", path, self.config.reward.reward_model_weight,
                     f" + rule rewards {self.rules}" if self.rules else "")
 
@@ -755,10 +484,10 @@ class Reward(Role):
     def strategies(self) -> dict[str, dict]:
         return {"reward_model": self.strategy} if self.net is not None else {}
 
-    def model_scores(self, arrays) -> np.ndarray:
-        """The reward model's score of each row of `arrays` (prompt ids, prompt mask, response ids, response mask)."""
+    def model_scores(self, columns) -> np.ndarray:
+        """The reward model's score of each row of `columns` (prompt and response ids and masks by name)."""
         self.require((REWARD_MODEL_WEIGHTS,), "model_scores")
-        return self.rows.run(self.cell, arrays).astype(np.float32)
+        return self.engine.run(columns).astype(np.float32)
 
     def __call__(self, prompt_ids, prompt_mask, response_ids, response_mask, solutions, columns=None):
         """(rewards [N], per-term rewards (unweighted; `reward_model` for the model), decoded completions).
@@ -778,7 +507,8 @@ class Reward(Role):
                                            for ids, mask in zip(response_ids, response_mask)]
             rewards, terms = self.rules(completions, solutions, **extra)
         if self.net is not None:
-            scores = self.model_scores((prompt_ids, prompt_mask, response_ids, response_mask))
+            scores = self.model_scores({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+                                        "response_ids": response_ids, "response_mask": response_mask})
             rewards = (rewards + self.config.reward.reward_model_weight * scores).astype(np.float32)
             terms = {**terms, "reward_model": scores}
         return rewards, terms, completions

@@ -5,10 +5,11 @@ import os
 import mindspore as ms
 import numpy as np
 
-from mindrlhf.generation import GenerationConfig, Generator
+from mindrlhf.configs.generation import GenerationConfig
+from mindrlhf.generation import Generator
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import init_random_weights
+from mindrlhf.parallel.layout import Layout
 
 CONFIG = dict(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=64,
               seq_length=64, max_position_embedding=64, theta=10000.0)

@@ -5,7 +5,7 @@ body that nests a call per iteration exceeds its call depth limit (1000) only at
 2 ranks. A 32-layer model of width 8 (387 parameters) in data parallel takes `UPDATES` clipped AdamW updates two
 ways from the same weights: 1-row micro-batches of a globally normalised loss, accumulated and then summed over dp
 in place (the GRPO trainer's), and the whole batch in one fused step with the dp reduction a mean, both with the
-dp sums through shared memory (`host_collective`, the trainer's default on one CPU host). Then the
+dp sums through shared memory (`mindrlhf.parallel.shared_memory`, the trainer's default on one CPU host). Then the
 micro-batched net is resharded into a tp=2 net. Each rank writes `rank_<r>.npz`: both nets' weights (`micro/`,
 `whole/`) and grad norms, the resharded shards (`infer/`) with their split axes (`axis/`).
 """
@@ -16,29 +16,32 @@ import mindspore as ms
 import numpy as np
 from spmd_equivalence import WeightedNLLLoss
 
+from mindrlhf.engine.batches import prompt_micro_batches
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.optim import AdamW
-from mindrlhf.parallel import Layout
+from mindrlhf.parallel.host_setup import share_data_parallel_sums
 from mindrlhf.parallel.layers import init_random_weights, param_split_axes
+from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.reshard import Resharder
-from mindrlhf.parallel.spmd import MicroBatchedTrainStep, split_micro_batches
+from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 from mindrlhf.parallel.strategy import net_layouts
-from mindrlhf.trainer.launch import share_data_parallel_sums
 
 CONFIG = dict(vocab_size=32, hidden_size=8, num_layers=32, num_heads=2, n_kv_heads=2, intermediate_size=16,
               seq_length=16, max_position_embedding=32, theta=10000.0, qkv_has_bias=True)
 LEARNING_RATE, UPDATES, CLIP = 1e-3, 2, 0.05  # the clip is below the gradient norm: every update is clipped
 
 
-def train(layout, reduction: str, micro_batch_rows: int, ids, labels, mask):
-    """A fresh net after `UPDATES` updates of `MicroBatchedTrainStep` (this rank's rows), and its grad norms."""
+def train(layout, dp_sums, reduction: str, micro_batch_rows: int, ids, labels, mask):
+    """A fresh net after `UPDATES` updates of `MicroBatchedTrainStep` (this rank's rows, in micro-batches of
+    `micro_batch_rows`, 0 = all; the dp sums through `dp_sums`), and its grad norms."""
     net = Qwen2ForCausalLM(Qwen2Config(**CONFIG), layout)
     init_random_weights(net, layout, seed=0)
     tokens = mask.sum() if reduction == "mean" else mask.sum() * layout.dp  # equal token counts per rank
     weights = (mask / tokens).astype(np.float32)
     step = MicroBatchedTrainStep(WeightedNLLLoss(net), AdamW(net.trainable_params(), learning_rate=LEARNING_RATE),
-                                 layout, grad_reduction=reduction, max_grad_norm=CLIP)
-    norms = [step(split_micro_batches([ids, labels, mask, weights], micro_batch_rows))[1] for _ in range(UPDATES)]
+                                 layout, grad_reduction=reduction, max_grad_norm=CLIP, dp_sums=dp_sums)
+    rows = micro_batch_rows or len(ids)
+    norms = [step(prompt_micro_batches([ids, labels, mask, weights], rows, 1))[1] for _ in range(UPDATES)]
     return net, np.array(norms)
 
 
@@ -53,7 +56,8 @@ def main():
     layout = Layout.for_world(world, 1, world, rank).init_groups()
     # the dp sums through shared memory, as the trainer's on one CPU host: in the fused step's graph, chained over
     # every gradient, and in place on the micro-batches' buffers
-    assert share_data_parallel_sums("auto", [layout], world, rank) == [layout.dp_group]
+    dp_sums = share_data_parallel_sums("auto", [layout], world, rank)
+    assert list(dp_sums) == [layout.dp_group], dp_sums
     rng = np.random.RandomState(1)
     ids = rng.randint(0, CONFIG["vocab_size"], (2 * world, 12)).astype(np.int32)
     labels, mask = np.roll(ids, -1, axis=1), np.ones(ids.shape, np.int32)
@@ -61,7 +65,8 @@ def main():
     result = {}
     nets = {}
     for name, reduction, rows in (("micro", "sum", 1), ("whole", "mean", 0)):
-        nets[name], result[f"{name}_norms"] = train(layout, reduction, rows, ids[mine], labels[mine], mask[mine])
+        nets[name], result[f"{name}_norms"] = train(layout, dp_sums[layout.dp_group], reduction, rows, ids[mine],
+                                                    labels[mine], mask[mine])
         result.update({f"{name}/{p.name}": p.asnumpy() for p in nets[name].trainable_params()})
     result["num_params"] = np.array(len(nets["micro"].trainable_params()))
 

@@ -13,12 +13,13 @@ from spmd_equivalence import CONFIG, grpo_batch
 
 from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
 from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseHidden, ResponseLogProbs
+from mindrlhf.engine.batches import prompt_micro_batches
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.optim import AdamW
-from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import init_random_weights, param_split_axes
+from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.pipeline import PipelineTrainStep
-from mindrlhf.parallel.spmd import SPMDGradients, SPMDTrainStep, split_micro_batches
+from mindrlhf.parallel.spmd import SPMDGradients, SPMDTrainStep
 
 LEARNING_RATE, UPDATES = 1e-3, 2
 ONE_PIECE = "one_piece."
@@ -78,7 +79,7 @@ def main():
     rows = len(arrays[0]) // args.micro_batches
     pipe_outputs, pipe_norms = [], []
     for _ in range(UPDATES):
-        outputs, norm = step(split_micro_batches(arrays, rows))
+        outputs, norm = step(prompt_micro_batches(arrays, rows, 1))
         pipe_outputs.append(outputs)
         pipe_norms.append(norm)
 

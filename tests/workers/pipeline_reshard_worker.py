@@ -12,10 +12,10 @@ import mindspore as ms
 import numpy as np
 
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import load_full_state, random_full_state
+from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.reshard import Resharder
-from mindrlhf.parallel.strategy import save_net_strategy
+from mindrlhf.parallel.strategy import net_layouts, write_strategy_file
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=4, num_heads=4, n_kv_heads=2, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
@@ -46,8 +46,9 @@ def main():
 
     os.makedirs(f"{args.out}/src_ckpt/rank_{rank}", exist_ok=True)
     ms.save_checkpoint(src_net, f"{args.out}/src_ckpt/rank_{rank}/net.ckpt")
-    src_strategy = save_net_strategy(src_net, src_layout, f"{args.out}/src_strategy/strategy_{rank}.ckpt")
-    dst_strategy = save_net_strategy(dst_net, dst_layout, f"{args.out}/dst_strategy_{rank}.ckpt")
+    src_strategy = write_strategy_file(f"{args.out}/src_strategy/strategy_{rank}.ckpt",
+                                       net_layouts(src_net, src_layout), stage=src_layout.stage)
+    dst_strategy = write_strategy_file(f"{args.out}/dst_strategy_{rank}.ckpt", net_layouts(dst_net, dst_layout))
     name_map = {name: "infer." + name for name in full}
     resharder = Resharder(src_net, dst_net, src_strategy, dst_strategy, name_map, bucket_bytes=4096,
                           src_pipeline=src_layout)

@@ -30,9 +30,9 @@ def main():
     from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
     from mindrlhf.optim import AdamW
-    from mindrlhf.parallel import Layout
+    from mindrlhf.parallel.host_setup import configure_cpu_memory_pool
+    from mindrlhf.parallel.layout import Layout
     from mindrlhf.parallel.spmd import SPMDTrainStep
-    from mindrlhf.trainer.launch import configure_cpu_memory_pool
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     pool = None if args.default_pool else configure_cpu_memory_pool(world_size=1)

@@ -13,10 +13,10 @@ import mindspore as ms
 import numpy as np
 
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import load_full_state, param_split_axes, param_split_shards
+from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.reshard import PACK_BELOW_BYTES, Resharder
-from mindrlhf.parallel.strategy import full_shapes_from_local, save_net_strategy
+from mindrlhf.parallel.strategy import full_shapes_from_local, net_layouts, write_strategy_file
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True,
@@ -57,8 +57,9 @@ def main():
 
     os.makedirs(f"{args.out}/src_ckpt/rank_{rank}", exist_ok=True)
     ms.save_checkpoint(src_net, f"{args.out}/src_ckpt/rank_{rank}/net.ckpt")
-    src_strategy = save_net_strategy(src_net, src_layout, f"{args.out}/src_strategy_{rank}.ckpt")
-    dst_strategy = save_net_strategy(dst_nets[dtypes[0]], dst_layout, f"{args.out}/dst_strategy_{rank}.ckpt")
+    src_strategy = write_strategy_file(f"{args.out}/src_strategy_{rank}.ckpt", net_layouts(src_net, src_layout))
+    dst_strategy = write_strategy_file(f"{args.out}/dst_strategy_{rank}.ckpt",
+                                       net_layouts(dst_nets[dtypes[0]], dst_layout))
 
     name_map = {p.name: "infer." + p.name for p in src_net.get_parameters()}
     for i, (dtype, dst_net) in enumerate(dst_nets.items()):

@@ -16,11 +16,12 @@ from mindspore import nn, ops
 
 from mindrlhf.algorithms import GRPOLossCell, ValueLossCell, aggregation_weights
 from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs, ResponseValues, ValueLossNet
+from mindrlhf.engine.batches import prompt_micro_batches
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.optim import AdamW
-from mindrlhf.parallel import Layout
 from mindrlhf.parallel.layers import init_random_weights, param_split_axes, param_split_shards
-from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDGradients, SPMDTrainStep, split_micro_batches
+from mindrlhf.parallel.layout import Layout
+from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDGradients, SPMDTrainStep
 
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
@@ -54,17 +55,18 @@ class WeightedNLLLoss(nn.Cell):
         return loss, ops.stop_gradient(loss)
 
 
-def micro_batched_results(cfg, layout, ids, labels, mask, max_grad_norm):
+def micro_batched_results(cfg, layout, ids, labels, mask, max_grad_norm, dp_sums):
     """The updates of `main` (same initial weights, loss and clip) taken over 1-row micro-batches: gradients
-    accumulated in buffers, reduced over dp in place, clipped inside AdamW."""
+    accumulated in buffers, reduced over dp in place (through `dp_sums` when given), clipped inside AdamW."""
     net = Qwen2ForCausalLM(cfg, layout)
     init_random_weights(net, layout, seed=0)
     weights = (mask / mask.sum()).astype(np.float32)
     step = MicroBatchedTrainStep(WeightedNLLLoss(net), AdamW(net.trainable_params(), learning_rate=LEARNING_RATE,
-                                                            weight_decay=0.01), layout, max_grad_norm=max_grad_norm)
+                                                            weight_decay=0.01), layout, max_grad_norm=max_grad_norm,
+                                 dp_sums=dp_sums)
     losses, norms = [], []
     for _ in range(UPDATES):
-        outputs, norm = step(split_micro_batches([ids, labels, mask, weights], 1))
+        outputs, norm = step(prompt_micro_batches([ids, labels, mask, weights], 1, 1))
         losses.append(outputs[0])
         norms.append(norm)
     result = {"micro_losses": np.array(losses), "micro_grad_norms": np.array(norms)}
@@ -92,7 +94,7 @@ def grpo_batch(vocab_size: int) -> dict[str, np.ndarray]:
             "noise": rng.randn(2, batch, response_len).astype(np.float32)}
 
 
-def grpo_results(net, layout, params) -> dict[str, np.ndarray]:
+def grpo_results(net, layout, params, dp_sums) -> dict[str, np.ndarray]:
     """This rank's shares of the GRPO outputs and its local gradients, per aggregation (weights global)."""
     data = grpo_batch(net.config.vocab_size)
     per = data["response_mask"].shape[0] // layout.dp
@@ -102,7 +104,7 @@ def grpo_results(net, layout, params) -> dict[str, np.ndarray]:
     noise = data["noise"][:, mine]
     old_logp, ref_logp = logp + 0.1 * noise[0], logp + 0.3 * noise[1]  # ratios on both sides of the clip range
     loss_net = GRPOLossNet(net, GRPOLossCell(beta=0.05, epsilon_low=0.05, epsilon_high=0.08, kl_estimator="k3"))
-    grads_of = SPMDGradients(loss_net, params, layout, grad_reduction="sum")
+    grads_of = SPMDGradients(loss_net, params, layout, grad_reduction="sum", dp_sums=dp_sums)
     result = {}
     for name in GRPO_AGGREGATIONS:
         weights = aggregation_weights(data["response_mask"], name).astype(np.float32)[mine]
@@ -113,7 +115,7 @@ def grpo_results(net, layout, params) -> dict[str, np.ndarray]:
     return result
 
 
-def critic_results(cfg, layout) -> dict[str, np.ndarray]:
+def critic_results(cfg, layout, dp_sums) -> dict[str, np.ndarray]:
     """The PPO critic (value head on the backbone, random weights) on the GRPO batch's responses: this rank's
     values, its shares of (vf_loss, vf_clipfrac) under token-mean weights and its local gradients, and the
     critic's split axes."""
@@ -129,7 +131,8 @@ def critic_results(cfg, layout) -> dict[str, np.ndarray]:
     old_values = values + 0.3 * data["noise"][0, mine]  # some tokens outside the clip range
     returns = values + data["noise"][1, mine]
     weights = aggregation_weights(data["response_mask"], "token-mean").astype(np.float32)[mine]
-    grads_of = SPMDGradients(ValueLossNet(critic, ValueLossCell(0.2)), params, layout, grad_reduction="sum")
+    grads_of = SPMDGradients(ValueLossNet(critic, ValueLossCell(0.2)), params, layout, grad_reduction="sum",
+                             dp_sums=dp_sums)
     outputs, grads, _ = grads_of(*inputs, ms.Tensor(old_values.astype(np.float32)),
                                  ms.Tensor(returns.astype(np.float32)), ms.Tensor(weights))
     result = {"critic_values": values, "critic_outputs": np.array([float(o.asnumpy()) for o in outputs])}
@@ -137,6 +140,23 @@ def critic_results(cfg, layout) -> dict[str, np.ndarray]:
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in param_split_axes(critic).items()})
     result.update({f"shards/{k}": np.array(v) for k, v in param_split_shards(critic, layout.tp).items()})
     return result
+
+
+def parallel_layout(dp: int, tp: int, cpu_collectives: str):
+    """(layout, dp_sums): this rank's layout (communication initialised when dp x tp > 1) and, with
+    `cpu_collectives` "auto", the shared-memory group its dp gradient sums go through (else None)."""
+    if dp * tp == 1:
+        return Layout(), None
+    from mindspore.communication import get_group_size, get_rank, init
+    init()
+    layout = Layout.for_world(dp, tp, get_group_size(), get_rank()).init_groups()
+    if cpu_collectives != "auto":
+        return layout, None
+    from mindrlhf.parallel.host_setup import share_data_parallel_sums
+
+    groups = share_data_parallel_sums("auto", [layout], get_group_size(), get_rank())
+    assert list(groups) == [layout.dp_group], groups
+    return layout, groups[layout.dp_group]
 
 
 def main():
@@ -148,19 +168,10 @@ def main():
     parser.add_argument("--n_kv_heads", type=int, default=CONFIG["n_kv_heads"],
                         help="fewer than --tp: each kv head is shared by tp / n_kv_heads ranks")
     parser.add_argument("--cpu_collectives", choices=("native", "auto"), default="native",
-                        help="auto: the dp gradient sums through shared memory (mindrlhf.parallel.host_collective)")
+                        help="auto: the dp gradient sums through shared memory (mindrlhf.parallel.shared_memory)")
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    if args.dp * args.tp > 1:
-        from mindspore.communication import get_group_size, get_rank, init
-        init()
-        layout = Layout.for_world(args.dp, args.tp, get_group_size(), get_rank()).init_groups()
-        if args.cpu_collectives == "auto":
-            from mindrlhf.trainer.launch import share_data_parallel_sums
-
-            assert share_data_parallel_sums("auto", [layout], get_group_size(), get_rank()) == [layout.dp_group]
-    else:
-        layout = Layout()
+    layout, dp_sums = parallel_layout(args.dp, args.tp, args.cpu_collectives)
     cfg = Qwen2Config(**{**CONFIG, "n_kv_heads": args.n_kv_heads}, compute_dtype=args.compute_dtype)
     net = Qwen2ForCausalLM(cfg, layout)
     axes = param_split_axes(net)
@@ -178,14 +189,15 @@ def main():
     ids_l, labels_l, mask_l = (ms.Tensor(a[sl]) for a in (ids, labels, mask))
 
     logits = net(ids_l, mask_l).asnumpy()
-    grpo = grpo_results(net, layout, net.trainable_params())
+    grpo = grpo_results(net, layout, net.trainable_params(), dp_sums)
     loss_net = NLLLoss(net)
-    _, grads, grad_norm = SPMDGradients(loss_net, net.trainable_params(), layout)(ids_l, labels_l, mask_l)
+    grads_of = SPMDGradients(loss_net, net.trainable_params(), layout, dp_sums=dp_sums)
+    _, grads, grad_norm = grads_of(ids_l, labels_l, mask_l)
     first_grads = {p.name: g.asnumpy() for p, g in zip(net.trainable_params(), grads)}
     optimizer = AdamW(net.trainable_params(), learning_rate=LEARNING_RATE, weight_decay=0.01)
     # a clip well below the gradient norm, so that every update is clipped by the global norm
     clip = 0.25 * float(grad_norm.asnumpy())
-    step = SPMDTrainStep(loss_net, optimizer, layout, max_grad_norm=clip)
+    step = SPMDTrainStep(loss_net, optimizer, layout, max_grad_norm=clip, dp_sums=dp_sums)
     losses, norms = [], []
     for _ in range(UPDATES):
         (loss, _), norm = step(ids_l, labels_l, mask_l)
@@ -195,8 +207,8 @@ def main():
               "first_grad_norm": grad_norm.asnumpy(), "adam/lr": np.array(LEARNING_RATE),
               "adam/updates": np.array(UPDATES)}
     result.update(grpo)
-    result.update(micro_batched_results(cfg, layout, ids[sl], labels[sl], mask[sl], clip))
-    result.update(critic_results(cfg, layout))
+    result.update(micro_batched_results(cfg, layout, ids[sl], labels[sl], mask[sl], clip, dp_sums))
+    result.update(critic_results(cfg, layout, dp_sums))
     result.update({f"grad/{k}": v for k, v in first_grads.items()})
     result.update({f"weight/{p.name}": p.asnumpy() for p in net.trainable_params()})
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in axes.items()})

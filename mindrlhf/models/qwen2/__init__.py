@@ -1,8 +1,8 @@
 """Qwen2 / Qwen2.5 (and Llama) for MindSpore."""
 from mindrlhf.models.qwen2.config import Qwen2Config
-from mindrlhf.models.qwen2.modeling import KVCache, Qwen2ForCausalLM, Qwen2ForValue, Qwen2LogProbs
+from mindrlhf.models.qwen2.modeling import KVCache, Qwen2ForCausalLM, Qwen2ForValue
 
-__all__ = ["KVCache", "Qwen2Config", "Qwen2ForCausalLM", "Qwen2ForValue", "Qwen2LogProbs", "Qwen2Tokenizer"]
+__all__ = ["KVCache", "Qwen2Config", "Qwen2ForCausalLM", "Qwen2ForValue", "Qwen2Tokenizer"]
 
 
 def __getattr__(name):

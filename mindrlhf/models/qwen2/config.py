@@ -26,6 +26,12 @@ IGNORED_MODEL_KEYS = frozenset({
 
 SUPPORTED_HF_ARCHS = {"qwen2": True, "llama": False}  # model_type -> default qkv bias
 
+# `model.arch.type` -> the network it names: a causal LM (policy) or a scalar-head value model (critic, reward
+# model). LlamaForCausalLM is the name MindFormers' Llama and Qwen2 YAMLs use.
+ARCHS = {"Qwen2ForCausalLM": "Qwen2ForCausalLM", "LlamaForCausalLM": "Qwen2ForCausalLM",
+         "Qwen2ForValue": "Qwen2ForValue"}
+DEFAULT_ARCH = "Qwen2ForCausalLM"
+
 
 @dataclass
 class Qwen2Config:
@@ -65,6 +71,8 @@ class Qwen2Config:
     pad_token_id: int = help_field(151643, "Padding token id (<|endoftext|> for Qwen).")
     parallel_config: ParallelConfig = dataclasses.field(
         default_factory=ParallelConfig, metadata={"help": "Layout of this network (top-level `parallel_config`)."})
+    arch: str = help_field(DEFAULT_ARCH, "The network the YAML describes (`model.arch.type`, not a model_config "
+                           "field): Qwen2ForCausalLM (alias LlamaForCausalLM) or Qwen2ForValue (critic, reward model).")
 
     def validate(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "intermediate_size",
@@ -113,10 +121,14 @@ class Qwen2Config:
     def from_dict(cls, data: dict, source: str = "<dict>") -> Qwen2Config:
         model_cfg = get_section(data, "model.model_config", source)
         model_cfg.pop("parallel_config", None)
+        if "arch" in model_cfg:
+            raise ConfigError(f"{source}: unknown field 'arch' in model.model_config; the architecture is "
+                              "model.arch.type")
+        arch = read_arch(data, source)
         parallel = from_mapping(ParallelConfig, get_section(data, "parallel_config", source, required=False),
                                 f"{source}: parallel_config", IGNORED_PARALLEL_KEYS)
         cfg = from_mapping(cls, model_cfg, f"{source}: model.model_config", IGNORED_MODEL_KEYS)
-        cfg.parallel_config = parallel
+        cfg.parallel_config, cfg.arch = parallel, arch
         try:
             cfg.check_pipeline_stages()
         except ConfigError as err:
@@ -133,10 +145,11 @@ class Qwen2Config:
                               f"pipeline_stage={stages}")
 
     def to_dict(self) -> dict:
-        model_cfg = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "parallel_config"}
+        model_cfg = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                     if f.name not in ("parallel_config", "arch")}
         model_cfg = {"type": "Qwen2Config", **model_cfg}
         return {
-            "model": {"model_config": model_cfg, "arch": {"type": "Qwen2ForCausalLM"}},
+            "model": {"model_config": model_cfg, "arch": {"type": self.arch}},
             "parallel_config": dataclasses.asdict(self.parallel_config),
         }
 
@@ -190,6 +203,8 @@ class Qwen2Config:
                 qkv_has_bias=bool(hf.get("attention_bias", SUPPORTED_HF_ARCHS[model_type])),
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 value_head_bias=any(a.endswith("ForTokenClassification") for a in hf.get("architectures") or []),
+                arch="Qwen2ForValue" if any(a.endswith(("ForSequenceClassification", "ForTokenClassification"))
+                                            for a in hf.get("architectures") or []) else DEFAULT_ARCH,
             )
         except KeyError as err:
             raise ConfigError(f"{path}: missing field {err.args[0]!r}") from None
@@ -204,3 +219,12 @@ class Qwen2Config:
             values["head_dim"] = 0
         values.update(overrides)
         return from_mapping(cls, values, path)
+
+
+def read_arch(data: dict, source: str) -> str:
+    """`model.arch.type` (default Qwen2ForCausalLM) as the name of the network it describes (`ARCHS`)."""
+    arch = get_section(data, "model.arch", source, required=False).get("type", DEFAULT_ARCH)
+    if not isinstance(arch, str) or arch not in ARCHS:
+        raise ConfigError(f"{source}: model.arch.type={arch!r} is not a known architecture; expected one of "
+                          f"{', '.join(ARCHS)}")
+    return ARCHS[arch]

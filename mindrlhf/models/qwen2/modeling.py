@@ -493,17 +493,6 @@ class Qwen2ForValue(nn.Cell):
         return self.values(input_ids, attention_mask)
 
 
-class Qwen2LogProbs(nn.Cell):
-    """Graph cell: (input_ids, labels, attention_mask) -> per-token log-probs [B, S] (float32)."""
-
-    def __init__(self, model: Qwen2ForCausalLM):
-        super().__init__(auto_prefix=False)
-        self.model = model
-
-    def construct(self, input_ids, labels, attention_mask):
-        return self.model.log_probs(input_ids, labels, attention_mask)
-
-
 class _CachedCell(nn.Cell):
     """A graph over `model` that reads and writes the KV cache Parameters (names unchanged)."""
 

@@ -1,23 +1,25 @@
 """AllReduce(SUM) through shared memory for CPU ranks on one host.
 
-MindSpore's CPU collectives run over TCP and cost CPU time in proportion to the bytes (a 13 MB AllReduce between two
-ranks of one host: 72 ms, 65 ms of it CPU time on each rank; `docs/performance.md`). Ranks on one host can sum
-through shared memory instead: each member writes its tensor into a file of its own under /dev/shm, the members wait
-for each other, and each adds the members' tensors in the same order (so every member gets the same bits).
+MindSpore's CPU collectives run over TCP and cost CPU time in proportion to the bytes (`docs/performance.md`,
+"gradient sums in shared memory"). Ranks on one host can sum through shared memory instead: each member writes its
+tensor into a file of its own under /dev/shm, the members wait for each other, and each adds the members' tensors in
+the same order (so every member gets the same bits).
 
 A member's files are unlinked as soon as every peer has them open, so a killed job leaves nothing behind. Waiting
 uses one FIFO per ordered pair of members: the token write and read are system calls, which also order the shared
 memory between them. Calls of one group must come in the same order on every member (as for any collective); each
 call's header (sequence number, size, dtype) is checked, so a mismatch is an error rather than a wrong sum.
 
-`enable(group, ranks, rank)` registers a group (every member calls it at the same point, followed by
-`finish_setup`); `all_reduce_op(group)` is then an in-graph op (a MindSpore `pyfunc` Custom op) for that group.
+`open_groups({name: ranks}, rank, barrier)` makes and connects the groups (every member calls it at the same point)
+and returns them; `all_reduce_op(group)` is then an in-graph op (a MindSpore `pyfunc` Custom op) for one of them.
+Nothing is registered here: whoever builds a cell that sums through a group is handed the group.
 """
 from __future__ import annotations
 
 import mmap
 import os
 import select
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -28,8 +30,6 @@ TIMEOUT_S = 600.0  # a peer that never comes (msrun kills a job whose worker die
 _MAGIC = 0x6D696E64726C6866  # "mindrlhf"
 _DTYPES = {np.dtype(np.float32): 1, np.dtype(np.float16): 2, np.dtype(np.int32): 3, np.dtype(np.float64): 4,
            np.dtype(np.int64): 5}
-
-_groups: dict[str, SharedMemoryGroup] = {}
 
 
 class CollectiveError(RuntimeError):
@@ -161,7 +161,7 @@ class SharedMemoryGroup:
                                       f"{sequence} ({nbytes} bytes, dtype code {header[2]}): the members' "
                                       "collectives differ in order or shape")
             views.append(np.frombuffer(slot, flat.dtype, flat.size, HEADER_BYTES))
-        np.add(views[0], views[1], out=flat)  # a group has 2+ members (`enable`); the sum in member order
+        np.add(views[0], views[1], out=flat)  # a group has 2+ members (`open_groups`); the sum in member order
         for view in views[2:]:
             np.add(flat, view, out=flat)
 
@@ -185,7 +185,7 @@ class SharedMemoryGroup:
     def _checked_flat(self, x: np.ndarray) -> np.ndarray:
         if self.stage != "ready":
             raise CollectiveError(f"shared-memory group {self.name}: set up incompletely ({self.stage}); call "
-                                  "host_collective.finish_setup on every member")
+                                  "shared_memory.open_groups on every member")
         if x.dtype not in _DTYPES:
             raise CollectiveError(f"shared-memory group {self.name}: dtype {x.dtype} is not supported")
         return np.ascontiguousarray(x).reshape(-1)
@@ -214,44 +214,31 @@ def _unlink(path: str) -> None:
         pass
 
 
-def enable(name: str, ranks: list[int], rank: int) -> None:
-    """Makes `name` (this rank among `ranks`, all on this host) a shared-memory group: every member calls it, then
-    `finish_setup` with a barrier between the steps. Idempotent per name."""
-    if name not in _groups and len(ranks) > 1:
-        if not _groups:
-            import atexit
+def open_groups(members: Mapping[str, list[int]], rank: int, barrier, key: str | None = None
+                ) -> dict[str, SharedMemoryGroup]:
+    """Shared-memory groups, by name, for `members` (group name -> its ranks, all on this host; this process is
+    `rank`, a member of each), connected and ready; a group of one rank is left out. Every rank of the job calls it
+    at the same point, with the groups it is a member of; `barrier()` waits for every rank of the job. The groups
+    are closed when the process ends (or by their `close()`)."""
+    import atexit
 
-            atexit.register(reset)
-        _groups[name] = SharedMemoryGroup(name, ranks, rank)
-
-
-def finish_setup(barrier) -> None:
-    """Connects the groups `enable` made (every member calls it, `barrier()` waits for every rank of the job)."""
-    pending = [group for group in _groups.values() if group.stage != "ready"]
+    groups = {name: SharedMemoryGroup(name, ranks, rank, key) for name, ranks in members.items() if len(ranks) > 1}
+    if not groups:
+        return groups
+    for group in groups.values():
+        atexit.register(group.close)
     barrier()
-    for group in pending:
+    for group in groups.values():
         group.connect()
     barrier()
-    for group in pending:
+    for group in groups.values():
         group.unlink_own()
+    return groups
 
 
-def group(name: str) -> SharedMemoryGroup | None:
-    """The shared-memory group `name`, or None when it is not one."""
-    return _groups.get(name)
-
-
-def reset() -> None:
-    """Closes every group (tests; the end of a process)."""
-    for member in _groups.values():
-        member.close()
-    _groups.clear()
-
-
-def all_reduce_op(name: str):
-    """An in-graph AllReduce(SUM) over the shared-memory group `name` (a `pyfunc` Custom op: the graph hands this
-    process the tensor, the members sum it in shared memory). No gradient."""
+def all_reduce_op(group: SharedMemoryGroup):
+    """An in-graph AllReduce(SUM) over the shared-memory `group` (a `pyfunc` Custom op: the graph hands this process
+    the tensor, the members sum it in shared memory). No gradient."""
     from mindspore import ops
 
-    member = _groups[name]
-    return ops.Custom(member.all_reduce, out_shape=lambda x: x, out_dtype=lambda x: x, func_type="pyfunc")
+    return ops.Custom(group.all_reduce, out_shape=lambda x: x, out_dtype=lambda x: x, func_type="pyfunc")

@@ -1,4 +1,5 @@
-"""Trainer checkpoints: per-rank weights and optimizer moments, strategy files and a JSON meta, committed atomically.
+"""The trainer's step folders: per-rank weights and optimizer moments, strategy files and a JSON meta, committed
+atomically.
 
 Layout of one checkpoint::
 
@@ -123,53 +124,6 @@ def is_optimizer_state(name: str) -> bool:
     """True for the AdamW entries a trainer rank file holds besides the weights (`adam_m.*`, `adam_step`, and the
     critic's `critic_adam_m.*`, ...)."""
     return name.split(".", 1)[0].endswith(("adam_m", "adam_v", "adam_step", "learning_rate"))
-
-
-def read_policy_weights(path: str, net: str = "actor") -> dict:
-    """Weights (name -> numpy array) of a `.ckpt` file or of one net of a trainer `step_*` folder (`STEP_NETS`:
-    the actor's or the critic's rank shards merged through its strategy file, names without the net's prefix);
-    optimizer entries are dropped. Errors name the file."""
-    import mindspore as ms
-
-    if os.path.isdir(path):
-        state = merge_trainer_checkpoint(path, net)
-    elif os.path.isfile(path):
-        try:
-            state = {name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()}
-        except (RuntimeError, ValueError) as err:
-            raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") \
-                from None
-    else:
-        raise CheckpointError(f"{path}: checkpoint not found (expected a .ckpt file or a trainer step folder)")
-    return {name: value for name, value in state.items() if not is_optimizer_state(name)}
-
-
-def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
-    """The full weights (name -> numpy array) of one net of a trainer checkpoint folder (`STEP_NETS`): every
-    rank's file merged through the net's strategy file, the net's name prefix removed; optimizer entries are
-    dropped."""
-    import mindspore as ms
-
-    from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
-
-    rank_file, strategy_file, prefix = STEP_NETS[net]
-    strategy_path = os.path.join(step_dir, strategy_file)
-    if not os.path.isfile(strategy_path):
-        raise CheckpointError(f"{step_dir}: not a trainer checkpoint folder with a {net} (no {strategy_file})")
-    try:
-        layouts, stages = read_staged_strategy_file(strategy_path)  # a train net in pipeline stages: all of them
-        world = staged_world_size(layouts, stages, strategy_path)
-        shards = []
-        for rank in range(world):
-            path = os.path.join(rank_dir(step_dir, rank), rank_file)
-            if not os.path.isfile(path):
-                raise CheckpointError(f"{path}: missing ({strategy_path} describes {world} ranks)")
-            shards.append({name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()
-                           if not is_optimizer_state(name)})
-        merged = merge_shards(shards, layouts, step_dir, stages)
-        return {name[len(prefix):] if name.startswith(prefix) else name: value for name, value in merged.items()}
-    except (StrategyError, RuntimeError) as err:
-        raise CheckpointError(f"{step_dir}: cannot merge the rank checkpoints: {str(err).splitlines()[0]}") from None
 
 
 def find_resume_checkpoint(resume: str, save_dir: str | None) -> str | None:

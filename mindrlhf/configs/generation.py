@@ -1,7 +1,9 @@
-"""`GenerationConfig`: how the infer net samples responses (lengths, group size, sampling, buckets)."""
+"""`GenerationConfig`: how the infer net samples responses (lengths, group size, sampling, buckets), and
+`bucket_length`, the padding rule of its prompt buckets (shared with the prompt reader)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mindrlhf.configs.base import ConfigError, help_field
@@ -9,6 +11,21 @@ from mindrlhf.configs.base import ConfigError, help_field
 # Qwen2/Qwen2.5 chat models end a turn with <|im_end|> and a document with <|endoftext|>.
 QWEN_IM_END_ID = 151645
 QWEN_ENDOFTEXT_ID = 151643
+
+
+def bucket_length(length: int, buckets: Sequence[int] | None) -> int:
+    """The smallest bucket >= `length` (or `length` itself when there are no buckets).
+
+    Padding to a few fixed lengths keeps the number of compiled graph shapes small.
+    """
+    if length < 0:
+        raise ValueError(f"length must be non-negative, got {length}")
+    if not buckets:
+        return length
+    for bucket in buckets:
+        if bucket >= length:
+            return bucket
+    raise ValueError(f"length {length} is longer than the largest length bucket {buckets[-1]}")
 
 
 @dataclass
@@ -68,8 +85,6 @@ class GenerationConfig:
 
     def bucket_for(self, prompt_length: int) -> int:
         """The smallest bucket >= prompt_length; a ConfigError when none is long enough."""
-        from mindrlhf.data.reader import bucket_length
-
         try:
             return bucket_length(prompt_length, sorted(self.prompt_buckets))
         except ValueError:

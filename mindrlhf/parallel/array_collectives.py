@@ -10,7 +10,7 @@ import numpy as np
 from mindrlhf.parallel.layout import Layout
 
 
-class HostCollectives:
+class ArrayCollectives:
     """World gather, group sums and a barrier for numpy arrays, on `world_size` ranks seen from `rank`."""
 
     def __init__(self, world_size: int = 1, rank: int = 0):

@@ -1,0 +1,127 @@
+"""Weights files into nets: a whole `.ckpt` (as `tools/convert_weight.py` writes it) or one net of a trainer step
+folder, read to full arrays and split to this rank's shards; this rank's own checkpoint files, read as they are."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from mindrlhf.checkpoint.step import STEP_NETS, CheckpointError, is_optimizer_state, rank_dir
+from mindrlhf.configs.base import ConfigError
+
+# prefixes of the nets that share a checkpoint's plain model names (the critic's: `step.CRITIC_PREFIX`)
+INFER_PREFIX = "infer."
+REF_PREFIX = "ref."
+REWARD_MODEL_PREFIX = "reward_model."
+VALUE_HEAD = "score.weight"
+VALUE_HEAD_BIAS = "score.bias"
+
+
+def read_weights(path: str, net: str = "actor") -> dict:
+    """Weights (name -> numpy array) of a `.ckpt` file or of one net of a trainer `step_*` folder (`STEP_NETS`:
+    the actor's or the critic's rank shards merged through its strategy file, names without the net's prefix);
+    optimizer entries are dropped. Errors name the file."""
+    import mindspore as ms
+
+    if os.path.isdir(path):
+        state = merge_trainer_checkpoint(path, net)
+    elif os.path.isfile(path):
+        try:
+            state = {name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()}
+        except (RuntimeError, ValueError) as err:
+            raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") \
+                from None
+    else:
+        raise CheckpointError(f"{path}: checkpoint not found (expected a .ckpt file or a trainer step folder)")
+    return {name: value for name, value in state.items() if not is_optimizer_state(name)}
+
+
+def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
+    """The full weights (name -> numpy array) of one net of a trainer checkpoint folder (`STEP_NETS`): every
+    rank's file merged through the net's strategy file, the net's name prefix removed; optimizer entries are
+    dropped."""
+    import mindspore as ms
+
+    from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
+
+    rank_file, strategy_file, prefix = STEP_NETS[net]
+    strategy_path = os.path.join(step_dir, strategy_file)
+    if not os.path.isfile(strategy_path):
+        raise CheckpointError(f"{step_dir}: not a trainer checkpoint folder with a {net} (no {strategy_file})")
+    try:
+        layouts, stages = read_staged_strategy_file(strategy_path)  # a train net in pipeline stages: all of them
+        world = staged_world_size(layouts, stages, strategy_path)
+        shards = []
+        for rank in range(world):
+            path = os.path.join(rank_dir(step_dir, rank), rank_file)
+            if not os.path.isfile(path):
+                raise CheckpointError(f"{path}: missing ({strategy_path} describes {world} ranks)")
+            shards.append({name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()
+                           if not is_optimizer_state(name)})
+        merged = merge_shards(shards, layouts, step_dir, stages)
+        return {name[len(prefix):] if name.startswith(prefix) else name: value for name, value in merged.items()}
+    except (StrategyError, RuntimeError) as err:
+        raise CheckpointError(f"{step_dir}: cannot merge the rank checkpoints: {str(err).splitlines()[0]}") from None
+
+
+def load_weights(net, layout, path: str, prefix: str = "") -> None:
+    """Loads a full `.ckpt` (split to this rank's shards) or a trainer step folder into `net`.
+
+    Names in the file are the plain model names (as `tools/convert_weight.py` writes them); the net's own
+    names may carry `prefix`. Optimizer entries in the file are ignored. Errors name the file.
+    """
+    from mindrlhf.parallel.layers import load_full_state
+
+    state = read_weights(path)
+    plain = {}
+    for name, value in state.items():
+        for known in (INFER_PREFIX, REF_PREFIX):
+            if name.startswith(known):
+                name = name[len(known):]
+        plain[prefix + name] = value
+    try:
+        load_full_state(net, plain, layout)
+    except ValueError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def load_value_model(net, layout, state: dict, source: str, prefix: str, yaml_path: str) -> None:
+    """Loads the backbone and value head of `state` (from `source`) into the value model `net` (names with
+    `prefix`); the head's bias must be there exactly when `yaml_path` declares `value_head_bias`."""
+    from mindrlhf.parallel.layers import load_full_state
+
+    if VALUE_HEAD not in state:
+        raise ConfigError(f"{source}: no value head '{VALUE_HEAD}' (expected a critic or a reward model converted by "
+                          "tools/convert_weight.py)")
+    has_bias, wants_bias = VALUE_HEAD_BIAS in state, net.config.value_head_bias
+    if has_bias != wants_bias:
+        raise ConfigError(f"{source}: the value head {'has' if has_bias else 'has no'} bias '{VALUE_HEAD_BIAS}' "
+                          f"({'a *ForTokenClassification' if has_bias else 'a *ForSequenceClassification'}), but "
+                          f"{yaml_path} sets model_config.value_head_bias: {str(wants_bias).lower()}")
+    wanted = {prefix + name: value for name, value in state.items()
+              if name.startswith("model.") or name in (VALUE_HEAD, VALUE_HEAD_BIAS)}
+    try:
+        load_full_state(net, wanted, layout)
+    except ValueError as err:
+        raise ConfigError(f"{source}: {err} ({yaml_path})") from None
+
+
+def with_zero_value_head(state: dict, hidden_size: int, bias: bool) -> dict:
+    """`state` (a policy's weights) with a zero value head of `hidden_size` inputs (and bias): the critic's start
+    when no critic checkpoint is given."""
+    state = dict(state)
+    state[VALUE_HEAD] = np.zeros((1, hidden_size), np.float32)
+    if bias:
+        state[VALUE_HEAD_BIAS] = np.zeros((1,), np.float32)
+    return state
+
+
+def load_rank_params(params, path: str) -> None:
+    """Sets `params` from this rank's checkpoint file `path`; every one must be there with its shape."""
+    import mindspore as ms
+
+    state = ms.load_checkpoint(path)
+    for param in params:
+        if param.name not in state or tuple(state[param.name].shape) != tuple(param.shape):
+            raise ConfigError(f"{path}: '{param.name}' missing or of another shape")
+        param.set_data(state[param.name])

@@ -1,0 +1,99 @@
+"""How one pass over a rank's rows splits into graph calls (micro-batches)."""
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+from mindrlhf.engine import memory_budget
+from mindrlhf.engine.batches import (
+    prompt_micro_batches,
+    response_widths,
+    shared_prompt_run,
+    trim_responses,
+    trimmed_width,
+)
+
+logger = logging.getLogger("mindrlhf.trainer")
+
+# the columns every response cell reads first, in this order (`mindrlhf.algorithms.policy_cells`)
+RESPONSE_COLUMNS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+
+
+class MicroBatchSizer:
+    """How one pass splits a rank's rows into graph calls: `plan` gives the responses per call (the configured size,
+    `micro_batches` equal micro-batches for a train net in pipeline stages (its `micro_batch_num`), or (0) the most
+    responses whose estimated activations fit `schedule.activation_memory_gib`, `mindrlhf.engine.memory_budget`),
+    how many of them share each prompt read (up to `share_limit`, a prompt's responses, when
+    `schedule.share_prompts`; 1 reads the prompt again for every response) and the response width the calls read
+    (the narrowest of `schedule.response_buckets` widths that holds the longest response); the choice is logged once
+    per shape."""
+
+    def __init__(self, kind: str, configured: int, model_config, tp: int, budget_gib: float, micro_batches: int = 0,
+                 share_limit: int = 1, response_buckets: int = 1):
+        self.kind, self.configured, self.model_config, self.tp = kind, configured, model_config, tp
+        self.budget_gib, self.micro_batches, self.share_limit = budget_gib, micro_batches, share_limit
+        self.response_buckets = response_buckets
+        self._logged: set[tuple] = set()
+
+    @classmethod
+    def for_pass(cls, kind: str, schedule, model_config, layout, group_size: int, training: bool) -> MicroBatchSizer:
+        """The sizer of a net in `layout` whose rows come in groups of `group_size` responses to one prompt: for
+        training its `micro_batch_num` micro-batches with pipeline stages, else
+        `schedule.micro_batch_size_per_device`; for a forward pass `schedule.log_prob_micro_batch_size_per_device`
+        (0: from the memory budget)."""
+        stages_split = model_config.parallel_config.micro_batch_num if training and layout.pp > 1 else 0
+        configured = schedule.micro_batch_size_per_device if training else schedule.log_prob_micro_batch_size_per_device
+        return cls(kind, configured, model_config, layout.tp, schedule.activation_memory_gib, stages_split,
+                   group_size if schedule.share_prompts else 1, schedule.response_buckets)
+
+    def _call_bytes(self, prompts: int, rows: int, prompt_width: int, response_width: int) -> int:
+        cfg = self.model_config
+        shape = dict(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, heads=cfg.num_heads,
+                     vocab=cfg.vocab_size, tp=self.tp)
+        if self.kind.endswith("train"):
+            return memory_budget.train_bytes(prompts, rows, prompt_width, response_width, layers=cfg.num_layers,
+                                             **shape)
+        return memory_budget.log_prob_bytes(prompts, rows, prompt_width, response_width, **shape)
+
+    def width(self, response_mask: np.ndarray) -> int:
+        """The response width calls over the rows of `response_mask` read (`batches.trimmed_width`)."""
+        return trimmed_width(response_mask, response_widths(response_mask.shape[1], self.response_buckets))
+
+    def plan(self, arrays, width: int | None = None) -> tuple[int, int, int]:
+        """(responses per call, responses per prompt read, response width) for `arrays` (the columns of
+        `RESPONSE_COLUMNS`, then any others: one row per response); `width` (default: `self.width` of these rows)
+        lets a caller read as many positions on every data-parallel rank."""
+        prompt_ids, prompt_mask = arrays[0], arrays[1]
+        rows, prompt_width = len(prompt_ids), prompt_ids.shape[1]
+        width = width or self.width(arrays[3])
+        run = shared_prompt_run(prompt_ids, prompt_mask, self.share_limit) if self.share_limit > 1 else 1
+        if self.micro_batches:
+            size = math.ceil(rows / self.micro_batches)
+        elif self.configured:
+            size = self.configured
+        else:
+            size = memory_budget.rows_per_call(
+                rows, lambda d: self._call_bytes(d // math.gcd(d, run), d, prompt_width, width),
+                int(self.budget_gib * 2**30))
+        share = math.gcd(size, run)
+        self._log_once(rows, prompt_width, width, size, share, arrays[2].shape[1])
+        return size, share, width
+
+    def _log_once(self, rows: int, prompt_width: int, width: int, size: int, share: int, full_width: int) -> None:
+        if (rows, prompt_width, width, size, share) in self._logged:
+            return
+        self._logged.add((rows, prompt_width, width, size, share))
+        estimate = self._call_bytes(size // share, size, prompt_width, width) / 2**20
+        how = "set" if self.micro_batches or self.configured else \
+            f"auto, schedule.activation_memory_gib={self.budget_gib:g}"
+        logger.info("%s micro-batches: %d of %d responses per call, %d per prompt read (%d + %d of %d tokens; "
+                    "~%.0f MiB of activations a call; %s)", self.kind, size, rows, share, prompt_width, width,
+                    full_width, estimate, how)
+
+    def split(self, arrays, width: int | None = None) -> list[list]:
+        """The graph calls' inputs for the rows of `arrays` (`batches.prompt_micro_batches` of `plan`, the
+        per-token columns cut to its width)."""
+        size, share, width = self.plan(arrays, width)
+        return prompt_micro_batches(trim_responses(arrays, width), size, share)

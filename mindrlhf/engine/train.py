@@ -1,0 +1,176 @@
+"""The training engine: one net that learns, and the one update loop every trained net (the actor's policy, the
+PPO critic) runs."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+
+from mindrlhf.engine.batches import rows_of_rank, update_chunks
+from mindrlhf.engine.forward import check_response_cell
+from mindrlhf.engine.sizing import MicroBatchSizer
+
+logger = logging.getLogger("mindrlhf.trainer")
+
+TOKEN_WEIGHTS = "token_weights"  # the loss's weight of each token, made per update (`algorithms.aggregation`)
+
+
+class NonFiniteUpdates(RuntimeError):
+    """Too many optimizer updates in a row had a NaN/inf loss or gradient (`optimizer.max_consecutive_skips`)."""
+
+
+def total_updates(schedule) -> int:
+    """Optimizer updates of the whole run (the length of a learning-rate schedule): every step's passes over its
+    mini-batches of `schedule.prompts_per_update` prompts."""
+    return schedule.steps * schedule.num_iterations * math.ceil(schedule.batch_size / schedule.prompts_per_update)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearningRateSchedule:
+    """The learning rate of each update (`mindrlhf.optim.learning_rate_at`)."""
+
+    peak: float
+    warmup_steps: int
+    total_updates: int
+    kind: str = "constant"
+    min_ratio: float = 0.0
+
+    def at(self, update: int) -> float:
+        from mindrlhf.optim import learning_rate_at
+
+        return learning_rate_at(update, self.peak, self.warmup_steps, self.total_updates, self.kind, self.min_ratio)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpdatePolicy:
+    """How an engine's updates are made: the gradient clip, the learning-rate schedule, the loss's token weighting
+    (`loss.aggregation`) and how many non-finite updates in a row stop the job (0: never)."""
+
+    lr: LearningRateSchedule
+    max_grad_norm: float
+    aggregation: str
+    max_consecutive_skips: int
+
+
+class TrainEngine:
+    """A net that learns: `net` in `layout` (this rank's pipeline stage when `layout.pp > 1`), `loss_net` on it (a
+    cell that declares the experience columns it reads, `INPUTS`, and the statistics it returns, `OUTPUTS`, the
+    first being the loss), `optimizer`, the SPMD train step (micro-batched gradient accumulation) or the 1F1B
+    pipeline train step, and `sizer`'s micro-batches.
+
+    `update` runs the loop: passes over mini-batches of whole prompt groups, each an optimizer update with its
+    learning rate, the loss normalised over the mini-batch (every data-parallel rank takes its share of the rows),
+    the statistics summed over the data-parallel group and averaged over the updates as `<name>/<output>`
+    metrics. An update whose gradient norm is not finite is skipped (by the step, on every rank) and counted;
+    `policy.max_consecutive_skips` in a row raise `NonFiniteUpdates`.
+
+    `comm` sums the statistics over the data-parallel group (`group_sum`); `dp_sums` is the group's shared-memory
+    gradient sum (None: MindSpore's AllReduce); `stage_shared` names parameters the first and last pipeline stages
+    both hold (a tied embedding)."""
+
+    def __init__(self, name: str, net, loss_net, optimizer, layout, model_config, sizer: MicroBatchSizer, comm,
+                 policy: UpdatePolicy, strategy: dict, stage_shared=(), dp_sums=None):
+        check_response_cell(loss_net)
+        self.name, self.net, self.loss_net, self.optimizer = name, net, loss_net, optimizer
+        self.layout, self.sizer, self.comm, self.policy = layout, sizer, comm, policy
+        self.strategy = strategy  # this rank's (stage's) parameter layouts
+        self.stages = None  # with pipeline stages: every stage's layouts (`gather_stage_layouts`)
+        self.updates = 0  # optimizer updates so far: the learning-rate schedule's position
+        self.consecutive_skips = 0
+        if layout.pp > 1:
+            self.step = self._pipeline_step(model_config, stage_shared, dp_sums)
+        else:
+            from mindrlhf.parallel.spmd import MicroBatchedTrainStep
+
+            self.step = MicroBatchedTrainStep(loss_net, optimizer, layout, grad_reduction="sum",
+                                              max_grad_norm=policy.max_grad_norm, dp_sums=dp_sums)
+
+    def _pipeline_step(self, model_config, stage_shared, dp_sums):
+        from mindrlhf.algorithms.policy_cells import ResponseHidden, response_hidden_shape
+        from mindrlhf.parallel.layers import to_ms_dtype
+        from mindrlhf.parallel.pipeline import PipelineTrainStep, gather_stage_layouts
+
+        layout = self.layout
+        self.stages = gather_stage_layouts(self.strategy, {p.name: p.dtype for p in self.net.get_parameters()},
+                                           layout)
+        stage_net = self.loss_net if layout.stage == layout.pp - 1 else ResponseHidden(self.net)
+        return PipelineTrainStep(stage_net, self.optimizer, layout, response_hidden_shape(model_config.hidden_size),
+                                 to_ms_dtype(model_config.compute_dtype), num_inputs=len(self.loss_net.INPUTS),
+                                 forward_inputs=len(ResponseHidden.INPUTS), num_outputs=len(self.loss_net.OUTPUTS),
+                                 grad_reduction="sum", max_grad_norm=self.policy.max_grad_norm,
+                                 stage_shared=stage_shared, dp_sums=dp_sums)
+
+    # ------------------------------------------------------------------ state
+    def weights(self) -> list:
+        return list(self.net.trainable_params())
+
+    def optimizer_state(self) -> list:
+        """The optimizer's moments and step counter (what swaps and checkpoints handle besides the weights)."""
+        trained = {id(p) for p in self.net.trainable_params()}
+        return [p for p in self.optimizer.get_parameters() if id(p) not in trained]
+
+    def strategy_file(self, file_name: str) -> dict[str, tuple[dict, dict | None]]:
+        """The checkpoint's strategy file of this net: its layouts, or with pipeline stages every stage's layouts
+        and the stage of each parameter."""
+        if self.stages:
+            layouts, stage_of, _ = self.stages
+            return {file_name: (layouts, stage_of)}
+        return {file_name: (self.strategy, None)}
+
+    # ------------------------------------------------------------------ the update loop
+    def update(self, exp, group_size: int, prompts_per_update: int, passes: int) -> dict:
+        """`passes` passes over `exp` (every rank holds all of it), one optimizer update per mini-batch of
+        `prompts_per_update` prompts of `group_size` responses; returns the `<name>/*` metrics."""
+        prefix = f"{self.name}/"
+        sums: dict[str, float] = {}
+        count = skipped = 0
+        lr = None
+        for _ in range(passes):
+            for chunk in update_chunks(exp.num_rows // group_size, prompts_per_update, group_size):
+                lr = self.policy.lr.at(self.updates)
+                stats, grad_norm = self._update_once(exp.rows(chunk), lr)
+                if stats is None:
+                    skipped += 1
+                    continue
+                for name, value in zip(self.loss_net.OUTPUTS, stats):
+                    sums[prefix + name] = sums.get(prefix + name, 0.0) + float(value)
+                sums[prefix + "grad_norm"] = sums.get(prefix + "grad_norm", 0.0) + grad_norm
+                count += 1
+        if lr is None:
+            return {prefix + "updates": 0}
+        metrics = {name: value / count for name, value in sums.items()}
+        metrics.update({prefix + "lr": lr, prefix + "updates": count, prefix + "skipped_updates": skipped})
+        return metrics
+
+    def _update_once(self, part, lr: float) -> tuple[np.ndarray | None, float]:
+        """One optimizer update on the rows of `part`: (its statistics summed over the data-parallel group, or None
+        when it was skipped; the gradient norm)."""
+        from mindrlhf.algorithms import aggregation_weights
+
+        layout = self.layout
+        self.optimizer.set_learning_rate(lr)
+        weights = aggregation_weights(part.response_mask, self.policy.aggregation).astype(np.float32)
+        columns = part.with_columns(**{TOKEN_WEIGHTS: weights})
+        mine = rows_of_rank(part.num_rows, layout.dp, layout.dp_rank)
+        inputs = [columns[name][mine] for name in self.loss_net.INPUTS]
+        # every dp rank reads the update's widest response, so that no rank waits for another
+        width = self.sizer.width(part.response_mask)
+        shares, grad_norm = self.step(self.sizer.split(inputs, width))
+        self.updates += 1
+        if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)
+            self._count_skip(grad_norm)
+            return None, grad_norm
+        self.consecutive_skips = 0
+        return self.comm.group_sum(shares.astype(np.float32), layout.dp_group), grad_norm
+
+    def _count_skip(self, grad_norm: float) -> None:
+        self.consecutive_skips += 1
+        limit = self.policy.max_consecutive_skips
+        logger.warning("%s update %d skipped: the gradient norm is %s (%d in a row)", self.name, self.updates,
+                       grad_norm, self.consecutive_skips)
+        if limit and self.consecutive_skips >= limit:
+            raise NonFiniteUpdates(f"{self.consecutive_skips} {self.name} updates in a row had a non-finite loss or "
+                                   f"gradient (optimizer.max_consecutive_skips={limit}); the job stops with its last "
+                                   "checkpoint intact: lower the learning rate or check the rewards and data")

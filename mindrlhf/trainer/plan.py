@@ -1,0 +1,302 @@
+"""`JobPlan`: every cross-check of a job (config, flags, files, model YAMLs, layouts, batch splits, tokenizer),
+run before any net is built or file written, and what the trainer builds from: the nets' configs and layouts and
+the generation settings.
+
+Errors are `ConfigError`s (a `LayoutError` for a layout that does not cover the world) naming the file and the
+field; the checks run in a fixed order, so the first problem of a job is always the one reported.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mindrlhf.configs.base import ConfigError
+from mindrlhf.configs.generation import GenerationConfig
+from mindrlhf.configs.grpo_configs import GRPOConfig, ScheduleConfig
+from mindrlhf.configs.job import JobOptions
+from mindrlhf.engine.batches import group_unit
+from mindrlhf.parallel.layout import Layout
+
+if TYPE_CHECKING:  # importing the models package loads MindSpore: the functions that read YAMLs import it
+    from mindrlhf.models.qwen2.config import Qwen2Config
+
+# LossConfig fields `check_loss_hyperparameters` reads (an error there names the source of the latest of them).
+_LOSS_FIELDS = ("beta", "epsilon_low", "epsilon_high", "aggregation", "kl_estimator")
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What the trainer builds a checked job from (`JobPlan.build`)."""
+
+    world_size: int
+    rank: int
+    train_cfg: Qwen2Config
+    infer_cfg: Qwen2Config
+    critic_cfg: Qwen2Config | None  # None without --sft_path_critic
+    reward_model_cfg: Qwen2Config | None  # None without reward.reward_model_path
+    train_layout: Layout
+    infer_layout: Layout
+    critic_layout: Layout | None
+    generation: GenerationConfig  # config.generation with eos_token_ids / pad_token_id from the tokenizer
+    eval_batch_size: int  # prompts per evaluation call on each inference data-parallel rank
+
+    @classmethod
+    def build(cls, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int = 1, rank: int = 0) -> JobPlan:
+        """Checks the whole job, in the order: config (`config.validate`, `check_registered_names`), flags and
+        input files (`check_job_inputs`), the policy's YAMLs and layouts, batch splits, tokenizer and generation
+        lengths, critic, reward model. Reads only the YAMLs; builds nothing."""
+        config.validate()
+        check_registered_names(config)
+        check_job_inputs(job)
+        train_cfg, infer_cfg, train_layout, infer_layout = _policy_nets(config.schedule, config.generation, job,
+                                                                        world_size, rank)
+        eval_batch_size = _check_batches(config, job, train_layout, infer_layout)
+        generation = _generation(config.generation, tokenizer, job, train_cfg, infer_cfg)
+        critic_cfg, critic_layout = _critic(config, job, train_cfg, world_size, rank)
+        reward_model_cfg = reward_model_config(job, infer_cfg, infer_layout) if config.reward.reward_model_path \
+            else None
+        return cls(world_size=world_size, rank=rank, train_cfg=train_cfg, infer_cfg=infer_cfg, critic_cfg=critic_cfg,
+                   reward_model_cfg=reward_model_cfg, train_layout=train_layout, infer_layout=infer_layout,
+                   critic_layout=critic_layout, generation=generation, eval_batch_size=eval_batch_size)
+
+
+# ---------------------------------------------------------------------- config and flags
+def check_registered_names(config: GRPOConfig) -> None:
+    """The names `config` looks up in the algorithm and reward registries exist: algorithm.adv_estimator, the
+    loss settings (`check_loss_hyperparameters`: aggregation, KL estimator and the clip/KL numbers),
+    reward.reward_funcs (registered names or importable `package.module:function`s).
+
+    An error names the YAML file (or "command line") that gave the value, as when the config was loaded."""
+    from mindrlhf.algorithms import ADVANTAGE_ESTIMATORS, check_loss_hyperparameters
+    from mindrlhf.reward import get_reward_function
+
+    algo, loss = config.algorithm, config.loss
+    try:
+        ADVANTAGE_ESTIMATORS.get(algo.adv_estimator)
+    except ValueError as err:
+        raise _sourced(config, "algorithm", ("adv_estimator",), f"algorithm.adv_estimator: {err}") from None
+    try:
+        check_loss_hyperparameters(loss.beta, loss.epsilon_low, loss.epsilon_high, loss.aggregation, loss.kl_estimator)
+    except ValueError as err:
+        raise _sourced(config, "loss", _LOSS_FIELDS, f"loss: {err}") from None
+    for name in config.reward.reward_funcs:
+        try:
+            get_reward_function(name)
+        except (ValueError, ImportError, TypeError) as err:
+            raise _sourced(config, "reward", ("reward_funcs",), f"reward.reward_funcs: {err}") from None
+
+
+def _sourced(config: GRPOConfig, section: str, fields: tuple[str, ...], message: str) -> ConfigError:
+    """`message` prefixed with where the fields were given (`<file>: <section>: `), as a section's check at load
+    time words it; unprefixed for defaults."""
+    source = config.source_of(section, *fields)
+    return ConfigError(f"{source}: {section}: {message}" if source else message)
+
+
+def check_job_inputs(job: JobOptions) -> None:
+    """The launch flags that need no model: --cpu_threads, then the input files (`check_files`)."""
+    if job.cpu_threads < 0:
+        raise ConfigError(f"--cpu_threads must be >= 0 (0 = cores / ranks on this host), got {job.cpu_threads}")
+    check_files(job)
+
+
+def check_files(job: JobOptions) -> None:
+    """The model YAMLs, datasets and checkpoints the flags name exist."""
+    for flag in ("sft_path_train", "sft_path_infer", "mind_dataset_dir"):
+        path = getattr(job, flag)
+        if not os.path.isfile(path):
+            raise ConfigError(f"{path}: --{flag} file not found")
+    if job.eval_dataset_file and not os.path.isfile(job.eval_dataset_file):
+        raise ConfigError(f"{job.eval_dataset_file}: --eval_dataset_file file not found")
+    for flag in ("load_sft_checkpoint_train", "load_sft_checkpoint_infer", "load_ref_checkpoint"):
+        path = getattr(job, flag)
+        if path and not os.path.exists(path):
+            raise ConfigError(f"{path}: --{flag} not found")
+
+
+# ---------------------------------------------------------------------- model YAMLs and layouts
+def _model_signature(cfg) -> dict:
+    """Fields that must agree between the train and the infer nets (everything but dtypes, layout and head)."""
+    skip = {"parallel_config", "compute_dtype", "param_init_type", "softmax_compute_type", "rotary_dtype",
+            "layernorm_compute_type", "value_head_bias", "arch"}
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
+
+
+def check_model_configs(train_cfg, infer_cfg, train_path: str, infer_path: str) -> None:
+    """The train and infer YAMLs must describe the same network."""
+    train_sig, infer_sig = _model_signature(train_cfg), _model_signature(infer_cfg)
+    differing = [f"{k}: {train_sig[k]!r} vs {infer_sig[k]!r}" for k in train_sig if train_sig[k] != infer_sig[k]]
+    if differing:
+        raise ConfigError(f"{train_path} and {infer_path} describe different models ({'; '.join(differing)}); "
+                          "only dtypes and parallel_config may differ")
+
+
+def check_tensor_parallel(cfg, tp: int, path: str) -> None:
+    """The model's widths split over `tp`; the kv heads may also be fewer (a divisor of tp: each is replicated)."""
+    from mindrlhf.models.qwen2.modeling import kv_head_shards
+    from mindrlhf.parallel.layout import LayoutError
+
+    for name in ("num_heads", "vocab_size", "intermediate_size"):
+        value = getattr(cfg, name)
+        if value % tp:
+            raise ConfigError(f"{path}: model_config.{name}={value} is not divisible by parallel_config."
+                              f"model_parallel={tp}")
+    try:
+        kv_head_shards(cfg.n_kv_heads, tp)
+    except LayoutError as err:
+        raise ConfigError(f"{path}: model_config.{err} (parallel_config.model_parallel; fewer kv heads than tp ranks "
+                          "are replicated)") from None
+
+
+def check_unstaged(layout, path: str, what: str) -> None:
+    """Nets that only run forward have no pipeline stages."""
+    if layout.pp > 1:
+        raise ConfigError(f"{path}: parallel_config.pipeline_stage={layout.pp}, but {what} runs without pipeline "
+                          "stages; use pipeline_stage: 1 (only the actor's train net is split into stages)")
+
+
+def check_pipeline(cfg, layout, sched: ScheduleConfig, rows_per_rank: int, path: str) -> None:
+    """A train layout with pipeline stages: an equal share of the decoder layers for every stage, and
+    `micro_batch_num` micro-batches that split each rank's rows of an update evenly (and stand for
+    schedule.micro_batch_size_per_device)."""
+    if layout.pp == 1:
+        return
+    if cfg.num_layers % layout.pp:
+        raise ConfigError(f"{path}: parallel_config.pipeline_stage={layout.pp} must divide model_config.num_layers="
+                          f"{cfg.num_layers} (each stage holds an equal share of the decoder layers)")
+    count = cfg.parallel_config.micro_batch_num
+    if rows_per_rank % count:
+        raise ConfigError(f"{path}: parallel_config.micro_batch_num={count} must divide the {rows_per_rank} "
+                          "responses each train rank gets per update")
+    if sched.micro_batch_size_per_device:
+        raise ConfigError(f"schedule.micro_batch_size_per_device={sched.micro_batch_size_per_device}: with pipeline "
+                          f"stages the train micro-batches are {path}'s parallel_config.micro_batch_num; leave it 0")
+
+
+def _policy_nets(sched: ScheduleConfig, gen: GenerationConfig, job: JobOptions, world_size: int, rank: int):
+    """(train_cfg, infer_cfg, train_layout, infer_layout) of the policy's two YAMLs, checked together."""
+    from mindrlhf.models.qwen2.config import Qwen2Config
+
+    G = gen.num_generations
+    train_cfg = Qwen2Config.from_yaml(job.sft_path_train)
+    infer_cfg = Qwen2Config.from_yaml(job.sft_path_infer)
+    check_model_configs(train_cfg, infer_cfg, job.sft_path_train, job.sft_path_infer)
+    train_layout = Layout.from_config(train_cfg.parallel_config, world_size, rank,
+                                      f"{job.sft_path_train}: parallel_config")
+    infer_layout = Layout.from_config(infer_cfg.parallel_config, world_size, rank,
+                                      f"{job.sft_path_infer}: parallel_config")
+    check_unstaged(infer_layout, job.sft_path_infer, "the inference net (and the reference and the reward model "
+                                                     "in its layout)")
+    check_pipeline(train_cfg, train_layout, sched, sched.prompts_per_update * G // train_layout.dp,
+                   job.sft_path_train)
+    check_tensor_parallel(train_cfg, train_layout.tp, job.sft_path_train)
+    check_tensor_parallel(infer_cfg, infer_layout.tp, job.sft_path_infer)
+    return train_cfg, infer_cfg, train_layout, infer_layout
+
+
+# ---------------------------------------------------------------------- batches, tokenizer, generation
+def _check_micro_batch_size(sched: ScheduleConfig, field: str, rows: int, whose: str) -> None:
+    """`schedule.<field>` (0 = auto) must divide the `rows` it splits ("responses <whose>")."""
+    size = getattr(sched, field)
+    if size and rows % size:
+        raise ConfigError(f"schedule.{field}={size} must divide the {rows} responses {whose}")
+
+
+def _check_batches(config: GRPOConfig, job: JobOptions, train_layout: Layout, infer_layout: Layout) -> int:
+    """The step's prompts and responses split over the layouts' data-parallel ranks; returns the eval batch size
+    (prompts per evaluation call on this rank: by default the rollout's rows, so the same graphs serve both)."""
+    sched, G = config.schedule, config.generation.num_generations
+    if sched.batch_size % infer_layout.dp:
+        raise ConfigError(f"schedule.batch_size={sched.batch_size} is not divisible by the inference "
+                          f"data_parallel={infer_layout.dp} ({job.sft_path_infer})")
+    eval_batch_size = config.eval.eval_batch_size or sched.batch_size // infer_layout.dp * G
+    unit = group_unit(G, train_layout.dp)
+    if sched.prompts_per_update % unit:
+        raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {G} generations "
+                          f"per update do not split evenly over the train data_parallel="
+                          f"{train_layout.dp} ({job.sft_path_train})")
+    _check_micro_batch_size(sched, "micro_batch_size_per_device",
+                            sched.prompts_per_update * G // train_layout.dp,
+                            f"each train rank gets per update ({sched.prompts_per_update} prompts x {G} "
+                            f"generations / train data_parallel={train_layout.dp})")
+    _check_micro_batch_size(sched, "log_prob_micro_batch_size_per_device",
+                            sched.batch_size // infer_layout.dp * G,
+                            f"each inference rank generates per round ({sched.batch_size} prompts / "
+                            f"inference data_parallel={infer_layout.dp} x {G} generations)")
+    return eval_batch_size
+
+
+def _generation(gen: GenerationConfig, tokenizer, job: JobOptions, train_cfg, infer_cfg) -> GenerationConfig:
+    """`gen` with the tokenizer's stop and pad ids, checked against both nets (vocabulary, cache length)."""
+    if len(tokenizer) > train_cfg.vocab_size:
+        raise ConfigError(f"{tokenizer.source}: the tokenizer has {len(tokenizer)} "
+                          f"ids but {job.sft_path_train} model_config.vocab_size is {train_cfg.vocab_size}: "
+                          "tokenizer and model do not belong together")
+    gen = dataclasses.replace(gen, eos_token_ids=list(tokenizer.stop_token_ids),
+                              pad_token_id=int(tokenizer.pad_token_id))
+    try:
+        gen.check_model(infer_cfg.vocab_size, infer_cfg.seq_length)
+        gen.check_model(train_cfg.vocab_size, train_cfg.seq_length)
+    except ConfigError as err:
+        raise ConfigError(f"{job.sft_path_infer}: {err}") from None
+    return gen
+
+
+# ---------------------------------------------------------------------- critic and reward model
+def _critic(config: GRPOConfig, job: JobOptions, train_cfg, world_size: int, rank: int):
+    """(critic_cfg, critic_layout) of --sft_path_critic, or (None, None): a critic exactly when the advantage
+    estimator is gae, reading the policy's tokens, split like a train net."""
+    algo, sched, G = config.algorithm, config.schedule, config.generation.num_generations
+    if (algo.adv_estimator == "gae") != bool(job.sft_path_critic):
+        raise ConfigError("algorithm.adv_estimator: 'gae' needs a critic (--sft_path_critic)"
+                          if not job.sft_path_critic else
+                          f"--sft_path_critic: a critic is only used by algorithm.adv_estimator gae, not "
+                          f"{algo.adv_estimator!r}")
+    if not job.sft_path_critic:
+        return None, None
+    from mindrlhf.models.qwen2.config import Qwen2Config
+
+    path = job.sft_path_critic
+    critic_cfg = Qwen2Config.from_yaml(path)
+    if job.load_critic_checkpoint:
+        if critic_cfg.vocab_size != train_cfg.vocab_size:
+            raise ConfigError(f"{path}: model_config.vocab_size={critic_cfg.vocab_size}, but "
+                              f"the policy's is {train_cfg.vocab_size}: the critic must read the same tokens")
+    else:  # the critic starts from the policy: the same network
+        check_model_configs(train_cfg, critic_cfg, job.sft_path_train, path)
+    critic_layout = Layout.from_config(critic_cfg.parallel_config, world_size, rank, f"{path}: parallel_config")
+    check_pipeline(critic_cfg, critic_layout, sched, sched.prompts_per_update * G // critic_layout.dp, path)
+    check_tensor_parallel(critic_cfg, critic_layout.tp, path)
+    if sched.batch_size * G % critic_layout.dp:
+        raise ConfigError(f"{path}: the {sched.batch_size * G} responses of a step do not "
+                          f"split over the critic's data_parallel={critic_layout.dp}")
+    unit = group_unit(G, critic_layout.dp)
+    if sched.prompts_per_update % unit:
+        raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {G} generations "
+                          f"per update do not split evenly over the critic data_parallel="
+                          f"{critic_layout.dp} ({path})")
+    return critic_cfg, critic_layout
+
+
+def reward_model_config(job: JobOptions, infer_cfg, infer_layout: Layout):
+    """The reward model's architecture (--sft_path_reward, default the inference YAML), checked against the
+    policy's tokens and the inference layout it runs in."""
+    from mindrlhf.models.qwen2.config import Qwen2Config
+
+    path = job.sft_path_reward
+    if not path:
+        return infer_cfg
+    cfg = Qwen2Config.from_yaml(path)
+    if cfg.vocab_size != infer_cfg.vocab_size:
+        raise ConfigError(f"{path}: model_config.vocab_size={cfg.vocab_size}, but the policy's is "
+                          f"{infer_cfg.vocab_size}: the reward model must read the same tokens")
+    mine = (cfg.parallel_config.data_parallel, cfg.parallel_config.model_parallel)
+    infer = (infer_layout.dp, infer_layout.tp)
+    if mine != infer:
+        raise ConfigError(f"{path}: parallel_config data_parallel x model_parallel = {mine[0]} x {mine[1]}, "
+                          f"but the reward model runs in the inference layout ({infer[0]} x {infer[1]}, "
+                          f"{job.sft_path_infer})")
+    check_tensor_parallel(cfg, infer_layout.tp, path)
+    return cfg
