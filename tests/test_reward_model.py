@@ -52,7 +52,6 @@ def test_the_reward_model_scores_the_last_token_and_adds_to_the_rule_rewards(tmp
 
     from mindrlhf.models.qwen2 import Qwen2Tokenizer
     from mindrlhf.reward import format_reward
-    from mindrlhf.trainer.evaluation import decode_completions
 
     ckpt, weights = reward_model_ckpt
     plans = []
@@ -68,8 +67,8 @@ def test_the_reward_model_scores_the_last_token_and_adds_to_the_rule_rewards(tmp
     scores = last_token_scores(weights, records)
     assert scores.std() > 0.01  # the head reads something that differs between responses
     tokenizer = Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")
-    completions = decode_completions(tokenizer, np.stack([r["response_ids"] for r in records]),
-                                     np.stack([r["response_mask"] for r in records]))
+    completions = tokenizer.decode_masked(np.stack([r["response_ids"] for r in records]),
+                                          np.stack([r["response_mask"] for r in records]), skip_special_tokens=True)
     rules = 0.5 * np.array(format_reward(completions, ["0"] * len(completions)))
     rewards = np.array([float(r["reward"]) for r in records])
     np.testing.assert_allclose(rewards, rules + 2.0 * scores, atol=1e-4)

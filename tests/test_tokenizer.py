@@ -324,3 +324,16 @@ def test_bundled_tokenizer_gives_transformers_the_same_ids():
     assert reference.encode(text) == ours.encode(text)
     assert ours.encode(text)[0] == ours.im_start_token_id
     assert reference.eos_token_id == ours.eos_token_id and reference.pad_token_id == ours.pad_token_id
+
+
+def test_decode_masked_reads_each_rows_masked_tokens_only(ours):
+    import numpy as np
+
+    rows = [ours.encode("12 + 30 = 42<|im_end|>"), ours.encode("<answer>7</answer>")]
+    width = max(len(r) for r in rows) + 2
+    ids, mask = np.full((2, width), 5, np.int64), np.zeros((2, width), np.int64)
+    for i, row in enumerate(rows):  # the first left-padded, the second right-padded
+        start = width - len(row) if i == 0 else 0
+        ids[i, start:start + len(row)], mask[i, start:start + len(row)] = row, 1
+    assert ours.decode_masked(ids, mask, skip_special_tokens=False) == [ours.decode(r) for r in rows]
+    assert ours.decode_masked(ids, mask, skip_special_tokens=True)[0] == "12 + 30 = 42"

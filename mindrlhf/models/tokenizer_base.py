@@ -57,5 +57,10 @@ class TokenizersBackend:
         """`decode` for many id lists."""
         return [self.decode(ids, skip_special_tokens=skip_special_tokens) for ids in batch_ids]
 
+    def decode_masked(self, token_ids, token_mask, skip_special_tokens: bool) -> list[str]:
+        """The text of each row of `token_ids` [N, L], its tokens where `token_mask` is set only."""
+        return self.batch_decode([ids[mask.astype(bool)].tolist() for ids, mask in zip(token_ids, token_mask)],
+                                 skip_special_tokens=skip_special_tokens)
+
     def __len__(self) -> int:
         return self.vocab_size

@@ -4,12 +4,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def decode_completions(tokenizer, token_ids, token_mask, skip_special_tokens: bool = True) -> list[str]:
-    """The text of each row (its valid tokens only; special tokens dropped unless asked to keep them)."""
-    return tokenizer.batch_decode([ids[mask.astype(bool)].tolist() for ids, mask in zip(token_ids, token_mask)],
-                                  skip_special_tokens=skip_special_tokens)
-
-
 def count_correct(generator, tokenizer, prompts: Sequence[Sequence[int]], solutions: Sequence[str],
                   batch_size: int, progress: bool = False) -> float:
     """Sum of the accuracy reward of `generator`'s answers to `prompts` (generated `batch_size` at a time).
@@ -25,6 +19,7 @@ def count_correct(generator, tokenizer, prompts: Sequence[Sequence[int]], soluti
         rows = len(batch)
         batch += [batch[0]] * (batch_size - rows)
         out = generator.generate(batch, progress=progress)
-        completions = decode_completions(tokenizer, out.response_ids[:rows], out.response_mask[:rows])
+        completions = tokenizer.decode_masked(out.response_ids[:rows], out.response_mask[:rows],
+                                              skip_special_tokens=True)
         correct += sum(accuracy_reward(completions, list(solutions[start:start + rows])))
     return correct

@@ -493,16 +493,13 @@ class Reward(Role):
         """(rewards [N], per-term rewards (unweighted; `reward_model` for the model), decoded completions).
         `columns`: the prompts' other dataset fields, one list per name with a value per response, passed to
         TRL-form reward functions as keyword arguments."""
-        from mindrlhf.trainer.evaluation import decode_completions
-
-        completions = decode_completions(self.tokenizer, response_ids, response_mask)
+        completions = self.tokenizer.decode_masked(response_ids, response_mask, skip_special_tokens=True)
         rewards, terms = np.zeros(len(completions), np.float32), {}
         if self.rules is not None:
             extra = {}
             if self.rules.needs_prompts:  # TRL-form functions also get the prompts, completion ids and columns
                 extra.update(columns or {})
-                extra["prompts"] = decode_completions(self.tokenizer, prompt_ids, prompt_mask,
-                                                      skip_special_tokens=False)
+                extra["prompts"] = self.tokenizer.decode_masked(prompt_ids, prompt_mask, skip_special_tokens=False)
                 extra["completion_ids"] = [ids[mask.astype(bool)].tolist()
                                            for ids, mask in zip(response_ids, response_mask)]
             rewards, terms = self.rules(completions, solutions, **extra)
