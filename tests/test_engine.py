@@ -11,9 +11,9 @@ from mindrlhf.configs.grpo_configs import GRPOConfig
 from mindrlhf.engine.batches import (
     group_unit,
     prompt_micro_batches,
+    prompt_run,
     response_widths,
     rows_of_rank,
-    shared_prompt_run,
     trimmed_width,
     update_chunks,
 )
@@ -40,20 +40,14 @@ def grouped_rows(groups, group_size, prompt_width=6, seed=0):
     return np.repeat(exp.prompt_ids, group_size, 0), np.repeat(exp.prompt_mask, group_size, 0)
 
 
-def test_shared_prompt_run_finds_the_rows_that_read_one_prompt():
-    ids, mask = grouped_rows(4, 8)
-    assert shared_prompt_run(ids, mask, 8) == 8
-    assert shared_prompt_run(ids, mask, 4) == 4  # never more than the limit (a prompt's responses)
-    assert shared_prompt_run(ids[4:12], mask[4:12], 8) == 4  # a dp rank's rows that start mid-group
-    assert shared_prompt_run(ids[2:8], mask[2:8], 8) == 2
-    assert shared_prompt_run(ids[:7], mask[:7], 8) == 1  # a run divides a prompt's responses
-    assert shared_prompt_run(ids, mask, 1) == 1
-    other = ids.copy()
-    other[5, -1] += 1  # one response of the first group with another prompt
-    assert shared_prompt_run(other, mask, 8) == 1
-    masked = mask.copy()
-    masked[9, 0] = 1 - masked[9, 0]  # the same ids with another mask are another prompt
-    assert shared_prompt_run(ids, masked, 8) == 1
+def test_a_prompt_run_never_crosses_a_group_boundary():
+    assert prompt_run(8, 0, 32) == 8  # whole groups: a prompt read once for its 8 responses
+    assert prompt_run(4, 0, 32) == 4  # never more than a group
+    assert prompt_run(8, 4, 8) == 4  # a dp rank's rows that start mid-group
+    assert prompt_run(8, 2, 6) == 2
+    assert prompt_run(8, 0, 7) == 1  # a run divides the rows
+    assert prompt_run(1, 0, 32) == 1
+    assert prompt_run(6, 12, 18) == 6 and prompt_run(6, 3, 9) == 3
 
 
 def test_prompt_micro_batches_give_each_call_its_prompts_once_per_share():
@@ -105,6 +99,21 @@ def test_the_sizer_plans_calls_prompt_reads_and_width(configured, share_prompts,
     assert [t.shape for t in calls[0]] == [(size // share, 160), (size // share, 160), (size, width), (size, width),
                                            (size, width), (size,)]
     assert sizer.plan(arrays, width=48)[2] == 48  # a caller's width (the update's on every dp rank) wins
+
+
+def test_the_sizer_shares_a_prompt_only_within_the_group_the_rows_start_in():
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+
+    cfg = Qwen2Config.from_yaml("model_configs/arith/train.yaml")
+    sizer = MicroBatchSizer.for_pass("train", ScheduleConfig(), cfg, Layout(), 8, True)
+    ids, mask = grouped_rows(2, 8, prompt_width=16)
+    arrays = [ids, mask, *responses_of_length(16, 16)]
+    assert sizer.plan(arrays)[:2] == (16, 8)
+    middle = [a[4:12] for a in arrays]  # the second half of group 0 and the first of group 1
+    assert sizer.plan(middle, first_row=4)[:2] == (8, 4)
+    calls = sizer.split(middle, first_row=4)
+    np.testing.assert_array_equal(calls[0][0].asnumpy(), ids[[4, 8]])
 
 
 def test_a_pass_reads_the_narrowest_width_that_holds_its_responses_and_pads_its_outputs_back():
@@ -177,7 +186,7 @@ def fake_engine(name, norms, max_consecutive_skips, inputs, outputs, seen=None):
     engine = TrainEngine.__new__(TrainEngine)
     engine.name, engine.loss_net, engine.layout = name, FakeLossNet(inputs, outputs), Layout()
     engine.optimizer = SimpleNamespace(set_learning_rate=lambda lr: None)
-    engine.sizer = SimpleNamespace(width=lambda mask: mask.shape[1], split=lambda arrays, width: [arrays])
+    engine.sizer = SimpleNamespace(width=lambda mask: mask.shape[1], split=lambda arrays, width, first_row: [arrays])
     engine.comm = SimpleNamespace(group_sum=lambda values, group: values)
     engine.policy = update_policy(config, 1e-3, 0, 1.0)
     calls = iter(norms)

@@ -31,22 +31,18 @@ def group_unit(group_size: int, dp_size: int) -> int:
     return dp_size // np.gcd(group_size, dp_size)
 
 
-def shared_prompt_run(prompt_ids: np.ndarray, prompt_mask: np.ndarray, limit: int) -> int:
-    """The largest k dividing both `limit` (a prompt's number of responses) and the row count such that every run of
-    k consecutive rows, from the first, holds one prompt: what a graph call may read once for k responses."""
-    rows = len(prompt_ids)
-    for k in sorted((k for k in range(1, limit + 1) if limit % k == 0 and rows % k == 0), reverse=True):
-        ids, mask = prompt_ids.reshape(rows // k, k, -1), prompt_mask.reshape(rows // k, k, -1)
-        if (ids == ids[:, :1]).all() and (mask == mask[:, :1]).all():
-            return k
-    return 1
+def prompt_run(group_size: int, first_row: int, rows: int) -> int:
+    """The most consecutive rows, from the first, that always hold one prompt: `rows` rows starting at row `first_row`
+    of an experience whose prompts come in groups of `group_size` responses (row j G + i is response i of prompt j).
+    What a graph call may read once for that many responses."""
+    return math.gcd(group_size, first_row, rows)
 
 
 def prompt_micro_batches(arrays, size: int, share: int) -> list[list]:
     """Graph-call inputs from the rows of `arrays` (prompt ids, prompt mask, then per-response columns): consecutive
     micro-batches of `size` responses, each with its prompts once per `share` responses ([size / share, P]), as the
     response cells take them (`mindrlhf.algorithms.policy_cells`). `share` must divide `size` and be a run of
-    :func:`shared_prompt_run`."""
+    :func:`prompt_run`."""
     import mindspore as ms
 
     if size % share:

@@ -32,9 +32,11 @@ class ForwardEngine:
         if layout is not None and layout.pp > 1:
             self.pipeline = _pipeline_forward(cell, net, layout, model_config)
 
-    def run(self, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    def run(self, columns: Mapping[str, np.ndarray], first_row: int = 0) -> np.ndarray:
+        """The output for every row of `columns`, rows `first_row`.. of their experience (where its prompt groups
+        begin: a row j G + i is response i of prompt j)."""
         arrays = [columns[name] for name in self.columns]
-        micro_batches = self.sizer.split(arrays)
+        micro_batches = self.sizer.split(arrays, first_row=first_row)
         if self.pipeline is not None:
             outputs = self.pipeline.map(micro_batches)
         else:

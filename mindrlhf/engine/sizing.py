@@ -9,8 +9,8 @@ import numpy as np
 from mindrlhf.engine import memory_budget
 from mindrlhf.engine.batches import (
     prompt_micro_batches,
+    prompt_run,
     response_widths,
-    shared_prompt_run,
     trim_responses,
     trimmed_width,
 )
@@ -26,7 +26,8 @@ class MicroBatchSizer:
     `micro_batches` equal micro-batches for a train net in pipeline stages (its `micro_batch_num`), or (0) the most
     responses whose estimated activations fit `schedule.activation_memory_gib`, `mindrlhf.engine.memory_budget`),
     how many of them share each prompt read (up to `share_limit`, a prompt's responses, when
-    `schedule.share_prompts`; 1 reads the prompt again for every response) and the response width the calls read
+    `schedule.share_prompts`; 1 reads the prompt again for every response: rows j share_limit .. j share_limit +
+    share_limit - 1 are the responses to one prompt, `batches.prompt_run`) and the response width the calls read
     (the narrowest of `schedule.response_buckets` widths that holds the longest response); the choice is logged once
     per shape."""
 
@@ -61,14 +62,14 @@ class MicroBatchSizer:
         """The response width calls over the rows of `response_mask` read (`batches.trimmed_width`)."""
         return trimmed_width(response_mask, response_widths(response_mask.shape[1], self.response_buckets))
 
-    def plan(self, arrays, width: int | None = None) -> tuple[int, int, int]:
+    def plan(self, arrays, width: int | None = None, first_row: int = 0) -> tuple[int, int, int]:
         """(responses per call, responses per prompt read, response width) for `arrays` (the columns of
-        `RESPONSE_COLUMNS`, then any others: one row per response); `width` (default: `self.width` of these rows)
-        lets a caller read as many positions on every data-parallel rank."""
-        prompt_ids, prompt_mask = arrays[0], arrays[1]
-        rows, prompt_width = len(prompt_ids), prompt_ids.shape[1]
+        `RESPONSE_COLUMNS`, then any others: one row per response), rows `first_row`.. of an experience whose
+        prompts come in groups of `share_limit` responses; `width` (default: `self.width` of these rows) lets a
+        caller read as many positions on every data-parallel rank."""
+        rows, prompt_width = arrays[0].shape
         width = width or self.width(arrays[3])
-        run = shared_prompt_run(prompt_ids, prompt_mask, self.share_limit) if self.share_limit > 1 else 1
+        run = prompt_run(self.share_limit, first_row, rows)
         if self.micro_batches:
             size = math.ceil(rows / self.micro_batches)
         elif self.configured:
@@ -92,8 +93,8 @@ class MicroBatchSizer:
                     "~%.0f MiB of activations a call; %s)", self.kind, size, rows, share, prompt_width, width,
                     full_width, estimate, how)
 
-    def split(self, arrays, width: int | None = None) -> list[list]:
+    def split(self, arrays, width: int | None = None, first_row: int = 0) -> list[list]:
         """The graph calls' inputs for the rows of `arrays` (`batches.prompt_micro_batches` of `plan`, the
         per-token columns cut to its width)."""
-        size, share, width = self.plan(arrays, width)
+        size, share, width = self.plan(arrays, width, first_row)
         return prompt_micro_batches(trim_responses(arrays, width), size, share)

@@ -157,7 +157,7 @@ class TrainEngine:
         inputs = [columns[name][mine] for name in self.loss_net.INPUTS]
         # every dp rank reads the update's widest response, so that no rank waits for another
         width = self.sizer.width(part.response_mask)
-        shares, grad_norm = self.step(self.sizer.split(inputs, width))
+        shares, grad_norm = self.step(self.sizer.split(inputs, width, mine.start))
         self.updates += 1
         if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)
             self._count_skip(grad_norm)

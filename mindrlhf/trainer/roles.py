@@ -426,7 +426,7 @@ class Critic(Role):
 
         self.require((CRITIC_WEIGHTS,), "values")
         mine = rows_of_rank(exp.num_rows, self.layout.dp, self.layout.dp_rank)
-        local = self.values_engine.run(exp.rows(mine)).astype(np.float32)
+        local = self.values_engine.run(exp.rows(mine), first_row=mine.start).astype(np.float32)
         values = self.comm.gather_data_parallel_rows(local, self.layout) if self.layout.world_size > 1 else local
         return values * exp.response_mask.astype(np.float32)
 
