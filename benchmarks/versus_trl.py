@@ -215,7 +215,8 @@ def job_rows(data: str, tokenizer_dir: str, workdir: str, steps: int, batch_size
     """
     from mindspore.mindrecord import FileReader
 
-    from mindrlhf.data import PromptDataset, convert_to_mindrecord
+    from mindrlhf.data.mindrecord import convert_to_mindrecord
+    from mindrlhf.data.reader import PromptDataset
     from mindrlhf.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)

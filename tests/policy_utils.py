@@ -1,6 +1,6 @@
 """Greedy answers of a policy to R1-style prompts, shared by the policy tests."""
 from mindrlhf.configs.generation import GenerationConfig
-from mindrlhf.data import build_prompt
+from mindrlhf.data.templates import build_prompt
 from mindrlhf.generation import Generator
 
 

@@ -406,7 +406,7 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
 
 
 def test_pad_rows_left_and_right():
-    from mindrlhf.data import pad_rows
+    from mindrlhf.data.reader import pad_rows
     ids, mask = pad_rows([[5, 6], [], [7, 8, 9]], 4, pad_token_id=0)
     assert ids.tolist() == [[0, 0, 5, 6], [0, 0, 0, 0], [0, 7, 8, 9]]
     assert mask.tolist() == [[0, 0, 1, 1], [0, 0, 0, 0], [0, 1, 1, 1]]

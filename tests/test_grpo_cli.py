@@ -30,7 +30,7 @@ def load_script():
 
 @pytest.fixture(scope="module")
 def mindrecord(tmp_path_factory):
-    from mindrlhf.data import convert_to_mindrecord
+    from mindrlhf.data.mindrecord import convert_to_mindrecord
     from mindrlhf.models.qwen2 import Qwen2Tokenizer
     out = tmp_path_factory.mktemp("data") / "sample.mindrecord"
     tokenizer = Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")
@@ -197,7 +197,7 @@ def test_reward_functions_get_the_other_dataset_fields_of_their_prompt(tmp_path,
     reward function under its name, one value per completion, aligned with the completion's prompt."""
     from mindspore.dataset import MindDataset
 
-    from mindrlhf.data import convert_to_mindrecord
+    from mindrlhf.data.mindrecord import convert_to_mindrecord
     from mindrlhf.data.templates import build_prompt
     from mindrlhf.models.qwen2 import Qwen2Tokenizer
 
@@ -304,7 +304,7 @@ def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, ca
     import mindspore as ms
 
     from mindrlhf.configs.grpo_configs import GRPOConfig
-    from mindrlhf.data import convert_to_mindrecord
+    from mindrlhf.data.mindrecord import convert_to_mindrecord
     from mindrlhf.data.reader import read_prompt_records
     from mindrlhf.generation import Generator
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM

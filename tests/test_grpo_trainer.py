@@ -21,7 +21,7 @@ pytestmark = pytest.mark.msrun
 
 @pytest.fixture(scope="module")
 def mindrecord(tmp_path_factory):
-    from mindrlhf.data import convert_to_mindrecord
+    from mindrlhf.data.mindrecord import convert_to_mindrecord
     from mindrlhf.models.qwen2 import Qwen2Tokenizer
     out = tmp_path_factory.mktemp("data") / "sample.mindrecord"
     tokenizer = Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")

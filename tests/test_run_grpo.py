@@ -17,7 +17,8 @@ from policy_utils import greedy_completions
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mindrlhf.checkpoint.weights import read_weights
-from mindrlhf.data import build_prompt, read_problems
+from mindrlhf.data.mindrecord import read_problems
+from mindrlhf.data.templates import build_prompt
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.models.tokenizer import load_tokenizer
 

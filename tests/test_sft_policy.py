@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from policy_utils import greedy_completions
 
-from mindrlhf.data import read_problems
+from mindrlhf.data.mindrecord import read_problems
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.models.qwen2.convert import convert_hf_to_ms
 from mindrlhf.models.tokenizer import load_tokenizer

@@ -28,7 +28,8 @@ def test_job_rows_are_rlhf_data_prompts_in_trainer_order(tmp_path):
     from mindspore.mindrecord import FileReader
 
     from examples.qwen_grpo_tutorial import rlhf_data
-    from mindrlhf.data import PromptDataset, build_prompt
+    from mindrlhf.data.reader import PromptDataset
+    from mindrlhf.data.templates import build_prompt
     from mindrlhf.models.tokenizer import load_tokenizer
 
     data = first_problems(tmp_path / "problems.jsonl", 12)

@@ -33,7 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mindrlhf.algorithms.policy_cells import ResponseNLLLoss  # noqa: E402
-from mindrlhf.data import build_prompt, pad_rows, read_problems  # noqa: E402
+from mindrlhf.data.mindrecord import read_problems  # noqa: E402
+from mindrlhf.data.reader import pad_rows  # noqa: E402
+from mindrlhf.data.templates import build_prompt  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from mindrlhf.models.tokenizer import load_tokenizer  # noqa: E402
 from mindrlhf.optim import AdamW, learning_rate_at  # noqa: E402

@@ -1,7 +1,8 @@
 """Experience of one RL step as a table of named host-array columns: packed for one gather, concatenated across
 sampling rounds (the engines split it into updates, ranks and graph calls: `mindrlhf.engine.batches`).
 
-Rows are responses, in groups of G (sample i of prompt j is row j * G + i; nothing compares rows to find them). Columns the loop fills, by phase:
+Rows are responses, in groups of G (sample i of prompt j is row j * G + i; nothing compares rows to find them).
+Columns the loop fills, by phase:
 
     prompt_ids, prompt_mask       int32 [N, P]   left-padded prompts (rollout)
     response_ids, response_mask   int32 [N, R]   (rollout)

@@ -89,7 +89,7 @@ class RLTrainer:
         self._log_job()
 
     def _load_data(self) -> None:
-        from mindrlhf.data import PromptDataset
+        from mindrlhf.data.reader import PromptDataset
 
         sched, gen, layout = self.config.schedule, self.generation, self.infer_layout
         self.dataset = PromptDataset(self.job.mind_dataset_dir, sched.batch_size // layout.dp, gen.pad_token_id,
