@@ -172,11 +172,12 @@ class Actor(Role):
         self.shares_weights = shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout,
                                                    job.load_sft_checkpoint_infer, job.load_sft_checkpoint_train)
         if self.shares_weights:
-            self.infer_net, self.infer_group = self.train_net, TRAIN_WEIGHTS
+            self.infer_net, self.infer_group, self.infer_prefix = self.train_net, TRAIN_WEIGHTS, ""
             self.infer_strategy = self.train_strategy
             self.resident_in = actor_residency(TRAIN_WEIGHTS)
         else:
-            self.infer_net, self.infer_group = Qwen2ForCausalLM(infer_cfg, infer_layout), INFER_WEIGHTS
+            self.infer_net, self.infer_group, self.infer_prefix = \
+                Qwen2ForCausalLM(infer_cfg, infer_layout), INFER_WEIGHTS, INFER_PREFIX
             self.infer_net.update_parameters_name(INFER_PREFIX)
             self.infer_strategy = net_layouts(self.infer_net, infer_layout)
         self.engine: TrainEngine | None = None  # from build()
