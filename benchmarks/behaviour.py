@@ -30,6 +30,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
 JOBS = {
     "grpo": ({}, ["--steps", "6"]),
     "ppo": ({"ALGORITHM": "ppo"}, ["--steps", "4"]),
@@ -97,8 +99,11 @@ def differences(before: dict[int, dict], after: dict[int, dict]) -> list[str]:
     return lines
 
 
-def compare(before: Path, after: Path) -> int:
-    failed = 0
+def compare(before: Path, after: Path, results: Path) -> int:
+    """Prints each job's comparison, writes them to `results` (JSON); 1 when anything differs."""
+    from benchmarks.results_io import write_results
+
+    failed, summary = 0, {"before": str(before), "after": str(after), "jobs": {}}
     for name in JOBS:
         paths = before / name / "metrics.jsonl", after / name / "metrics.jsonl"
         if not all(p.exists() for p in paths):
@@ -110,7 +115,9 @@ def compare(before: Path, after: Path) -> int:
         print(f"{name}: {len(old)} steps, {count} non-timing values, {len(diff)} differ")
         for line in diff:
             print(f"  {line}")
+        summary["jobs"][name] = {"steps": len(old), "values": count, "differences": diff}
         failed |= bool(diff)
+    write_results(summary, str(results))
     return int(failed)
 
 
@@ -126,11 +133,12 @@ def main() -> int:
     cmp_ = sub.add_parser("compare", help="compare two recordings")
     cmp_.add_argument("before", type=Path)
     cmp_.add_argument("after", type=Path)
+    cmp_.add_argument("--results", type=Path, default=HERE / "benchmarks" / "results" / "behaviour.json")
     args = parser.parse_args()
     if args.command == "record":
         record(args.root.resolve(), args.out, args.jobs.split(","), args.port)
         return 0
-    return compare(args.before, args.after)
+    return compare(args.before, args.after, args.results)
 
 
 if __name__ == "__main__":
