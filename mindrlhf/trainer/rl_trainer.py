@@ -37,6 +37,7 @@ from mindrlhf.checkpoint.step import (
 from mindrlhf.checkpoint.weights import load_rank_params
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.engine.batches import group_unit
+from mindrlhf.engine.sizing import RESPONSE_COLUMNS
 from mindrlhf.reward import columns_per_completion
 from mindrlhf.trainer.experience import Experience, concat_experiences
 from mindrlhf.trainer.phases import PHASES, Phases, peak_rss_gib
@@ -44,8 +45,6 @@ from mindrlhf.trainer.plan import JobPlan
 from mindrlhf.trainer.roles import REF_WEIGHTS, Actor, Critic, Reference, Reward, Role, phase_plan
 
 logger = logging.getLogger("mindrlhf.trainer")
-
-RESPONSE_COLUMNS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
 
 
 class RLTrainer:
