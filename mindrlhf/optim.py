@@ -3,7 +3,8 @@
 MindSpore's `nn.AdamWeightDecay` has no bias correction: its update is m / (sqrt(v) + eps) from the first
 step, several times larger than torch's for the same learning rate, so hyper-parameters from verl/TRL papers
 would not transfer. The learning rate lives in a Parameter the host sets before each update, so that the
-schedule is a plain function of the update count and a resumed run continues it exactly.
+schedule is a plain function of the update count and a resumed run continues it exactly. `ShardedAdamW` is the
+same update with the moments sharded over data parallel (ZeRO-1).
 """
 from __future__ import annotations
 
@@ -53,10 +54,12 @@ class AdamW(nn.Cell):
         super().__init__(auto_prefix=False)
         self.parameters = ParameterTuple(list(params))
         decay = decay or decays_by_default
-        self.moments1 = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_m.{p.name}",
-                                                  requires_grad=False) for p in self.parameters])
-        self.moments2 = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"adam_v.{p.name}",
-                                                  requires_grad=False) for p in self.parameters])
+        self.moments1 = ParameterTuple([Parameter(Tensor(np.zeros(self._state_shape(p), np.float32)),
+                                                  name=f"adam_m.{p.name}", requires_grad=False)
+                                        for p in self.parameters])
+        self.moments2 = ParameterTuple([Parameter(Tensor(np.zeros(self._state_shape(p), np.float32)),
+                                                  name=f"adam_v.{p.name}", requires_grad=False)
+                                        for p in self.parameters])
         self.adam_step = Parameter(Tensor(0.0, ms.float32), name=f"{state_prefix}adam_step", requires_grad=False)
         self.learning_rate = Parameter(Tensor(float(learning_rate), ms.float32), name=f"{state_prefix}learning_rate",
                                        requires_grad=False)
@@ -68,6 +71,14 @@ class AdamW(nn.Cell):
 
     def set_learning_rate(self, value: float) -> None:
         self.learning_rate.set_data(Tensor(float(value), ms.float32))
+
+    def _state_shape(self, param) -> tuple:
+        """Shape of a parameter's moments."""
+        return tuple(param.shape)
+
+    def _local(self, i, x):
+        """The part of parameter i's weight or gradient `x` this optimizer updates (all of it)."""
+        return x
 
     def construct(self, grads, grad_scale=None):
         # torch's AdamW, var <- var * (1 - lr wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), written as
@@ -89,16 +100,100 @@ class AdamW(nn.Cell):
         # parameter in graph mode, past its call depth limit at a real model's size)
         if grad_scale is None:
             for i in range(len(self.parameters)):
-                grad = ops.depend(grads[i], done).astype(ms.float32)
+                grad = self._local(i, ops.depend(grads[i], done)).astype(ms.float32)
                 done = self._update(i, grad, done, fused_lr, fused_eps, decay_scale)
             return done
         for i in range(len(self.parameters)):
-            grad = ops.depend(grads[i], done).astype(ms.float32) * grad_scale
+            grad = self._local(i, ops.depend(grads[i], done)).astype(ms.float32) * grad_scale
             done = self._update(i, grad, done, fused_lr, fused_eps, decay_scale)
         return done
 
     def _update(self, i, grad, done, fused_lr, fused_eps, decay_scale):
         """The fused in-place update of parameter i (and its moments) by the float32 `grad`, after `done`."""
-        return ops.depend(done, self.fused_update(self.parameters[i], self.moments1[i], self.moments2[i], fused_lr,
+        return self._fused(i, self.parameters[i], grad, done, fused_lr, fused_eps, decay_scale)
+
+    def _fused(self, i, var, grad, done, fused_lr, fused_eps, decay_scale):
+        """`var` (parameter i or this rank's slice of it) and parameter i's moments updated in place by `grad`."""
+        return ops.depend(done, self.fused_update(var, self.moments1[i], self.moments2[i], fused_lr,
                                                   self.beta1_tensor, self.beta2_tensor, fused_eps,
                                                   self.decay_rates[i] * decay_scale, grad))
+
+
+def shard_length(numel: int, dp: int) -> int:
+    """Elements of each of the `dp` equal slices of a flattened parameter of `numel` elements (the last ones
+    zero-padded)."""
+    if numel < 1 or dp < 1:
+        raise ValueError(f"need numel >= 1 and dp >= 1, got {numel}, {dp}")
+    return -(-numel // dp)
+
+
+def shard_bounds(numel: int, dp: int, rank: int) -> tuple[int, int]:
+    """`[start, end)` of the real (unpadded) elements of dp rank `rank`'s slice of the flattened parameter; empty
+    (start == end) when the slice is all padding."""
+    if not 0 <= rank < dp:
+        raise ValueError(f"rank {rank} is not in [0, {dp})")
+    length = shard_length(numel, dp)
+    return min(rank * length, numel), min((rank + 1) * length, numel)
+
+
+def flat_shard(array: np.ndarray, dp: int, rank: int) -> np.ndarray:
+    """Dp rank `rank`'s zero-padded slice of the flattened `array` (what :class:`ShardedAdamW` keeps per rank)."""
+    flat = np.asarray(array).reshape(-1)
+    start, end = shard_bounds(flat.size, dp, rank)
+    out = np.zeros(shard_length(flat.size, dp), flat.dtype)
+    out[:end - start] = flat[start:end]
+    return out
+
+
+def join_shards(shards, shape) -> np.ndarray:
+    """The array of `shape` from every dp rank's slice (:func:`flat_shard`, in rank order), padding dropped."""
+    numel = int(np.prod(shape, dtype=np.int64))
+    lengths = {len(s) for s in shards}
+    if lengths != {shard_length(numel, len(shards))}:
+        raise ValueError(f"{len(shards)} slices of lengths {sorted(lengths)} do not split {numel} elements")
+    return np.concatenate(shards)[:numel].reshape(shape)
+
+
+class ShardedAdamW(AdamW):
+    """:class:`AdamW` with its state sharded over data parallel (ZeRO-1, MindSpore's "parallel optimizer").
+
+    Every parameter is flattened and split into `dp` equal contiguous slices, the last zero-padded
+    (:func:`shard_bounds`); dp rank `dp_rank` keeps the moments of its slice only (`adam_m.<name>`, `adam_v.<name>`
+    of shape `(shard_length,)`) and updates its slice of the weight with its slice of the (dp-reduced, clipped)
+    gradient by the same fused kernel. The updated weights are then assembled on every dp rank by an AllReduce(SUM)
+    over `dp_group` of zero buffers holding each rank's slice (a gather inside a sub-group on every backend), one
+    parameter after the other. The weights stay whole on every rank; they equal :class:`AdamW`'s bit for bit
+    (the same element-wise kernel on the same numbers, and x + 0 is exact).
+    """
+
+    def __init__(self, params, dp: int, dp_rank: int, dp_group: str | None, **kwargs):
+        if dp < 1 or not 0 <= dp_rank < dp or (dp > 1 and not dp_group):
+            raise ValueError(f"need 0 <= dp_rank < dp and a dp group when dp > 1; got dp={dp}, dp_rank={dp_rank}, "
+                             f"dp_group={dp_group!r}")
+        self.dp, self.dp_rank = int(dp), int(dp_rank)
+        super().__init__(params, **kwargs)
+        numels = [int(np.prod(p.shape, dtype=np.int64)) for p in self.parameters]
+        lengths = [shard_length(n, self.dp) for n in numels]
+        self.numels = tuple(numels)
+        self.paddings = tuple(length * self.dp - n for length, n in zip(lengths, numels))
+        self.starts = tuple(length * self.dp_rank for length in lengths)
+        self.ends = tuple(length * (self.dp_rank + 1) for length in lengths)
+        # the zeros around this rank's slice in the padded flat buffer that is summed over dp
+        self.around = tuple((length * self.dp_rank, length * (self.dp - 1 - self.dp_rank)) for length in lengths)
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, dp_group) if self.dp > 1 else nn.Identity()
+
+    def _state_shape(self, param) -> tuple:
+        return (shard_length(int(np.prod(param.shape, dtype=np.int64)), self.dp),)
+
+    def _local(self, i, x):
+        return ops.pad(x.reshape(-1), (0, self.paddings[i]))[self.starts[i]:self.ends[i]]
+
+    def _update(self, i, grad, done, fused_lr, fused_eps, decay_scale):
+        param = self.parameters[i]
+        # a copy of this rank's slice, which the fused kernel updates in place (it takes a Tensor as well as a
+        # Parameter); no slice-sized Parameter is kept besides the moments
+        part = self._local(i, ops.depend(param, done))
+        done = self._fused(i, part, grad, done, fused_lr, fused_eps, decay_scale)
+        whole = self.all_reduce(ops.pad(ops.depend(part, done).astype(ms.float32), self.around[i]))
+        whole = whole[:self.numels[i]].reshape(param.shape).astype(param.dtype)
+        return ops.depend(done, ops.assign(param, whole))

@@ -239,10 +239,15 @@ def test_ppo_on_two_workers_with_a_tensor_parallel_critic_resumes_exactly(tmp_pa
     """PPO under msrun: actor train tp=2, infer dp=2, critic tp=2 on the same 2 ranks, 3 steps; after every step the
     infer net holds the train weights, each phase ran with its swap plan (the critic resident only in `values` and
     `update_critic`), and both ranks log the same metrics. The step-2 checkpoint (critic weights and moments, KL
-    controller) resumes into the same step 3."""
+    controller) resumes into the same step 3. The actor's train net and the critic run the memory features of big
+    recipes: sequence parallel over their tp pair and full recompute of every layer."""
     import mindspore as ms
 
-    extra = ("--sft_path_critic", str(TINY / "train.yaml"), "--adv_estimator", "gae", "--critic.learning_rate", "1e-3",
+    train_yaml = tmp_path / "train_sp_recompute.yaml"
+    memory_features = "  pipeline_stage: 1\n  use_seq_parallel: true\nrecompute_config:\n  recompute: true"
+    train_yaml.write_text((TINY / "train.yaml").read_text().replace("  pipeline_stage: 1", memory_features))
+    extra = ("--sft_path_train", str(train_yaml), "--sft_path_critic", str(train_yaml), "--adv_estimator", "gae",
+             "--critic.learning_rate", "1e-3",
              "--use_kl_in_reward", "true", "--kl_ctrl", "adaptive", "--kl_horizon", "100", "--save_interval", "2",
              "--max_new_tokens", "96")  # the tiny policy's answers fit: rewards vary, the critic has something to learn
     straight_out = tmp_path / "out"
@@ -256,6 +261,9 @@ def test_ppo_on_two_workers_with_a_tensor_parallel_critic_resumes_exactly(tmp_pa
     for a, b in zip(ranks[0]["steps"], ranks[1]["steps"]):
         # (explained variance is NaN while the returns do not vary)
         assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6, nan_ok=True)
+    log = (tmp_path / "ppo_logs" / "worker_0.log").read_text()
+    for net in ("train net", "critic"):
+        assert f"{net} memory features: sequence parallel, full recompute of 2 of 2 layers" in log
     second = ranks[0]["steps"][1]["metrics"]
     assert second["critic/updates"] == 4 and np.isfinite(second["critic/vf_loss"])
     assert second["critic/values/max"] > second["critic/values/min"]  # the critic trained in step 1

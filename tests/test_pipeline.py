@@ -166,19 +166,26 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path, tied)
 
 
 @pytest.mark.msrun
-@pytest.mark.parametrize("pp,tp,micro_batches,tied", [(2, 1, 1, False), (2, 1, 2, False), (2, 1, 4, False),
-                                                      (2, 2, 2, False), (2, 2, 2, True), (4, 1, 4, True)],
-                         ids=["pp2-mb1", "pp2-mb2", "pp2-mb4", "pp2xtp2-mb2", "pp2xtp2-mb2-tied", "pp4-mb4-tied"])
-def test_pipeline_train_step_equals_the_whole_model(tmp_path, pp, tp, micro_batches, tied):
+@pytest.mark.parametrize("pp,tp,micro_batches,tied,extra",
+                         [(2, 1, 1, False, []), (2, 1, 2, False, ["--recompute", "selective"]), (2, 1, 4, False, []),
+                          (2, 2, 2, False, ["--recompute", "full"]), (2, 2, 2, True, ["--seq_parallel"]),
+                          (4, 1, 4, True, [])],
+                         ids=["pp2-mb1", "pp2-mb2-selective-recompute", "pp2-mb4", "pp2xtp2-mb2-full-recompute",
+                              "pp2xtp2-mb2-tied-sequence-parallel", "pp4-mb4-tied"])
+def test_pipeline_train_step_equals_the_whole_model(tmp_path, pp, tp, micro_batches, tied, extra):
     """2 clipped AdamW updates of the GRPO loss (global token weights, responses of unequal lengths) with the
     4 layers split over `pp` stages: the summed loss outputs, the global gradient norm (summed over the stages)
     and every stage's weights equal the whole model's run in one process. A tied embedding (used by the first
     stage's embedding and the last stage's head) gets both end stages' gradients, so its two copies stay equal;
     the stages between hold no copy and pass activations and gradients both ways. The 1F1B schedule runs every
-    kind of its steps: pp2-mb1 only warm-up and cool-down, pp4-mb4 steady-state exchanges on the middle stages."""
+    kind of its steps: pp2-mb1 only warm-up and cool-down, pp4-mb4 steady-state exchanges on the middle stages.
+    Two variants recompute the stages' layers in the backward pass (full layers with tp collectives inside, and the
+    attention only), one cuts the stages' residual stream along the sequence over tp (sequence parallel; the
+    stages exchange whole activations): neither may change a value."""
     world = pp * tp
     run_worker("pipeline_equivalence.py", ["--pp", str(pp), "--tp", str(tp), "--micro_batches", str(micro_batches),
-                                           "--out", str(tmp_path)] + ["--tied"] * tied, world, tmp_path / "log")
+                                           "--out", str(tmp_path), *extra] + ["--tied"] * tied,
+               world, tmp_path / "log")
     ranks = load_ranks(tmp_path, world)
     embedding = "weight/model.tok_embeddings.embedding_weight"
     for rank in range(tp, world):  # the last stage holds the tied copy, bit for bit its first-stage peer's

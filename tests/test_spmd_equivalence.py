@@ -62,18 +62,19 @@ def replica_weights(ranks, tp, d, t, prefix="weight/"):
     return weights
 
 
-@pytest.mark.parametrize("dp,tp,kv,collectives", [(1, 2, 4, "native"), (2, 1, 4, "native"), (2, 2, 4, "auto"),
-                                                  (1, 4, 2, "native")],
-                         ids=["tp2", "dp2", "dp2xtp2-shared-memory-sums", "tp4-over-2-kv-heads"])
-def test_parallel_run_matches_single_process(request, tmp_path, dp, tp, kv, collectives):
+@pytest.mark.parametrize("dp,tp,kv,collectives,extra", [(1, 2, 4, "native", []), (2, 1, 4, "native", []),
+                                                        (2, 2, 4, "auto", ["--seq_parallel"]),
+                                                        (1, 4, 2, "native", [])],
+                         ids=["tp2", "dp2", "dp2xtp2-shared-memory-sums-sequence-parallel", "tp4-over-2-kv-heads"])
+def test_parallel_run_matches_single_process(request, tmp_path, dp, tp, kv, collectives, extra):
     """tp4-over-2-kv-heads: each kv head (wk/wv rows) is held by 2 ranks, whose gradients of it are summed; the
-    global norm counts it once. dp2xtp2-shared-memory-sums: the dp gradient sums (of the whole step, in the graph,
-    and of the micro-batches' buffers, in place between graphs) go through shared memory, as the trainer's on one
-    CPU host."""
+    global norm counts it once. dp2xtp2-shared-memory-sums-sequence-parallel: the dp gradient sums (of the whole
+    step, in the graph, and of the micro-batches' buffers, in place between graphs) go through shared memory, as the
+    trainer's on one CPU host, and the tp pairs run sequence parallel (norm weights' gradients summed over tp)."""
     reference = request.getfixturevalue("reference" if kv == 4 else "reference_kv2")
     world = dp * tp
     run_worker("spmd_equivalence.py", ["--dp", str(dp), "--tp", str(tp), "--n_kv_heads", str(kv),
-                                       "--cpu_collectives", collectives, "--out", str(tmp_path)], world,
+                                       "--cpu_collectives", collectives, "--out", str(tmp_path), *extra], world,
                tmp_path / "log")
     ranks = load_ranks(tmp_path, world)
     logits = np.concatenate([ranks[d * tp]["logits"] for d in range(dp)], axis=0)
@@ -113,15 +114,18 @@ def test_parallel_run_matches_single_process(request, tmp_path, dp, tp, kv, coll
                                             what=f"micro-batched, dp replica {d}, tp rank {t}")
 
 
-@pytest.mark.parametrize("dp,tp", [(2, 1), (1, 2)], ids=["dp2", "tp2"])
-def test_grpo_and_value_losses_are_normalised_over_the_global_batch(reference, tmp_path, dp, tp):
+@pytest.mark.parametrize("dp,tp,extra", [(2, 1, []), (1, 2, []), (1, 2, ["--seq_parallel"])],
+                         ids=["dp2", "tp2", "tp2-sequence-parallel"])
+def test_grpo_and_value_losses_are_normalised_over_the_global_batch(reference, tmp_path, dp, tp, extra):
     """dp=2 with 18 response tokens on rank 0 and 4 on rank 1: the ranks' shares of loss, KL, clip fraction
     and entropy add up to the one-process values, and the summed gradients equal the one-process ones, for
     `token-mean` and `seq-mean-token-mean` (a per-rank mean would weigh rank 1's tokens 4.5x more). With
     tp=2 the vocabulary-parallel entropy and log-probs equal the one-process ones. The PPO critic on the same
-    responses (critic dp=2 or tp=2): its values, value-loss shares and gradients equal the one-process ones."""
+    responses (critic dp=2 or tp=2): its values, value-loss shares and gradients equal the one-process ones.
+    With sequence parallel (tp2-sequence-parallel) the [prompt | response] rows of 15 positions are cut into two
+    parts of 8 (one padded) between the blocks: the same values, losses and gradients."""
     world = dp * tp
-    run_worker("spmd_equivalence.py", ["--dp", str(dp), "--tp", str(tp), "--out", str(tmp_path)], world,
+    run_worker("spmd_equivalence.py", ["--dp", str(dp), "--tp", str(tp), "--out", str(tmp_path), *extra], world,
                tmp_path / "log")
     ranks = load_ranks(tmp_path, world)
     for name in ("token-mean", "seq-mean-token-mean"):

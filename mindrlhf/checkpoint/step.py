@@ -7,7 +7,9 @@ Layout of one checkpoint::
         meta.json               step, world size, layouts, config, data position (written last)
         train_strategy.ckpt     strategy file of the train net (`ParallelStrategyMap`)
         infer_strategy.ckpt     strategy file of the inference layout (the reference net's shards)
-        rank_<r>/train.ckpt     train-net shards + AdamW state (`adam_m.*`, `adam_v.*`, `adam_step`)
+        rank_<r>/train.ckpt     train-net shards + AdamW state (`adam_m.*`, `adam_v.*`, `adam_step`); with
+                                `optimizer_shard` the moments are this dp rank's flat slice of each weight's
+                                (`mindrlhf.optim.ShardedAdamW`), the weights stay whole
         rank_<r>/ref.ckpt       reference-net shards (inference layout)
         rank_<r>/state.json     this rank's random streams
 

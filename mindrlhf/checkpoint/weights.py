@@ -123,5 +123,8 @@ def load_rank_params(params, path: str) -> None:
     state = ms.load_checkpoint(path)
     for param in params:
         if param.name not in state or tuple(state[param.name].shape) != tuple(param.shape):
-            raise ConfigError(f"{path}: '{param.name}' missing or of another shape")
+            # moments sharded over dp are flat slices (`mindrlhf.optim.ShardedAdamW`), whole ones are not
+            hint = " (parallel_config.optimizer_shard must be as in the run that saved it)" \
+                if is_optimizer_state(param.name) and param.name in state else ""
+            raise ConfigError(f"{path}: '{param.name}' missing or of another shape{hint}")
         param.set_data(state[param.name])

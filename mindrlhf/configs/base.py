@@ -122,7 +122,7 @@ def from_mapping(cls, values: Mapping, source: str, ignored_keys: frozenset = fr
     if unknown:
         msgs = []
         for key in unknown:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            close = difflib.get_close_matches(str(key), list(fields) + sorted(ignored_keys), n=1)
             msgs.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
         raise ConfigError(f"{source}: unknown field(s) {', '.join(msgs)}; known fields: {', '.join(fields)}")
     kwargs = {}

@@ -5,13 +5,6 @@ from dataclasses import dataclass
 
 from mindrlhf.configs.base import ConfigError, help_field
 
-# MindFormers parallel_config keys we accept for compatibility but do not use (yet).
-IGNORED_PARALLEL_KEYS = frozenset({
-    "use_seq_parallel", "vocab_emb_dp", "gradient_aggregation_group",
-    "expert_parallel", "context_parallel", "micro_batch_interleave_num", "recompute",
-    "optimizer_shard",
-})
-
 
 @dataclass
 class ParallelConfig:
@@ -29,6 +22,16 @@ class ParallelConfig:
            "stages on the 1F1B schedule (their gradients are accumulated; stage s keeps the inputs of at most "
            "pipeline_stage - s of them; the pipeline fills and drains once per update, so more micro-batches "
            "idle the stages less).")
+    use_seq_parallel: bool = help_field(
+        False, "Sequence parallel with model_parallel > 1 (Megatron's): the activations between the attention and "
+               "MLP blocks (norms, residuals) are cut along the sequence over the tensor-parallel group, gathered "
+               "before the column-parallel layers and reduce-scattered after the row-parallel ones. Same results; "
+               "less activation memory (most with recompute, whose kept layer inputs are cut too). Applies to the "
+               "forward/backward graphs, not to generation with the KV cache.")
+    optimizer_shard: bool = help_field(
+        False, "ZeRO-1 over data parallel (MindFormers' parallel optimizer; also read from "
+               "parallel.enable_parallel_optimizer): each data-parallel rank keeps the AdamW moments of 1/"
+               "data_parallel of every weight, updates that slice and the full weights are gathered after the update.")
 
     def validate(self) -> None:
         for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num"):

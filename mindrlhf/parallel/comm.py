@@ -47,30 +47,70 @@ class ReduceFromTensorParallel(nn.Cell):
         return (dout,)
 
 
-class GatherFromTensorParallel(nn.Cell):
-    """Concatenates the tp shards of `x` along the last axis (AllReduce of zero-padded shards).
+def _zero_padded(x, axis: int, before: int, after: int):
+    """`x` with `before` / `after` zeros along `axis` (a shard placed in a zero tensor of the gathered shape)."""
+    axis = axis % x.ndim
+    pads = [(0, 0)] * x.ndim
+    pads[axis] = (before, after)
+    flat_pads = []
+    for lo, hi in reversed(pads):
+        flat_pads += [lo, hi]
+    return ops.pad(x, tuple(flat_pads))
 
-    Backward keeps this rank's slice of the gradient.
+
+def _own_part(x, axis: int, tp_size: int, tp_rank: int):
+    """This rank's part of `x` cut into `tp_size` equal parts along `axis` (the last, or 1). Indexing, not
+    `ops.split` / `ops.narrow`: their argument checks fail on a gradient inside a bprop."""
+    width = x.shape[axis] // tp_size
+    start = tp_rank * width
+    if axis == 1:
+        return x[:, start:start + width]
+    return x[..., start:start + width]
+
+
+class GatherFromTensorParallel(nn.Cell):
+    """Concatenates the tp shards of `x` along `axis` (default: the last; AllReduce of zero-padded shards).
+
+    Backward keeps this rank's slice of the gradient: the consumers of the gathered tensor are replicated (or take
+    their input through `CopyToTensorParallel`), so every rank holds the whole gradient.
     """
 
-    def __init__(self, group: str, tp_size: int, tp_rank: int):
+    def __init__(self, group: str, tp_size: int, tp_rank: int, axis: int = -1):
         super().__init__()
         self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
         self.tp_size = tp_size
         self.tp_rank = tp_rank
+        if axis not in (1, -1):
+            raise ValueError(f"a tensor-parallel gather is along axis 1 or -1, not {axis}")
+        self.axis = axis
 
     def construct(self, x):
-        width = x.shape[-1]
-        pads = [(0, 0)] * (x.ndim - 1) + [(self.tp_rank * width, (self.tp_size - 1 - self.tp_rank) * width)]
-        flat_pads = []
-        for before, after in reversed(pads):
-            flat_pads += [before, after]
-        return self.all_reduce(ops.pad(x, tuple(flat_pads)))
+        width = x.shape[self.axis]
+        return self.all_reduce(_zero_padded(x, self.axis, self.tp_rank * width,
+                                            (self.tp_size - 1 - self.tp_rank) * width))
 
     def bprop(self, x, out, dout):
-        width = x.shape[-1]
-        start = self.tp_rank * width
-        return (dout[..., start:start + width],)
+        return (_own_part(dout, self.axis, self.tp_size, self.tp_rank),)
+
+
+class SplitToTensorParallel(nn.Cell):
+    """This rank's part of a replicated `x` cut into tp equal parts along `axis`; backward gathers the parts'
+    gradients (AllReduce of zero-padded parts), so the replicated producer gets the whole gradient. After a
+    `ReduceFromTensorParallel` it is Megatron's reduce-scatter (sequence parallel's output of row-parallel layers).
+    """
+
+    def __init__(self, group: str, tp_size: int, tp_rank: int, axis: int):
+        super().__init__()
+        self.all_reduce = ops.AllReduce(ops.ReduceOp.SUM, group)
+        self.tp_size, self.tp_rank, self.axis = tp_size, tp_rank, axis
+
+    def construct(self, x):
+        return _own_part(x, self.axis, self.tp_size, self.tp_rank)
+
+    def bprop(self, x, out, dout):
+        width = dout.shape[self.axis]
+        return (self.all_reduce(_zero_padded(dout, self.axis, self.tp_rank * width,
+                                             (self.tp_size - 1 - self.tp_rank) * width)),)
 
 
 class MaxOverGroup(nn.Cell):

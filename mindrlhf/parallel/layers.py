@@ -16,6 +16,7 @@ from mindrlhf.parallel.comm import (
     GatherFromTensorParallel,
     MaxOverGroup,
     ReduceFromTensorParallel,
+    SplitToTensorParallel,
 )
 from mindrlhf.parallel.layout import Layout, LayoutError
 
@@ -235,19 +236,55 @@ def expand_as(small, like):
 
 
 class RMSNorm(nn.Cell):
-    """RMSNorm computed in float32, scaled by a replicated weight (as Hugging Face Qwen2RMSNorm)."""
+    """RMSNorm computed in float32, scaled by a replicated weight (as Hugging Face Qwen2RMSNorm).
 
-    def __init__(self, hidden_size: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32):
+    With `sequence_parallel` (a layout with tp > 1) each rank normalises its part of the sequence, so its weight
+    gradient is partial: it is summed over the tp group."""
+
+    def __init__(self, hidden_size: int, eps: float, param_dtype=ms.float32, compute_dtype=ms.float32,
+                 sequence_parallel: Layout | None = None):
         super().__init__()
         self.weight = Parameter(initializer("ones", (hidden_size,), param_dtype), name="weight")
         self.eps = eps
         self.compute_dtype = compute_dtype
+        self.sum_weight_grad = CopyToTensorParallel(sequence_parallel.tp_group) \
+            if sequence_parallel is not None and sequence_parallel.tp > 1 else None
 
     def construct(self, x):
         x32 = x.astype(ms.float32)
         variance = ops.mean(ops.square(x32), -1, keep_dims=True)
         normed = (x32 * expand_as(ops.rsqrt(variance + self.eps), x32)).astype(self.compute_dtype)
-        return expand_as(self.weight.astype(self.compute_dtype), normed) * normed
+        weight = self.weight if self.sum_weight_grad is None else self.sum_weight_grad(self.weight)
+        return expand_as(weight.astype(self.compute_dtype), normed) * normed
+
+
+class SequenceParallel(ParallelLayer):
+    """Megatron's sequence parallel over the tp group: between the tensor-parallel blocks the residual stream
+    [B, L, D] is cut along the sequence, each rank keeping [B, L / tp, D] (zero-padded to a multiple of tp), so the
+    norms, residual adds and what they keep for the backward are 1/tp per rank. `gather` before the column-parallel
+    layers (backward: this rank's part of the whole gradient), `split` after the row-parallel ones (after their
+    AllReduce: together a reduce-scatter; backward gathers the parts' gradients). On CPU both gathers are
+    AllReduces of zero-padded parts (`mindrlhf.parallel.comm`)."""
+
+    def __init__(self, layout: Layout):
+        super().__init__(layout)
+        group = self.layout.tp_group
+        self.split_parts = SplitToTensorParallel(group, self.tp_size, self.tp_rank, axis=1)
+        self.gather_parts = GatherFromTensorParallel(group, self.tp_size, self.tp_rank, axis=1)
+
+    def split(self, x):
+        """Replicated [B, L, D] -> this rank's part [B, ceil(L / tp), D] (zeros past L)."""
+        padding = -x.shape[1] % self.tp_size
+        if padding:  # a concat, not ops.pad: on CPU the gradient of a pad was wrong from a graph's second run on
+            x = ops.concat((x, ops.zeros((x.shape[0], padding, x.shape[2]), x.dtype)), 1)
+        return self.split_parts(x)
+
+    def gather(self, x, length: int):
+        """The parts -> replicated [B, length, D] (the padding cut off)."""
+        full = self.gather_parts(x)
+        if full.shape[1] > length:
+            return full[:, :length]
+        return full
 
 
 def param_split_axes(net: nn.Cell) -> dict[str, int | None]:

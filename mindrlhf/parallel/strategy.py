@@ -275,6 +275,9 @@ def _add_layout_item(strategy_map, lay: ParamLayout, stage: int | None = None) -
     layouts.param_split_shape.add()  # read unconditionally by MindSpore; empty = even split
     layouts.indices_offset.add()
     layouts.field = 0
+    # 0 also under `optimizer_shard`: MindSpore's fields say the weight itself is split along dim 0 in the
+    # checkpoint (transform_checkpoints multiplies dim 0 by them); here weights stay whole and only the moments,
+    # which have no entries of their own, are flat slices (`mindrlhf.optim.ShardedAdamW`)
     layouts.opt_weight_shard_step = 0
     layouts.opt_weight_shard_size = 0
 

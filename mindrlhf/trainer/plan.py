@@ -120,7 +120,7 @@ def check_files(job: JobOptions) -> None:
 def _model_signature(cfg) -> dict:
     """Fields that must agree between the train and the infer nets (everything but dtypes, layout and head)."""
     skip = {"parallel_config", "compute_dtype", "param_init_type", "softmax_compute_type", "rotary_dtype",
-            "layernorm_compute_type", "value_head_bias", "arch"}
+            "layernorm_compute_type", "value_head_bias", "arch", "recompute", "use_flash_attention"}
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
 
 
@@ -134,9 +134,17 @@ def check_model_configs(train_cfg, infer_cfg, train_path: str, infer_path: str) 
 
 
 def check_tensor_parallel(cfg, tp: int, path: str) -> None:
-    """The model's widths split over `tp`; the kv heads may also be fewer (a divisor of tp: each is replicated)."""
+    """The model's widths split over `tp`; the kv heads may also be fewer (a divisor of tp: each is replicated).
+    Flash attention is refused off CPU (on CPU the YAML's reader warned about it)."""
+    import mindspore as ms
+
     from mindrlhf.models.qwen2.modeling import kv_head_shards
     from mindrlhf.parallel.layout import LayoutError
+
+    device = ms.get_context("device_target")
+    if cfg.use_flash_attention and device != "CPU":
+        raise ConfigError(f"{path}: model.model_config.use_flash_attention=true is not supported on {device}: "
+                          "flash attention is not built here (attention is softmax(q k^T) v); set it to false")
 
     for name in ("num_heads", "vocab_size", "intermediate_size"):
         value = getattr(cfg, name)

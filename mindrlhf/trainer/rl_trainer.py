@@ -131,6 +131,9 @@ class RLTrainer:
                     critic, self.world_size, plan.train_cfg.num_parameters() / 1e6, self.dataset.num_samples,
                     sched.batch_size, self.num_generations, ", ".join(role.name for role in self.roles),
                     self.config.algorithm.adv_estimator)
+        for net, cfg in (("train net", plan.train_cfg), ("critic", plan.critic_cfg)):
+            if cfg is not None and cfg.memory_features():
+                logger.info("%s memory features: %s", net, cfg.memory_features())
 
     # ------------------------------------------------------------------ state
     def save_strategies(self, folder: str) -> dict[str, str]:

@@ -138,14 +138,17 @@ def update_policy(config, learning_rate: float, warmup_steps: int, max_grad_norm
     return UpdatePolicy(schedule, max_grad_norm, config.loss.aggregation, opt.max_consecutive_skips)
 
 
-def adamw(config, params, state_prefix: str = "", learning_rate: float | None = None):
-    """The job's AdamW (`optimizer` section) over `params`."""
-    from mindrlhf.optim import AdamW
+def adamw(config, params, model_config, layout, state_prefix: str = "", learning_rate: float | None = None):
+    """The job's AdamW (`optimizer` section) over `params`; its moments sharded over `layout`'s data-parallel
+    group (`ShardedAdamW`) when `model_config.parallel_config.optimizer_shard` is set and dp > 1."""
+    from mindrlhf.optim import AdamW, ShardedAdamW
 
     opt = config.optimizer
-    return AdamW(params, learning_rate=opt.learning_rate if learning_rate is None else learning_rate,
-                 beta1=opt.beta1, beta2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay,
-                 state_prefix=state_prefix)
+    kwargs = dict(learning_rate=opt.learning_rate if learning_rate is None else learning_rate, beta1=opt.beta1,
+                  beta2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay, state_prefix=state_prefix)
+    if model_config.parallel_config.optimizer_shard and layout.dp > 1:
+        return ShardedAdamW(params, layout.dp, layout.dp_rank, layout.dp_group, **kwargs)
+    return AdamW(params, **kwargs)
 
 
 class Actor(Role):
@@ -200,7 +203,8 @@ class Actor(Role):
                                  epsilon_high=cfg.loss.epsilon_high, kl_estimator=cfg.loss.kl_estimator)
         self.engine = TrainEngine(
             "actor", self.train_net, GRPOLossNet(self.train_net, loss_cell, gen.temperature),
-            adamw(cfg, self.train_net.trainable_params()), self.train_layout, self.train_cfg,
+            adamw(cfg, self.train_net.trainable_params(), self.train_cfg, self.train_layout),
+            self.train_layout, self.train_cfg,
             MicroBatchSizer.for_pass("train", sched, self.train_cfg, self.train_layout, gen.num_generations, True),
             comm, update_policy(cfg, opt.learning_rate, opt.warmup_steps, opt.max_grad_norm), self.train_strategy,
             stage_shared=self.train_net.stage_shared_params, dp_sums=dp_sums)
@@ -380,7 +384,8 @@ class Critic(Role):
         self.comm = comm
         self.engine = TrainEngine(
             "critic", self.net, ValueLossNet(self.net, ValueLossCell(critic.cliprange_value)),
-            adamw(cfg, self.net.trainable_params(), "critic_", critic.learning_rate), self.layout, self.model_config,
+            adamw(cfg, self.net.trainable_params(), self.model_config, self.layout, "critic_", critic.learning_rate),
+            self.layout, self.model_config,
             MicroBatchSizer.for_pass("critic train", cfg.schedule, self.model_config, self.layout, group, True),
             comm, update_policy(cfg, critic.learning_rate, critic.lr_warmup_steps, critic.grad_clip), self.strategy,
             dp_sums=dp_sums)

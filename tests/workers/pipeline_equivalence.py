@@ -3,8 +3,11 @@ Qwen2 split into `--pp` pipeline stages (x `--tp`) over `--micro_batches`, and t
 one piece, which every rank also runs itself (no collective). Each rank writes `<out>/rank_<r>.npz`: both runs'
 summed loss-net outputs and gradient norms per update, and the weights after the updates (its stage's
 parameters, and all of the one-piece run's), with the split axes and lr. `--tied` ties the embedding and the head:
-the first and the last stage hold it and sum its gradients."""
+the first and the last stage hold it and sum its gradients. `--recompute full|selective` makes the stages' layers
+recompute their activations in the backward pass and `--seq_parallel` cuts their residual stream along the sequence
+over tp (the one-piece run does neither): the results must not change."""
 import argparse
+import dataclasses
 import os
 
 import mindspore as ms
@@ -13,6 +16,7 @@ from spmd_equivalence import CONFIG, grpo_batch
 
 from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
 from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseHidden, ResponseLogProbs
+from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.engine.batches import prompt_micro_batches
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.optim import AdamW
@@ -35,6 +39,8 @@ def main():
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--micro_batches", type=int, default=1)
     parser.add_argument("--tied", action="store_true")
+    parser.add_argument("--recompute", choices=("off", "full", "selective"), default="off")
+    parser.add_argument("--seq_parallel", action="store_true", help="the stages' parallel_config.use_seq_parallel")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -67,7 +73,9 @@ def main():
         whole_norms.append(float(norm.asnumpy()))
 
     # this rank's stage
-    model = Qwen2ForCausalLM(cfg, layout)
+    recompute = RecomputeConfig(recompute=args.recompute == "full", select_recompute=args.recompute == "selective")
+    parallel = dataclasses.replace(cfg.parallel_config, use_seq_parallel=args.seq_parallel)
+    model = Qwen2ForCausalLM(dataclasses.replace(cfg, recompute=recompute, parallel_config=parallel), layout)
     init_random_weights(model, layout, seed=0)
     stage_net = GRPOLossNet(model, loss_cell()) if layout.stage == layout.pp - 1 else ResponseHidden(model)
     optimizer = AdamW(model.trainable_params(), learning_rate=LEARNING_RATE)

@@ -169,10 +169,12 @@ def main():
                         help="fewer than --tp: each kv head is shared by tp / n_kv_heads ranks")
     parser.add_argument("--cpu_collectives", choices=("native", "auto"), default="native",
                         help="auto: the dp gradient sums through shared memory (mindrlhf.parallel.shared_memory)")
+    parser.add_argument("--seq_parallel", action="store_true", help="parallel_config.use_seq_parallel")
     args = parser.parse_args()
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     layout, dp_sums = parallel_layout(args.dp, args.tp, args.cpu_collectives)
     cfg = Qwen2Config(**{**CONFIG, "n_kv_heads": args.n_kv_heads}, compute_dtype=args.compute_dtype)
+    cfg.parallel_config.use_seq_parallel = args.seq_parallel
     net = Qwen2ForCausalLM(cfg, layout)
     axes = param_split_axes(net)
     init_random_weights(net, layout, seed=0)

@@ -9,20 +9,12 @@ from dataclasses import dataclass
 import yaml
 
 from mindrlhf.configs.base import ConfigError, from_mapping, get_section, help_field, load_yaml, required_field
-from mindrlhf.configs.parallel import IGNORED_PARALLEL_KEYS, ParallelConfig
+from mindrlhf.configs.foreign_keys import MODEL_KEYS, PARALLEL_KEYS, check_foreign_keys, check_top_level, warn_once
+from mindrlhf.configs.parallel import ParallelConfig
+from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.utils.atomic import atomic_output
 
 DTYPES = ("float32", "float16", "bfloat16")
-
-# Keys found in MindFormers model_config sections that do not change this implementation.
-IGNORED_MODEL_KEYS = frozenset({
-    "type", "batch_size", "use_past", "use_flash_attention", "checkpoint_name_or_path", "offset",
-    "repetition_penalty", "top_k", "top_p", "do_sample", "is_dynamic", "qkv_concat", "pretrain_seqlen",
-    "extend_method", "scaling_factor", "layernorm_compute_type", "softmax_compute_type", "rotary_dtype",
-    "emb_dropout_prob", "block_size", "num_blocks", "use_past_shard", "max_decode_length", "ignore_token_id",
-    "fine_grain_interleave", "use_rope_slice", "auto_map", "multiple_of",
-    "ffn_dim_multiplier", "hidden_act", "model_name", "use_attn_mask_compression", "parallel_optimizer",
-})
 
 SUPPORTED_HF_ARCHS = {"qwen2": True, "llama": False}  # model_type -> default qkv bias
 
@@ -71,6 +63,12 @@ class Qwen2Config:
     pad_token_id: int = help_field(151643, "Padding token id (<|endoftext|> for Qwen).")
     parallel_config: ParallelConfig = dataclasses.field(
         default_factory=ParallelConfig, metadata={"help": "Layout of this network (top-level `parallel_config`)."})
+    use_flash_attention: bool = help_field(
+        False, "MindFormers' flash attention: not built here (attention is softmax(q k^T) v): warned about on CPU, "
+               "refused on Ascend/GPU.")
+    recompute: RecomputeConfig = dataclasses.field(
+        default_factory=RecomputeConfig, metadata={"help": "Activation recompute of trained nets (top-level "
+                                                           "`recompute_config`)."})
     arch: str = help_field(DEFAULT_ARCH, "The network the YAML describes (`model.arch.type`, not a model_config "
                            "field): Qwen2ForCausalLM (alias LlamaForCausalLM) or Qwen2ForValue (critic, reward model).")
 
@@ -109,6 +107,21 @@ class Qwen2Config:
         emb = self.vocab_size * d
         return self.num_layers * per_layer + emb + d + (0 if self.tie_word_embeddings else emb)
 
+    def memory_features(self) -> str:
+        """The memory features this net's YAML turns on, for the log ('' when none)."""
+        parallel = self.parallel_config
+        stages, per_stage = parallel.pipeline_stage, self.num_layers // parallel.pipeline_stage
+        full, selective = self.recompute.layers_of_stage(0, stages, per_stage)
+        of_layers = f"{per_stage} layers" + (" of the first stage" if stages > 1 else "")
+        features = ["sequence parallel"] if parallel.use_seq_parallel and parallel.model_parallel > 1 else []
+        if full:
+            features.append(f"full recompute of {full} of {of_layers}")
+        if selective:
+            features.append(f"attention recompute of {selective} of {of_layers}")
+        if parallel.optimizer_shard and parallel.data_parallel > 1:
+            features.append(f"AdamW moments sharded over data parallel {parallel.data_parallel}")
+        return ", ".join(features)
+
     # ------------------------------------------------------------------ YAML
     @classmethod
     def from_yaml(cls, path: str | os.PathLike) -> Qwen2Config:
@@ -125,10 +138,11 @@ class Qwen2Config:
             raise ConfigError(f"{source}: unknown field 'arch' in model.model_config; the architecture is "
                               "model.arch.type")
         arch = read_arch(data, source)
-        parallel = from_mapping(ParallelConfig, get_section(data, "parallel_config", source, required=False),
-                                f"{source}: parallel_config", IGNORED_PARALLEL_KEYS)
-        cfg = from_mapping(cls, model_cfg, f"{source}: model.model_config", IGNORED_MODEL_KEYS)
-        cfg.parallel_config, cfg.arch = parallel, arch
+        check_top_level(data, ("model", "parallel_config", "recompute_config", "parallel"), source)
+        check_foreign_keys(model_cfg, MODEL_KEYS, "model.model_config", source)
+        cfg = from_mapping(cls, model_cfg, f"{source}: model.model_config", frozenset(MODEL_KEYS))
+        cfg.parallel_config, cfg.recompute = read_parallel(data, source)
+        cfg.arch = arch
         try:
             cfg.check_pipeline_stages()
         except ConfigError as err:
@@ -136,8 +150,10 @@ class Qwen2Config:
         return cfg
 
     def check_pipeline_stages(self) -> None:
-        """The decoder must split into `parallel_config.pipeline_stage` equal shares."""
+        """The decoder must split into `parallel_config.pipeline_stage` equal shares (and a per-stage recompute list
+        must have one entry per stage)."""
         stages = self.parallel_config.pipeline_stage
+        self.recompute.layers_of_stage(0, stages, self.num_layers // stages)
         if stages == 1:
             return
         if self.num_layers % stages:
@@ -146,12 +162,15 @@ class Qwen2Config:
 
     def to_dict(self) -> dict:
         model_cfg = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                     if f.name not in ("parallel_config", "arch")}
+                     if f.name not in ("parallel_config", "arch", "recompute")}
         model_cfg = {"type": "Qwen2Config", **model_cfg}
-        return {
+        data = {
             "model": {"model_config": model_cfg, "arch": {"type": self.arch}},
             "parallel_config": dataclasses.asdict(self.parallel_config),
         }
+        if self.recompute != RecomputeConfig():
+            data["recompute_config"] = dataclasses.asdict(self.recompute)
+        return data
 
     def to_yaml(self, path: str | os.PathLike) -> None:
         """Writes the MindFormers-layout YAML (atomically)."""
@@ -219,6 +238,26 @@ class Qwen2Config:
             values["head_dim"] = 0
         values.update(overrides)
         return from_mapping(cls, values, path)
+
+
+def read_parallel(data: dict, source: str) -> tuple[ParallelConfig, RecomputeConfig]:
+    """The top-level `parallel_config` and `recompute_config` of a MindFormers YAML, with the older places of their
+    keys: `parallel_config.recompute` (a bool or a recompute mapping) and `parallel.enable_parallel_optimizer` (the
+    rest of MindFormers' `parallel` section configures semi-auto parallel, which is not used here)."""
+    section = get_section(data, "parallel_config", source, required=False)
+    legacy_recompute = section.pop("recompute", None)
+    check_foreign_keys(section, PARALLEL_KEYS, "parallel_config", source)
+    parallel = from_mapping(ParallelConfig, section, f"{source}: parallel_config", frozenset(PARALLEL_KEYS))
+    context = get_section(data, "parallel", source, required=False)
+    if context.pop("enable_parallel_optimizer", False):
+        parallel.optimizer_shard = True
+    if context:
+        warn_once(f"{source}: parallel.{', parallel.'.join(map(str, context))} have no effect here: layouts are "
+                  "explicit per network (parallel_config), not MindSpore's semi-auto parallel")
+    recompute = get_section(data, "recompute_config", source, required=False)
+    if not recompute and legacy_recompute is not None:
+        recompute = dict(legacy_recompute) if isinstance(legacy_recompute, dict) else {"recompute": legacy_recompute}
+    return parallel, from_mapping(RecomputeConfig, recompute, f"{source}: recompute_config")
 
 
 def read_arch(data: dict, source: str) -> str:

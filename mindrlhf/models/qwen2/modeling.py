@@ -19,6 +19,7 @@ from mindrlhf.parallel.layers import (
     ParallelLayer,
     RMSNorm,
     RowParallelLinear,
+    SequenceParallel,
     VocabParallelEmbedding,
     VocabParallelLogProbs,
     expand_as,
@@ -194,22 +195,38 @@ class Qwen2MLP(nn.Cell):
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
 
+def sequence_parallel(config: Qwen2Config, layout: Layout) -> SequenceParallel | None:
+    """The sequence-parallel cell of a net (`parallel_config.use_seq_parallel` with tp > 1), or None."""
+    return SequenceParallel(layout) if config.parallel_config.use_seq_parallel and layout.tp > 1 else None
+
+
 class Qwen2DecoderLayer(nn.Cell):
-    """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(.))."""
+    """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(.)). With sequence parallel (`sequence`) and no
+    KV cache, `x` is this rank's part of the sequence (:class:`SequenceParallel`)."""
 
     def __init__(self, config: Qwen2Config, layout: Layout):
         super().__init__()
+        self.sequence = sequence_parallel(config, layout)
         norm_kw = dict(eps=config.rms_norm_eps, param_dtype=to_ms_dtype(config.param_init_type),
-                       compute_dtype=to_ms_dtype(config.compute_dtype))
+                       compute_dtype=to_ms_dtype(config.compute_dtype),
+                       sequence_parallel=layout if self.sequence is not None else None)
         self.attention_norm = RMSNorm(config.hidden_size, **norm_kw)
         self.attention = Qwen2Attention(config, layout)
         self.ffn_norm = RMSNorm(config.hidden_size, **norm_kw)
         self.feed_forward = Qwen2MLP(config, layout)
 
     def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_index=None, prefill_rows=None):
+        if self.sequence is not None and key_cache is None:
+            return self._sequence_parallel(x, cos, sin, attn_bias)
         h = x + self.attention(self.attention_norm(x), cos, sin, attn_bias, key_cache, value_cache, slot_index,
                                prefill_rows)
         return h + self.feed_forward(self.ffn_norm(h))
+
+    def _sequence_parallel(self, x, cos, sin, attn_bias):
+        length = cos.shape[1]
+        attended = self.attention(self.sequence.gather(self.attention_norm(x), length), cos, sin, attn_bias)
+        h = x + self.sequence.split(attended)
+        return h + self.sequence.split(self.feed_forward(self.sequence.gather(self.ffn_norm(h), length)))
 
 
 def stage_layers(num_layers: int, stages: int, stage: int) -> range:
@@ -242,8 +259,16 @@ class Qwen2Model(nn.Cell):
         # other stages' layers are empty placeholders, so that a layer's parameters are named by its global index
         self.layers = nn.CellList([Qwen2DecoderLayer(config, layout) if i in owned else nn.Cell()
                                    for i in range(config.num_layers)])
+        full, selective = config.recompute.layers_of_stage(layout.stage, layout.pp, len(owned))
+        for k, i in enumerate(owned):  # a forward-only graph is unaffected: recompute acts in backward passes
+            if k < full:
+                self.layers[i].recompute()
+            elif k < full + selective:
+                self.layers[i].attention.recompute()
+        self.sequence = sequence_parallel(config, layout)
         self.norm_out = RMSNorm(config.hidden_size, config.rms_norm_eps, to_ms_dtype(config.param_init_type),
-                                compute_dtype) if self.last_stage else None
+                                compute_dtype, layout if self.sequence is not None else None) \
+            if self.last_stage else None
         cos, sin = rotary_tables(config.get_head_dim(), config.seq_length, config.theta)
         self.cos_table = Tensor(cos)
         self.sin_table = Tensor(sin)
@@ -253,6 +278,8 @@ class Qwen2Model(nn.Cell):
         h = self.tok_embeddings(input_ids) if self.first_stage else hidden_in
         cos = ops.expand_dims(ops.gather(self.cos_table, position_ids, 0), 2)
         sin = ops.expand_dims(ops.gather(self.sin_table, position_ids, 0), 2)
+        if key_caches is None and self.sequence is not None:
+            return self._sequence_parallel(h, cos, sin, attn_bias)
         if key_caches is None:
             for i in self.owned_layers:
                 h = self.layers[i](h, cos, sin, attn_bias)
@@ -260,6 +287,16 @@ class Qwen2Model(nn.Cell):
             for i in self.owned_layers:
                 h = self.layers[i](h, cos, sin, attn_bias, key_caches[i], value_caches[i], slot_index, prefill_rows)
         return self.norm_out(h) if self.last_stage else h
+
+    def _sequence_parallel(self, h, cos, sin, attn_bias):
+        """The layers (and the final norm) on this rank's part of the sequence; returns the whole [B, L, D]."""
+        length = h.shape[1]
+        h = self.sequence.split(h)
+        for i in self.owned_layers:
+            h = self.layers[i](h, cos, sin, attn_bias)
+        if self.last_stage:
+            h = self.norm_out(h)
+        return self.sequence.gather(h, length)
 
     def read_responses(self, prompt_ids, prompt_mask, response_ids, response_mask, next_token=True, hidden_in=None):
         """This pipeline stage's output over the rows of :func:`response_sequences` (prompts [Bg, P], each read once
