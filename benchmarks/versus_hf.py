@@ -51,6 +51,9 @@ CASES = {
     # the same step with gradient accumulation over 1-row micro-batches on our side (the trainer's
     # micro_batch_size_per_device); torch still takes the 4 rows at once
     "train_0.5b_micro": dict(kind="train", model="0.5b", batch=4, seq=128, micro=1, target=1.5),
+    # every decoder layer recomputed in the backward pass on our side (recompute_config.recompute: true); torch
+    # keeps its activations
+    "train_0.5b_recompute": dict(kind="train", model="0.5b", batch=4, seq=128, recompute=True, target=1.5),
 }
 ADAMW = dict(lr=1e-5, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.01)
 SEQ_LENGTH = 256  # cache / position length on our side; every case fits
@@ -153,8 +156,11 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     configure_cpu_memory_pool(world_size=1)  # as the trainer does
+    from mindrlhf.configs.recompute import RecomputeConfig
+
     config = dataclasses.replace(Qwen2Config.from_yaml(os.path.join(folder, "model.yaml")), seq_length=SEQ_LENGTH,
-                                 compute_dtype="float32")
+                                 compute_dtype="float32",
+                                 recompute=RecomputeConfig(recompute=case.get("recompute", False)))
     model = Qwen2ForCausalLM(config)
     ms.load_param_into_net(model, ms.load_checkpoint(os.path.join(folder, "model.ckpt")), strict_load=True)
     ids = case_inputs(case)

@@ -264,3 +264,24 @@ def test_the_learning_rate_schedule_spans_every_update_of_the_run():
     assert total_updates(config.schedule) == 5 * 2 * 4  # steps x passes x mini-batches a pass
     policy = update_policy(config, 1e-3, 2, 1.0)
     assert [policy.lr.at(u) for u in range(3)] == [5e-4, 1e-3, 1e-3]
+
+
+@pytest.mark.parametrize("recompute,budget,size", [({}, 2, 2), ({"recompute": True}, 2, 4), ({}, 3, 4),
+                                                    ({"recompute": True}, 3, 8), ({"select_recompute": True}, 3, 4)])
+def test_recomputed_layers_let_the_sizer_take_larger_calls(recompute, budget, size):
+    """Qwen2.5-0.5B's shape, a 256-token prompt and 8 responses of 64 under a 2 or 3 GiB activation budget: full
+    recompute of every layer frees most of a layer's train-call bytes (`memory_budget.FULL_RECOMPUTE_FREES`,
+    measured), so twice the responses of a prompt go into one call (all 8 at 3 GiB); attention-only recompute
+    frees little on CPU (`SELECTIVE_RECOMPUTE_FREES`) and changes no call here."""
+    import dataclasses
+
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.configs.recompute import RecomputeConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+
+    cfg = dataclasses.replace(Qwen2Config.from_yaml("model_configs/qwen2_5/qwen2_5_0_5b.yaml"),
+                              recompute=RecomputeConfig(**recompute))
+    sizer = MicroBatchSizer.for_pass("train", ScheduleConfig(activation_memory_gib=budget, share_prompts=True), cfg,
+                                     Layout(), 8, True)
+    ids, response = np.ones((8, 256), np.int32), np.ones((8, 64), np.int32)
+    assert sizer.plan([ids, ids, response, response]) == (size, size, 64)

@@ -74,6 +74,12 @@ class JobOptions:
                                          "CPU time per byte); native = MindSpore's AllReduce.",
                                  choices=["auto", "native"])
     init_seed: int = _flag(0, "Seed of random weights when no checkpoint is given (tests, smoke runs).")
+    plan: bool = _flag(False, "Print the memory plan (bytes per rank and phase: weights, gradients, optimizer "
+                              "moments, activations, KV cache, logits, host swap; the peaks) and whether it fits "
+                              "--device_memory_gib, then exit: reads the YAMLs and flags only, needs no msrun or "
+                              "devices (the world size comes from the YAML layouts).")
+    device_memory_gib: float = _flag(0.0, "With --plan: memory of one device, GiB (0 = this host's memory divided by "
+                                          "the job's ranks, as on CPU).")
 
     @property
     def checkpoint_dir(self) -> str:

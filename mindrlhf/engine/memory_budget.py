@@ -13,6 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 FLOAT_BYTES = 4
+# Recompute (activation checkpointing), measured on the CPU backend (benchmarks/memory_plan.py recompute: one GRPO
+# train call at SmolLM2-135M's shape, rows of 64 + 192 tokens, peak RSS of the step): every layer fully recomputed
+# saves 1.21 GiB with 4 rows and 0.30 GiB with 2 (the same loss and gradient norm), so it frees 0.72 of the bytes
+# `train_bytes` counts for a layer a row and its bigger graph costs ~20 MiB a layer once (`memory_plan` counts that);
+# every attention recomputed saves 0.13 GiB with 4 rows (vocab 49152 or 1024 alike). Most of a layer's train memory
+# here is the backward's working buffers, which recompute does not remove.
+FULL_RECOMPUTE_FREES = 0.72
+SELECTIVE_RECOMPUTE_FREES = 0.05
 
 
 def _tokens_and_attention(prompts: int, rows: int, prompt_width: int, read_width: int) -> tuple[int, int]:
@@ -24,13 +32,22 @@ def _tokens_and_attention(prompts: int, rows: int, prompt_width: int, read_width
 
 
 def train_bytes(prompts: int, rows: int, prompt_width: int, response_width: int, hidden: int, intermediate: int,
-                heads: int, layers: int, vocab: int, tp: int = 1) -> int:
+                heads: int, layers: int, vocab: int, tp: int = 1, recomputed_layers: int = 0,
+                selective_layers: int = 0) -> int:
     """Activation bytes of one train graph call (forward kept for backward + backward): `rows` responses of
     `response_width` tokens, each scored, read after `prompts` prompts of `prompt_width` tokens (the response's last
-    token is scored but not read). `heads`, `intermediate` and `vocab` are split over `tp`."""
+    token is scored but not read). `heads`, `intermediate` and `vocab` are split over `tp`.
+
+    `recomputed_layers` of the `layers` recompute fully in the backward (`Cell.recompute()` on the decoder layer),
+    `selective_layers` their attention only: each frees the measured share of its bytes (`FULL_RECOMPUTE_FREES`,
+    `SELECTIVE_RECOMPUTE_FREES`). Together at most `layers`."""
+    if not 0 <= recomputed_layers + selective_layers <= layers or min(recomputed_layers, selective_layers) < 0:
+        raise ValueError(f"recomputed_layers={recomputed_layers} + selective_layers={selective_layers} must be "
+                         f"between 0 and layers={layers}")
     tokens, scores = _tokens_and_attention(prompts, rows, prompt_width, response_width - 1)
     per_layer = tokens * (24 * hidden + 3 * intermediate // tp) + 2 * (heads // tp) * scores
-    return FLOAT_BYTES * (layers * per_layer + rows * response_width * 4 * vocab // tp)
+    kept = layers - FULL_RECOMPUTE_FREES * recomputed_layers - SELECTIVE_RECOMPUTE_FREES * selective_layers
+    return FLOAT_BYTES * (int(kept * per_layer) + rows * response_width * 4 * vocab // tp)
 
 
 def log_prob_bytes(prompts: int, rows: int, prompt_width: int, response_width: int, hidden: int, intermediate: int,

@@ -54,8 +54,11 @@ class MicroBatchSizer:
         shape = dict(hidden=cfg.hidden_size, intermediate=cfg.intermediate_size, heads=cfg.num_heads,
                      vocab=cfg.vocab_size, tp=self.tp)
         if self.kind.endswith("train"):
-            return memory_budget.train_bytes(prompts, rows, prompt_width, response_width, layers=cfg.num_layers,
-                                             **shape)
+            stages = cfg.parallel_config.pipeline_stage
+            layers = cfg.num_layers // stages  # a stage keeps its own layers' activations (the first stage's here)
+            full, selective = cfg.recompute.layers_of_stage(0, stages, layers)
+            return memory_budget.train_bytes(prompts, rows, prompt_width, response_width, layers=layers,
+                                             recomputed_layers=full, selective_layers=selective, **shape)
         return memory_budget.log_prob_bytes(prompts, rows, prompt_width, response_width, **shape)
 
     def width(self, response_mask: np.ndarray) -> int:

@@ -70,6 +70,8 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if job.plan:
+        return print_memory_plan(config, job, tokenizer)
     ms.set_context(mode=ms.GRAPH_MODE)
     world_size, rank = init_communication(job.use_parallel)
     set_up_host(job, world_size, rank)
@@ -89,6 +91,19 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     except NonFiniteUpdates as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    return 0
+
+
+def print_memory_plan(config: GRPOConfig, job: JobOptions, tokenizer) -> int:
+    """`--plan`: prints the memory plan (`memory_report.plan_report`) and returns 0, or 2 with a one-line error;
+    builds no net, needs no msrun."""
+    from mindrlhf.trainer.memory_report import plan_report
+
+    try:
+        print(plan_report(config, job, tokenizer))
+    except ValueError as err:  # ConfigError, LayoutError
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -123,9 +123,12 @@ def actor_residency(infer_group: str) -> dict[str, tuple[str, ...]]:
 def shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout, infer_checkpoint: str,
                          train_checkpoint: str) -> bool:
     """Whether the inference net can be the train net itself: the same architecture, dtypes and layout (the
-    same shards on every rank), and no inference checkpoint of its own."""
-    same_model = dataclasses.replace(train_cfg, parallel_config=None) == \
-        dataclasses.replace(infer_cfg, parallel_config=None)
+    same shards on every rank), and no inference checkpoint of its own. Recompute acts in backward passes only,
+    so it may differ."""
+    from mindrlhf.configs.recompute import RecomputeConfig
+
+    same_model = dataclasses.replace(train_cfg, parallel_config=None, recompute=RecomputeConfig()) == \
+        dataclasses.replace(infer_cfg, parallel_config=None, recompute=RecomputeConfig())
     own_weights = bool(infer_checkpoint) and infer_checkpoint != train_checkpoint
     return same_model and train_layout == infer_layout and not own_weights
 

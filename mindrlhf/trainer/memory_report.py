@@ -1,0 +1,239 @@
+"""`--plan`: the bytes each rank holds in each phase of a job (`mindrlhf.engine.memory_plan`), printed as a table,
+and whether the job fits `--device_memory_gib`. Reads the job's `JobPlan` only: builds no net, needs no device.
+
+Which weights are on device in which phase comes from the roles' declarations (`roles.actor_residency`,
+`Reference.resident_in`, `Critic.resident_in`, `phase_plan`); on a backend that does not really offload (CPU) every
+swap group stays in memory in every phase, as in a run. The KV caches and the gradient-accumulation buffers are
+in no swap group: once made they stay for the rest of the job.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from mindrlhf.engine.memory_plan import (
+    GIB,
+    GRAPH_BYTES_PER_LAYER,
+    RECOMPUTE_GRAPH_BYTES_PER_LAYER,
+    RUNTIME_OVERHEAD_GIB,
+    TERMS,
+    Call,
+    NetShape,
+    PhaseMemory,
+    RankMemory,
+    Recompute,
+    forward_activation_bytes,
+    moment_bytes,
+    train_activation_bytes,
+    verdict,
+)
+from mindrlhf.engine.sizing import MicroBatchSizer
+from mindrlhf.parallel.layout import Layout
+from mindrlhf.trainer.roles import (
+    CRITIC_MOMENTS,
+    CRITIC_WEIGHTS,
+    INFER_WEIGHTS,
+    OPTIMIZER_MOMENTS,
+    REF_WEIGHTS,
+    REWARD_MODEL_WEIGHTS,
+    TRAIN_WEIGHTS,
+    Critic,
+    Reference,
+    actor_residency,
+    phase_plan,
+    shares_train_weights,
+)
+
+MOMENT_GROUPS = (OPTIMIZER_MOMENTS, CRITIC_MOMENTS)
+
+
+def recompute_of(cfg, pp: int, stage: int) -> Recompute:
+    """The layers of pipeline stage `stage` that recompute, from the YAML's `recompute_config`
+    (`RecomputeConfig.layers_of_stage`; a config without one recomputes nothing)."""
+    rc = getattr(cfg, "recompute", None)
+    if rc is None:
+        return Recompute()
+    full, selective = rc.layers_of_stage(stage, pp, cfg.num_layers // pp)
+    return Recompute(full=full, selective=selective)
+
+
+def largest_call(kind: str, schedule, cfg, layout: Layout, group: int, rows: int, prompt_width: int,
+                 response_width: int, training: bool) -> Call:
+    """The graph call the trainer's sizer (`MicroBatchSizer.plan`) makes of `rows` full-width responses."""
+    sizer = MicroBatchSizer.for_pass(kind, schedule, cfg, layout, group, training)
+    arrays = [np.zeros((rows, prompt_width), np.int32), np.ones((rows, prompt_width), np.int32),
+              np.zeros((rows, response_width), np.int32), np.ones((rows, response_width), np.int32)]
+    size, share, width = sizer.plan(arrays)
+    return Call(size // share, size, prompt_width, width)
+
+
+def _groups(plan, config, job, rank: int) -> tuple[dict[str, int], bool]:
+    """(swap group -> bytes on this rank, whether the inference net is the train net)."""
+    world = plan.world_size
+    train = Layout.from_config(plan.train_cfg.parallel_config, world, rank)
+    infer = Layout.from_config(plan.infer_cfg.parallel_config, world, rank)
+    ts, ins = NetShape.of(plan.train_cfg), NetShape.of(plan.infer_cfg)
+    elements = ts.stage_elements(train.tp, train.pp, train.stage)
+    shard = getattr(plan.train_cfg.parallel_config, "optimizer_shard", False)
+    groups = {TRAIN_WEIGHTS: elements * ts.param_bytes, OPTIMIZER_MOMENTS: moment_bytes(elements, train.dp, shard)}
+    shared = shares_train_weights(plan.train_cfg, plan.infer_cfg, train, infer, job.load_sft_checkpoint_infer,
+                                  job.load_sft_checkpoint_train)
+    infer_bytes = ins.stage_elements(infer.tp) * ins.param_bytes
+    if not shared:
+        groups[INFER_WEIGHTS] = infer_bytes
+    groups[REF_WEIGHTS] = infer_bytes
+    if plan.critic_cfg is not None:
+        cs, cl = NetShape.of(plan.critic_cfg), Layout.from_config(plan.critic_cfg.parallel_config, world, rank)
+        critic = cs.stage_elements(cl.tp, cl.pp, cl.stage) - (0 if cs.tied else cs.vocab * cs.hidden // cl.tp)
+        groups[CRITIC_WEIGHTS] = critic * cs.param_bytes
+        groups[CRITIC_MOMENTS] = moment_bytes(critic, cl.dp, getattr(plan.critic_cfg.parallel_config,
+                                                                      "optimizer_shard", False))
+    if plan.reward_model_cfg is not None:
+        rs = NetShape.of(plan.reward_model_cfg)
+        groups[REWARD_MODEL_WEIGHTS] = rs.stage_elements(infer.tp) * rs.param_bytes
+    return groups, shared
+
+
+def _residency(plan, config, job, shared: bool) -> dict[str, tuple[str, ...]]:
+    """Phase -> resident swap groups, from the roles' declarations (the phases this job runs)."""
+    roles = [SimpleNamespace(resident_in=actor_residency(TRAIN_WEIGHTS if shared else INFER_WEIGHTS)), Reference]
+    if plan.critic_cfg is not None:
+        roles.append(Critic)
+    if plan.reward_model_cfg is not None:
+        roles.append(SimpleNamespace(resident_in={"reward": (REWARD_MODEL_WEIGHTS,)}))
+    phases = ["generate"] + (["reward"] if plan.reward_model_cfg is not None else []) + ["ref"]
+    phases += ["old"] if config.schedule.num_iterations > 1 else []
+    phases += ["values", "update_critic"] if plan.critic_cfg is not None else []
+    phases += ["train", "reshard"] + (["eval"] if job.eval_dataset_file else [])
+    resident = phase_plan(roles, phases)
+    if config.schedule.ref_model_sync_steps:
+        resident["reshard"] += (REF_WEIGHTS,)
+    return {phase: resident[phase] for phase in phases}
+
+
+def _graph_layers(plan, config) -> int:
+    """Decoder layers summed over the graphs a rank compiles (CPU: each holds its kernels' memory): per response
+    width (`schedule.response_buckets`) the train graph (forward and backward: twice its layers) and the reference's
+    (and the old policy's) log-prob graph; a prefill graph per prompt bucket and the decode graph."""
+    sched, gen = config.schedule, plan.generation
+    train_layers = plan.train_cfg.num_layers // plan.train_cfg.parallel_config.pipeline_stage
+    forward = 1 + (1 if sched.num_iterations > 1 else 0)
+    return sched.response_buckets * (2 * train_layers + forward * plan.infer_cfg.num_layers) + \
+        (len(gen.prompt_buckets) + 1) * plan.infer_cfg.num_layers
+
+
+def _transients(plan, config, rank: int) -> dict[str, dict[str, int]]:
+    """Phase -> the terms that exist only while it runs (activations, logits, one call's gradients)."""
+    sched, gen, G = config.schedule, plan.generation, plan.generation.num_generations
+    world, P, R = plan.world_size, max(gen.prompt_buckets), gen.max_new_tokens
+    train = Layout.from_config(plan.train_cfg.parallel_config, world, rank)
+    infer = Layout.from_config(plan.infer_cfg.parallel_config, world, rank)
+    ts, ins = NetShape.of(plan.train_cfg), NetShape.of(plan.infer_cfg)
+    prompts = sched.batch_size // infer.dp
+    prefill, _ = forward_activation_bytes(ins, Call(prompts, 0, P, 0), infer.tp)
+    generate = {"activations": prefill, "logits": 4 * ins.vocab * (prompts + prompts * G)}
+    call = largest_call("log_prob", sched, plan.infer_cfg, infer, G, prompts * G, P, R, False)
+    acts, logits = forward_activation_bytes(ins, call, infer.tp)
+    forward = {"activations": acts, "logits": logits}
+    rows = sched.prompts_per_update * G // train.dp
+    call = largest_call("train", sched, plan.train_cfg, train, G, rows, P, R, True)
+    in_flight = train.pp - train.stage if train.stage < train.pp - 1 else 0
+    recompute = recompute_of(plan.train_cfg, train.pp, train.stage)
+    acts, logits = train_activation_bytes(ts, call, train.tp, train.pp, train.stage, in_flight, recompute)
+    grads = ts.stage_elements(train.tp, train.pp, train.stage) * ts.param_bytes
+    out = {"generate": generate, "eval": generate, "ref": forward, "old": forward, "values": forward,
+           "train": {"activations": acts, "logits": logits, "gradients": grads}}
+    out["update_critic"] = out["train"]
+    out["buffers"] = {"gradients": grads if train.pp > 1 or call.rows < rows else 0}
+    return out
+
+
+def rank_memory(plan, config, job, rank: int, device: str = "cpu") -> list[PhaseMemory]:
+    """Every phase's bytes on `rank` of the job of `plan` (a `JobPlan`) on `device` ("cpu": nothing really
+    offloads; "ascend": the swap plan's idle groups are on host)."""
+    groups, shared = _groups(plan, config, job, rank)
+    transients = _transients(plan, config, rank)
+    gen = plan.generation
+    infer = Layout.from_config(plan.infer_cfg.parallel_config, plan.world_size, rank)
+    kv_rows = config.schedule.batch_size // infer.dp * gen.num_generations
+    kv = NetShape.of(plan.infer_cfg).kv_cache_bytes(kv_rows, gen.cache_length, infer.tp)
+    train = Layout.from_config(plan.train_cfg.parallel_config, plan.world_size, rank)
+    recomputed = recompute_of(plan.train_cfg, train.pp, train.stage).full * config.schedule.response_buckets
+    runtime = int(RUNTIME_OVERHEAD_GIB[device] * GIB) + GRAPH_BYTES_PER_LAYER[device] * _graph_layers(plan, config) \
+        + RECOMPUTE_GRAPH_BYTES_PER_LAYER[device] * recomputed
+    phases = []
+    for phase, resident in _residency(plan, config, job, shared).items():
+        on_device = groups if device == "cpu" else {g: b for g, b in groups.items() if g in resident}
+        extra = transients.get(phase, {})
+        terms = dict.fromkeys(TERMS, 0)
+        terms["weights"] = sum(b for g, b in on_device.items() if g not in MOMENT_GROUPS)
+        terms["moments"] = sum(b for g, b in on_device.items() if g in MOMENT_GROUPS)
+        terms["gradients"] = transients["buffers"]["gradients"] + extra.get("gradients", 0)
+        terms.update(activations=extra.get("activations", 0), logits=extra.get("logits", 0), kv_cache=kv,
+                     runtime=runtime)
+        phases.append(PhaseMemory(phase, terms, host=sum(groups.values()) - sum(on_device.values())))
+    return phases
+
+
+def job_memory(plan, config, job, device: str = "cpu") -> list[RankMemory]:
+    """Every rank's phases, ranks with the same figures grouped."""
+    grouped: dict[tuple, list[int]] = {}
+    figures: dict[tuple, list[PhaseMemory]] = {}
+    for rank in range(plan.world_size):
+        phases = rank_memory(plan, config, job, rank, device)
+        key = tuple((p.phase, tuple(p.terms.items()), p.host) for p in phases)
+        grouped.setdefault(key, []).append(rank)
+        figures[key] = phases
+    return [RankMemory(tuple(ranks), figures[key]) for key, ranks in grouped.items()]
+
+
+def format_report(plans: list[RankMemory], header: str, device_gib: float) -> str:
+    """The table (per rank, per phase and term; MiB when every peak is below 4 GiB, else GiB), each group's job
+    peak, and the fits / does-not-fit line."""
+    unit, scale = ("MiB", 2**20) if max(g.peak_phase().peak for g in plans) < 4 * GIB else ("GiB", GIB)
+    lines = [f"{header}; {unit} per rank (device = the phase's peak; host = swapped out)"]
+    columns = ("phase",) + TERMS + ("device", "host")
+    for group in plans:
+        ranks = group.ranks
+        lines.append(f"ranks {','.join(map(str, ranks))}:" if len(ranks) > 1 else f"rank {ranks[0]}:")
+        lines.append("  " + f"{columns[0]:<14}" + "".join(f"{c:>12}" for c in columns[1:]))
+        for p in group.phases:
+            cells = [f"{p.terms[t] / scale:.3f}" for t in TERMS] + [f"{p.peak / scale:.3f}", f"{p.host / scale:.3f}"]
+            lines.append("  " + f"{p.phase:<14}" + "".join(f"{c:>12}" for c in cells))
+        top = group.peak_phase()
+        lines.append(f"  peak: {top.peak / GIB:.3f} GiB in phase {top.phase} (largest term: {top.largest()})")
+    lines.append(verdict(plans, device_gib))
+    return "\n".join(lines)
+
+
+def device_kind(plan) -> str:
+    """The memory model of the job's devices: "ascend" when MindSpore's device target is one or a net computes in
+    bfloat16 (no CPU kernels: the YAMLs are for Ascend), else "cpu" (nothing offloads)."""
+    import mindspore as ms
+
+    bf16 = any(cfg is not None and cfg.compute_dtype == "bfloat16"
+               for cfg in (plan.train_cfg, plan.infer_cfg, plan.critic_cfg, plan.reward_model_cfg))
+    return "cpu" if ms.get_context("device_target").upper() == "CPU" and not bf16 else "ascend"
+
+
+def plan_report(config, job, tokenizer, device: str | None = None) -> str:
+    """`--plan`: the `JobPlan` of the YAMLs' world (their layouts' ranks, not the launcher's) and its memory table
+    with the fits line. A ConfigError (`--device_memory_gib` < 0) or the plan's checks' errors name the field."""
+    import os
+
+    from mindrlhf.configs.base import ConfigError
+    from mindrlhf.models.qwen2.config import Qwen2Config
+    from mindrlhf.trainer.plan import JobPlan
+
+    if job.device_memory_gib < 0:
+        raise ConfigError(f"--device_memory_gib must be >= 0 (0 = host memory / ranks), got {job.device_memory_gib}")
+    world = Qwen2Config.from_yaml(job.sft_path_train).parallel_config.world_size
+    plan = JobPlan.build(config, job, tokenizer, world, 0)
+    device = device or device_kind(plan)
+    device_gib = job.device_memory_gib or \
+        os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / world
+    t, i = plan.train_layout, plan.infer_layout
+    header = (f"memory plan: {world} rank(s), train dp{t.dp} x tp{t.tp} x pp{t.pp}, infer dp{i.dp} x tp{i.tp}, "
+              f"device {device}")
+    return format_report(job_memory(plan, config, job, device), header, device_gib)
