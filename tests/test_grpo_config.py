@@ -133,7 +133,11 @@ def test_job_flags_are_generated_from_the_job_options():
                               "--resume", "--only_save_strategy", "--cpu_threads", "3", "--use_parallel", "false"])
     job = JobOptions.from_args(args)
     assert (job.sft_path_train, job.sft_path_infer, job.mind_dataset_dir) == ("t.yaml", "i.yaml", "d")
-    assert job.resume == "auto" and job.only_save_strategy and not job.enable_compile_cache
+    assert job.resume == "auto" and job.only_save_strategy and job.enable_compile_cache  # on by default
+    off = JobOptions.from_args(parser.parse_args(["--sft_path_train", "t.yaml", "--sft_path_infer", "i.yaml",
+                                                  "--mind_dataset_dir", "d", "--enable_compile_cache", "False",
+                                                  "--only_save_strategy", "True"]))
+    assert not off.enable_compile_cache and off.only_save_strategy  # MindRLHF's spelling of booleans
     assert job.cpu_threads == 3 and job.use_parallel == "false" and job.output_dir == "output/grpo"
     assert job.checkpoint_dir == "output/grpo/checkpoints"
     assert {action.dest for action in parser._actions} - {"help"} == {f.name for f in dataclasses.fields(JobOptions)}

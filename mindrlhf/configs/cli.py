@@ -15,7 +15,8 @@ _DEST_PREFIX = "cfg__"
 _SHARED_PREFIX = "cfg_shared__"
 
 
-def _parse_bool(text: str) -> bool:
+def parse_bool(text: str) -> bool:
+    """true/false (any case: MindRLHF's tutorials write True / False), 1/0, yes/no."""
     lowered = text.strip().lower()
     if lowered in ("true", "1", "yes"):
         return True
@@ -30,7 +31,7 @@ def _flag_kwargs(annotation: Any) -> dict:
         (item,) = typing.get_args(annotation)[:1] or (str,)
         return {"nargs": "*", "type": item if item in (int, float, str) else str}
     if annotation is bool:
-        return {"type": _parse_bool, "metavar": "{true,false}"}
+        return {"type": parse_bool, "metavar": "{true,false}"}
     if annotation in (int, float, str):
         return {"type": annotation}
     return {"type": str}

@@ -62,7 +62,11 @@ class JobOptions:
     use_parallel: str = _flag("auto", "Initialise MindSpore communication (auto: when launched by msrun).",
                               choices=["auto", "true", "false"])
     only_save_strategy: bool = _flag(False, "Build the nets, write their strategy files and stop.")
-    enable_compile_cache: bool = _flag(False, "MindSpore's compile cache under <output_dir>/compile_cache.")
+    enable_compile_cache: bool = _flag(
+        True, "MindSpore's compile cache under <output_dir>/compile_cache/rank_<r>: a rerun of the same job in the "
+              "same output_dir loads its graphs instead of compiling them (a changed model or shape compiles anew). "
+              "Off while CPU gradient sums go through shared memory (Python callbacks in the graphs). Set false "
+              "after changing mindrlhf's own code: MindSpore detects only some source changes.")
     cpu_threads: int = _flag(0, "CPU backend: kernel threads per rank (0 = the host's cores / the ranks on this "
                                 "host).")
     cpu_affinity: str = _flag("auto", "CPU backend with several ranks on a host: auto = each rank keeps to its own "
@@ -87,13 +91,17 @@ class JobOptions:
 
     @classmethod
     def add_flags(cls, parser) -> None:
-        """One `--<field>` flag per field (booleans are switches)."""
+        """One `--<field>` flag per field (booleans: `--flag` alone is true, or `--flag true|false`, MindRLHF's
+        `--flag True`)."""
+        from mindrlhf.configs.cli import parse_bool
+
         hints = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):
             extra = dict(field.metadata.get("argparse", {}))
             hint = hints[field.name]
             if hint is bool:
-                kwargs = {"action": "store_true"}
+                kwargs = {"type": parse_bool, "nargs": "?", "const": True, "default": field.default,
+                          "metavar": "{true,false}"}
             elif typing.get_origin(hint) is list:
                 kwargs = {"type": typing.get_args(hint)[0], "default": [], **extra}
             else:

@@ -140,7 +140,11 @@ def set_up_communication(plan: JobPlan, job: JobOptions) -> dict:
                                              plan.world_size, plan.rank)
         if host_sums:
             logger.info("data-parallel gradient sums through shared memory (CPU, one host): %s", ", ".join(host_sums))
-    if job.enable_compile_cache:
+    if job.enable_compile_cache and host_sums:
+        # a cached graph names its Python callbacks by their address in the process that compiled it
+        logger.info("compile cache off: the shared-memory gradient sums are Python callbacks inside graphs, which "
+                    "a graph loaded from the cache cannot call (--cpu_collectives native keeps the cache)")
+    elif job.enable_compile_cache:
         ms.set_context(enable_compile_cache=True,
                        compile_cache_path=os.path.join(job.output_dir, "compile_cache", f"rank_{plan.rank}"))
     return host_sums
