@@ -63,8 +63,9 @@ MODEL_KEYS: dict[str, ForeignKey] = {
                                       "attention is computed as softmax(q k^T) v (flash attention is not built here; "
                                       "on Ascend/GPU a job with it true is refused); set it to false"),
     "checkpoint_name_or_path": ForeignKey(_falsy, WARN,
-                                          "weights are not loaded from the model YAML: pass --sft_path_train / "
-                                          "--sft_path_infer (or --load_checkpoint to resume)"),
+                                          "weights are not loaded from the model YAML: pass "
+                                          "--load_sft_checkpoint_train / --load_sft_checkpoint_infer (--resume to "
+                                          "continue a run)"),
     "offset": ForeignKey(_no_offset, REFUSE, "pipeline stages take equal shares of the layers here; set offset: 0"),
     "repetition_penalty": ForeignKey(lambda v: v in (None, 1, 1.0), WARN, _SAMPLING),
     "top_k": ForeignKey(_always, WARN, _SAMPLING),
@@ -72,7 +73,7 @@ MODEL_KEYS: dict[str, ForeignKey] = {
     "do_sample": ForeignKey(_always, WARN, _SAMPLING),
     "max_decode_length": ForeignKey(_always, WARN, _SAMPLING),
     "is_dynamic": ForeignKey(_always, WARN, "input shapes are bucketed here (generation.prompt_buckets, "
-                                            "response_buckets)"),
+                                            "schedule.response_buckets)"),
     "block_size": ForeignKey(_always, WARN, "the KV cache is static (no paged attention)"),
     "num_blocks": ForeignKey(_always, WARN, "the KV cache is static (no paged attention)"),
     "use_past_shard": ForeignKey(_falsy, WARN, "the KV cache is split over model_parallel with the heads"),
@@ -110,7 +111,7 @@ PARALLEL_KEYS: dict[str, ForeignKey] = {
 
 # top-level sections of a MindFormers YAML besides model, parallel_config, recompute_config and parallel
 SECTIONS: dict[str, str] = {
-    "context": "MindSpore's context is set by the launcher (msrun, --device_target)",
+    "context": "MindSpore's context is set by mindrlhf (graph mode, on the device the installed MindSpore targets)",
     "runner_config": "epochs and batch sizes come from the GRPO config",
     "trainer": "the trainer is mindrlhf's",
     "optimizer": "the optimizer comes from the GRPO config's optimizer section",
