@@ -80,8 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def yaml_with_layout(model_yaml: str, path: str, data_parallel: int, model_parallel: int, seq_length: int,
-                     dtype: str = "float32") -> None:
-    """A model YAML with its parallel_config replaced, seq_length/max_position_embedding and dtypes set."""
+                     dtype: str = "float32", recompute: bool = False) -> None:
+    """A model YAML with its parallel_config replaced, seq_length/max_position_embedding and dtypes set (and every
+    layer recomputed with `recompute`)."""
     import yaml
 
     with open(model_yaml) as f:
@@ -89,6 +90,8 @@ def yaml_with_layout(model_yaml: str, path: str, data_parallel: int, model_paral
     doc["model"]["model_config"].update(seq_length=seq_length, max_position_embedding=seq_length,
                                         compute_dtype=dtype, param_init_type=dtype)
     doc["parallel_config"] = {"data_parallel": data_parallel, "model_parallel": model_parallel, "pipeline_stage": 1}
+    if recompute:
+        doc["recompute_config"] = {"recompute": True}
     with open(path, "w") as f:
         yaml.safe_dump(doc, f, sort_keys=False)
 

@@ -108,6 +108,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "a whole update at once")
     p.add_argument("--log_prob_micro_batch_size_per_device", type=int, default=None,
                    help="passed to run_grpo.sh (default: not passed for arith, 1 for 0.5b)")
+    p.add_argument("--recompute", action="store_true",
+                   help="our train net recomputes every layer (recompute_config.recompute; the 0.5b case or "
+                        "--workers 1, whose YAMLs the benchmark writes)")
     p.add_argument("--seed", type=int, default=None,
                    help="passed to run_grpo.sh (data order and sampling) and to TRL; default: grpo.yaml's")
     p.add_argument("--torch_threads", type=int, default=2, help="TRL side's torch threads")
@@ -126,6 +129,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--steps and --rounds: at least 1")
     if not args.sides or set(args.sides) - {"ours", "theirs"}:
         p.error("--sides: a comma-separated list of ours, theirs")
+    if args.recompute and args.case != "0.5b" and args.workers != 1:
+        p.error("--recompute: with --case 0.5b or --workers 1 (the bundled 2-worker job uses its own YAMLs)")
     return args
 
 
@@ -291,7 +296,7 @@ def ours_launch(args: argparse.Namespace, overrides: dict, out: str, model: dict
         # a model YAML of the case with every net dp=1 and tp=workers (0.5B's 2 kv heads allow tp 1 or 2)
         source = model["yaml"]
         train, infer = os.path.join(out, "train.yaml"), os.path.join(out, "infer.yaml")
-        yaml_with_layout(source, train, 1, workers, model["seq_length"])
+        yaml_with_layout(source, train, 1, workers, model["seq_length"], recompute=args.recompute)
         yaml_with_layout(source, infer, 1, workers, model["seq_length"])
         env.update(TRAIN_YAML=train, INFER_YAML=infer)
     if args.case == "0.5b":
