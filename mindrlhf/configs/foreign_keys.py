@@ -109,6 +109,22 @@ PARALLEL_KEYS: dict[str, ForeignKey] = {
     "context_parallel": ForeignKey(_at_most_one, REFUSE, "context parallel is not built here; set 1"),
 }
 
+# top-level settings of a MindFormers YAML (scalars)
+TOP_LEVEL_KEYS: dict[str, ForeignKey] = {
+    "seed": ForeignKey(_always, WARN, "the GRPO config's seed"),
+    "output_dir": ForeignKey(_always, WARN, "--output_dir"),
+    "run_mode": ForeignKey(_always, WARN, "the job is GRPO/PPO post-training"),
+    "use_parallel": ForeignKey(_always, WARN, "--use_parallel (auto: when launched by msrun)"),
+    "load_checkpoint": ForeignKey(_falsy, WARN, "weights are not loaded from the model YAML: pass "
+                                                "--load_sft_checkpoint_train / --load_sft_checkpoint_infer"),
+    "src_strategy_path_or_dir": ForeignKey(_falsy, WARN, "checkpoints carry their strategy files; "
+                                                         "tools/convert_weight.py and the loaders read them"),
+    "auto_trans_ckpt": ForeignKey(_always, WARN, "checkpoints are resharded to the job's layouts automatically"),
+    "resume_training": ForeignKey(_falsy, WARN, "resume with --resume auto (or a step folder)"),
+    "only_save_strategy": ForeignKey(_falsy, WARN, "pass --only_save_strategy"),
+}
+
+
 # top-level sections of a MindFormers YAML besides model, parallel_config, recompute_config and parallel
 SECTIONS: dict[str, str] = {
     "context": "MindSpore's context is set by mindrlhf (graph mode, on the device the installed MindSpore targets)",
@@ -131,22 +147,6 @@ def check_foreign_keys(values: Mapping, rules: Mapping[str, ForeignKey], section
         if rule.action == REFUSE:
             raise ConfigError(f"{where} is not supported: {rule.advice}")
         warn_once(f"{where} has no effect here: {rule.advice}")
-
-
-# top-level settings of a MindFormers YAML (scalars)
-TOP_LEVEL_KEYS: dict[str, ForeignKey] = {
-    "seed": ForeignKey(_always, WARN, "the GRPO config's seed"),
-    "output_dir": ForeignKey(_always, WARN, "--output_dir"),
-    "run_mode": ForeignKey(_always, WARN, "the job is GRPO/PPO post-training"),
-    "use_parallel": ForeignKey(_always, WARN, "--use_parallel (auto: when launched by msrun)"),
-    "load_checkpoint": ForeignKey(_falsy, WARN, "weights are not loaded from the model YAML: pass "
-                                                "--load_sft_checkpoint_train / --load_sft_checkpoint_infer"),
-    "src_strategy_path_or_dir": ForeignKey(_falsy, WARN, "checkpoints carry their strategy files; "
-                                                         "tools/convert_weight.py and the loaders read them"),
-    "auto_trans_ckpt": ForeignKey(_always, WARN, "checkpoints are resharded to the job's layouts automatically"),
-    "resume_training": ForeignKey(_falsy, WARN, "resume with --resume auto (or a step folder)"),
-    "only_save_strategy": ForeignKey(_falsy, WARN, "pass --only_save_strategy"),
-}
 
 
 def check_top_level(data: Mapping, known: tuple[str, ...], source: str) -> None:
