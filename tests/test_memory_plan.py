@@ -16,11 +16,11 @@ from mindrlhf.engine.memory_plan import (
     Recompute,
     dtype_bytes,
     forward_activation_bytes,
-    kv_shards,
     moment_bytes,
     train_activation_bytes,
     verdict,
 )
+from mindrlhf.parallel.layout import kv_head_shards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the plan vs a run's peak RSS on this CPU (docs/memory_plan.md: the tiny job 0.87 planned vs 0.83-0.84 GiB measured;
@@ -71,9 +71,9 @@ def test_kv_cache_bytes_and_replicated_kv_heads():
     assert TINY.kv_cache_bytes(8, 100, tp=2) == TINY.kv_cache_bytes(8, 100) // 2
     # tp 4 over 2 kv heads: each rank keeps one whole head (replicated), not half of one
     assert TINY.kv_cache_bytes(8, 100, tp=4) == TINY.kv_cache_bytes(8, 100) // 2
-    assert kv_shards(4, 8) == 4 and kv_shards(4, 2) == 2
-    with pytest.raises(ValueError, match="n_kv_heads=3 and model_parallel=2"):
-        kv_shards(3, 2)
+    assert kv_head_shards(4, 8) == 4 and kv_head_shards(4, 2) == 2
+    with pytest.raises(ValueError, match="n_kv_heads=3 and the tensor-parallel size 2: one must divide the other"):
+        kv_head_shards(3, 2)
     # 7B, 64 rows of 4096 + 1024 slots in bf16 on tp4: 28 layers x 1 kv head x 128 dims
     assert QWEN7B.kv_cache_bytes(64, 5120, 4) == 2 * 28 * 64 * 1 * 5120 * 128 * 2
 

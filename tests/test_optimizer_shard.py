@@ -9,11 +9,14 @@ from types import SimpleNamespace
 import mindspore as ms
 import numpy as np
 import pytest
-from mindspore import Parameter, Tensor, nn
-from msrun_utils import load_ranks, run_worker
+from mindspore import Parameter, Tensor
+from msrun_utils import WORKERS_DIR, load_ranks, run_worker
 from tolerances import assert_weights_close_after_adam
 
 from mindrlhf.optim import AdamW, ShardedAdamW, flat_shard, join_shards, shard_bounds, shard_length
+
+sys.path.insert(0, str(WORKERS_DIR))
+from optimizer_shard_worker import ApplyGrads
 
 ROOT = Path(__file__).parents[1]
 
@@ -49,15 +52,6 @@ def test_flat_shards_round_trip_with_zero_padding(shape, dp):
 
 
 # ---------------------------------------------------------------- one process
-class ApplyGrads(nn.Cell):
-    def __init__(self, optimizer):
-        super().__init__(auto_prefix=False)
-        self.optimizer = optimizer
-
-    def construct(self, grads, scale):
-        return self.optimizer(grads, scale)
-
-
 def test_sharding_over_one_rank_is_plain_adamw(graph_mode):
     shapes = {"w": (5, 3), "b": (7,)}
     rng = np.random.default_rng(0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mindrlhf.engine import memory_budget
+from mindrlhf.parallel.layout import kv_head_shards
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -34,15 +35,6 @@ def dtype_bytes(name: str, where: str = "dtype") -> int:
     return DTYPE_BYTES[name]
 
 
-def kv_shards(kv_heads: int, tp: int) -> int:
-    """Into how many shards the key/value heads are cut over tp (`models.qwen2.modeling.kv_head_shards`)."""
-    if kv_heads % tp == 0:
-        return tp
-    if tp % kv_heads == 0:
-        return kv_heads
-    raise ValueError(f"n_kv_heads={kv_heads} and model_parallel={tp}: one must divide the other")
-
-
 @dataclass(frozen=True)
 class NetShape:
     """The numbers of a Qwen2 network that size its memory."""
@@ -63,7 +55,7 @@ class NetShape:
     def of(cls, cfg) -> NetShape:
         """The shape of a `Qwen2Config` (read by field name)."""
         return cls(vocab=cfg.vocab_size, hidden=cfg.hidden_size, layers=cfg.num_layers, heads=cfg.num_heads,
-                   kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim or cfg.hidden_size // cfg.num_heads,
+                   kv_heads=cfg.n_kv_heads, head_dim=cfg.get_head_dim(),
                    intermediate=cfg.intermediate_size, qkv_bias=cfg.qkv_has_bias, tied=cfg.tie_word_embeddings,
                    param_bytes=dtype_bytes(cfg.param_init_type, "model_config.param_init_type"),
                    compute_bytes=dtype_bytes(cfg.compute_dtype, "model_config.compute_dtype"))
@@ -71,7 +63,7 @@ class NetShape:
     def layer_elements(self, tp: int = 1) -> int:
         """Parameters of one decoder layer on a tp rank: q, o, MLP split over tp, k/v over their shards, the two
         norms replicated."""
-        q, kv = self.heads * self.head_dim // tp, self.kv_heads * self.head_dim // kv_shards(self.kv_heads, tp)
+        q, kv = self.heads * self.head_dim // tp, self.kv_heads * self.head_dim // kv_head_shards(self.kv_heads, tp)
         bias = q + 2 * kv if self.qkv_bias else 0
         return self.hidden * (2 * q + 2 * kv) + bias + 3 * self.hidden * self.intermediate // tp + 2 * self.hidden
 
@@ -89,7 +81,7 @@ class NetShape:
 
     def kv_cache_bytes(self, rows: int, length: int, tp: int = 1) -> int:
         """Bytes of the static KV cache of `rows` sequences of `length` slots on a tp rank (`KVCache`)."""
-        kv_local = self.kv_heads // kv_shards(self.kv_heads, tp)
+        kv_local = self.kv_heads // kv_head_shards(self.kv_heads, tp)
         return 2 * self.layers * rows * kv_local * length * self.head_dim * self.compute_bytes
 
 

@@ -197,3 +197,13 @@ def ensure_group(ranks: list[int], world_size: int) -> str | None:
         create_group(name, list(ranks))
         _created_groups.add(name)
     return name
+
+
+def kv_head_shards(n_kv_heads: int, tp: int) -> int:
+    """Into how many shards the key/value heads are cut over tp: tp itself, or with tp > n_kv_heads (a multiple
+    of it) one head per rank, each head held by tp / n_kv_heads ranks (Megatron's and vLLM's replication)."""
+    if n_kv_heads % tp == 0:
+        return tp
+    if tp % n_kv_heads == 0:
+        return n_kv_heads
+    raise LayoutError(f"n_kv_heads={n_kv_heads} and the tensor-parallel size {tp}: one must divide the other")

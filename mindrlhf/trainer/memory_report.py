@@ -50,11 +50,8 @@ MOMENT_GROUPS = (OPTIMIZER_MOMENTS, CRITIC_MOMENTS)
 
 def recompute_of(cfg, pp: int, stage: int) -> Recompute:
     """The layers of pipeline stage `stage` that recompute, from the YAML's `recompute_config`
-    (`RecomputeConfig.layers_of_stage`; a config without one recomputes nothing)."""
-    rc = getattr(cfg, "recompute", None)
-    if rc is None:
-        return Recompute()
-    full, selective = rc.layers_of_stage(stage, pp, cfg.num_layers // pp)
+    (`RecomputeConfig.layers_of_stage`)."""
+    full, selective = cfg.recompute.layers_of_stage(stage, pp, cfg.num_layers // pp)
     return Recompute(full=full, selective=selective)
 
 
@@ -75,7 +72,7 @@ def _groups(plan, config, job, rank: int) -> tuple[dict[str, int], bool]:
     infer = Layout.from_config(plan.infer_cfg.parallel_config, world, rank)
     ts, ins = NetShape.of(plan.train_cfg), NetShape.of(plan.infer_cfg)
     elements = ts.stage_elements(train.tp, train.pp, train.stage)
-    shard = getattr(plan.train_cfg.parallel_config, "optimizer_shard", False)
+    shard = plan.train_cfg.parallel_config.optimizer_shard
     groups = {TRAIN_WEIGHTS: elements * ts.param_bytes, OPTIMIZER_MOMENTS: moment_bytes(elements, train.dp, shard)}
     shared = shares_train_weights(plan.train_cfg, plan.infer_cfg, train, infer, job.load_sft_checkpoint_infer,
                                   job.load_sft_checkpoint_train)
@@ -87,8 +84,7 @@ def _groups(plan, config, job, rank: int) -> tuple[dict[str, int], bool]:
         cs, cl = NetShape.of(plan.critic_cfg), Layout.from_config(plan.critic_cfg.parallel_config, world, rank)
         critic = cs.stage_elements(cl.tp, cl.pp, cl.stage) - (0 if cs.tied else cs.vocab * cs.hidden // cl.tp)
         groups[CRITIC_WEIGHTS] = critic * cs.param_bytes
-        groups[CRITIC_MOMENTS] = moment_bytes(critic, cl.dp, getattr(plan.critic_cfg.parallel_config,
-                                                                      "optimizer_shard", False))
+        groups[CRITIC_MOMENTS] = moment_bytes(critic, cl.dp, plan.critic_cfg.parallel_config.optimizer_shard)
     if plan.reward_model_cfg is not None:
         rs = NetShape.of(plan.reward_model_cfg)
         groups[REWARD_MODEL_WEIGHTS] = rs.stage_elements(infer.tp) * rs.param_bytes

@@ -138,8 +138,7 @@ def check_tensor_parallel(cfg, tp: int, path: str) -> None:
     Flash attention is refused off CPU (on CPU the YAML's reader warned about it)."""
     import mindspore as ms
 
-    from mindrlhf.models.qwen2.modeling import kv_head_shards
-    from mindrlhf.parallel.layout import LayoutError
+    from mindrlhf.parallel.layout import LayoutError, kv_head_shards
 
     device = ms.get_context("device_target")
     if cfg.use_flash_attention and device != "CPU":

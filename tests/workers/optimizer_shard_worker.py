@@ -11,7 +11,8 @@ import os
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn, ops
+from mindspore import nn
+from spmd_equivalence import WeightedNLLLoss
 
 from mindrlhf.checkpoint.step import is_optimizer_state, save_parameters
 from mindrlhf.checkpoint.weights import load_rank_params
@@ -25,18 +26,6 @@ from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDTrainStep
 CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=4, intermediate_size=64,
               seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
 LEARNING_RATE, UPDATES, MAX_GRAD_NORM = 1e-3, 3, 0.05  # the tiny model's gradient norm is ~3-4: clipping is on
-
-
-class WeightedNLLLoss(nn.Cell):
-    """Negative log-likelihood of the labels summed under per-token weights, as (loss, loss)."""
-
-    def __init__(self, model):
-        super().__init__(auto_prefix=False)
-        self.model = model
-
-    def construct(self, input_ids, labels, mask, weights):
-        loss = -(self.model.log_probs(input_ids, labels, mask) * weights).sum()
-        return loss, ops.stop_gradient(loss)
 
 
 def batch(layout, vocab_size):

@@ -26,7 +26,7 @@ from mindrlhf.parallel.layers import (
     shard_size,
     to_ms_dtype,
 )
-from mindrlhf.parallel.layout import Layout, LayoutError
+from mindrlhf.parallel.layout import Layout, LayoutError, kv_head_shards
 
 MASK_VALUE = -1e9  # additive attention bias of masked positions (float32)
 
@@ -56,16 +56,6 @@ def apply_rotary(x, cos, sin, rotate_half):
     x32 = x.astype(ms.float32)
     rotated = ops.matmul(x32.reshape(-1, x.shape[-1]), rotate_half).reshape(x.shape)
     return (x32 * expand_as(cos, x32) + rotated * expand_as(sin, x32)).astype(x.dtype)
-
-
-def kv_head_shards(n_kv_heads: int, tp: int) -> int:
-    """Into how many shards the key/value heads are cut over tp: tp itself, or with tp > n_kv_heads (a multiple
-    of it) one head per rank, each head held by tp / n_kv_heads ranks (Megatron's and vLLM's replication)."""
-    if n_kv_heads % tp == 0:
-        return tp
-    if tp % n_kv_heads == 0:
-        return n_kv_heads
-    raise LayoutError(f"n_kv_heads={n_kv_heads} and the tensor-parallel size {tp}: one must divide the other")
 
 
 class Qwen2Attention(nn.Cell):
