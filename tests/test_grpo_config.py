@@ -133,17 +133,42 @@ def test_job_flags_are_generated_from_the_job_options():
                               "--resume", "--only_save_strategy", "--cpu_threads", "3", "--use_parallel", "false"])
     job = JobOptions.from_args(args)
     assert (job.sft_path_train, job.sft_path_infer, job.mind_dataset_dir) == ("t.yaml", "i.yaml", "d")
-    assert job.resume == "auto" and job.only_save_strategy and job.enable_compile_cache  # on by default
-    off = JobOptions.from_args(parser.parse_args(["--sft_path_train", "t.yaml", "--sft_path_infer", "i.yaml",
-                                                  "--mind_dataset_dir", "d", "--enable_compile_cache", "False",
-                                                  "--only_save_strategy", "True"]))
-    assert not off.enable_compile_cache and off.only_save_strategy  # MindRLHF's spelling of booleans
+    assert job.resume == "auto" and job.only_save_strategy and not job.enable_compile_cache  # off by default
+    on = JobOptions.from_args(parser.parse_args(["--sft_path_train", "t.yaml", "--sft_path_infer", "i.yaml",
+                                                 "--mind_dataset_dir", "d", "--enable_compile_cache", "True",
+                                                 "--only_save_strategy", "False"]))
+    assert on.enable_compile_cache and not on.only_save_strategy  # MindRLHF's spelling of booleans
     assert job.cpu_threads == 3 and job.use_parallel == "false" and job.output_dir == "output/grpo"
     assert job.checkpoint_dir == "output/grpo/checkpoints"
     assert {action.dest for action in parser._actions} - {"help"} == {f.name for f in dataclasses.fields(JobOptions)}
     with pytest.raises(SystemExit):
         parser.parse_args(["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d",
                            "--use_parallel", "maybe"])
+
+
+def test_a_compile_cache_serves_only_a_rerun_of_the_same_job_from_the_same_start(tmp_path):
+    # MindSpore loads cached graphs by compile order: a resumed run or another seed must not get this run's graphs
+    from mindrlhf.configs.job import JobOptions
+    from mindrlhf.trainer.launch import compile_cache_path
+
+    data = tmp_path / "prompts.mindrecord"
+    data.write_bytes(b"x")
+    step = tmp_path / "out" / "checkpoints" / "step_000002"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text("{}")
+    job = JobOptions(sft_path_train="t.yaml", sft_path_infer="i.yaml", mind_dataset_dir=str(data),
+                     output_dir=str(tmp_path / "out"), enable_compile_cache=True)
+    config = GRPOConfig()
+    path = compile_cache_path(job, config, 2, 1)
+    assert path == compile_cache_path(job, config, 2, 1) and path.endswith("rank_1")
+    assert path.startswith(str(tmp_path / "out" / "compile_cache"))
+    assert compile_cache_path(job, config, 2, 0) == path[:-1] + "0"
+    others = [compile_cache_path(dataclasses.replace(job, resume="auto"), config, 2, 1),
+              compile_cache_path(job, config.replace({"schedule": {"seed": 1}}), 2, 1),
+              compile_cache_path(job, config, 4, 1)]
+    data.write_bytes(b"xy")  # the prompts changed
+    others.append(compile_cache_path(job, config, 2, 1))
+    assert len({path, *others}) == 5
 
 
 def test_a_renamed_job_flag_still_works_under_its_old_name_with_a_warning(caplog):

@@ -196,7 +196,9 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
     import psutil
     from msrun_utils import free_port
     out = tmp_path / "out"
-    args = job_args(mindrecord, out, 50, ["--save_interval", "1", "--num_iterations", "1", "--mini_batch_size", "0"])
+    # with the compile cache on, as a user may have it: the resumed run must not load the killed run's graphs
+    args = job_args(mindrecord, out, 50, ["--save_interval", "1", "--num_iterations", "1", "--mini_batch_size", "0",
+                                          "--enable_compile_cache", "True"])
     job = subprocess.Popen(msrun_command(tmp_path / "logs", free_port(), args), env=msrun_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -229,9 +231,11 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
     assert step >= 2
     # the last complete checkpoint resumes and trains one more step
     resume_args = job_args(mindrecord, out, step + 1, ["--save_interval", "1", "--num_iterations", "1",
-                                                       "--mini_batch_size", "0", "--resume"])
+                                                       "--mini_batch_size", "0", "--resume",
+                                                       "--enable_compile_cache", "True"])
     resumed = run_command(msrun_command(tmp_path / "resume_logs", free_port(), resume_args), msrun_env(), timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert len(list((out / "compile_cache").iterdir())) == 2  # the killed run's cache and the resumed run's
     assert (out / "checkpoints" / f"step_{step + 1:06d}" / "meta.json").is_file()
 
 

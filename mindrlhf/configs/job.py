@@ -63,10 +63,11 @@ class JobOptions:
                               choices=["auto", "true", "false"])
     only_save_strategy: bool = _flag(False, "Build the nets, write their strategy files and stop.")
     enable_compile_cache: bool = _flag(
-        True, "MindSpore's compile cache under <output_dir>/compile_cache/rank_<r>: a rerun of the same job in the "
-              "same output_dir loads its graphs instead of compiling them (a changed model or shape compiles anew). "
-              "Off while CPU gradient sums go through shared memory (Python callbacks in the graphs). Set false "
-              "after changing mindrlhf's own code: MindSpore detects only some source changes.")
+        False, "MindSpore's compile cache under <output_dir>/compile_cache/<run key>/rank_<r>: a rerun of the same "
+               "job (same flags, config, data and start) loads its graphs instead of compiling them. MindSpore "
+               "matches cached graphs by compile order, so any other run (a resumed one, a new seed) gets its own "
+               "cache. Off while CPU gradient sums go through shared memory (Python callbacks in the graphs); "
+               "delete the folder after changing mindrlhf's own code (MindSpore detects only some changes).")
     cpu_threads: int = _flag(0, "CPU backend: kernel threads per rank (0 = the host's cores / the ranks on this "
                                 "host).")
     cpu_affinity: str = _flag("auto", "CPU backend with several ranks on a host: auto = each rank keeps to its own "

@@ -77,7 +77,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     set_up_host(job, world_size, rank)
     try:
         plan = JobPlan.build(config, job, tokenizer, world_size, rank)
-        host_sums = set_up_communication(plan, job)
+        host_sums = set_up_communication(plan, job, config)
         trainer = RLTrainer(plan, config, job, tokenizer, host_sums, callbacks)
     except ValueError as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError
         print(f"error: {err}", file=sys.stderr)
@@ -125,7 +125,7 @@ def set_up_host(job: JobOptions, world_size: int, rank: int) -> None:
     logger.info("rank %d of %d started as pid %d on %s", rank, world_size, os.getpid(), socket.gethostname())
 
 
-def set_up_communication(plan: JobPlan, job: JobOptions) -> dict:
+def set_up_communication(plan: JobPlan, job: JobOptions, config: GRPOConfig) -> dict:
     """The nets' communication groups, the data-parallel gradient sums through shared memory (CPU, every rank on
     one host; returned by dp group name) and MindSpore's compile cache (`--enable_compile_cache`)."""
     import mindspore as ms
@@ -145,6 +145,28 @@ def set_up_communication(plan: JobPlan, job: JobOptions) -> dict:
         logger.info("compile cache off: the shared-memory gradient sums are Python callbacks inside graphs, which "
                     "a graph loaded from the cache cannot call (--cpu_collectives native keeps the cache)")
     elif job.enable_compile_cache:
-        ms.set_context(enable_compile_cache=True,
-                       compile_cache_path=os.path.join(job.output_dir, "compile_cache", f"rank_{plan.rank}"))
+        path = compile_cache_path(job, config, plan.world_size, plan.rank)
+        logger.info("compile cache: %s", path)
+        ms.set_context(enable_compile_cache=True, compile_cache_path=path)
     return host_sums
+
+
+def compile_cache_path(job: JobOptions, config: GRPOConfig, world_size: int, rank: int) -> str:
+    """`<output_dir>/compile_cache/<run key>/rank_<r>`. MindSpore matches cached graphs by the order in which a
+    process compiles them, not by their inputs, and an RL job compiles its shape buckets in the order its
+    sampled lengths need them; so a cache serves only a run that repeats the same job from the same start: the
+    key hashes the flags, the config, the dataset file's size and time, the world size and the checkpoint
+    resumed from (a resumed run gets a cache of its own)."""
+    import dataclasses
+    import hashlib
+    import json
+
+    from mindrlhf.checkpoint.step import find_resume_checkpoint
+
+    resume_dir = find_resume_checkpoint(job.resume, job.checkpoint_dir) if job.resume else None
+    data = job.mind_dataset_dir
+    data_stat = [os.path.getsize(data), os.stat(data).st_mtime_ns] if data and os.path.isfile(data) else None
+    key = {"job": dataclasses.asdict(job), "config": config.to_dict(), "data": data_stat,
+           "world_size": world_size, "resume": os.path.abspath(resume_dir) if resume_dir else None}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return os.path.join(job.output_dir, "compile_cache", digest, f"rank_{rank}")
