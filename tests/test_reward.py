@@ -13,6 +13,7 @@ from mindrlhf.reward import (
     extract_gold_answer,
     format_reward,
     get_reward_function,
+    hash_format_reward,
     last_boxed_content,
     parse_number,
     rules,
@@ -57,6 +58,12 @@ ACCURACY_CASES = [
     ("<answer>0</answer>", "#### 0", 1.0, "zero"),
     ("<answer>1</answer>", "x + 1", 0.0, "unparseable gold never rewards"),
     ("<answer>2</answer>", "\\boxed{\\sqrt{2}}", 0.0, "radical gold is unparseable"),
+    ("2 + 6 = 8\n#### 72\nQuinn has 72 pencils in all, 8 more", "#### 72", 1.0, "#### line beats the last number"),
+    ("#### 2\n#### 3\n#### 72", "#### 72", 0.0, "the first #### line is the answer"),
+    ("so #### $1,000.", "#### 1000", 1.0, "#### line normalised like an answer tag"),
+    ("#### 70 + 2 = 72", "#### 72", 1.0, "#### line that is not one number: its last number"),
+    ("\\boxed{72} #### 70", "#### 72", 1.0, "boxed beats the #### line"),
+    ("<answer>70</answer> #### 72", "#### 72", 0.0, "the answer tag beats the #### line"),
     ("", "#### 72", 0.0, "empty completion"),
     ("no numbers here", "#### 72", 0.0, "no number in the completion"),
 ]
@@ -116,7 +123,27 @@ def test_format_reward(completion, expected, why):
     assert format_reward([completion], ["#### 72"]) == [expected], why
 
 
-@pytest.mark.parametrize("fn", [accuracy_reward, format_reward])
+HASH_FORMAT_CASES = [
+    ("2 * 3 = 6\n#### 6", 1.0, "steps then the answer line"),
+    ("#### 6", 1.0, "the answer line alone"),
+    ("2 * 3 = 6\n####6\n\n", 1.0, "no space, trailing blank lines"),
+    ("2 * 3 = 6\n#### 6 pencils", 1.0, "a unit word"),
+    ("#### 6\nSo Quinn has 6 pencils.", 0.0, "text after the answer line"),
+    ("#### 2\n#### 6", 0.0, "two answer lines"),
+    ("2 * 3 = 6\n#### six", 0.0, "not a number"),
+    ("2 * 3 = 6 #### 6", 1.0, "the answer on the last line, after text"),
+    ("2 * 3 = 6", 0.0, "no answer line"),
+    ("", 0.0, "empty"),
+]
+
+
+@pytest.mark.parametrize("completion,expected,why", HASH_FORMAT_CASES, ids=[c[2] for c in HASH_FORMAT_CASES])
+def test_hash_format_reward(completion, expected, why):
+    assert hash_format_reward([completion], ["#### 6"]) == [expected], why
+    assert get_reward_function("hash_format") is hash_format_reward
+
+
+@pytest.mark.parametrize("fn", [accuracy_reward, format_reward, hash_format_reward])
 def test_input_validation(fn):
     with pytest.raises(TypeError, match=r"completions\[1\] must be a str, got int"):
         fn(["a", 3], ["1", "2"])

@@ -55,6 +55,9 @@ def test_default_run_learns_and_ends_with_the_accuracy_line(run):
     rewards = np.array([r["reward/mean"] for r in steps])
     assert rewards[STEPS // 2:].mean() > rewards[:STEPS // 2].mean(), rewards
     before, after = records[0]["eval/accuracy"], steps[-1]["eval/accuracy"]
+    # the held-out answers are scored by each rule reward of the job too (grpo.yaml: accuracy, format)
+    assert {k for k in records[0] if k.startswith("eval/")} == {"eval/accuracy", "eval/format"}
+    assert 0 <= records[0]["eval/format"] <= 1 and 0 <= steps[-1]["eval/format"] <= 1
     assert after >= before + 0.08, (before, after)
     assert records[0]["step"] == 0 and last == f"held-out accuracy: before={100 * before:.1f}% after={100 * after:.1f}%"
     assert (out / "progress.png").read_bytes()[:4] == b"\x89PNG"
@@ -123,6 +126,9 @@ def test_ppo_run_learns_with_a_critic(tmp_path):
     steps = [r for r in records if r["step"] > 0]
     assert len(steps) == STEPS
     before, after = records[0]["eval/accuracy"], steps[-1]["eval/accuracy"]
+    # the held-out answers are scored by each rule reward of the job too (grpo.yaml: accuracy, format)
+    assert {k for k in records[0] if k.startswith("eval/")} == {"eval/accuracy", "eval/format"}
+    assert 0 <= records[0]["eval/format"] <= 1 and 0 <= steps[-1]["eval/format"] <= 1
     assert after >= before + 0.08, (before, after)
     assert steps[0]["critic/values/mean"] == 0.0  # the zero head
     late = steps[STEPS // 2:]

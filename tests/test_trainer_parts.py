@@ -273,20 +273,26 @@ def test_record_adds_a_step_without_a_log_line(tmp_path, caplog):
     writer = MetricsWriter(str(tmp_path), str(tmp_path / "tb"))
     with caplog.at_level("INFO", logger="mindrlhf"):
         writer.record(0, {"eval/accuracy": 0.25})
-    writer.write(1, 1, {"reward/mean": 0.5, "eval/accuracy": 0.5})
+        writer.write(1, 1, {"reward/mean": 0.5, "eval/accuracy": 0.5, "eval/hash_format": 0.125})
     writer.close()
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert lines == [{"step": 0, "eval/accuracy": 0.25}, {"step": 1, "reward/mean": 0.5, "eval/accuracy": 0.5}]
+    assert lines == [{"step": 0, "eval/accuracy": 0.25},
+                     {"step": 1, "reward/mean": 0.5, "eval/accuracy": 0.5, "eval/hash_format": 0.125}]
     assert not [r for r in caplog.records if "0.25" in r.getMessage()]
+    step_line = [r.getMessage() for r in caplog.records if "step 1/1" in r.getMessage()]
+    assert step_line and "heldout_acc 0.5" in step_line[0] and "heldout_hash_format 0.125" in step_line[0]
     assert ("eval/accuracy", 0, 0.25) in read_event_scalars(tmp_path / "tb")
 
 
 def test_progress_series_and_plot(tmp_path):
     from mindrlhf.trainer.plot import plot_progress, progress_series
-    records = [{"step": 0, "eval/accuracy": 0.2}, {"step": 1, "reward/mean": 0.5, "reward/accuracy": 0.1},
+    records = [{"step": 0, "eval/accuracy": 0.2, "eval/format": 0.0},
+               {"step": 1, "reward/mean": 0.5, "reward/accuracy": 0.1},
                {"step": 2, "reward/mean": 0.9, "reward/accuracy": 0.4, "eval/accuracy": 0.35},
-               {"step": 2, "reward/mean": 0.7, "reward/accuracy": 0.3, "eval/accuracy": 0.3}]  # step 2 rewritten
+               {"step": 2, "reward/mean": 0.7, "reward/accuracy": 0.3, "eval/accuracy": 0.3,
+                "eval/format": 0.5}]  # step 2 rewritten
     series = progress_series(records)
+    assert series["eval/format"] == ([0, 2], [0.0, 0.5])
     assert series["reward/mean"] == ([1, 2], [0.5, 0.7])
     assert series["reward/accuracy"] == ([1, 2], [0.1, 0.3])
     assert series["eval/accuracy"] == ([0, 2], [0.2, 0.3])

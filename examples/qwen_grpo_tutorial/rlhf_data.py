@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from mindrlhf.data.mindrecord import DataError, convert_to_mindrecord
-from mindrlhf.data.templates import TEMPLATE_NAMES
+from mindrlhf.data.templates import GSM8K_INSTRUCTION, TEMPLATE_NAMES
 from mindrlhf.models.tokenizer import load_tokenizer
 
 logger = logging.getLogger("rlhf_data")
@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="chat: the tokenizer's chat template; qwen_chat: the Qwen2.5 chat template; r1_think: "
                              "the tokenizer's chat template with the <think>/<answer> system prompt; raw: the "
                              "question text as is")
+    parser.add_argument("--instruction", default="",
+                        help="text appended to every question after a space; 'gsm8k' stands for verl's "
+                             f"GSM8K instruction ({GSM8K_INSTRUCTION!r}), which the hash_format reward checks")
     parser.add_argument("--prompt_key", default="question", help="field holding the question")
     parser.add_argument("--answer_key", default="answer", help="field holding the gold answer")
     parser.add_argument("--skip_bad_lines", action="store_true",
@@ -53,10 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[rlhf_data] %(levelname)s %(message)s")
     try:
         tokenizer = load_tokenizer(args.tokenizer_dir, args.vocab_path, args.merges_file_path)
+        instruction = GSM8K_INSTRUCTION if args.instruction == "gsm8k" else args.instruction
         stats = convert_to_mindrecord(args.file_path, args.output_path, tokenizer, template=args.template,
                                       max_prompt_length=args.max_prompt_length, prompt_key=args.prompt_key,
                                       answer_key=args.answer_key, skip_bad_lines=args.skip_bad_lines,
-                                      numeric_answers=not args.allow_non_numeric_answers)
+                                      numeric_answers=not args.allow_non_numeric_answers,
+                                      instruction=instruction)
     except (DataError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

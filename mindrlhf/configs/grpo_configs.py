@@ -138,9 +138,11 @@ class RewardConfig:
     a reward model, summed with their weights."""
 
     reward_funcs: list[str] = help_field(
-        ["accuracy", "format"], "Reward functions summed with reward_weights. 'accuracy' (1 when the <answer> "
-        "matches the gold number) and 'format' (1 for <think>...</think><answer>...</answer>), as in DeepSeek-R1. "
-        "May be empty when a reward model is given.")
+        ["accuracy", "format"], "Reward functions summed with reward_weights. 'accuracy' (1 when the answer, from "
+        "<answer>, else \\boxed{}, else the first '#### N' line, else the last number, matches the gold number) and "
+        "'format' (1 for <think>...</think><answer>...</answer>), as in DeepSeek-R1; 'hash_format' (1 when the "
+        "response ends with one GSM8K answer line '#### N'); or 'package.module:function'. May be empty when a "
+        "reward model is given.")
     reward_weights: list[float] = help_field(
         [1.0, 0.5], "One weight per reward function. The format term is half the accuracy term so that a "
                     "correct answer always beats a well-formatted wrong one.")

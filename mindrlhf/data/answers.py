@@ -6,8 +6,10 @@ else the whole solution. It must read as one number (see `parse_number`); anythi
 
 Predicted answer, from a completion: the region is the content of the last ``<answer>...</answer>`` if
 there is one (then it is authoritative: nothing outside it is looked at), else the last ``\\boxed{...}``
-(braces may nest), else the whole text; a ``\\boxed{}`` inside the answer tag narrows the region
-further. The region is read as one number if it is one, else its last number is taken.
+(braces may nest), else the rest of the line after the first ``####`` (GSM8K's answer line, as verl's strict
+GSM8K reward reads it: a model that writes several has committed to the first), else the whole text; a
+``\\boxed{}`` inside the answer tag narrows the region further. The region is read as one number if it is one,
+else its last number is taken.
 
 Number normalisation (both sides):
   - thousands separators ``1,000`` / ``1{,}000``, a ``$`` or ``\\$`` sign, LaTeX spacing, ``\\text{}``;
@@ -42,6 +44,7 @@ _VARIABLE_PREFIX = re.compile(r"^[A-Za-z]\w*\s*=\s*")
 _DEGREES = re.compile(r"\^\s*\{?\\circ\}?")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_HASH_ANSWER = re.compile(r"####([^\n]*)")
 
 
 def last_boxed_content(text: str) -> str | None:
@@ -123,12 +126,17 @@ def extract_gold_answer(solution: str) -> float | None:
 
 
 def extract_completion_answer(completion: str) -> float | None:
-    """The numeric answer of a completion: last ``<answer>`` tag, else last ``\\boxed{}``, else last number."""
+    """The numeric answer of a completion: last ``<answer>`` tag, else last ``\\boxed{}``, else the first ``####``
+    line, else last number."""
     answers = _ANSWER_TAG.findall(completion)
     region = answers[-1] if answers else completion
     boxed = last_boxed_content(region)
     if boxed is not None:
         region = boxed
+    elif not answers:
+        hash_line = _HASH_ANSWER.search(completion)
+        if hash_line is not None:
+            region = hash_line.group(1)
     value = parse_number(region)
     return value if value is not None else last_number(region)
 

@@ -240,8 +240,10 @@ def convert_to_mindrecord(
     answer_key: str = "answer",
     skip_bad_lines: bool = False,
     numeric_answers: bool = True,
+    instruction: str = "",
 ) -> ConversionStats:
-    """Converts a GSM8K-style JSON list / JSONL file into a MindRecord of tokenised prompts.
+    """Converts a GSM8K-style JSON list / JSONL file into a MindRecord of tokenised prompts (each question
+    followed by `instruction`, if any).
 
     Prompts longer than `max_prompt_length` tokens are dropped and counted (never truncated: a cut
     question cannot be answered). Raises `DataError` for bad lines (unless `skip_bad_lines`) and when no
@@ -254,7 +256,8 @@ def convert_to_mindrecord(
     input_path = os.fspath(input_path)
     stats = ConversionStats()
     problems = list(read_problems(input_path, prompt_key, answer_key, skip_bad_lines, stats, numeric_answers))
-    prompts = [build_prompt(problem.question, template, tokenizer.apply_chat_template) for problem in problems]
+    prompts = [build_prompt(problem.question, template, tokenizer.apply_chat_template, instruction)
+               for problem in problems]
     records = []
     for start in range(0, len(prompts), 512):
         token_ids = tokenizer.batch_encode(prompts[start:start + 512])

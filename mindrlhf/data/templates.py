@@ -18,8 +18,13 @@ TEMPLATE_NAMES = ("chat", "qwen_chat", "r1_think", "raw")
 ChatRenderer = Callable[[list[dict]], str]
 
 
-def build_prompt(question: str, template: str, render_chat: ChatRenderer | None = None) -> str:
-    """The prompt text for `question` under `template`.
+# verl's GSM8K instruction: the model writes its steps and ends with GSM8K's answer line (the `hash_format` reward).
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def build_prompt(question: str, template: str, render_chat: ChatRenderer | None = None,
+                 instruction: str = "") -> str:
+    """The prompt text for `question` (followed by `instruction`, if any, after a space) under `template`.
 
     - `chat`: the tokenizer's chat template (`render_chat`, e.g. a tokenizer's `apply_chat_template`), the
       question as the user message, ending with the assistant generation prompt;
@@ -30,6 +35,8 @@ def build_prompt(question: str, template: str, render_chat: ChatRenderer | None 
     `render_chat` defaults to the Qwen2.5 template.
     """
     render_chat = render_chat or render_qwen_chat
+    if instruction:
+        question = f"{question} {instruction}"
     user = {"role": "user", "content": question}
     if template == "chat":
         return render_chat([user])

@@ -16,11 +16,18 @@ from mindrlhf.reward.registry import (
     get_reward_function,
     register_reward,
 )
-from mindrlhf.reward.rules import accuracy_reward, check_reward_inputs, format_reward, is_think_answer_format
+from mindrlhf.reward.rules import (
+    accuracy_reward,
+    check_reward_inputs,
+    format_reward,
+    hash_format_reward,
+    is_hash_answer_format,
+    is_think_answer_format,
+)
 
 __all__ = [
     "REWARD_FUNCTIONS", "RewardFn", "WeightedRewards", "accuracy_reward", "answers_match", "build_reward_fn",
     "check_reward_inputs", "columns_per_completion", "extract_completion_answer", "extract_gold_answer",
-    "format_reward", "get_reward_function", "is_think_answer_format", "last_boxed_content", "last_number",
-    "parse_number", "register_reward",
+    "format_reward", "get_reward_function", "hash_format_reward", "is_hash_answer_format", "is_think_answer_format",
+    "last_boxed_content", "last_number", "parse_number", "register_reward",
 ]

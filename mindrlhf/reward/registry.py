@@ -1,4 +1,4 @@
-"""Reward functions by name (`accuracy`, `format`) or by import path (`my_pkg.rewards:fn`), and their
+"""Reward functions by name (`accuracy`, `format`, `hash_format`) or by import path (`my_pkg.rewards:fn`), and their
 weighted combination (TRL's `reward_funcs` / `reward_weights`).
 
 Two signatures are accepted, told apart once from the function's signature:
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from mindrlhf.reward.rules import accuracy_reward, check_reward_inputs, format_reward
+from mindrlhf.reward.rules import accuracy_reward, check_reward_inputs, format_reward, hash_format_reward
 from mindrlhf.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
 
 register_reward("accuracy")(accuracy_reward)
 register_reward("format")(format_reward)
+register_reward("hash_format")(hash_format_reward)
 
 
 def takes_trl_keywords(fn: Callable) -> bool:

@@ -5,7 +5,7 @@ import logging
 import re
 from collections.abc import Sequence
 
-from mindrlhf.data.answers import answers_match, extract_completion_answer, extract_gold_answer
+from mindrlhf.data.answers import answers_match, extract_completion_answer, extract_gold_answer, parse_number
 
 logger = logging.getLogger(__name__)
 
@@ -65,3 +65,18 @@ def format_reward(completions: Sequence[str], solutions: Sequence[str]) -> list[
     """1.0 where the completion follows the DeepSeek-R1 ``<think>..</think><answer>..</answer>`` template."""
     check_reward_inputs(completions, solutions)
     return [1.0 if is_think_answer_format(completion) else 0.0 for completion in completions]
+
+
+def is_hash_answer_format(completion: str) -> bool:
+    """True iff the text's only ``####`` is on its last line, followed by one number (GSM8K's answer line)."""
+    lines = completion.strip().splitlines()
+    if completion.count("####") != 1 or "####" not in lines[-1]:
+        return False
+    return parse_number(lines[-1].split("####", 1)[1]) is not None
+
+
+def hash_format_reward(completions: Sequence[str], solutions: Sequence[str]) -> list[float]:
+    """1.0 where the completion ends with one GSM8K answer line ``#### N`` (verl's GSM8K instruction "output the
+    final answer after ####"); a response cut off at the length limit rarely does."""
+    check_reward_inputs(completions, solutions)
+    return [1.0 if is_hash_answer_format(completion) else 0.0 for completion in completions]

@@ -1,19 +1,18 @@
-"""Held-out evaluation shared by the GRPO trainer and the SFT tool: greedy answers scored by the accuracy rule."""
+"""Held-out evaluation shared by the GRPO trainer and the SFT tool: greedy answers scored by rule rewards."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 
-def count_correct(generator, tokenizer, prompts: Sequence[Sequence[int]], solutions: Sequence[str],
-                  batch_size: int, progress: bool = False) -> float:
-    """Sum of the accuracy reward of `generator`'s answers to `prompts` (generated `batch_size` at a time).
+def score_greedy(generator, tokenizer, prompts: Sequence[Sequence[int]], solutions: Sequence[str], batch_size: int,
+                 scorers: Mapping[str, Callable], progress: bool = False) -> dict[str, float]:
+    """Per scorer `fn(completions, solutions)`, the sum of its values over `generator`'s answers to `prompts`
+    (generated `batch_size` at a time).
 
     Every batch is padded to `batch_size` rows with copies of its first prompt so one compiled shape serves
     all of them; the copies are not scored.
     """
-    from mindrlhf.reward.rules import accuracy_reward
-
-    correct = 0.0
+    totals = dict.fromkeys(scorers, 0.0)
     for start in range(0, len(prompts), batch_size):
         batch = list(prompts[start:start + batch_size])
         rows = len(batch)
@@ -21,5 +20,15 @@ def count_correct(generator, tokenizer, prompts: Sequence[Sequence[int]], soluti
         out = generator.generate(batch, progress=progress)
         completions = tokenizer.decode_masked(out.response_ids[:rows], out.response_mask[:rows],
                                               skip_special_tokens=True)
-        correct += sum(accuracy_reward(completions, list(solutions[start:start + rows])))
-    return correct
+        for name, scorer in scorers.items():
+            totals[name] += float(sum(scorer(completions, list(solutions[start:start + rows]))))
+    return totals
+
+
+def count_correct(generator, tokenizer, prompts: Sequence[Sequence[int]], solutions: Sequence[str],
+                  batch_size: int, progress: bool = False) -> float:
+    """Sum of the accuracy reward of `generator`'s greedy answers to `prompts` (see `score_greedy`)."""
+    from mindrlhf.reward.rules import accuracy_reward
+
+    return score_greedy(generator, tokenizer, prompts, solutions, batch_size, {"accuracy": accuracy_reward},
+                        progress)["accuracy"]

@@ -47,6 +47,8 @@ class MetricsWriter:
         reward_terms = {k.split("/", 1)[1]: v for k, v in metrics.items()
                         if k.startswith("reward/") and k not in LINE_COLUMNS.values() and k != "reward/frac_zero_std"}
         shown.update(reward_terms)
+        shown.update({f"heldout_{k.split('/', 1)[1]}": v for k, v in metrics.items()
+                      if k.startswith("eval/") and k not in LINE_COLUMNS.values()})
         logger.info(format_metrics(shown))
         self.record(step, metrics)
 

@@ -8,14 +8,16 @@ from mindrlhf.utils.atomic import atomic_output
 
 
 def progress_series(records: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
-    """(steps, values) of `reward/mean`, `reward/accuracy` and `eval/accuracy` (step 0 = before training).
+    """(steps, values) of `reward/mean`, `reward/accuracy`, `eval/accuracy` and any other held-out score
+    `eval/<reward>` (step 0 = before training).
 
     A step logged twice (a resumed run rewrote it) keeps its last record."""
     by_step: dict[int, dict] = {}
     for record in records:
         by_step.setdefault(int(record["step"]), {}).update(record)
     series = {}
-    for key in ("reward/mean", "reward/accuracy", "eval/accuracy"):
+    evals = sorted({key for r in records for key in r if key.startswith("eval/") and key != "eval/accuracy"})
+    for key in ("reward/mean", "reward/accuracy", "eval/accuracy", *evals):
         points = [(step, float(r[key])) for step, r in sorted(by_step.items()) if key in r]
         series[key] = ([s for s, _ in points], [v for _, v in points])
     return series
@@ -42,9 +44,13 @@ def plot_progress(metrics_path: str, png_path: str) -> None:
     left.set(title="training reward", xlabel="GRPO step")
     left.legend()
     left.grid(alpha=0.3)
-    steps, values = series["eval/accuracy"]
-    right.plot(steps, [100 * v for v in values], marker="o", color="tab:green")
-    right.set(title="held-out accuracy (greedy)", xlabel="GRPO step (0 = before)", ylabel="%")
+    for key, (steps, values) in series.items():
+        if key.startswith("eval/"):
+            name = key.split("/", 1)[1]
+            right.plot(steps, [100 * v for v in values], marker="o", label=name,
+                       color="tab:green" if name == "accuracy" else None)
+    right.set(title="held-out, greedy (share of answers)", xlabel="GRPO step (0 = before)", ylabel="%")
+    right.legend()
     right.grid(alpha=0.3)
     os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
     with atomic_output(png_path, ".png") as tmp:

@@ -387,19 +387,27 @@ class RLTrainer:
         metrics["perf/max_rss_gib"] = round(float(peaks.max()), 3)
         return metrics
 
-    def evaluate(self) -> float:
-        """Greedy accuracy on every held-out prompt (`--eval_dataset_file`), split over the infer dp ranks."""
-        from mindrlhf.trainer.evaluation import count_correct
+    def evaluate(self) -> dict[str, float]:
+        """Greedy scores on every held-out prompt (`--eval_dataset_file`), split over the infer dp ranks: the
+        accuracy, and the share of answers each other rule reward of the job (`fn(completions, solutions)`, e.g.
+        `format`, `hash_format`) gives."""
+        from mindrlhf.reward.rules import accuracy_reward
+        from mindrlhf.trainer.evaluation import score_greedy
 
         prompts, solutions = self.eval_set
         layout = self.infer_layout
         mine = np.array_split(np.arange(len(prompts)), layout.dp)[layout.dp_rank]
+        rules = self.reward.rules
+        scorers = {"accuracy": accuracy_reward}
+        if rules is not None:
+            scorers.update((name, fn) for name, fn, trl_form in zip(rules.names, rules.functions, rules.trl_form)
+                           if not trl_form and name not in scorers)
         with self.phases("eval"):
-            correct = count_correct(self.actor.greedy_generator(), self.tokenizer, [prompts[i] for i in mine],
-                                    [solutions[i] for i in mine], self.eval_batch_size,
-                                    progress=self.rank == 0)
-        totals = self.comm.group_sum(np.array([correct, len(mine)]), layout.dp_group)
-        return float(totals[0] / totals[1])
+            sums = score_greedy(self.actor.greedy_generator(), self.tokenizer, [prompts[i] for i in mine],
+                                [solutions[i] for i in mine], self.eval_batch_size, scorers,
+                                progress=self.rank == 0)
+        totals = self.comm.group_sum(np.array([*sums.values(), len(mine)]), layout.dp_group)
+        return {name: float(total / totals[-1]) for name, total in zip(sums, totals)}
 
     def _evaluate_now(self) -> bool:
         interval = self.config.eval.eval_interval
@@ -415,18 +423,20 @@ class RLTrainer:
         history = []
         if self.eval_set is not None and self.step == 0:
             start = time.perf_counter()
-            self.eval_before = self.evaluate()
-            self.metrics_writer.record(0, {"eval/accuracy": self.eval_before,
+            scores = self.evaluate()
+            self.eval_before = scores["accuracy"]
+            self.metrics_writer.record(0, {**{f"eval/{name}": value for name, value in scores.items()},
                                            "timing_s/eval": round(time.perf_counter() - start, 4)})
-            logger.info("held-out accuracy before training: %.1f%% (%d prompts)", 100 * self.eval_before,
-                        len(self.eval_set[0]))
+            others = "".join(f"; {name} {100 * value:.1f}%" for name, value in scores.items() if name != "accuracy")
+            logger.info("held-out accuracy before training: %.1f%% (%d prompts%s)", 100 * self.eval_before,
+                        len(self.eval_set[0]), others)
         if self.step >= sched.steps:
             logger.info("nothing to do: the checkpoint is at step %d of %d", self.step, sched.steps)
         while self.step < sched.steps:
             metrics = self.train_one_step()
             if self._evaluate_now():
                 start = time.perf_counter()
-                metrics["eval/accuracy"] = self.evaluate()
+                metrics.update((f"eval/{name}", value) for name, value in self.evaluate().items())
                 metrics["timing_s/eval"] = round(time.perf_counter() - start, 4)
             history.append(metrics)
             self.metrics_writer.write(self.step, sched.steps, metrics)
