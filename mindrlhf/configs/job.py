@@ -18,6 +18,17 @@ def _flag(default, help: str, required: bool = False, **argparse_kwargs):
     return field
 
 
+def _choice_parser(choices):
+    """A flag value among lowercase `choices`, in any case (MindRLHF's `--use_parallel True`); where the choices
+    include true/false, 1 and 0 mean them too."""
+    def parse(value: str) -> str:
+        value = value.strip().lower()
+        if {"true", "false"} <= set(choices):
+            value = {"1": "true", "0": "false"}.get(value, value)
+        return value
+    return parse
+
+
 # flags renamed: old spelling -> field; the old one still works, with a warning
 RENAMED_FLAGS = {"eval_dataset_dir": "eval_dataset_file"}
 
@@ -105,6 +116,8 @@ class JobOptions:
                           "metavar": "{true,false}"}
             elif typing.get_origin(hint) is list:
                 kwargs = {"type": typing.get_args(hint)[0], "default": [], **extra}
+            elif "choices" in extra:
+                kwargs = {"type": _choice_parser(extra["choices"]), "default": field.default, **extra}
             else:
                 kwargs = {"type": hint, "default": field.default, **extra}
             if field.metadata.get("required"):
