@@ -86,7 +86,10 @@ def test_one_greedy_grpo_step_of_smollm2_matches_transformers(model_dir, tmp_pat
     eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
     completions, solutions = [], []
     for record in records:
-        prompt = tuple(int(t) for t, m in zip(record["prompt_ids"], record["prompt_mask"]) if m)
+        prompt = [int(t) for t in record["prompt_ids"]]
+        while prompt[0] == eos:  # left padding (the pad id is the EOS); the chat prompts start with <|im_start|>
+            prompt.pop(0)
+        prompt = tuple(prompt)
         length = int(record["response_mask"].sum())
         response = record["response_ids"][:length].tolist()
         assert response == greedy[prompt] and response[-1] == eos and eos not in response[:-1], (prompt, response)
