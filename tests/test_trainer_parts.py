@@ -182,6 +182,21 @@ def test_only_complete_checkpoints_are_picked_and_old_ones_pruned(tmp_path):
     assert find_resume_checkpoint("auto", str(tmp_path / "empty")) is None
 
 
+def test_a_checkpoint_that_cannot_be_written_is_one_error_and_keeps_the_last_one(tmp_path):
+    write_fake_checkpoint(tmp_path, 1)
+    writer = CheckpointWriter(str(tmp_path), rank=0, world_size=1, barrier=lambda: None)
+
+    def full_disk(folder):
+        open(os.path.join(folder, "train.ckpt"), "w").close()
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(CheckpointError, match=r"step_000002: cannot write this checkpoint \(No space left on device\); "
+                                              r"the last complete one \(.*step_000001\) is untouched"):
+        writer.save(2, full_disk, lambda folder: None, {"step": 2}, keep_last=2)
+    assert [os.path.basename(p) for p in complete_checkpoints(str(tmp_path))] == ["step_000001"]
+    assert not os.path.exists(tmp_path / ".step_000002.partial" / "rank_0")  # its space is given back
+
+
 def test_saved_parameters_load_as_mindspore_saves_them_in_any_chunking(tmp_path, monkeypatch):
     from mindspore import Parameter, Tensor
 

@@ -81,10 +81,16 @@ class CheckpointWriter:
             shutil.rmtree(partial, ignore_errors=True)
             os.makedirs(partial)
         self.barrier()
-        os.makedirs(rank_dir(partial, self.rank), exist_ok=True)
-        write_rank_files(rank_dir(partial, self.rank))
-        if self.rank == 0:
-            write_shared_files(partial)
+        try:
+            os.makedirs(rank_dir(partial, self.rank), exist_ok=True)
+            write_rank_files(rank_dir(partial, self.rank))
+            if self.rank == 0:
+                write_shared_files(partial)
+        except OSError as err:  # e.g. a full disk: free what this rank wrote, say which checkpoint is intact
+            shutil.rmtree(rank_dir(partial, self.rank), ignore_errors=True)
+            last = complete_checkpoints(self.save_dir)
+            raise CheckpointError(f"{final}: cannot write this checkpoint ({err.strerror or err}); the last complete "
+                                  f"one ({last[-1] if last else 'none'}) is untouched") from None
         self.barrier()
         if self.rank == 0:
             with open(os.path.join(partial, META), "w", encoding="utf-8") as f:

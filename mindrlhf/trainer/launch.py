@@ -59,6 +59,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     """Runs the job; returns the process exit code. Bad input prints `error: <where>: <problem>` and gives 2."""
     import mindspore as ms
 
+    from mindrlhf.checkpoint.step import CheckpointError
     from mindrlhf.engine.train import NonFiniteUpdates
     from mindrlhf.trainer.rl_trainer import RLTrainer
 
@@ -88,7 +89,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         return 0
     try:
         trainer.fit()
-    except NonFiniteUpdates as err:
+    except (NonFiniteUpdates, CheckpointError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
