@@ -118,11 +118,6 @@ FORMAT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("completion,expected,why", FORMAT_CASES, ids=[c[2] for c in FORMAT_CASES])
-def test_format_reward(completion, expected, why):
-    assert format_reward([completion], ["#### 72"]) == [expected], why
-
-
 HASH_FORMAT_CASES = [
     ("2 * 3 = 6\n#### 6", 1.0, "steps then the answer line"),
     ("#### 6", 1.0, "the answer line alone"),
@@ -137,10 +132,14 @@ HASH_FORMAT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("completion,expected,why", HASH_FORMAT_CASES, ids=[c[2] for c in HASH_FORMAT_CASES])
-def test_hash_format_reward(completion, expected, why):
-    assert hash_format_reward([completion], ["#### 6"]) == [expected], why
-    assert get_reward_function("hash_format") is hash_format_reward
+FORMAT_RULE_CASES = ([(format_reward, *case) for case in FORMAT_CASES]
+                     + [(hash_format_reward, *case) for case in HASH_FORMAT_CASES])
+
+
+@pytest.mark.parametrize("fn,completion,expected,why", FORMAT_RULE_CASES,
+                         ids=[f"{c[0].__name__}: {c[3]}" for c in FORMAT_RULE_CASES])
+def test_format_rewards(fn, completion, expected, why):
+    assert fn([completion], ["#### 72"]) == [expected], why
 
 
 @pytest.mark.parametrize("fn", [accuracy_reward, format_reward, hash_format_reward])
@@ -158,8 +157,9 @@ def test_input_validation(fn):
 # ----------------------------------------------------------------------------------------------- registry
 
 def test_registry_and_weighted_sum():
-    assert {"accuracy", "format"} <= set(REWARD_FUNCTIONS.names())
+    assert {"accuracy", "format", "hash_format"} <= set(REWARD_FUNCTIONS.names())
     assert get_reward_function("accuracy") is accuracy_reward
+    assert get_reward_function("hash_format") is hash_format_reward
     reward_fn = build_reward_fn(["accuracy", "format"], [1.0, 0.5])
     completions = ["<think>t</think><answer>72</answer>", "<answer>72</answer>", "<think>t</think><answer>1</answer>"]
     total, per_function = reward_fn(completions, ["#### 72"] * 3)

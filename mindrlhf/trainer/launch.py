@@ -166,7 +166,8 @@ def compile_cache_path(job: JobOptions, config: GRPOConfig, world_size: int, ran
 
     resume_dir = find_resume_checkpoint(job.resume, job.checkpoint_dir) if job.resume else None
     data = job.mind_dataset_dir
-    data_stat = [os.path.getsize(data), os.stat(data).st_mtime_ns] if data and os.path.isfile(data) else None
+    stat = os.stat(data) if data and os.path.isfile(data) else None
+    data_stat = [stat.st_size, stat.st_mtime_ns] if stat else None
     key = {"job": dataclasses.asdict(job), "config": config.to_dict(), "data": data_stat,
            "world_size": world_size, "resume": os.path.abspath(resume_dir) if resume_dir else None}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -409,6 +409,13 @@ class RLTrainer:
         totals = self.comm.group_sum(np.array([*sums.values(), len(mine)]), layout.dp_group)
         return {name: float(total / totals[-1]) for name, total in zip(sums, totals)}
 
+    def _eval_metrics(self) -> dict[str, float]:
+        """`evaluate()` as metrics: `eval/<score>` and its `timing_s/eval`."""
+        start = time.perf_counter()
+        metrics = {f"eval/{name}": value for name, value in self.evaluate().items()}
+        metrics["timing_s/eval"] = round(time.perf_counter() - start, 4)
+        return metrics
+
     def _evaluate_now(self) -> bool:
         interval = self.config.eval.eval_interval
         return self.eval_set is not None and (self.step == self.config.schedule.steps or
@@ -422,12 +429,11 @@ class RLTrainer:
         sched, ckpt = self.config.schedule, self.config.checkpoint
         history = []
         if self.eval_set is not None and self.step == 0:
-            start = time.perf_counter()
-            scores = self.evaluate()
-            self.eval_before = scores["accuracy"]
-            self.metrics_writer.record(0, {**{f"eval/{name}": value for name, value in scores.items()},
-                                           "timing_s/eval": round(time.perf_counter() - start, 4)})
-            others = "".join(f"; {name} {100 * value:.1f}%" for name, value in scores.items() if name != "accuracy")
+            scores = self._eval_metrics()
+            self.eval_before = scores["eval/accuracy"]
+            self.metrics_writer.record(0, scores)
+            others = "".join(f"; {name[len('eval/'):]} {100 * value:.1f}%" for name, value in scores.items()
+                             if name.startswith("eval/") and name != "eval/accuracy")
             logger.info("held-out accuracy before training: %.1f%% (%d prompts%s)", 100 * self.eval_before,
                         len(self.eval_set[0]), others)
         if self.step >= sched.steps:
@@ -435,9 +441,7 @@ class RLTrainer:
         while self.step < sched.steps:
             metrics = self.train_one_step()
             if self._evaluate_now():
-                start = time.perf_counter()
-                metrics.update((f"eval/{name}", value) for name, value in self.evaluate().items())
-                metrics["timing_s/eval"] = round(time.perf_counter() - start, 4)
+                metrics.update(self._eval_metrics())
             history.append(metrics)
             self.metrics_writer.write(self.step, sched.steps, metrics)
             for callback in self.callbacks:
