@@ -1,4 +1,5 @@
-"""Data pipeline: JSON/JSONL -> MindRecord conversion, templates, the prompt reader, the CLI, the sample data."""
+"""Data pipeline: JSON/JSONL/Parquet (a file or a folder) -> MindRecord conversion, templates, the prompt reader,
+the CLI, the sample data."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,7 +14,14 @@ import numpy as np
 import pytest
 
 from mindrlhf.configs.generation import bucket_length
-from mindrlhf.data.mindrecord import DataError, convert_to_mindrecord, read_problems
+from mindrlhf.data.answers import extract_gold_answer
+from mindrlhf.data.mindrecord import (
+    DEFAULT_OUTPUT_NAME,
+    DataError,
+    convert_to_mindrecord,
+    mindrecord_output_path,
+    read_problems,
+)
 from mindrlhf.data.reader import PromptDataset, read_prompt_records
 from mindrlhf.data.templates import R1_THINK_SYSTEM_PROMPT, build_prompt
 from mindrlhf.models.qwen2.tokenizer import Qwen2Tokenizer
@@ -206,6 +214,142 @@ def test_overwrite_replaces_old_output(tmp_path, tokenizer):
     convert_to_mindrecord(write_jsonl(tmp_path / "b.jsonl", PROBLEMS[:2]), output, tokenizer)
     assert read_prompt_records(output)[1] == [p["answer"] for p in PROBLEMS[:2]]
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".mindrecord-tmp")]
+
+
+# ---------------------------------------------------------------- input folders and Parquet
+
+def write_parquet(path, records) -> str:
+    import pyarrow as pa  # only these tests need it
+    import pyarrow.parquet as pq
+    pq.write_table(pa.Table.from_pylist(records), str(path))
+    return str(path)
+
+
+def write_mixed_folder(folder) -> list[dict]:
+    """A folder of one .jsonl, one .json list and one .parquet file (created out of name order) and files that
+    are not inputs; returns the problems in the order the folder is read (sorted file names)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_parquet(folder / "c_train-00000.parquet", PROBLEMS[3:5])
+    write_jsonl(folder / "b_extra.jsonl", PROBLEMS[1:3])
+    (folder / "a_first.json").write_text(json.dumps(PROBLEMS[:1], ensure_ascii=False), encoding="utf-8")
+    (folder / "notes.txt").write_text("not data", encoding="utf-8")
+    write_jsonl(folder / ".hidden.jsonl", [{"question": "hidden?", "answer": "#### 1"}])
+    (folder / "nested").mkdir()
+    write_jsonl(folder / "nested" / "d.jsonl", [{"question": "nested?", "answer": "#### 2"}])
+    return PROBLEMS[:1] + PROBLEMS[1:3] + PROBLEMS[3:5]
+
+
+def test_a_folder_of_json_jsonl_and_parquet_becomes_one_mindrecord_in_name_order(tmp_path, tokenizer):
+    expected = write_mixed_folder(tmp_path / "raw")
+    output = str(tmp_path / "o.mindrecord")
+    stats = convert_to_mindrecord(tmp_path / "raw", output, tokenizer, template="qwen_chat")
+    assert [os.path.basename(name) for name in stats.input_files] == ["a_first.json", "b_extra.jsonl",
+                                                                      "c_train-00000.parquet"]
+    assert (stats.written, stats.bad_lines, stats.output_path) == (5, 0, output)
+    prompt_ids, solutions = read_prompt_records(output)
+    assert solutions == [p["answer"] for p in expected]
+    assert [ids.tolist() for ids in prompt_ids] == [tokenizer.encode(build_prompt(p["question"], "qwen_chat"))
+                                                    for p in expected]
+    problems = list(read_problems(tmp_path / "raw"))
+    assert [(os.path.basename(p.source), p.line) for p in problems] == [
+        ("a_first.json", 1), ("b_extra.jsonl", 1), ("b_extra.jsonl", 2), ("c_train-00000.parquet", 0),
+        ("c_train-00000.parquet", 1)]
+
+
+def test_the_tutorial_command_with_an_input_folder_and_an_output_folder(tmp_path, tokenizer):
+    expected = write_mixed_folder(tmp_path / "raw")
+    script = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "rlhf_data.py")
+    out_dir = tmp_path / "mindrecord"  # does not exist yet: the trailing '/' makes it a folder
+    proc = subprocess.run([sys.executable, script, "--vocab_path", os.path.join(TINY_DIR, "vocab.json"),
+                           "--merges_file_path", os.path.join(TINY_DIR, "merges.txt"),
+                           "--file_path", f"{tmp_path / 'raw'}/", "--output_path", f"{out_dir}/"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    written = out_dir / DEFAULT_OUTPUT_NAME
+    assert sorted(os.listdir(out_dir)) == [DEFAULT_OUTPUT_NAME, DEFAULT_OUTPUT_NAME + ".db"]
+    assert f"written: 5, dropped too long (> 512 tokens): 0, bad lines: 0 -> {written}" in proc.stderr
+    assert "read 3 files: " in proc.stderr and proc.stdout == ""
+    assert read_prompt_records(str(written))[1] == [p["answer"] for p in expected]
+
+    # an existing folder (no trailing '/') again means <folder>/prompts.mindrecord; the old pair is replaced
+    one_file = write_jsonl(tmp_path / "one.jsonl", PROBLEMS[:2])
+    stats = convert_to_mindrecord(one_file, out_dir, tokenizer)
+    assert stats.output_path == str(written)
+    assert read_prompt_records(str(written))[1] == [p["answer"] for p in PROBLEMS[:2]]
+    assert sorted(os.listdir(out_dir)) == [DEFAULT_OUTPUT_NAME, DEFAULT_OUTPUT_NAME + ".db"]
+
+
+def test_output_path_names_a_file_or_a_folder(tmp_path):
+    assert mindrecord_output_path(tmp_path / "x.mindrecord") == str(tmp_path / "x.mindrecord")
+    assert mindrecord_output_path(tmp_path) == str(tmp_path / DEFAULT_OUTPUT_NAME)
+    assert mindrecord_output_path(f"{tmp_path}/new/") == str(tmp_path / "new" / DEFAULT_OUTPUT_NAME)
+    assert mindrecord_output_path("rel.mindrecord") == os.path.abspath("rel.mindrecord")
+
+
+def test_gsm8k_and_math_parquet_files(tmp_path, tokenizer):
+    gsm8k = write_parquet(tmp_path / "train-00000-of-00001.parquet", [
+        {"question": "Ann has 40 pens and buys 2 more. How many pens?", "answer": "40 + 2 = <<40+2=42>>42\n#### 42"}])
+    output = str(tmp_path / "gsm8k.mindrecord")
+    convert_to_mindrecord(gsm8k, output, tokenizer)
+    solutions = read_prompt_records(output)[1]
+    assert solutions == ["40 + 2 = <<40+2=42>>42\n#### 42"]  # stored as given, like JSON input
+    assert extract_gold_answer(solutions[0]) == 42  # the gold number the accuracy reward compares with
+
+    math = write_parquet(tmp_path / "math.parquet", [
+        {"problem": "What is $\\frac{3}{6}$?", "solution": "It is $\\boxed{\\frac{1}{2}}$.", "level": "Level 1",
+         "type": "Prealgebra"}])
+    problems = list(read_problems(math, prompt_key="problem", answer_key="solution"))
+    assert [(p.line, p.question, p.columns) for p in problems] == [
+        (0, "What is $\\frac{3}{6}$?", {"level": "Level 1", "type": "Prealgebra"})]
+    assert extract_gold_answer(problems[0].answer) == 0.5
+
+
+def test_input_folder_and_parquet_errors_name_the_file(tmp_path, tokenizer):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "readme.txt").write_text("no data here", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(empty))}: no input data file in this folder "
+                                        r"\(expected files ending with \.json, \.jsonl, \.parquet"):
+        convert_to_mindrecord(empty, str(tmp_path / "o.mindrecord"), tokenizer)
+
+    math = write_parquet(tmp_path / "math.parquet", [{"problem": "1+1?", "solution": "\\boxed{2}"}])
+    with pytest.raises(DataError, match=rf"^{re.escape(math)}: no column 'question', 'answer' "
+                                        r"\(columns present: \['problem', 'solution'\]\)"):
+        list(read_problems(math, skip_bad_lines=True))  # a whole file without the column: always fatal
+
+    nulls = write_parquet(tmp_path / "nulls.parquet", [PROBLEMS[0], {"question": "q?", "answer": None}])
+    with pytest.raises(DataError, match=rf"^{re.escape(nulls)}:row 1: 'answer' must be a string"):
+        list(read_problems(nulls))
+
+    not_parquet = tmp_path / "broken.parquet"
+    not_parquet.write_text("not parquet at all", encoding="utf-8")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(not_parquet))}: cannot read as Parquet"):
+        list(read_problems(not_parquet))
+
+
+def test_a_bad_line_in_the_second_file_names_that_file(tmp_path, tokenizer):
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    write_jsonl(folder / "part1.jsonl", PROBLEMS[:2])
+    second = write_jsonl(folder / "part2.jsonl", [PROBLEMS[2], "{broken", PROBLEMS[3]])
+    output = tmp_path / "o.mindrecord"
+    with pytest.raises(DataError, match=rf"^{re.escape(second)}:2: invalid JSON"):
+        convert_to_mindrecord(folder, str(output), tokenizer)
+    assert not output.exists()
+    stats = convert_to_mindrecord(folder, str(output), tokenizer, skip_bad_lines=True)
+    assert (stats.written, stats.bad_lines) == (4, 1)
+    assert stats.bad_line_messages[0].startswith(f"{second}:2: invalid JSON")
+    assert read_prompt_records(str(output))[1] == [p["answer"] for p in PROBLEMS[:4]]
+
+
+def test_parquet_without_pyarrow_says_to_install_it(tmp_path, monkeypatch):
+    path = write_parquet(tmp_path / "d.parquet", PROBLEMS[:1])
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` now raises ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(DataError, match=rf"^{re.escape(path)}: reading Parquet needs pyarrow.*pip install pyarrow=="):
+        list(read_problems(path))
+    assert [p.question for p in read_problems(write_jsonl(tmp_path / "d.jsonl", PROBLEMS[:1]))] == [
+        PROBLEMS[0]["question"]]  # JSON input never imports it
 
 
 # ---------------------------------------------------------------- reader

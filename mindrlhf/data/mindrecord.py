@@ -1,4 +1,7 @@
-"""GSM8K-style JSON / JSONL -> MindRecord conversion of prompts (tokenised, templated) and gold answers.
+"""GSM8K-style JSON / JSONL / Parquet -> MindRecord conversion of prompts (tokenised, templated) and gold answers.
+
+The input is one file or a folder of them (`mindrlhf.data.sources` lists and reads them); the output one
+MindRecord file (+ its `.db` index), `<folder>/prompts.mindrecord` when given a folder.
 
 Output records (one per kept problem):
     prompt_ids     int64[-1]  token ids of the templated prompt, unpadded
@@ -22,6 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from mindrlhf.data.answers import extract_gold_answer
+from mindrlhf.data.sources import DataError, is_parquet, list_input_files, location, read_records
 from mindrlhf.data.templates import TEMPLATE_NAMES, build_prompt
 
 logger = logging.getLogger(__name__)
@@ -36,11 +40,7 @@ MINDRECORD_SCHEMA = {
 # Keywords the trainer itself passes to reward functions: a dataset field of one of these names is not passed on
 RESERVED_COLUMNS = ("prompts", "completions", "completion_ids", "solution")
 MAX_LOGGED_BAD_LINES = 10
-_JSON_WHITESPACE = " \t\n\r"
-
-
-class DataError(ValueError):
-    """A problem with user data; the message starts with `file:line:` (or `file:`) and says what was wrong."""
+DEFAULT_OUTPUT_NAME = "prompts.mindrecord"  # the file written when --output_path is a folder
 
 
 class TextTokenizer(Protocol):
@@ -61,6 +61,8 @@ class ConversionStats:
     longest_prompt: int = 0
     bad_line_messages: list[str] = field(default_factory=list)
     dropped_columns: set[str] = field(default_factory=set)  # fields not passed to reward functions (reserved names)
+    input_files: list[str] = field(default_factory=list)  # the files read, in reading order
+    output_path: str = ""  # the MindRecord written (absolute)
 
     def summary(self) -> str:
         """One line for logs."""
@@ -72,52 +74,17 @@ class ConversionStats:
 class Problem:
     """One question/answer pair and where it came from."""
 
-    line: int
+    line: int  # 1-based line of a JSON / JSONL file, 0-based row of a Parquet file
     question: str
     answer: str
     columns: dict = field(default_factory=dict)
+    source: str = ""  # the file it was read from
+    parquet: bool = False
 
-
-def _json_list_items(text: str, path: str) -> Iterator[tuple[int, object]]:
-    """Yields (line number where the item starts, item) for a top-level JSON array."""
-    decoder = json.JSONDecoder()
-    position, line = 0, 1
-
-    def skip_whitespace(start: int) -> int:
-        while start < len(text) and text[start] in _JSON_WHITESPACE:
-            start += 1
-        return start
-
-    def line_at(target: int) -> int:
-        nonlocal position, line
-        line += text.count("\n", position, target)
-        position = target
-        return line
-
-    cursor = skip_whitespace(0) + 1  # past '['
-    cursor = skip_whitespace(cursor)
-    if cursor < len(text) and text[cursor] == "]":
-        cursor = skip_whitespace(cursor + 1)
-    else:
-        while True:
-            item_line = line_at(cursor)
-            try:
-                item, cursor = decoder.raw_decode(text, cursor)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{err.lineno}: invalid JSON in the list: {err.msg} "
-                                f"(column {err.colno})") from None
-            yield item_line, item
-            cursor = skip_whitespace(cursor)
-            if cursor < len(text) and text[cursor] == ",":
-                cursor = skip_whitespace(cursor + 1)
-                continue
-            if cursor < len(text) and text[cursor] == "]":
-                cursor = skip_whitespace(cursor + 1)
-                break
-            raise DataError(f"{path}:{line_at(min(cursor, len(text)))}: invalid JSON in the list: "
-                            f"expected ',' or ']' after an item")
-    if cursor != len(text):
-        raise DataError(f"{path}:{line_at(cursor)}: unexpected text after the end of the JSON list")
+    @property
+    def where(self) -> str:
+        """`file:line` or `file:row N`, as error messages name it."""
+        return location(self.source, self.line, self.parquet)
 
 
 def _check_record(record: object, prompt_key: str, answer_key: str, numeric_answers: bool) -> tuple[str, str]:
@@ -143,36 +110,31 @@ def _check_record(record: object, prompt_key: str, answer_key: str, numeric_answ
 def read_problems(path: str | os.PathLike, prompt_key: str = "question", answer_key: str = "answer",
                   skip_bad_lines: bool = False, stats: ConversionStats | None = None,
                   numeric_answers: bool = True) -> Iterator[Problem]:
-    """Yields the problems of a JSON list or JSONL file (format detected from the first character).
+    """Yields the problems of a JSON list, JSONL or Parquet file, or of every such file in a folder (in sorted
+    file-name order, see `mindrlhf.data.sources`), each file's records in their order.
 
-    A bad line (invalid JSON, missing key, non-string or empty value, with `numeric_answers` an answer without
-    a gold number `extract_gold_answer` can parse) raises `DataError("file:line: ...")`,
-    or with `skip_bad_lines` is counted in `stats` and skipped. Invalid JSON inside a JSON list is always
-    fatal: the rest of the list cannot be located.
+    A bad record (invalid JSON, missing key, non-string or empty value, with `numeric_answers` an answer without
+    a gold number `extract_gold_answer` can parse) raises `DataError("file:line: ...")` (`file:row N:` for
+    Parquet), or with `skip_bad_lines` is counted in `stats` and skipped. Invalid JSON inside a JSON list and a
+    Parquet file without the `prompt_key` / `answer_key` columns are always fatal.
     """
-    path = os.fspath(path)
     stats = stats if stats is not None else ConversionStats()
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: input data file not found")
-    try:
-        with open(path, encoding="utf-8-sig") as f:
-            text = f.read()
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except OSError as err:
-        raise DataError(f"{path}: cannot read input data file: {err.strerror}") from None
+    for source in list_input_files(path):
+        stats.input_files.append(source)
+        yield from _file_problems(source, prompt_key, answer_key, skip_bad_lines, stats, numeric_answers)
 
-    if text.lstrip(_JSON_WHITESPACE).startswith("["):
-        items: Iterator[tuple[int, object]] = _json_list_items(text, path)
-    else:
-        items = _jsonl_items(text)
-    for line, item in items:
+
+def _file_problems(source: str, prompt_key: str, answer_key: str, skip_bad_lines: bool, stats: ConversionStats,
+                   numeric_answers: bool) -> Iterator[Problem]:
+    """`read_problems` for one input file."""
+    parquet = is_parquet(source)
+    for number, item in read_records(source, required_columns=(prompt_key, answer_key)):
         try:
             if isinstance(item, json.JSONDecodeError):
                 raise ValueError(f"invalid JSON: {item.msg} (column {item.colno})")
             question, answer = _check_record(item, prompt_key, answer_key, numeric_answers)
         except ValueError as err:
-            message = f"{path}:{line}: {err}"
+            message = f"{location(source, number, parquet)}: {err}"
             if not skip_bad_lines:
                 raise DataError(message) from None
             stats.bad_lines += 1
@@ -185,21 +147,10 @@ def read_problems(path: str | os.PathLike, prompt_key: str = "question", answer_
         if clashing:
             if not stats.dropped_columns:
                 logger.warning("%s: field(s) %s are not passed to reward functions (the trainer passes its own "
-                               "values under these names)", path, clashing)
+                               "values under these names)", source, clashing)
             stats.dropped_columns.update(clashing)
             columns = {key: value for key, value in columns.items() if key not in RESERVED_COLUMNS}
-        yield Problem(line, question, answer, columns)
-
-
-def _jsonl_items(text: str) -> Iterator[tuple[int, object]]:
-    """(line number, parsed object or the JSONDecodeError) for each non-blank line."""
-    for line_no, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield line_no, json.loads(line)
-        except json.JSONDecodeError as err:
-            yield line_no, err
+        yield Problem(number, question, answer, columns, source, parquet)
 
 
 def write_mindrecord_atomically(records: list[dict], output_path: str | os.PathLike, description: str,
@@ -230,6 +181,15 @@ def write_mindrecord_atomically(records: list[dict], output_path: str | os.PathL
         shutil.rmtree(staging_dir, ignore_errors=True)
 
 
+def mindrecord_output_path(output_path: str | os.PathLike) -> str:
+    """The MindRecord file `output_path` names, absolute: `output_path` itself, or `<output_path>/prompts.mindrecord`
+    when it is an existing folder or ends with a path separator (MindRLHF's `--output_path /path/to/mindrecord/`)."""
+    output_path = os.fspath(output_path)
+    if output_path.endswith(("/", os.sep)) or os.path.isdir(output_path):
+        output_path = os.path.join(output_path, DEFAULT_OUTPUT_NAME)
+    return os.path.abspath(output_path)
+
+
 def convert_to_mindrecord(
     input_path: str | os.PathLike,
     output_path: str | os.PathLike,
@@ -242,22 +202,36 @@ def convert_to_mindrecord(
     numeric_answers: bool = True,
     instruction: str = "",
 ) -> ConversionStats:
-    """Converts a GSM8K-style JSON list / JSONL file into a MindRecord of tokenised prompts (each question
-    followed by `instruction`, if any).
+    """Converts GSM8K-style problems into a MindRecord of tokenised prompts (each question followed by
+    `instruction`, if any).
 
-    Prompts longer than `max_prompt_length` tokens are dropped and counted (never truncated: a cut
-    question cannot be answered). Raises `DataError` for bad lines (unless `skip_bad_lines`) and when no
-    prompt is left to write.
+    `input_path` is a JSON list, JSONL or Parquet file or a folder of them (`read_problems`); `output_path` a
+    file or a folder (`mindrecord_output_path`; the file written is `stats.output_path`). An existing output
+    (and its `.db`) is replaced only once the new one is complete. Prompts longer than `max_prompt_length`
+    tokens are dropped and counted (never truncated: a cut question cannot be answered). Raises `DataError`
+    for bad records (unless `skip_bad_lines`) and when no prompt is left to write.
     """
     if template not in TEMPLATE_NAMES:
         raise ValueError(f"unknown template {template!r}, expected one of {TEMPLATE_NAMES}")
     if max_prompt_length < 1:
         raise ValueError(f"max_prompt_length must be positive, got {max_prompt_length}")
     input_path = os.fspath(input_path)
-    stats = ConversionStats()
+    stats = ConversionStats(output_path=mindrecord_output_path(output_path))
     problems = list(read_problems(input_path, prompt_key, answer_key, skip_bad_lines, stats, numeric_answers))
     prompts = [build_prompt(problem.question, template, tokenizer.apply_chat_template, instruction)
                for problem in problems]
+    records = _prompt_records(problems, prompts, tokenizer, max_prompt_length, stats)
+    if not records:
+        raise DataError(f"{input_path}: no prompt left to write ({stats.summary()})")
+    write_mindrecord_atomically(records, stats.output_path, f"mindrlhf prompts, template {template}")
+    stats.written = len(records)
+    logger.debug("%s -> %s: %s", input_path, stats.output_path, stats.summary())
+    return stats
+
+
+def _prompt_records(problems: list[Problem], prompts: list[str], tokenizer: TextTokenizer, max_prompt_length: int,
+                    stats: ConversionStats) -> list[dict]:
+    """The MindRecord rows of the prompts that fit `max_prompt_length` tokens; the others are counted in `stats`."""
     records = []
     for start in range(0, len(prompts), 512):
         token_ids = tokenizer.batch_encode(prompts[start:start + 512])
@@ -265,16 +239,12 @@ def convert_to_mindrecord(
             problem = problems[start + offset]
             if len(ids) > max_prompt_length:
                 stats.dropped_too_long += 1
-                logger.debug("%s:%d: prompt has %d tokens > max_prompt_length %d, dropped",
-                             input_path, problem.line, len(ids), max_prompt_length)
+                logger.debug("%s: prompt has %d tokens > max_prompt_length %d, dropped",
+                             problem.where, len(ids), max_prompt_length)
                 continue
+            # default=str: Parquet columns may hold values JSON has no type for (dates, decimals, bytes)
             records.append({"prompt_ids": np.asarray(ids, dtype=np.int64), "prompt_length": len(ids),
                             "solution": problem.answer, "prompt": prompts[start + offset],
-                            "columns": json.dumps(problem.columns, ensure_ascii=False)})
+                            "columns": json.dumps(problem.columns, ensure_ascii=False, default=str)})
             stats.longest_prompt = max(stats.longest_prompt, len(ids))
-    if not records:
-        raise DataError(f"{input_path}: no prompt left to write ({stats.summary()})")
-    write_mindrecord_atomically(records, output_path, f"mindrlhf prompts, template {template}")
-    stats.written = len(records)
-    logger.debug("%s -> %s: %s", input_path, os.fspath(output_path), stats.summary())
-    return stats
+    return records

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from mindrlhf.configs.generation import bucket_length
-from mindrlhf.data.mindrecord import DataError
+from mindrlhf.data.sources import DataError
 
 REQUIRED_FIELDS = ("prompt_ids", "solution")
 
