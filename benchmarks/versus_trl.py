@@ -18,11 +18,15 @@ Cases:
 - `0.5b`: Qwen2.5-0.5B's shape with seeded random weights (`versus_hf.prepare_model`; the project venv then needs
   the test dependencies: `bash tools/bootstrap.sh test`), the arithmetic prompts, 2 prompts x 4 samples, 64 new
   tokens, one update per step, lr 1e-6, ours on 1 worker with 1-response micro-batches (as `grpo_step.py`).
+- `smollm2`: SmolLM2-135M-Instruct (`tools/fetch_smollm2.py`), the job of `MODEL=smollm2 bash run_grpo.sh`
+  (`model_configs/smollm2`: the model's chat template, 4 prompts x 8 samples, 96 new tokens, one update per step),
+  ours on 2 workers (dp=2).
 
     .venv/bin/python benchmarks/versus_trl.py                          # arith, 6 steps x 2 rounds, ~30 min
     .venv/bin/python benchmarks/versus_trl.py --steps 3 --rounds 1     # a quick look
     .venv/bin/python benchmarks/versus_trl.py --case 0.5b --workdir /tmp/vtrl   # 2 steps, ~20 GiB peak
     .venv/bin/python benchmarks/versus_trl.py --workers 1              # ours on 1 worker (train/infer dp=1 tp=1)
+    .venv/bin/python benchmarks/versus_trl.py --case smollm2           # 4 steps x 2 rounds, ~30 min
 """
 from __future__ import annotations
 
@@ -48,13 +52,18 @@ TRL_VENV = os.path.join(ROOT, "benchmarks", ".venv-trl")
 # transformers as in the project's test venv, so both HF sides run the same Qwen2 code
 TRL_REQUIREMENTS = ("trl==1.16.0", "datasets==5.2.0", "accelerate==1.15.0", "torch==2.13.0", "transformers==5.23.0")
 ARITH = os.path.join(ROOT, "model_configs", "arith")
+SMOLLM2 = os.path.join(ROOT, "model_configs", "smollm2")
 DATA = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data", "arithmetic_train.jsonl")
 MAX_PROMPT_LENGTH = 256  # run_grpo.sh's default
+# configs: the model_configs folder whose grpo.yaml is the job; template: rlhf_data.py's --template (run_grpo.sh's)
 CASES = {
-    "arith": dict(steps=6, workers=2, overrides={}, micro=None, log_prob_micro=None),
-    "0.5b": dict(steps=2, workers=1, micro=1, log_prob_micro=1,
+    "arith": dict(steps=6, workers=2, overrides={}, micro=None, log_prob_micro=None, configs=ARITH,
+                  template="r1_think"),
+    "0.5b": dict(steps=2, workers=1, micro=1, log_prob_micro=1, configs=ARITH, template="r1_think",
                  overrides=dict(batch_size=2, num_generations=4, max_new_tokens=64, mini_batch_size=0,
                                 learning_rate=1e-6)),
+    "smollm2": dict(steps=4, workers=2, overrides={}, micro=None, log_prob_micro=None, configs=SMOLLM2,
+                    template="chat"),
 }
 MEMORY_0_5B_GIB = 20  # peak of the larger side (ours with 1-response micro-batches; TRL ~12 GiB)
 # mindrlhf's loss aggregation -> TRL's loss_type with the same normalisation (per optimizer update)
@@ -211,10 +220,10 @@ def updates_per_step(config: dict) -> int:
 # ---------------------------------------------------------------- the prompts, as ours reads them
 
 def job_rows(data: str, tokenizer_dir: str, workdir: str, steps: int, batch_size: int, seed: int,
-             max_prompt_length: int = MAX_PROMPT_LENGTH) -> tuple[list[dict], dict]:
+             template: str = "r1_think", max_prompt_length: int = MAX_PROMPT_LENGTH) -> tuple[list[dict], dict]:
     """The prompts of `steps` steps in the order mindrlhf's trainer takes them, and the tokenizer's special ids.
 
-    The prompts are written by the function `rlhf_data.py` runs (`convert_to_mindrecord`, template `r1_think`) and
+    The prompts are written by the function `rlhf_data.py` runs (`convert_to_mindrecord` with `template`) and
     read back in order from the MindRecord (text, token ids, solution); the step order is `PromptDataset`'s for
     the job's global batch and seed (it does not depend on the data-parallel split).
     """
@@ -230,7 +239,7 @@ def job_rows(data: str, tokenizer_dir: str, workdir: str, steps: int, batch_size
     for stale in (path, path + ".db"):
         if os.path.exists(stale):
             os.remove(stale)
-    convert_to_mindrecord(data, path, tokenizer, template="r1_think", max_prompt_length=max_prompt_length)
+    convert_to_mindrecord(data, path, tokenizer, template=template, max_prompt_length=max_prompt_length)
     reader = FileReader(path, num_consumer=1)
     try:
         records = [{"prompt": _text(r["prompt"]), "prompt_ids": [int(t) for t in r["prompt_ids"]],
@@ -301,6 +310,8 @@ def ours_launch(args: argparse.Namespace, overrides: dict, out: str, model: dict
         env.update(TRAIN_YAML=train, INFER_YAML=infer)
     if args.case == "0.5b":
         env.update(MODEL_DIR=model["policy_dir"], TOKENIZER_DIR=model["tokenizer_dir"])
+    if args.case == "smollm2":
+        env.update(MODEL="smollm2", MODEL_DIR=model["policy_dir"])
     return env, flags
 
 
@@ -319,7 +330,7 @@ def run_ours(args, overrides: dict, model: dict, out: str) -> dict:
         lines = [json.loads(line) for line in f if line.strip()]
     steps = [line for line in lines if "timing_s/step" in line]
     return {"wall_s": wall, "flags": flags, "steps": steps, "layouts": _layouts(out),
-            "peak_rss_gib": max(line.get("perf/max_rss_gib", 0.0) for line in steps)}
+            "peak_rss_gib": max(line.get("perf/sum_rss_gib", 0.0) for line in steps)}
 
 
 def _layouts(out: str) -> str:
@@ -402,7 +413,7 @@ def compare(summaries: dict[str, list[dict]]) -> list[dict]:
     """Table rows: per side the value of each round, the mean over rounds, and ours/theirs of those means."""
     keys = [(phase, f"{label} s") for phase, label in TABLE_PHASES] + [
         ("tokens_per_s", "tokens/s (step)"), ("mean_reward", "mean reward"), ("first_step_s", "first step s"),
-        ("wall_s", "run wall s"), ("peak_rss_gib", "peak RSS GiB")]
+        ("wall_s", "run wall s"), ("peak_rss_gib", "peak RSS GiB (all)")]
     rows = []
     for key, label in keys:
         row = {"key": key, "label": label}
@@ -437,6 +448,12 @@ def prepare_case(args: argparse.Namespace, workdir: str) -> dict:
     if args.case == "arith":
         return {"policy_dir": os.path.join(ARITH, "policy"), "tokenizer_dir": os.path.join(ARITH, "policy"),
                 "yaml": os.path.join(ARITH, "train.yaml"), "seq_length": 256}
+    if args.case == "smollm2":
+        folder = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct")
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "fetch_smollm2.py"), "--output_dir", folder],
+                       check=True)
+        return {"policy_dir": folder, "tokenizer_dir": folder, "yaml": os.path.join(SMOLLM2, "train.yaml"),
+                "seq_length": 256}
     from benchmarks.versus_hf import model_dir
 
     folder = model_dir(workdir, "0.5b")
@@ -464,10 +481,12 @@ def main(argv=None) -> dict:
             print(f"[versus_trl] warning: {available:.1f} GiB of memory available; the 0.5b case's runs peak at "
                   f"~{MEMORY_0_5B_GIB} GiB (one at a time)", flush=True)
     overrides = job_overrides(args)
-    settings = job_settings(os.path.join(ARITH, "grpo.yaml"), overrides)
+    case = CASES[args.case]
+    settings = job_settings(os.path.join(case["configs"], "grpo.yaml"), overrides)
     config = trl_config(settings, args.steps)
     batch, group = settings["schedule"]["batch_size"], settings["generation"]["num_generations"]
-    rows, special = job_rows(DATA, model["tokenizer_dir"], workdir, args.steps, batch, settings["schedule"]["seed"])
+    rows, special = job_rows(DATA, model["tokenizer_dir"], workdir, args.steps, batch, settings["schedule"]["seed"],
+                             case["template"])
     job = {"policy_dir": model["policy_dir"], "tokenizer_dir": model["tokenizer_dir"], "rows": rows,
            "stop_token_ids": special["stop_token_ids"], "reward_funcs": settings["reward"]["reward_funcs"],
            "warmup_steps": settings["optimizer"]["warmup_steps"], "updates_per_step": updates_per_step(config),

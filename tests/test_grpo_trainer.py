@@ -98,6 +98,8 @@ def test_every_step_reshards_into_the_infer_net_and_keeps_the_swap_plan(straight
         assert line["perf/update_tokens_per_s_per_device"] * line["timing_s/train"] == pytest.approx(2 * step_tokens,
                                                                                                       rel=1e-3)
     assert 0.1 < lines[0]["perf/max_rss_gib"] <= lines[-1]["perf/max_rss_gib"] < 24  # a peak: never decreases
+    assert all(line["perf/max_rss_gib"] < line["perf/sum_rss_gib"] <= 2 * line["perf/max_rss_gib"]
+               for line in lines)  # two ranks, each with its own process
     assert all(line["actor/kl"] >= 0 for line in lines) and lines[-1]["actor/kl"] > 0  # k3 >= 0; policy moved
     assert lines[0]["actor/updates"] == 4  # 2 iterations x (batch 4 / mini-batch 2)
     assert any(line["actor/clipfrac"] > 0 for line in lines)  # several updates per batch: clipping happens

@@ -92,6 +92,22 @@ def test_trl_config_matches_the_job():
             small["steps_per_generation"], vt.updates_per_step(small), small["max_steps"]) == (1, 8, 8, 1, 2)
     assert (small["num_generations"], small["max_completion_length"], small["learning_rate"]) == (4, 64, 1e-6)
 
+
+def test_smollm2_case_is_run_grpo_sh_smollm2_job(tmp_path):
+    args = vt.parse_args(["--case", "smollm2"])
+    assert (args.steps, args.workers, vt.job_overrides(args)) == (4, 2, {})
+    settings = vt.job_settings(os.path.join(vt.CASES["smollm2"]["configs"], "grpo.yaml"), {})
+    config = vt.trl_config(settings, steps=args.steps)
+    # 4 prompts x 8 samples, one update of all 32 responses per step, at the model's own chat template
+    assert (config["num_generations"], config["per_device_train_batch_size"], vt.updates_per_step(config)) == (8, 32, 1)
+    assert (config["max_completion_length"], config["temperature"], config["beta"], config["learning_rate"]) == \
+        (96, 0.7, 0.04, 5e-6)
+    assert settings["reward"]["reward_funcs"] == ["accuracy", "hash_format"] and config["reward_weights"] == [1, 0.5]
+    assert vt.CASES["smollm2"]["template"] == "chat"
+    env, flags = vt.ours_launch(args, {}, str(tmp_path), {"policy_dir": "/m", "tokenizer_dir": "/m"})
+    assert (env["MODEL"], env["MODEL_DIR"], env["EVAL_DATA"], env["WORKER_NUM"]) == ("smollm2", "/m", "", "2")
+    assert flags == ["--steps", "4"] and "TRAIN_YAML" not in env  # run_grpo.sh's own smollm2 YAMLs
+
     with pytest.raises(ValueError, match="lr_schedule"):
         vt.trl_config(vt.job_settings(GRPO_YAML, {"lr_schedule": "cosine"}), steps=1)
     odd = {**settings, "schedule": {**settings["schedule"], "micro_batch_size_per_device": 3}}
@@ -102,7 +118,7 @@ def test_trl_config_matches_the_job():
 def ours_line(step_s, generate, ref, train, reward, length, reward_mean):
     return {"timing_s/step": step_s, "timing_s/generate": generate, "timing_s/ref": ref, "timing_s/train": train,
             "timing_s/reward": reward, "timing_s/reshard": 0.1, "response_length/mean": length,
-            "reward/mean": reward_mean, "perf/max_rss_gib": 2.0}
+            "reward/mean": reward_mean, "perf/max_rss_gib": 2.0, "perf/sum_rss_gib": 4.0}
 
 
 def test_summary_and_table_arithmetic():

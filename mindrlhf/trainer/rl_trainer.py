@@ -385,6 +385,7 @@ class RLTrainer:
                 metrics[f"perf/{name}_tokens_per_s_per_device"] = round(phase_tokens / self.world_size / seconds, 2)
         peaks = self.comm.all_gather(np.array([peak_rss_gib()], np.float32))
         metrics["perf/max_rss_gib"] = round(float(peaks.max()), 3)
+        metrics["perf/sum_rss_gib"] = round(float(peaks.sum()), 3)  # what the job's ranks hold together at most
         return metrics
 
     def evaluate(self) -> dict[str, float]:
