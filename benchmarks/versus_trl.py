@@ -204,12 +204,17 @@ def trl_config(settings: dict, steps: int) -> dict:
         max_completion_length=gen["max_new_tokens"], temperature=gen["temperature"], top_k=gen["top_k"],
         top_p=gen["top_p"], beta=loss["beta"], epsilon=loss["epsilon_low"], epsilon_high=loss["epsilon_high"],
         loss_type=LOSS_TYPES[loss["aggregation"]], scale_rewards=SCALE_REWARDS[algo["adv_estimator"]],
-        reward_weights=list(settings["reward"]["reward_weights"]), learning_rate=opt["learning_rate"],
+        reward_weights=_weights(settings["reward"]["reward_weights"]), learning_rate=opt["learning_rate"],
         adam_beta1=opt["beta1"], adam_beta2=opt["beta2"], adam_epsilon=opt["eps"], weight_decay=opt["weight_decay"],
         max_grad_norm=opt["max_grad_norm"], warmup_steps=opt["warmup_steps"], lr_scheduler_type="constant_with_warmup",
         use_vllm=False, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1,
         save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
     )
+
+
+def _weights(weights) -> list[float] | None:
+    """The job's reward weights for TRL (unset: None, 1.0 each on both sides)."""
+    return None if weights is None else list(weights)
 
 
 def updates_per_step(config: dict) -> int:

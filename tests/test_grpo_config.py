@@ -1,6 +1,9 @@
 """GRPOConfig: YAML sections, generated CLI flags, validation messages naming the field."""
 import argparse
 import dataclasses
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +11,8 @@ from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.cli import add_config_flags, config_overrides, section_field_names
 from mindrlhf.configs.grpo_configs import SECTIONS, GRPOConfig
 from mindrlhf.trainer.plan import check_registered_names
+
+SCRIPT = Path(__file__).parents[1] / "examples" / "qwen_grpo_tutorial" / "grpo_one_stage.py"
 
 
 def parse(argv):
@@ -234,3 +239,68 @@ def test_the_critics_learning_rate_has_its_own_name(tmp_path, caplog):
         GRPOConfig.from_yaml(str(path))
     with pytest.raises(ConfigError, match=r"critic.learning_rate must be > 0, got 0.0"):
         GRPOConfig().replace({"critic": {"lr": 0.0}})
+
+
+def run_script(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+
+
+def flag_help(help_text: str, flag: str) -> str:
+    """The --help entry of `flag` (its lines up to the next flag's), whitespace collapsed."""
+    lines = help_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {flag} "))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("  -")), len(lines))
+    return " ".join(" ".join(lines[start:end]).split())
+
+
+def test_help_shows_each_flags_type_and_default():
+    proc = run_script("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "CFG__" not in proc.stdout and "cfg__" not in proc.stdout  # no internal dest names
+    epsilon = flag_help(proc.stdout, "--epsilon_low")
+    assert epsilon.startswith("--epsilon_low FLOAT, --loss.epsilon_low FLOAT [loss] Lower clip range")
+    assert epsilon.endswith("(default: 0.2)")
+    assert flag_help(proc.stdout, "--use_parallel").startswith("--use_parallel {auto,true,false} ")
+    assert flag_help(proc.stdout, "--use_parallel").endswith("(default: auto)")
+    # a field that moved to another section: its old flag reads like the new one, not like its dest
+    assert flag_help(proc.stdout, "--schedule.max_sampling_retries") == \
+        "--schedule.max_sampling_retries INT old name of --algorithm.max_sampling_retries"
+    assert flag_help(proc.stdout, "--max_sampling_retries").endswith("(default: 3)")
+    assert flag_help(proc.stdout, "--max_new_tokens").endswith("(default: 256)")  # GRPOConfig's, not the class's
+    assert flag_help(proc.stdout, "--reward_funcs").endswith("(default: accuracy format)")
+    assert flag_help(proc.stdout, "--reward_weights").endswith("(default: 1.0 per function)")
+    assert flag_help(proc.stdout, "--eos_token_ids").endswith("(default: the tokenizer's)")
+    assert flag_help(proc.stdout, "--sft_path_train").startswith("--sft_path_train STR ")
+    assert flag_help(proc.stdout, "--sft_path_train").endswith("(required)")
+    assert flag_help(proc.stdout, "--seed").endswith("(default: 0)")
+    assert "1e-3" not in flag_help(proc.stdout, "--learning_rate")  # the bundled value is the YAML's to state
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--lerning_rate", "1e-5"], "grpo_one_stage.py: error: unrecognized arguments: --lerning_rate 1e-5 "
+                                 "(did you mean --learning_rate?)"),
+    (["--steps", "x"], "grpo_one_stage.py: error: argument --steps/--schedule.steps: invalid int value: 'x'"),
+])
+def test_a_bad_flag_is_one_line_without_the_usage(argv, error):
+    required = ["--sft_path_train", "t.yaml", "--sft_path_infer", "i.yaml", "--mind_dataset_dir", "d"]
+    proc = run_script(*required, *argv)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [error, "see grpo_one_stage.py --help"]
+    assert proc.stdout == ""
+
+
+def test_empty_reward_funcs_need_no_weights():
+    """`reward_funcs: []` (a reward model alone): the weights default to one per function, so none; an explicit
+    list of another length stays an error naming both fields."""
+    model_alone = GRPOConfig().replace({"reward": {"reward_funcs": [], "reward_model_path": "rm.ckpt"}})
+    model_alone.validate()
+    assert model_alone.reward.reward_funcs == [] and model_alone.reward.reward_weights is None
+    assert GRPOConfig().replace(parse(["--reward_funcs", "accuracy"])).reward.reward_weights is None  # 1.0 each
+    with pytest.raises(ConfigError, match=r"reward.reward_weights has 2 value\(s\) \[1.0, 0.5\] but "
+                                          r"reward.reward_funcs has 0 \[\]: give one weight per function"):
+        GRPOConfig().replace({"reward": {"reward_funcs": [], "reward_weights": [1.0, 0.5],
+                                         "reward_model_path": "rm.ckpt"}})
+    from mindrlhf.reward import build_reward_fn
+
+    rewards = build_reward_fn(["accuracy", "format"], GRPOConfig().reward.reward_weights)
+    assert rewards.weights == (1.0, 1.0)

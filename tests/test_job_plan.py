@@ -14,7 +14,7 @@ from mindrlhf.configs.grpo_configs import GRPOConfig
 from mindrlhf.configs.job import JobOptions
 from mindrlhf.models.tokenizer import load_tokenizer
 from mindrlhf.parallel.layout import LayoutError
-from mindrlhf.trainer.plan import JobPlan, check_job_inputs, check_registered_names
+from mindrlhf.trainer.plan import JobPlan, check_job_inputs, check_registered_names, resolve_token_ids
 
 TINY = Path(__file__).parents[1] / "model_configs" / "tiny"
 
@@ -73,6 +73,35 @@ def test_the_plan_of_the_tiny_job(files, tokenizer):
     assert build(files, tokenizer, config_of(eval={"eval_batch_size": 3})).eval_batch_size == 3
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.eval_batch_size = 1
+
+
+def test_stop_and_pad_ids_set_by_the_user_win_over_the_tokenizers(caplog):
+    from mindrlhf.configs.generation import GenerationConfig
+
+    gen = GenerationConfig(eos_token_ids=[5, 6], pad_token_id=7)
+    unset = resolve_token_ids(gen, [702, 700], 700, {})
+    assert (unset.eos_token_ids, unset.pad_token_id) == ([702, 700], 700)  # not set: the tokenizer's
+    with caplog.at_level("INFO", logger="mindrlhf.trainer"):
+        mine = resolve_token_ids(gen, [702, 700], 700, {"eos_token_ids": "grpo.yaml", "pad_token_id": "command line"})
+    assert (mine.eos_token_ids, mine.pad_token_id) == ([5, 6], 7)
+    assert "generation.eos_token_ids=[5, 6] (from grpo.yaml) is used instead of the tokenizer's [702, 700]" \
+        in caplog.text
+    assert "generation.pad_token_id=7 (from command line) is used instead of the tokenizer's 700" in caplog.text
+    only_pad = resolve_token_ids(gen, [702, 700], 700, {"pad_token_id": "grpo.yaml"})
+    assert (only_pad.eos_token_ids, only_pad.pad_token_id) == ([702, 700], 7)
+    assert resolve_token_ids(gen, [702], 700, {"eos_token_ids": "g.yaml"}).eos_token_ids == [5, 6]
+    no_stop = GenerationConfig(eos_token_ids=[])  # set to [] on purpose: always generate max_new_tokens
+    assert resolve_token_ids(no_stop, [702], 700, {"eos_token_ids": "g.yaml"}).eos_token_ids == []
+
+
+def test_the_plan_takes_the_stop_and_pad_ids_the_config_sets(files, tokenizer, tmp_path):
+    path = tmp_path / "ids.yaml"
+    path.write_text("generation:\n  eos_token_ids: [702]\n")
+    config = GRPOConfig.from_yaml(str(TINY / "grpo.yaml"), str(path))
+    plan = build(files, tokenizer, config)
+    assert plan.generation.eos_token_ids == [702] and plan.generation.pad_token_id == 700  # the pad: the tokenizer's
+    plan = build(files, tokenizer, config.replace({"generation": {"pad_token_id": 702}}))
+    assert plan.generation.eos_token_ids == [702] and plan.generation.pad_token_id == 702
 
 
 def test_registered_names_are_checked_by_the_plan_not_the_config(tmp_path):

@@ -15,20 +15,21 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from mindrlhf.configs.cli import add_config_flags
+from mindrlhf.configs.cli import OneLineErrorParser, add_config_flags
 from mindrlhf.configs.job import JobOptions
 from mindrlhf.trainer.launch import run_job
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     JobOptions.add_flags(parser.add_argument_group("job (MindRLHF flag names)"))
     add_config_flags(parser.add_argument_group("GRPOConfig fields"))
     return parser
 
 
 def main(argv: list[str] | None = None, callbacks=None) -> int:
-    """Parses the flags and runs the job; returns the exit code (2 with a one-line error for bad input)."""
+    """Parses the flags and runs the job; returns the exit code (2 with a one-line error for bad input; a bad
+    flag exits with 2 and `grpo_one_stage.py: error: ...`, without the usage)."""
     return run_job(build_parser().parse_args(argv), callbacks)
 
 

@@ -2,6 +2,7 @@
 `bucket_length`, the padding rule of its prompt buckets (shared with the prompt reader)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,9 +29,19 @@ def bucket_length(length: int, buckets: Sequence[int] | None) -> int:
     raise ValueError(f"length {length} is longer than the largest length bucket {buckets[-1]}")
 
 
+def shown_as(field: dataclasses.Field, text: str) -> dataclasses.Field:
+    """`field` (a `help_field`) whose flag's --help shows `(default: <text>)`: a default resolved later (from the
+    tokenizer, from another field) rather than the dataclass default."""
+    field.metadata = {**field.metadata, "shown_default": text}
+    return field
+
+
 @dataclass
 class GenerationConfig:
     """Sampling settings of the rollout phase (the YAML section a GRPO config nests as `generation`).
+
+    In a training job `eos_token_ids` and `pad_token_id` come from the tokenizer unless the YAML or a flag sets
+    them (`mindrlhf.trainer.plan.resolve_token_ids`); the Qwen defaults here serve a config built in code.
 
     Sampling order follows Hugging Face `generate` and vLLM: logits / temperature, then top-k, then top-p,
     then a categorical draw. Every field is host-side except the ones that fix graph shapes
@@ -55,12 +66,16 @@ class GenerationConfig:
     top_p: float = help_field(
         1.0, "Nucleus sampling: keep the smallest set of tokens whose probability sums to >= top_p (the most "
              "likely token always kept); 1.0 = off. In (0, 1].")
-    eos_token_ids: list[int] = help_field(
+    eos_token_ids: list[int] = shown_as(help_field(
         [QWEN_IM_END_ID, QWEN_ENDOFTEXT_ID],
-        "A response ends at the first of these tokens (kept in the response and its mask). Qwen chat: "
-        "<|im_end|> (151645) and <|endoftext|> (151643). Empty = always generate max_new_tokens.")
-    pad_token_id: int = help_field(
-        QWEN_ENDOFTEXT_ID, "Fills prompts on the left and responses after their EOS (Qwen: <|endoftext|>).")
+        "A response ends at the first of these tokens (kept in the response and its mask). A training job takes "
+        "the tokenizer's stop tokens (its eos_token and generation_config.json's eos_token_id) unless this is set "
+        "in the YAML or by flag: a value set there is used instead (logged). Empty = always generate "
+        "max_new_tokens."), "the tokenizer's")
+    pad_token_id: int = shown_as(help_field(
+        QWEN_ENDOFTEXT_ID, "Fills prompts on the left and responses after their EOS. A training job takes the "
+                           "tokenizer's pad_token (else its eos_token) unless this is set in the YAML or by flag: a "
+                           "value set there is used instead (logged)."), "the tokenizer's")
     prompt_buckets: list[int] = help_field(
         [64, 128, 256, 512, 1024],
         "Lengths prompts are left-padded up to (the smallest that fits the longest prompt of the batch): each "

@@ -8,7 +8,7 @@ YAML layout (`--config grpo.yaml`), every section and field optional::
     reward:     {reward_funcs: [accuracy, format], reward_weights: [1.0, 0.5]}
     optimizer:  {learning_rate: 1.0e-6, beta1: 0.9, beta2: 0.95, ...}
     schedule:   {steps: 100, batch_size: 8, num_iterations: 1, ...}
-    checkpoint: {save_interval: 50, keep_last: 3}
+    checkpoint: {save_interval: 0, keep_last: 3}
     eval:       {eval_interval: 0, eval_batch_size: 0}
 
 Each field is also a command-line flag of `grpo_one_stage.py` (`--num_generations 8`, or the dotted
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindrlhf.configs.base import ConfigError, from_mapping, help_field, load_yaml
-from mindrlhf.configs.generation import GenerationConfig
+from mindrlhf.configs.generation import GenerationConfig, shown_as
 
 logger = logging.getLogger("mindrlhf.configs")
 
@@ -143,9 +143,10 @@ class RewardConfig:
         "'format' (1 for <think>...</think><answer>...</answer>), as in DeepSeek-R1; 'hash_format' (1 when the "
         "response ends with one GSM8K answer line '#### N'); or 'package.module:function'. May be empty when a "
         "reward model is given.")
-    reward_weights: list[float] = help_field(
-        [1.0, 0.5], "One weight per reward function. The format term is half the accuracy term so that a "
-                    "correct answer always beats a well-formatted wrong one.")
+    reward_weights: list[float] | None = shown_as(help_field(
+        None, "One weight per reward function, in their order; unset: 1.0 each (as TRL). The bundled grpo.yaml "
+              "files weigh format at half of accuracy (1.0, 0.5) so that a correct answer always beats a "
+              "well-formatted wrong one."), "1.0 per function")
     reward_model_path: str = help_field(
         "", "A reward model that scores each response at its last token: a checkpoint with a value head "
             "(`score.weight`), e.g. a Qwen2/LlamaForSequenceClassification converted by tools/convert_weight.py. Its "
@@ -159,10 +160,11 @@ class RewardConfig:
         if not self.reward_funcs and not self.reward_model_path:
             raise ConfigError("reward.reward_funcs must list at least one reward function (or give "
                               "reward.reward_model_path)")
-        if len(self.reward_weights) != len(self.reward_funcs):
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
             raise ConfigError(f"reward.reward_weights has {len(self.reward_weights)} value(s) "
                               f"{self.reward_weights} but reward.reward_funcs has {len(self.reward_funcs)} "
-                              f"{self.reward_funcs}: give one weight per function")
+                              f"{self.reward_funcs}: give one weight per function (or leave reward.reward_weights "
+                              f"unset for 1.0 each)")
         if not math.isfinite(self.reward_model_weight):
             raise ConfigError(f"reward.reward_model_weight must be a finite number, got {self.reward_model_weight}")
 
@@ -173,7 +175,8 @@ class OptimizerConfig:
 
     learning_rate: float = help_field(
         1e-6, "Peak learning rate of the policy (the critic's is critic.learning_rate). 1e-6 is TRL's GRPO default "
-              "for billion-parameter policies; a tiny model needs far more (the bundled run uses 1e-4).")
+              "for billion-parameter policies; a tiny model needs far more (the bundled runs set theirs in "
+              "model_configs/<model>/grpo.yaml).")
     beta1: float = help_field(0.9, "Adam beta1 (first-moment decay), the usual value.")
     beta2: float = help_field(
         0.95, "Adam beta2. 0.95 rather than 0.999: the second moment adapts faster to the shifting gradient scale "

@@ -105,29 +105,30 @@ class JobOptions:
     def add_flags(cls, parser) -> None:
         """One `--<field>` flag per field (booleans: `--flag` alone is true, or `--flag true|false`, MindRLHF's
         `--flag True`)."""
-        from mindrlhf.configs.cli import parse_bool
+        from mindrlhf.configs.cli import DeprecatedFlag, flag_help, parse_bool, type_metavar
 
-        hints = typing.get_type_hints(cls)
+        hints, defaults = typing.get_type_hints(cls), cls()
         for field in dataclasses.fields(cls):
             extra = dict(field.metadata.get("argparse", {}))
             hint = hints[field.name]
             if hint is bool:
-                kwargs = {"type": parse_bool, "nargs": "?", "const": True, "default": field.default,
-                          "metavar": "{true,false}"}
+                kwargs = {"type": parse_bool, "nargs": "?", "const": True, "default": field.default}
             elif typing.get_origin(hint) is list:
                 kwargs = {"type": typing.get_args(hint)[0], "default": [], **extra}
             elif "choices" in extra:
                 kwargs = {"type": _choice_parser(extra["choices"]), "default": field.default, **extra}
             else:
                 kwargs = {"type": hint, "default": field.default, **extra}
+            if "choices" not in kwargs:
+                kwargs["metavar"] = type_metavar(hint)
+            help_text = flag_help(field.metadata["help"], field, getattr(defaults, field.name))
             if field.metadata.get("required"):
                 kwargs["required"] = True
                 kwargs.pop("default", None)
-            parser.add_argument(f"--{field.name}", help=field.metadata["help"], **kwargs)
-        from mindrlhf.configs.cli import DeprecatedFlag
-
+                help_text = f"{field.metadata['help']} (required)".replace("%", "%%")
+            parser.add_argument(f"--{field.name}", help=help_text, **kwargs)
         for old, new in RENAMED_FLAGS.items():
-            parser.add_argument(f"--{old}", dest=new, action=DeprecatedFlag, new_flag=f"--{new}",
+            parser.add_argument(f"--{old}", dest=new, action=DeprecatedFlag, new_flag=f"--{new}", metavar="STR",
                                 default=argparse.SUPPRESS, help=f"deprecated old name of --{new}")
 
     @classmethod

@@ -8,7 +8,9 @@ field; the checks run in a fixed order, so the first problem of a job is always 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,8 @@ from mindrlhf.parallel.layout import Layout
 
 if TYPE_CHECKING:  # importing the models package loads MindSpore: the functions that read YAMLs import it
     from mindrlhf.models.qwen2.config import Qwen2Config
+
+logger = logging.getLogger("mindrlhf.trainer")
 
 # LossConfig fields `check_loss_hyperparameters` reads (an error there names the source of the latest of them).
 _LOSS_FIELDS = ("beta", "epsilon_low", "epsilon_high", "aggregation", "kl_estimator")
@@ -39,7 +43,7 @@ class JobPlan:
     train_layout: Layout
     infer_layout: Layout
     critic_layout: Layout | None
-    generation: GenerationConfig  # config.generation with eos_token_ids / pad_token_id from the tokenizer
+    generation: GenerationConfig  # config.generation with the stop and pad ids of `resolve_token_ids`
     eval_batch_size: int  # prompts per evaluation call on each inference data-parallel rank
 
     @classmethod
@@ -53,7 +57,7 @@ class JobPlan:
         train_cfg, infer_cfg, train_layout, infer_layout = _policy_nets(config.schedule, config.generation, job,
                                                                         world_size, rank)
         eval_batch_size = _check_batches(config, job, train_layout, infer_layout)
-        generation = _generation(config.generation, tokenizer, job, train_cfg, infer_cfg)
+        generation = _generation(config, tokenizer, job, train_cfg, infer_cfg)
         critic_cfg, critic_layout = _critic(config, job, train_cfg, world_size, rank)
         reward_model_cfg = reward_model_config(job, infer_cfg, infer_layout) if config.reward.reward_model_path \
             else None
@@ -235,14 +239,35 @@ def _check_batches(config: GRPOConfig, job: JobOptions, train_layout: Layout, in
     return eval_batch_size
 
 
-def _generation(gen: GenerationConfig, tokenizer, job: JobOptions, train_cfg, infer_cfg) -> GenerationConfig:
-    """`gen` with the tokenizer's stop and pad ids, checked against both nets (vocabulary, cache length)."""
+def resolve_token_ids(gen: GenerationConfig, stop_token_ids: Sequence[int], pad_token_id: int,
+                      given: Mapping[str, str]) -> GenerationConfig:
+    """`gen` with the stop and pad ids a job generates with: for `eos_token_ids` and `pad_token_id`, the value the
+    user set (`given`: field name -> the YAML file or "command line" that set it) wins, with an info log naming
+    it when it differs from the tokenizer's; a field not set takes the tokenizer's (`stop_token_ids`,
+    `pad_token_id`)."""
+    tokenizer_ids = {"eos_token_ids": [int(t) for t in stop_token_ids], "pad_token_id": int(pad_token_id)}
+    resolved = {}
+    for name, theirs in tokenizer_ids.items():
+        if name not in given:
+            resolved[name] = theirs
+            continue
+        resolved[name] = getattr(gen, name)
+        if resolved[name] != theirs:
+            logger.info("generation.%s=%s (from %s) is used instead of the tokenizer's %s", name, resolved[name],
+                        given[name], theirs)
+    return dataclasses.replace(gen, **resolved)
+
+
+def _generation(config: GRPOConfig, tokenizer, job: JobOptions, train_cfg, infer_cfg) -> GenerationConfig:
+    """`config.generation` with the stop and pad ids of `resolve_token_ids`, checked against both nets
+    (vocabulary, cache length)."""
     if len(tokenizer) > train_cfg.vocab_size:
         raise ConfigError(f"{tokenizer.source}: the tokenizer has {len(tokenizer)} "
                           f"ids but {job.sft_path_train} model_config.vocab_size is {train_cfg.vocab_size}: "
                           "tokenizer and model do not belong together")
-    gen = dataclasses.replace(gen, eos_token_ids=list(tokenizer.stop_token_ids),
-                              pad_token_id=int(tokenizer.pad_token_id))
+    given = {name: config.source_of("generation", name) for name in ("eos_token_ids", "pad_token_id")}
+    gen = resolve_token_ids(config.generation, tokenizer.stop_token_ids, tokenizer.pad_token_id,
+                            {name: source for name, source in given.items() if source})
     try:
         gen.check_model(infer_cfg.vocab_size, infer_cfg.seq_length)
         gen.check_model(train_cfg.vocab_size, train_cfg.seq_length)
