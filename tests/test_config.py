@@ -177,3 +177,58 @@ def test_mindspeed_rls_7b_actor_layout_tp2_pp4_covers_8_devices():
     assert layouts[5].pp_group_ranks() == [1, 3, 5, 7] and layouts[5].end_stage_ranks() == [1, 7]
     assert layouts[4].next_stage_pair(1) == [2, 4] and layouts[4].next_stage_pair(2) == [4, 6]
     assert stage_layers(train.num_layers, 4, 2) == range(14, 21) and train.parallel_config.micro_batch_num == 4
+
+
+def test_mindrlhfs_qwen_grpo_yamls_load_quietly_with_the_7b_shape_and_tutorial_layouts(caplog):
+    """model_configs/qwen_grpo: MindRLHF's file names, layout and key names (max_position_embeddings, rotary_emb_base,
+    kv_channels, rotary_pct...), read as the trainer reads them: the same network, train pp2 x tp4 and infer dp2 x tp4
+    over the same 8 devices, and not one warning."""
+    import logging
+
+    from mindrlhf.configs import foreign_keys
+    from mindrlhf.models.qwen2.modeling import stage_layers
+    from mindrlhf.trainer.plan import check_model_configs
+
+    foreign_keys.warn_once.cache_clear()
+    train_path, infer_path = (CONFIGS / "qwen_grpo" / name for name in ("finetune_qwen2_5_7b.yaml",
+                                                                         "predict_qwen2_5_7b_instruct.yaml"))
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        train, infer = Qwen2Config.from_yaml(train_path), Qwen2Config.from_yaml(infer_path)
+    assert caplog.text == ""
+    check_model_configs(train, infer, str(train_path), str(infer_path))
+    for cfg in (train, infer):
+        assert (cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.n_kv_heads,
+                cfg.intermediate_size) == (152064, 3584, 28, 28, 4, 18944)
+        assert cfg.theta == 1e6 and cfg.qkv_has_bias and not cfg.tie_word_embeddings and cfg.get_head_dim() == 128
+        assert cfg.max_position_embedding == 32768 and cfg.eos_token_id == 151645 and cfg.seq_length == 8192
+        assert cfg.compute_dtype == "bfloat16" and not cfg.use_flash_attention
+        assert cfg.num_parameters() == PUBLISHED_PARAMETERS["qwen2_5_7b"]
+    assert (train.parallel_config.micro_batch_num, train.parallel_config.use_seq_parallel) == (4, True)
+    assert train.recompute.recompute is True
+    train_layouts = [Layout.from_config(train.parallel_config, 8, rank) for rank in range(8)]
+    infer_layouts = [Layout.from_config(infer.parallel_config, 8, rank) for rank in range(8)]
+    assert str(train_layouts[0]) == "dp=1 x tp=4 x pp=2" and str(infer_layouts[7]) == "dp=2 x tp=4"
+    assert [lay.stage for lay in train_layouts] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [lay.dp_rank for lay in infer_layouts] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert stage_layers(train.num_layers, 2, 1) == range(14, 28)
+
+
+def test_train_and_infer_yamls_may_differ_in_what_does_not_change_the_network(tmp_path):
+    """MindRLHF's finetune YAML says max_position_embeddings 131072 and eos 151643, its predict YAML 32768 and
+    151645: the same network. A layer more is another network."""
+    from mindrlhf.configs.base import ConfigError
+    from mindrlhf.trainer.plan import check_model_configs
+
+    source = (CONFIGS / "qwen_grpo" / "finetune_qwen2_5_7b.yaml").read_text()
+    assert "max_position_embedding: 32768" in source and "eos_token_id: 151645" in source
+    finetune = tmp_path / "finetune.yaml"
+    finetune.write_text(source.replace("max_position_embedding: 32768", "max_position_embeddings: 131072")
+                        .replace("eos_token_id: 151645", "eos_token_id: 151643"))
+    predict = CONFIGS / "qwen_grpo" / "predict_qwen2_5_7b_instruct.yaml"
+    train, infer = Qwen2Config.from_yaml(finetune), Qwen2Config.from_yaml(predict)
+    assert (train.max_position_embedding, train.eos_token_id) == (131072, 151643)
+    check_model_configs(train, infer, str(finetune), str(predict))
+    deeper = tmp_path / "deeper.yaml"
+    deeper.write_text(source.replace("num_layers: 28", "num_layers: 30"))
+    with pytest.raises(ConfigError, match=r"describe different models \(num_layers: 30 vs 28\)"):
+        check_model_configs(Qwen2Config.from_yaml(deeper), infer, str(deeper), str(predict))

@@ -168,6 +168,26 @@ def test_plan_flag_prints_the_table_without_msrun(tmp_path):
     assert "error: --device_memory_gib must be >= 0" in proc.stderr
 
 
+def test_plan_of_mindrlhfs_qwen2_5_7b_grpo_yamls_covers_8_ranks(tmp_path):
+    """MindRLHF's tutorial pair (model_configs/qwen_grpo) with the default GRPO config: train tp4 x pp2 and infer dp2 x
+    tp4 on 8 ranks, the Ascend memory model (bfloat16), and not a word about the YAMLs' keys."""
+    data = tmp_path / "prompts.mindrecord"
+    data.write_bytes(b"")
+    configs = os.path.join(ROOT, "model_configs")
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "grpo_one_stage.py"), "--plan",
+           "--sft_path_train", os.path.join(configs, "qwen_grpo", "finetune_qwen2_5_7b.yaml"),
+           "--sft_path_infer", os.path.join(configs, "qwen_grpo", "predict_qwen2_5_7b_instruct.yaml"),
+           "--tokenizer_dir", os.path.join(configs, "tiny", "tokenizer"), "--mind_dataset_dir", str(data),
+           "--device_memory_gib", "59.6"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "MS_WORKER_NUM": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "has no effect here" not in proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("memory plan: 8 rank(s), train dp1 x tp4 x pp2, infer dp2 x tp4, device ascend; ")
+    assert [line for line in lines if line.startswith("ranks")] == ["ranks 0,1,2,3:", "ranks 4,5,6,7:"]  # 2 stages
+    assert lines[-1].startswith("fits: the largest rank needs ") and lines[-1].endswith(" of 59.6 GiB per device")
+
+
 @pytest.mark.msrun
 def test_plan_is_within_its_tolerance_of_a_real_runs_peak_rss(tmp_path):
     """The tiny job for one step on 2 ranks (msrun): the largest rank's peak RSS vs the plan's per-rank peak."""

@@ -1,7 +1,9 @@
 """Keys of MindFormers / MindRLHF model YAMLs that are not fields of this implementation's configs, and what each
-does here: a value that means what this implementation does anyway passes; any other value is warned about (it has
-no effect on results or memory here, said in one line naming the key) or refused (it asks for something not built
-here; the error says what to set instead). No key is dropped without a word. `docs/yaml_keys.md` lists them.
+does here: a value that means what this implementation does anyway passes; any other value is ignored with a reason
+(it has no effect on results or memory here) or refused (it asks for something not built here; the error says what
+to set instead). The keys one YAML load ignores are said in ONE warning line naming each key and why
+(`IgnoredKeys`). Other names of fields (`MODEL_ALIASES`) are read as the field. No key is dropped without a word.
+`docs/yaml_keys.md` lists them.
 """
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ def _always(_value) -> bool:
     return True
 
 
+def _never(_value) -> bool:
+    return False
+
+
 def _falsy(value) -> bool:
     return not value or value in ("None", "none")
 
@@ -48,7 +54,11 @@ def _no_offset(value) -> bool:
     return not value or (isinstance(value, (list, tuple)) and not any(value))
 
 
-_SAMPLING = "sampling comes from the GRPO config's generation section (temperature, top_k, top_p, max_new_tokens)"
+# MindFormers' generation defaults inside model_config
+_SAMPLING = ("MindFormers' generation defaults; here sampling is set by the GRPO config (grpo.yaml): "
+             "generation.temperature, generation.top_k, generation.top_p, generation.do_sample and "
+             "generation.max_new_tokens (for max_decode_length); no minimum length and no repetition penalty are "
+             "applied")
 
 MODEL_KEYS: dict[str, ForeignKey] = {
     "type": ForeignKey(_always, WARN, "the config class name; the network is model.arch.type"),
@@ -68,10 +78,12 @@ MODEL_KEYS: dict[str, ForeignKey] = {
                                           "continue a run)"),
     "offset": ForeignKey(_no_offset, REFUSE, "pipeline stages take equal shares of the layers here; set offset: 0"),
     "repetition_penalty": ForeignKey(lambda v: v in (None, 1, 1.0), WARN, _SAMPLING),
-    "top_k": ForeignKey(_always, WARN, _SAMPLING),
-    "top_p": ForeignKey(_always, WARN, _SAMPLING),
-    "do_sample": ForeignKey(_always, WARN, _SAMPLING),
-    "max_decode_length": ForeignKey(_always, WARN, _SAMPLING),
+    "temperature": ForeignKey(_never, WARN, _SAMPLING),
+    "top_k": ForeignKey(_never, WARN, _SAMPLING),
+    "top_p": ForeignKey(_never, WARN, _SAMPLING),
+    "do_sample": ForeignKey(_never, WARN, _SAMPLING),
+    "max_decode_length": ForeignKey(_never, WARN, _SAMPLING),
+    "min_decode_length": ForeignKey(_never, WARN, _SAMPLING),
     "is_dynamic": ForeignKey(_always, WARN, "input shapes are bucketed here (generation.prompt_buckets, "
                                             "schedule.response_buckets)"),
     "block_size": ForeignKey(_always, WARN, "the KV cache is static (no paged attention)"),
@@ -96,7 +108,26 @@ MODEL_KEYS: dict[str, ForeignKey] = {
     "use_attn_mask_compression": ForeignKey(_always, WARN, "attention masks are built per call here"),
     "parallel_optimizer": ForeignKey(_falsy, WARN, "set parallel_config.optimizer_shard: true for ZeRO-1 "
                                                    "optimizer-state sharding"),
+    # keys MindRLHF's Qwen2.5 YAMLs carry ("configuration items copied from Qwen")
+    "compute_in_2d": ForeignKey(_never, WARN, "a MindFormers layout detail (2-D activations for semi-auto sharding); "
+                                              "no meaning here"),
+    "rotary_pct": ForeignKey(lambda v: v in (None, 1, 1.0), REFUSE,
+                             "rotary embeddings cover the whole head here (partial rotary is not built); set "
+                             "rotary_pct: 1.0"),
 }
+
+# other names of `model.model_config` fields (Qwen's / Hugging Face's): read as the field; both given with different
+# values is an error naming both
+MODEL_ALIASES: dict[str, str] = {
+    "rotary_emb_base": "theta",
+    "max_position_embeddings": "max_position_embedding",
+}
+
+# `model.model_config.eos_token_id` given as a list (MindFormers' predict YAMLs: [151645, 151643]): the first id is
+# the model's eos_token_id; the rest is said with this reason
+EOS_LIST_REASON = ("the first id is the model's eos_token_id; generation stops at the tokenizer's stop ids (Qwen2 "
+                   "vocab.json/merges.txt: <|im_end|> and <|endoftext|>; a --tokenizer_dir: its eos token and "
+                   "generation_config.json's eos_token_id), not at these")
 
 PARALLEL_KEYS: dict[str, ForeignKey] = {
     "vocab_emb_dp": ForeignKey(_falsy, WARN, "the embedding is always split over model_parallel here (what "
@@ -122,6 +153,29 @@ TOP_LEVEL_KEYS: dict[str, ForeignKey] = {
     "auto_trans_ckpt": ForeignKey(_always, WARN, "checkpoints are resharded to the job's layouts automatically"),
     "resume_training": ForeignKey(_falsy, WARN, "resume with --resume auto (or a step folder)"),
     "only_save_strategy": ForeignKey(_falsy, WARN, "pass --only_save_strategy"),
+    "micro_batch_interleave_num": PARALLEL_KEYS["micro_batch_interleave_num"],
+    "load_ckpt_format": ForeignKey(lambda v: v in (None, "ckpt"), WARN, "checkpoints here are MindSpore .ckpt "
+                                                                       "(tools/convert_weight.py converts Hugging "
+                                                                       "Face safetensors)"),
+    "do_eval": ForeignKey(_falsy, WARN, "no evaluation inside training epochs here: pass --eval_dataset_file (and "
+                                        "the GRPO config's eval.eval_interval)"),
+    "eval_step_interval": ForeignKey(_always, WARN, "only read with do_eval"),
+    "eval_epoch_interval": ForeignKey(_always, WARN, "only read with do_eval"),
+    "profile": ForeignKey(_falsy, WARN, "MindFormers' profiler is not wired here; phase timings are in the per-step "
+                                        "metrics"),
+    "profile_start_step": ForeignKey(_always, WARN, "only read with profile"),
+    "profile_stop_step": ForeignKey(_always, WARN, "only read with profile"),
+    "init_start_profile": ForeignKey(_always, WARN, "only read with profile"),
+    "profile_communication": ForeignKey(_always, WARN, "only read with profile"),
+    "profile_memory": ForeignKey(_always, WARN, "only read with profile"),
+    "auto_tune": ForeignKey(_falsy, WARN, "MindFormers' auto-tuning is not built here"),
+    "filepath_prefix": ForeignKey(_always, WARN, "only read with auto_tune"),
+    "autotune_per_step": ForeignKey(_always, WARN, "only read with auto_tune"),
+    "layer_scale": ForeignKey(_falsy, WARN, "layer-wise learning-rate decay is not built here"),
+    "layer_decay": ForeignKey(_always, WARN, "only read with layer_scale"),
+    "lr_scale_factor": ForeignKey(_always, WARN, "only read with MindFormers' lr_scale (not built here)"),
+    "remote_save_url": ForeignKey(_always, WARN, "an upload address of Huawei's AICC platform; checkpoints are "
+                                                 "written to --save_ckpt_dir"),
 }
 
 
@@ -134,35 +188,77 @@ SECTIONS: dict[str, str] = {
     "lr_schedule": "the learning-rate schedule comes from the GRPO config's optimizer section",
     "processor": "the tokenizer comes from --vocab_path / --tokenizer_dir",
     "moe_config": "no mixture-of-experts model is built here",
+    "runner_wrapper": "no loss scaling is applied here; gradient clipping is the GRPO config's optimizer.max_grad_norm",
+    "train_dataset": "prompts come from --mind_dataset_dir",
+    "train_dataset_task": "prompts come from --mind_dataset_dir",
+    "eval_dataset": "held-out prompts come from --eval_dataset_file",
+    "eval_dataset_task": "held-out prompts come from --eval_dataset_file",
+    "callbacks": "logging and checkpoints are mindrlhf's (the per-step line, metrics.jsonl, --save_ckpt_dir and the "
+                 "GRPO config's checkpoint section)",
+    "eval_callbacks": "evaluation is mindrlhf's (--eval_dataset_file)",
+    "metric": "held-out evaluation reports the accuracy reward of greedy answers (--eval_dataset_file)",
 }
 
 
-def check_foreign_keys(values: Mapping, rules: Mapping[str, ForeignKey], section: str, source: str) -> None:
-    """Warns about, or refuses, each key of `values` that `rules` names and whose value is not fine there."""
+class IgnoredKeys:
+    """The keys one YAML load ignores, grouped by reason (`add`), said in one warning line (`warn`)."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.by_reason: dict[str, list[str]] = {}
+
+    def add(self, where: str, reason: str) -> None:
+        self.by_reason.setdefault(reason, []).append(where)
+
+    def message(self) -> str:
+        """'<source>: a=1, b=2 have no effect here: <reason> | c has no effect here: <reason>'."""
+        groups = [f"{', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no effect here: {reason}"
+                  for reason, keys in self.by_reason.items()]
+        return f"{self.source}: {' | '.join(groups)}"
+
+    def warn(self) -> None:
+        if self.by_reason:
+            warn_once(self.message())
+
+
+def check_foreign_keys(values: Mapping, rules: Mapping[str, ForeignKey], section: str, ignored: IgnoredKeys) -> None:
+    """Refuses, or adds to `ignored`, each key of `values` that `rules` names and whose value is not fine there."""
     for key, value in values.items():
         rule = rules.get(key)
         if rule is None or rule.fine(value):
             continue
-        where = f"{source}: {section + '.' if section else ''}{key}={value!r}"
+        where = f"{section + '.' if section else ''}{key}={value!r}"
         if rule.action == REFUSE:
-            raise ConfigError(f"{where} is not supported: {rule.advice}")
-        warn_once(f"{where} has no effect here: {rule.advice}")
+            raise ConfigError(f"{ignored.source}: {where} is not supported: {rule.advice}")
+        ignored.add(where, rule.advice)
 
 
-def check_top_level(data: Mapping, known: tuple[str, ...], source: str) -> None:
+def check_top_level(data: Mapping, known: tuple[str, ...], ignored: IgnoredKeys) -> None:
     """Checks the top-level keys of a model YAML besides the sections read here (`known`): settings by
-    `TOP_LEVEL_KEYS`, other sections and settings with a warning naming each."""
+    `TOP_LEVEL_KEYS`, other sections and settings added to `ignored` with the reason (`SECTIONS`)."""
     rest = {key: value for key, value in data.items() if key not in known}
-    check_foreign_keys({k: v for k, v in rest.items() if k in TOP_LEVEL_KEYS}, TOP_LEVEL_KEYS, "", source)
+    check_foreign_keys({k: v for k, v in rest.items() if k in TOP_LEVEL_KEYS}, TOP_LEVEL_KEYS, "", ignored)
     for name in rest:
-        if name in TOP_LEVEL_KEYS:
+        if name not in TOP_LEVEL_KEYS:
+            ignored.add(repr(name), SECTIONS.get(name, "it is not a key this implementation reads"))
+
+
+def read_aliases(values: dict, aliases: Mapping[str, str], section: str, source: str) -> dict:
+    """`values` with each alias key renamed to the field it names; an alias and its field given with different
+    values is a ConfigError naming both."""
+    out = dict(values)
+    for alias, field in aliases.items():
+        if alias not in out:
             continue
-        reason = SECTIONS.get(name, "it is not a key this implementation reads")
-        warn_once(f"{source}: {name!r} has no effect here: {reason}")
+        value = out.pop(alias)
+        if field in out and out[field] != value:
+            raise ConfigError(f"{source}: {section}.{alias}={value!r} and {section}.{field}={out[field]!r} disagree: "
+                              f"{alias} is another name of {field}; give one of them (or the same value)")
+        out[field] = value
+    return out
 
 
 @functools.cache
 def warn_once(message: str) -> None:
     """Logs `message` once per process (a YAML is read by several parts of a job)."""
     logger.warning(message)
-

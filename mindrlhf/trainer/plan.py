@@ -122,9 +122,12 @@ def check_files(job: JobOptions) -> None:
 
 # ---------------------------------------------------------------------- model YAMLs and layouts
 def _model_signature(cfg) -> dict:
-    """Fields that must agree between the train and the infer nets (everything but dtypes, layout and head)."""
+    """Fields that must agree between the train and the infer nets (everything but dtypes, layout, head, and what
+    does not change the network: the longest trained position and the token ids, which the tokenizer gives;
+    MindRLHF's finetune and predict YAMLs differ in those)."""
     skip = {"parallel_config", "compute_dtype", "param_init_type", "softmax_compute_type", "rotary_dtype",
-            "layernorm_compute_type", "value_head_bias", "arch", "recompute", "use_flash_attention"}
+            "layernorm_compute_type", "value_head_bias", "arch", "recompute", "use_flash_attention",
+            "max_position_embedding", "bos_token_id", "eos_token_id", "pad_token_id"}
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
 
 

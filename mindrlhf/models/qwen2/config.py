@@ -9,7 +9,16 @@ from dataclasses import dataclass
 import yaml
 
 from mindrlhf.configs.base import ConfigError, from_mapping, get_section, help_field, load_yaml, required_field
-from mindrlhf.configs.foreign_keys import MODEL_KEYS, PARALLEL_KEYS, check_foreign_keys, check_top_level, warn_once
+from mindrlhf.configs.foreign_keys import (
+    EOS_LIST_REASON,
+    MODEL_ALIASES,
+    MODEL_KEYS,
+    PARALLEL_KEYS,
+    IgnoredKeys,
+    check_foreign_keys,
+    check_top_level,
+    read_aliases,
+)
 from mindrlhf.configs.parallel import ParallelConfig
 from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.utils.atomic import atomic_output
@@ -58,8 +67,10 @@ class Qwen2Config:
         "float32", "dtype of matmuls: float32 or float16 on CPU, bfloat16 on Ascend (no bf16 CPU kernels).")
     param_init_type: str = help_field("float32", "dtype the weights are stored in on device.")
     bos_token_id: int = help_field(151643, "Begin-of-text token id.")
-    eos_token_id: int = help_field(151645,
-                                   "End-of-sequence token id used to stop generation (<|im_end|> for Qwen chat).")
+    eos_token_id: int = help_field(
+        151645, "End-of-sequence token id of the checkpoint (<|im_end|> for Qwen chat; written to config.json by "
+                "tools/convert_weight.py). Generation stops at the tokenizer's stop ids, not at this. A list "
+                "(MindFormers: [151645, 151643]) is read as its first id.")
     pad_token_id: int = help_field(151643, "Padding token id (<|endoftext|> for Qwen).")
     parallel_config: ParallelConfig = dataclasses.field(
         default_factory=ParallelConfig, metadata={"help": "Layout of this network (top-level `parallel_config`)."})
@@ -132,22 +143,40 @@ class Qwen2Config:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "<dict>") -> Qwen2Config:
+        """The config of a MindFormers-layout mapping. Foreign keys (`mindrlhf.configs.foreign_keys`) pass, are
+        refused, or are ignored: the keys ignored are said in one warning line naming each and why."""
         model_cfg = get_section(data, "model.model_config", source)
         model_cfg.pop("parallel_config", None)
         if "arch" in model_cfg:
             raise ConfigError(f"{source}: unknown field 'arch' in model.model_config; the architecture is "
                               "model.arch.type")
         arch = read_arch(data, source)
-        check_top_level(data, ("model", "parallel_config", "recompute_config", "parallel"), source)
-        check_foreign_keys(model_cfg, MODEL_KEYS, "model.model_config", source)
-        cfg = from_mapping(cls, model_cfg, f"{source}: model.model_config", frozenset(MODEL_KEYS))
-        cfg.parallel_config, cfg.recompute = read_parallel(data, source)
+        ignored = IgnoredKeys(source)
+        check_top_level(data, ("model", "parallel_config", "recompute_config", "parallel"), ignored)
+        model_cfg, kv_channels = read_mindformers_names(model_cfg, ignored)
+        check_foreign_keys(model_cfg, MODEL_KEYS, "model.model_config", ignored)
+        cfg = from_mapping(cls, model_cfg, f"{source}: model.model_config",
+                           frozenset(MODEL_KEYS) | frozenset(MODEL_ALIASES) | {"kv_channels"})
+        cfg.check_kv_channels(kv_channels, source)
+        cfg.parallel_config, cfg.recompute = read_parallel(data, source, ignored)
         cfg.arch = arch
         try:
             cfg.check_pipeline_stages()
         except ConfigError as err:
             raise ConfigError(f"{source}: {err}") from None
+        ignored.warn()
         return cfg
+
+    def check_kv_channels(self, kv_channels, source: str) -> None:
+        """MindFormers' `kv_channels` (Qwen's name of the head width; its Llama builds hidden_size / num_heads wide
+        heads whatever it says) must be this config's head width."""
+        if kv_channels is None or kv_channels == self.get_head_dim():
+            return
+        width = (f"head_dim={self.head_dim}" if self.head_dim else
+                 f"hidden_size / num_heads = {self.hidden_size} / {self.num_heads} = {self.get_head_dim()}")
+        raise ConfigError(f"{source}: model.model_config.kv_channels={kv_channels!r} does not match the head width "
+                          f"{width}; set kv_channels: {self.get_head_dim()} or remove it (head_dim sets heads of "
+                          "another width)")
 
     def check_pipeline_stages(self) -> None:
         """The decoder must split into `parallel_config.pipeline_stage` equal shares (and a per-stage recompute list
@@ -240,24 +269,42 @@ class Qwen2Config:
         return from_mapping(cls, values, path)
 
 
-def read_parallel(data: dict, source: str) -> tuple[ParallelConfig, RecomputeConfig]:
+def read_parallel(data: dict, source: str, ignored: IgnoredKeys) -> tuple[ParallelConfig, RecomputeConfig]:
     """The top-level `parallel_config` and `recompute_config` of a MindFormers YAML, with the older places of their
     keys: `parallel_config.recompute` (a bool or a recompute mapping) and `parallel.enable_parallel_optimizer` (the
-    rest of MindFormers' `parallel` section configures semi-auto parallel, which is not used here)."""
+    rest of MindFormers' `parallel` section configures semi-auto parallel, which is not used here: its keys are added
+    to `ignored`)."""
     section = get_section(data, "parallel_config", source, required=False)
     legacy_recompute = section.pop("recompute", None)
-    check_foreign_keys(section, PARALLEL_KEYS, "parallel_config", source)
+    check_foreign_keys(section, PARALLEL_KEYS, "parallel_config", ignored)
     parallel = from_mapping(ParallelConfig, section, f"{source}: parallel_config", frozenset(PARALLEL_KEYS))
     context = get_section(data, "parallel", source, required=False)
     if context.pop("enable_parallel_optimizer", False):
         parallel.optimizer_shard = True
-    if context:
-        warn_once(f"{source}: parallel.{', parallel.'.join(map(str, context))} have no effect here: layouts are "
-                  "explicit per network (parallel_config), not MindSpore's semi-auto parallel")
+    for key in context:
+        ignored.add(f"parallel.{key}", "layouts are explicit per network (parallel_config), not MindSpore's "
+                                       "semi-auto parallel")
     recompute = get_section(data, "recompute_config", source, required=False)
     if not recompute and legacy_recompute is not None:
         recompute = dict(legacy_recompute) if isinstance(legacy_recompute, dict) else {"recompute": legacy_recompute}
     return parallel, from_mapping(RecomputeConfig, recompute, f"{source}: recompute_config")
+
+
+def read_mindformers_names(model_cfg: dict, ignored: IgnoredKeys) -> tuple[dict, object]:
+    """`model.model_config` with MindFormers' / Hugging Face's other names of fields read as the fields
+    (`MODEL_ALIASES`), a list `eos_token_id` read as its first id (the rest added to `ignored`), and `kv_channels`
+    taken out: (the mapping, kv_channels or None) for `Qwen2Config.check_kv_channels`."""
+    values = read_aliases(model_cfg, MODEL_ALIASES, "model.model_config", ignored.source)
+    kv_channels = values.pop("kv_channels", None)
+    eos = values.get("eos_token_id")
+    if isinstance(eos, (list, tuple)):
+        if not eos:
+            raise ConfigError(f"{ignored.source}: model.model_config.eos_token_id=[] names no token; give the "
+                              "end-of-sequence id (e.g. 151645)")
+        values["eos_token_id"] = eos[0]
+        if len(eos) > 1:
+            ignored.add(f"model.model_config.eos_token_id[1:]={list(eos[1:])!r}", EOS_LIST_REASON)
+    return values, kv_channels
 
 
 def read_arch(data: dict, source: str) -> str:
