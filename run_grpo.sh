@@ -32,13 +32,25 @@ MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-8118}"
 NODE_RANK="${NODE_RANK:-0}"
 ALGORITHM="${ALGORITHM:-grpo}"                    # grpo, or ppo (with a critic)
-MODEL="${MODEL:-arith}"   # arith: the bundled policy; smollm2: SmolLM2-135M-Instruct (tools/fetch_smollm2.py)
+# MODEL names a folder of model_configs/ with train.yaml, infer.yaml and grpo.yaml: arith (the bundled policy),
+# smollm2 (SmolLM2-135M-Instruct, fetched by tools/fetch_smollm2.py), qwen2_5_0_5b (Qwen2.5-0.5B-Instruct: give
+# MODEL_DIR, its Hugging Face folder), or one of your own
+MODEL="${MODEL:-arith}"
+CONFIGS="$ROOT/model_configs/$MODEL"
+DEFAULT_TEMPLATE=chat  # a Hugging Face chat model's own template
 case "$MODEL" in
   arith) DEFAULT_MODEL_DIR="$ROOT/model_configs/arith/policy"; DEFAULT_TEMPLATE=r1_think ;;
-  smollm2) DEFAULT_MODEL_DIR="$ROOT/models/SmolLM2-135M-Instruct"; DEFAULT_TEMPLATE=chat ;;
-  *) echo "run_grpo.sh: MODEL must be arith or smollm2, got '$MODEL'" >&2; exit 2 ;;
+  smollm2) DEFAULT_MODEL_DIR="$ROOT/models/SmolLM2-135M-Instruct" ;;
+  *) DEFAULT_MODEL_DIR="" ;;
 esac
-CONFIGS="$ROOT/model_configs/$MODEL"
+if [ ! -f "$CONFIGS/grpo.yaml" ]; then
+  echo "run_grpo.sh: MODEL=$MODEL: no $CONFIGS/grpo.yaml (MODEL names a folder of model_configs/ with" \
+       "train.yaml, infer.yaml and grpo.yaml)" >&2; exit 2
+fi
+if [ -z "${MODEL_DIR:-$DEFAULT_MODEL_DIR}" ]; then
+  echo "run_grpo.sh: MODEL=$MODEL needs MODEL_DIR, the model's Hugging Face folder" \
+       "(e.g. MODEL_DIR=/path/to/Qwen2.5-0.5B-Instruct)" >&2; exit 2
+fi
 if [ "$MODEL" = arith ]; then OUTPUT="${OUTPUT:-$ROOT/output/$ALGORITHM}"; else OUTPUT="${OUTPUT:-$ROOT/output/${MODEL}_$ALGORITHM}"; fi
 LOG_DIR="${LOG_DIR:-$OUTPUT/msrun_log}"
 MODEL_DIR="${MODEL_DIR:-$DEFAULT_MODEL_DIR}"   # the policy to train: a Hugging Face folder

@@ -88,3 +88,23 @@ def test_one_node_converts_into_output_and_several_nodes_each_into_their_own(tmp
     assert str(mine / "policy.ckpt") in found["msrun"] and str(mine / "prompts.mindrecord") in found["msrun"]
     assert found["msrun"][found["msrun"].index("--output_dir") + 1] == str(out)  # the job's output stays shared
     assert (mine / "msrun.out").exists()  # msrun's output teed per node too
+
+
+def test_model_names_a_folder_of_model_configs(tmp_path):
+    port = str(free_port_near("127.0.0.1", 20100))
+    env = {"DRY_RUN": "1", "OUTPUT": str(tmp_path / "out"), "MASTER_PORT": port}
+    qwen = run_script({**env, "MODEL": "qwen2_5_0_5b", "MODEL_DIR": "/models/Qwen2.5-0.5B-Instruct"})
+    assert qwen.returncode == 0, qwen.stderr
+    found = commands(qwen.stdout)
+    configs = ROOT / "model_configs" / "qwen2_5_0_5b"
+    assert found["convert_weight.py"][found["convert_weight.py"].index("--torch_ckpt_dir") + 1] == \
+        "/models/Qwen2.5-0.5B-Instruct"
+    yamls = (("--sft_path_train", "train.yaml"), ("--sft_path_infer", "infer.yaml"), ("--config", "grpo.yaml"))
+    for flag, name in yamls:
+        assert found["msrun"][found["msrun"].index(flag) + 1] == str(configs / name)
+    assert found["rlhf_data.py"][found["rlhf_data.py"].index("--template") + 1] == "chat"  # the model's own template
+
+    no_dir = run_script({**env, "MODEL": "qwen2_5_0_5b"})
+    assert no_dir.returncode == 2 and "MODEL=qwen2_5_0_5b needs MODEL_DIR" in no_dir.stderr
+    unknown = run_script({**env, "MODEL": "nosuch"})
+    assert unknown.returncode == 2 and "model_configs/nosuch/grpo.yaml" in unknown.stderr
