@@ -232,3 +232,32 @@ def test_train_and_infer_yamls_may_differ_in_what_does_not_change_the_network(tm
     deeper.write_text(source.replace("num_layers: 28", "num_layers: 30"))
     with pytest.raises(ConfigError, match=r"describe different models \(num_layers: 30 vs 28\)"):
         check_model_configs(Qwen2Config.from_yaml(deeper), infer, str(deeper), str(predict))
+
+
+@pytest.mark.parametrize("model, tp_sizes", [("arith", None), ("smollm2", [1, 3]), ("qwen2_5_0_5b", [1, 2])])
+def test_the_run_grpo_models_describe_one_network_and_allow_their_tensor_parallel_sizes(model, tp_sizes):
+    """model_configs/<MODEL> (run_grpo.sh's MODEL): train and infer YAMLs describe the same network on the same
+    ranks; the tensor-parallel sizes each real model allows (what their YAML comments and the README say)."""
+    from mindrlhf.configs.grpo_configs import GRPOConfig
+    from mindrlhf.parallel.layout import tensor_parallel_sizes
+    from mindrlhf.trainer.plan import check_model_configs
+
+    paths = [CONFIGS / model / f"{net}.yaml" for net in ("train", "infer")]
+    train, infer = (Qwen2Config.from_yaml(path) for path in paths)
+    check_model_configs(train, infer, *map(str, paths))
+    for cfg in (train, infer):  # each covers the job's 2 ranks (else LayoutError)
+        assert [Layout.from_config(cfg.parallel_config, 2, rank).rank for rank in (0, 1)] == [0, 1]
+    GRPOConfig.from_yaml(CONFIGS / model / "grpo.yaml").validate()
+    if tp_sizes is not None:
+        assert tensor_parallel_sizes(train.num_heads, train.n_kv_heads, train.vocab_size,
+                                     train.intermediate_size, largest=16) == tp_sizes
+        assert f"model_parallel: {tp_sizes[-1]}" in paths[0].read_text()  # the YAML comment names it
+
+
+def test_tensor_parallel_sizes_follow_heads_vocabulary_and_mlp_width():
+    from mindrlhf.parallel.layout import tensor_parallel_sizes
+
+    # Qwen2.5-7B: 28 heads, 4 kv heads, vocab 152064, MLP 18944
+    assert tensor_parallel_sizes(28, 4, 152064, 18944, largest=32) == [1, 2, 4]  # 7 and 28 split no vocabulary
+    assert tensor_parallel_sizes(12, 2, 151936, 8960, largest=16) == [1, 2, 4]  # Qwen2.5-1.5B: tp 4 > 2 kv heads
+    assert tensor_parallel_sizes(6, 4, 64, 64, largest=8) == [1, 2]  # 6 heads: 3 is no divisor of the 4 kv heads

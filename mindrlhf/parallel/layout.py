@@ -199,6 +199,15 @@ def ensure_group(ranks: list[int], world_size: int) -> str | None:
     return name
 
 
+def tensor_parallel_sizes(num_heads: int, n_kv_heads: int, vocab_size: int, intermediate_size: int,
+                          largest: int = 64) -> list[int]:
+    """The tensor-parallel sizes up to `largest` a model allows: they divide the query heads, the vocabulary and
+    the MLP width, and the key/value heads divide them or they the key/value heads (`kv_head_shards`)."""
+    return [tp for tp in range(1, largest + 1)
+            if not (num_heads % tp or vocab_size % tp or intermediate_size % tp)
+            and (n_kv_heads % tp == 0 or tp % n_kv_heads == 0)]
+
+
 def kv_head_shards(n_kv_heads: int, tp: int) -> int:
     """Into how many shards the key/value heads are cut over tp: tp itself, or with tp > n_kv_heads (a multiple
     of it) one head per rank, each head held by tp / n_kv_heads ranks (Megatron's and vLLM's replication)."""
