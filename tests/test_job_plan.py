@@ -271,3 +271,17 @@ def test_the_reward_model_reads_the_policys_tokens_in_the_inference_layout(files
                                           rf"but the reward model runs in the inference layout \(2 x 1, "
                                           rf"{files.infer}\)"):
         build(files, tokenizer, scored, sft_path_reward=files.train)
+
+
+def test_bfloat16_is_refused_on_cpu_only(files, tokenizer):
+    from mindrlhf.trainer.plan import check_dtypes_on_device
+
+    bf16 = model_yaml(files.tmp, "bf16_infer.yaml", "infer.yaml", **{"model.compute_dtype": "bfloat16"})
+    train_bf16 = model_yaml(files.tmp, "bf16_train.yaml", **{"model.compute_dtype": "bfloat16"})
+    job = job_of(files, sft_path_infer=bf16, sft_path_train=train_bf16)
+    plan = JobPlan.build(config_of(), job, tokenizer, 2, 0)  # --plan reads an Ascend recipe on CPU: no error
+    check_dtypes_on_device(plan, job, "Ascend")
+    with pytest.raises(ConfigError, match=re.escape(f"{train_bf16}: model_config.compute_dtype: bfloat16 has no "
+                                                    "CPU kernels; set float32 (or float16) to run on CPU")):
+        check_dtypes_on_device(plan, job, "CPU")
+    check_dtypes_on_device(build(files, tokenizer), job_of(files), "CPU")  # the tiny fp32 YAMLs

@@ -18,7 +18,7 @@ from mindrlhf.parallel.host_setup import (
     pin_cpu_cores,
     share_data_parallel_sums,
 )
-from mindrlhf.trainer.plan import JobPlan, check_job_inputs, check_registered_names
+from mindrlhf.trainer.plan import JobPlan, check_dtypes_on_device, check_job_inputs, check_registered_names
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -78,6 +78,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     set_up_host(job, world_size, rank)
     try:
         plan = JobPlan.build(config, job, tokenizer, world_size, rank)
+        check_dtypes_on_device(plan, job, ms.get_context("device_target"))
         host_sums = set_up_communication(plan, job, config)
         trainer = RLTrainer(plan, config, job, tokenizer, host_sums, callbacks)
     except ValueError as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError

@@ -66,6 +66,20 @@ class JobPlan:
                    critic_layout=critic_layout, generation=generation, eval_batch_size=eval_batch_size)
 
 
+def check_dtypes_on_device(plan: JobPlan, job: JobOptions, device: str) -> None:
+    """Every net's dtypes have kernels on `device` (MindSpore's device_target): CPU has none for bfloat16. Not part
+    of `JobPlan.build`, which `--plan` runs on CPU for Ascend recipes."""
+    if device != "CPU":
+        return
+    nets = ((plan.train_cfg, job.sft_path_train), (plan.infer_cfg, job.sft_path_infer),
+            (plan.critic_cfg, job.sft_path_critic), (plan.reward_model_cfg, job.sft_path_reward))
+    for cfg, path in nets:
+        for name in ("compute_dtype", "param_init_type"):
+            if cfg is not None and getattr(cfg, name) == "bfloat16":
+                raise ConfigError(f"{path or job.sft_path_infer}: model_config.{name}: bfloat16 has no CPU kernels; "
+                                  "set float32 (or float16) to run on CPU (bfloat16 is for Ascend)")
+
+
 # ---------------------------------------------------------------------- config and flags
 def check_registered_names(config: GRPOConfig) -> None:
     """The names `config` looks up in the algorithm and reward registries exist: algorithm.adv_estimator, the
