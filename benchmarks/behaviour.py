@@ -37,8 +37,8 @@ JOBS = {
     "ppo": ({"ALGORITHM": "ppo"}, ["--steps", "4"]),
     "reshard": ({"TRAIN_YAML": "{tp2_yaml}"}, ["--steps", "4"]),
 }
-# metrics that measure the machine, not the job
-VOLATILE_PREFIXES = ("timing_s/", "perf/", "memory/")
+# metrics that measure the machine, not the job (names or name prefixes, docs/metrics.md)
+VOLATILE_PREFIXES = ("timing/", "perf/", "memory/", "e2e_tps", "update_tps", "vllm_tps")
 
 
 def tp2_train_yaml(root: Path, folder: Path) -> Path:

@@ -1,7 +1,7 @@
 """Where a GRPO step's time goes: `bash run_grpo.sh` for a few steps, the per-phase split of each step.
 
 Runs the user's launcher (`run_grpo.sh`: convert, prompts, msrun, `grpo_one_stage.py`) on one of two models and
-reads `timing_s/*`, `perf/tokens_per_s_per_device` and `perf/max_rss_gib` from its `metrics.jsonl`:
+reads `timing/*`, `e2e_tps` and `perf/max_rss_gib` from its `metrics.jsonl` (docs/metrics.md):
 
 - `arith`: the bundled default (3.2M-parameter arithmetic policy, 8 prompts x 8 samples, train tp=2 / infer dp=2);
 - `0.5b`: Qwen2.5-0.5B's shape with seeded random weights (`versus_hf.py`'s, converted by the launcher like a
@@ -155,10 +155,10 @@ def later_steps(lines: list[dict]) -> list[dict]:
 def phase_table(lines: list[dict]) -> list[dict]:
     """Per phase: seconds of the first step, median of the later steps, share of the later steps' time."""
     later = later_steps(lines)
-    step_median = statistics.median(line["timing_s/step"] for line in later)
+    step_median = statistics.median(line["timing/step"] for line in later)
     rows = []
     for phase in (*STEP_PHASES, "step"):
-        key = f"timing_s/{phase}"
+        key = f"timing/{phase}"
         if key not in lines[0]:
             continue
         median = statistics.median(line[key] for line in later)
@@ -181,10 +181,10 @@ def main(argv=None) -> dict:
     with open(os.path.join(out, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f if line.strip()]
     lines = [r for r in records if r["step"] > 0]  # step 0: the evaluation before the first step
-    evals = [r["timing_s/eval"] for r in records if "timing_s/eval" in r]
+    evals = [r["timing/eval"] for r in records if "timing/eval" in r]
     rows = phase_table(lines)
     later = later_steps(lines)
-    summary = {"tokens_per_s_per_device": statistics.median(line["perf/tokens_per_s_per_device"] for line in later),
+    summary = {"e2e_tps": statistics.median(line["e2e_tps"] for line in later),
                "max_rss_gib_per_rank": max(line["perf/max_rss_gib"] for line in lines),
                "response_tokens_mean": statistics.median(line["response_length/mean"] for line in later),
                "eval_problems": args.eval_problems, "eval_seconds": evals}
@@ -194,7 +194,7 @@ def main(argv=None) -> dict:
     print(f"{'phase':<10}{'first s':>10}{'median s':>10}{'share':>8}")
     for row in rows:
         print(f"{row['phase']:<10}{row['first_s']:>10.3f}{row['median_s']:>10.3f}{row['share']:>8.1%}")
-    print(f"tokens/s/device {summary['tokens_per_s_per_device']:.1f}; peak RSS of the largest rank "
+    print(f"e2e_tps {summary['e2e_tps']:.1f} tokens/s/device; peak RSS of the largest rank "
           f"{summary['max_rss_gib_per_rank']:.2f} GiB; mean response {summary['response_tokens_mean']:.1f} tokens")
     if evals:
         print(f"held-out evaluation of {args.eval_problems} problems: " + ", ".join(f"{s:.1f} s" for s in evals))

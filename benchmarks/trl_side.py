@@ -6,8 +6,10 @@ both sides score completions with the same functions. It is started by the drive
 
     benchmarks/.venv-trl/bin/python benchmarks/trl_side.py --job JOB.json --output_dir DIR
 
-and writes `DIR/metrics.jsonl` (one line per GRPO step, keys named like the trainer's `metrics.jsonl`), then
-prints one `RESULT {...}` line (versions, threads, peak RSS).
+and writes `DIR/metrics.jsonl` (one line per GRPO step, keys named like the trainer's `metrics.jsonl`,
+docs/metrics.md: `critic/score/mean`, `reward/<fn>`, `response_length/mean`, `timing/<phase>`, `e2e_tps`,
+`perf/max_rss_gib`; plus TRL's own `timing/prepare` and `perf/tokens`, the step's prompt + completion tokens),
+then prints one `RESULT {...}` line (versions, threads, peak RSS).
 
 What a GRPO step is here: the trainer generates once for `steps_per_generation` optimizer updates, so a step is
 that many updates; its time runs from the first update's `on_step_begin` to the last one's `on_step_end`. Phases
@@ -156,17 +158,17 @@ def main(argv=None) -> None:
             responses = counters["responses"] or 1
             tokens = counters["prompt_tokens"] + counters["response_tokens"]
             line = {"step": state.global_step // updates_per_step,
-                    "reward/mean": counters["reward_sum"] / responses}
+                    "critic/score/mean": counters["reward_sum"] / responses}
             line.update({f"reward/{k.split('/', 1)[1]}": v / responses for k, v in counters.items()
                          if k.startswith("reward_sum/")})
             line["response_length/mean"] = counters["response_tokens"] / responses
             for phase in ("generate", "reward", "ref", "old"):
-                line[f"timing_s/{phase}"] = round(timings[phase], 4)
-            line["timing_s/prepare"] = round(timings["prepare"], 4)
-            line["timing_s/train"] = round(elapsed - timings["prepare"], 4)
-            line["timing_s/step"] = round(elapsed, 4)
+                line[f"timing/{phase}"] = round(timings[phase], 4)
+            line["timing/prepare"] = round(timings["prepare"], 4)
+            line["timing/train"] = round(elapsed - timings["prepare"], 4)
+            line["timing/step"] = round(elapsed, 4)
             line["perf/tokens"] = int(tokens)
-            line["perf/tokens_per_s"] = round(tokens / elapsed, 2)
+            line["e2e_tps"] = round(tokens / elapsed, 2)  # one process: per device
             line["perf/max_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)
             lines.append(line)
 

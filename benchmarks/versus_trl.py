@@ -81,7 +81,7 @@ NOT_EQUAL = (
     "prompts: ours reads each prompt once for all of its responses in a graph call (schedule.share_prompts); TRL "
     "runs every [prompt | completion] row on its own",
     "old-policy log-probs: with num_iterations 1 ours reuses the sampler's log-probs; TRL recomputes them with a "
-    "forward pass when one generation feeds several updates (in its 'ref log-probs' row, timing_s/old in the JSON)",
+    "forward pass when one generation feeds several updates (in its 'ref log-probs' row, timing/old in the JSON)",
     "processes: ours runs `run_grpo.sh`'s msrun workers (in the layouts of its train/infer YAMLs) sharing the "
     "cores; TRL runs one process with --torch_threads torch threads",
     "weights sync: ours generates with the train net itself when the train and infer YAMLs give the same model and "
@@ -333,7 +333,7 @@ def run_ours(args, overrides: dict, model: dict, out: str) -> dict:
                          f"{_tail(os.path.join(out, 'run_grpo.log'))}")
     with open(os.path.join(out, "metrics.jsonl")) as f:
         lines = [json.loads(line) for line in f if line.strip()]
-    steps = [line for line in lines if "timing_s/step" in line]
+    steps = [line for line in lines if "timing/step" in line]
     return {"wall_s": wall, "flags": flags, "steps": steps, "layouts": _layouts(out),
             "peak_rss_gib": max(line.get("perf/sum_rss_gib", 0.0) for line in steps)}
 
@@ -379,10 +379,10 @@ def _tail(path: str, chars: int = 3000) -> str:
 
 def phase_seconds(line: dict) -> dict:
     """A step's seconds per table phase (same names for both sides; 'ref' includes old-policy log-probs)."""
-    phases = {"generate": line.get("timing_s/generate", 0.0),
-              "ref": line.get("timing_s/ref", 0.0) + line.get("timing_s/old", 0.0),
-              "updates": line.get("timing_s/train", 0.0), "reward": line.get("timing_s/reward", 0.0)}
-    phases["step"] = line["timing_s/step"]
+    phases = {"generate": line.get("timing/generate", 0.0),
+              "ref": line.get("timing/ref", 0.0) + line.get("timing/old", 0.0),
+              "updates": line.get("timing/train", 0.0), "reward": line.get("timing/reward", 0.0)}
+    phases["step"] = line["timing/step"]
     phases["other"] = phases["step"] - sum(phases[p] for p in ("generate", "ref", "updates", "reward"))
     return phases
 
@@ -403,14 +403,14 @@ def run_summary(run: dict, prompt_tokens: list[int], responses: int) -> dict:
     """One run's medians over its later steps, tokens/s, mean reward over all steps."""
     steps = run["steps"]
     seconds = [phase_seconds(line) for line in steps]
-    tokens_per_s = [step_tokens(line, prompt_tokens[i], responses) / line["timing_s/step"]
+    tokens_per_s = [step_tokens(line, prompt_tokens[i], responses) / line["timing/step"]
                     for i, line in enumerate(steps)]
     summary = {phase: statistics.median(s[phase] for s in later(seconds)) for phase, _ in TABLE_PHASES}
     summary["tokens_per_s"] = statistics.median(later(tokens_per_s))
-    summary["mean_reward"] = statistics.fmean(line["reward/mean"] for line in steps)
+    summary["mean_reward"] = statistics.fmean(line["critic/score/mean"] for line in steps)
     summary["wall_s"] = run["wall_s"]
     summary["peak_rss_gib"] = run["peak_rss_gib"]
-    summary["first_step_s"] = steps[0]["timing_s/step"]
+    summary["first_step_s"] = steps[0]["timing/step"]
     return summary
 
 

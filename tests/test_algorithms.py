@@ -135,11 +135,11 @@ def test_k3_is_an_unbiased_kl_estimate():
 # ---------------------------------------------------------------------------------------------- policy loss
 
 def one_token_loss(ratio, advantage, epsilon_low=0.2, epsilon_high=0.2):
-    """Loss and clipfrac of a single token with logp - old_logp = log(ratio), no KL."""
+    """Loss and pg_clipfrac of a single token with logp - old_logp = log(ratio), no KL."""
     logp = np.array([[math.log(ratio)]])
     loss, stats = grpo_policy_loss(logp, np.zeros((1, 1)), logp, [advantage], np.ones((1, 1)), beta=0.0,
                                    epsilon_low=epsilon_low, epsilon_high=epsilon_high)
-    return loss, stats["clipfrac"]
+    return loss, stats["pg_clipfrac"]
 
 
 @pytest.mark.parametrize("ratio,advantage,epsilon_high,expected_loss,clipped", [
@@ -178,16 +178,36 @@ def test_loss_matches_explicit_formula_and_stats_identity():
     logp, old, ref, adv, mask = random_batch()
     beta = 0.04
     loss, stats = grpo_policy_loss(logp, old, ref, adv, mask, beta=beta, epsilon_high=0.28)
-    assert set(stats) == {"kl", "clipfrac", "pg_loss", "ratio_mean"}
+    assert set(stats) == {"kl_loss", "pg_clipfrac", "pg_loss", "ratio_mean", "ppo_kl"}
     ratio = np.exp(logp - old)
     pg = -np.minimum(ratio * adv[:, None], np.clip(ratio, 0.8, 1.28) * adv[:, None])
     kl = np.exp(ref - logp) - (ref - logp) - 1
     per_token = pg + beta * kl
     expected = np.mean([(per_token[i] * mask[i]).sum() / mask[i].sum() for i in range(4)])
     assert loss == pytest.approx(expected, rel=1e-12)
-    assert loss == pytest.approx(stats["pg_loss"] + beta * stats["kl"], rel=1e-12)
-    assert 0.0 < stats["clipfrac"] < 1.0  # this batch has clipped and unclipped tokens
-    assert stats["kl"] > 0
+    assert loss == pytest.approx(stats["pg_loss"] + beta * stats["kl_loss"], rel=1e-12)
+    assert 0.0 < stats["pg_clipfrac"] < 1.0  # this batch has clipped and unclipped tokens
+    assert stats["kl_loss"] > 0
+
+
+def test_ppo_kl_is_old_minus_new_log_prob_under_the_loss_aggregation():
+    """ppo_kl: the k1 estimate of KL(old policy || policy) on the sampled tokens, old_logp - logp, aggregated like
+    pg_clipfrac; 0 when the policy has not moved, positive when it lowered the sampled tokens' log-probs."""
+    logp = np.array([[-1.0, -2.0, -3.0], [-0.5, -0.5, 9.0]])
+    old = np.array([[-0.8, -2.5, -2.0], [-0.5, -0.3, 0.0]])  # [1, 2] is padding
+    mask = np.array([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = np.array([1.0, -1.0])
+    # per token: [0.2, -0.5, 1.0] and [0.0, 0.2]
+    expected = {"token-mean": 0.9 / 5, "seq-mean-token-mean": (0.7 / 3 + 0.2 / 2) / 2,
+                "seq-mean-token-sum": (0.7 + 0.2) / 2}
+    for aggregation, value in expected.items():
+        _, stats = grpo_policy_loss(logp, old, logp, adv, mask, aggregation=aggregation)
+        assert stats["ppo_kl"] == pytest.approx(value, rel=1e-12), aggregation
+        assert stats["ppo_kl"] == pytest.approx(aggregate(kl_k1(old, logp), mask, aggregation), rel=1e-12)
+    _, unmoved = grpo_policy_loss(old, old, logp, adv, mask)
+    assert unmoved["ppo_kl"] == 0.0 and unmoved["ratio_mean"] == pytest.approx(1.0)
+    _, lowered = grpo_policy_loss(old - 0.25, old, logp, adv, mask, aggregation="token-mean")
+    assert lowered["ppo_kl"] == pytest.approx(0.25)
 
 
 def test_aggregations_differ_on_ragged_masks_and_agree_on_uniform():

@@ -1,5 +1,5 @@
-"""benchmarks/behaviour.py: the comparison that shows a refactor changed no metric (timings left out, NaN equal to
-NaN, a metric present on one side only counted as a difference)."""
+"""benchmarks/behaviour.py: the comparison that shows a refactor changed no metric (timings and throughput left out,
+NaN equal to NaN, a metric present on one side only counted as a difference)."""
 import json
 
 from benchmarks import behaviour
@@ -11,24 +11,26 @@ def write(path, lines):
 
 
 def test_only_non_timing_metrics_are_compared_and_every_difference_is_named(tmp_path):
-    before = [{"step": 0, "eval/accuracy": 0.125, "timing_s/eval": 1.0},
-              {"step": 1, "reward/mean": 0.5, "actor/kl": float("nan"), "timing_s/step": 2.0,
-               "perf/tokens_per_s_per_device": 10.0, "memory/peak_gib_after_train": 1.0}]
-    after = [{"step": 0, "eval/accuracy": 0.125, "timing_s/eval": 9.0},
-             {"step": 1, "reward/mean": 0.5, "actor/kl": float("nan"), "timing_s/step": 3.0,
-              "perf/tokens_per_s_per_device": 20.0, "memory/peak_gib_after_train": 2.0}]
+    before = [{"step": 0, "eval/accuracy": 0.125, "timing/eval": 1.0},
+              {"step": 1, "critic/score/mean": 0.5, "actor/kl_loss": float("nan"), "timing/step": 2.0,
+               "e2e_tps": 10.0, "memory/peak_gib_after_train": 1.0}]
+    after = [{"step": 0, "eval/accuracy": 0.125, "timing/eval": 9.0},
+             {"step": 1, "critic/score/mean": 0.5, "actor/kl_loss": float("nan"), "timing/step": 3.0,
+              "e2e_tps": 20.0, "memory/peak_gib_after_train": 2.0}]
     write(tmp_path / "a" / "grpo" / "metrics.jsonl", before)
     write(tmp_path / "b" / "grpo" / "metrics.jsonl", after)
     old, new = (behaviour.read_metrics(tmp_path / side / "grpo" / "metrics.jsonl") for side in "ab")
-    assert old == {0: {"eval/accuracy": 0.125}, 1: {"reward/mean": 0.5, "actor/kl": old[1]["actor/kl"]}}
+    assert old == {0: {"eval/accuracy": 0.125},
+                   1: {"critic/score/mean": 0.5, "actor/kl_loss": old[1]["actor/kl_loss"]}}
     assert behaviour.differences(old, new) == []
     assert behaviour.compare(tmp_path / "a", tmp_path / "b", tmp_path / "r.json") == 0
 
-    after[1]["reward/mean"] = 0.5000001
+    after[1]["critic/score/mean"] = 0.5000001
     after[1]["critic/vf_loss"] = 1.0
     write(tmp_path / "b" / "grpo" / "metrics.jsonl", after)
     new = behaviour.read_metrics(tmp_path / "b" / "grpo" / "metrics.jsonl")
-    assert behaviour.differences(old, new) == ["step 1 critic/vf_loss: only in after",
-                                               "step 1 reward/mean: 0.5 -> 0.5000001"]
+    assert behaviour.differences(old, new) == ["step 1 critic/score/mean: 0.5 -> 0.5000001",
+                                               "step 1 critic/vf_loss: only in after"]
     assert behaviour.compare(tmp_path / "a", tmp_path / "b", tmp_path / "r.json") == 1
-    assert json.loads((tmp_path / "r.json").read_text())["jobs"]["grpo"]["differences"][1].startswith("step 1 reward")
+    differences = json.loads((tmp_path / "r.json").read_text())["jobs"]["grpo"]["differences"]
+    assert differences[0].startswith("step 1 critic/score/mean")

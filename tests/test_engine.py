@@ -216,7 +216,7 @@ def with_critic_columns(exp):
 
 
 @pytest.mark.parametrize("role_class,name,inputs,outputs", [
-    (Actor, "actor", ACTOR_INPUTS, ("loss", "pg_loss", "kl", "clipfrac", "ratio_mean", "entropy")),
+    (Actor, "actor", ACTOR_INPUTS, ("loss", "pg_loss", "kl_loss", "pg_clipfrac", "ratio_mean", "ppo_kl", "entropy")),
     (Critic, "critic", CRITIC_INPUTS, ("vf_loss", "vf_clipfrac")),
 ])
 def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when_they_repeat(

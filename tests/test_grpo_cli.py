@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_metrics_doc import assert_documented
 from tolerances import assert_weights_close_after_adam
 
 ROOT = Path(__file__).parents[1]
@@ -149,6 +150,7 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
         "--save_data_file", str(tmp_path / "exp" / "grpo")])
     assert code == 0
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert_documented([metrics])
     assert 1 <= metrics["sampling/rounds"] <= 3
     assert 0 <= metrics["sampling/kept_groups"] <= 4
     records = list(MindDataset(str(tmp_path / "exp" / "grpo.step_000001.mindrecord"), shuffle=False)
@@ -159,7 +161,7 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
     lengths = [int(r["response_mask"].sum()) for r in records]
     assert np.mean(lengths) == pytest.approx(metrics["response_length/mean"])
     rewards = np.array([float(r["reward"]) for r in records])
-    assert rewards.mean() == pytest.approx(metrics["reward/mean"], abs=1e-6)
+    assert rewards.mean() == pytest.approx(metrics["critic/score/mean"], abs=1e-6)
     # token-level advantages: each response's group-normalised reward on its valid tokens, 0 on padding
     from mindrlhf.algorithms import group_advantages
     advantages, masks = np.stack([r["advantages"] for r in records]), np.stack([r["response_mask"] for r in records])
@@ -283,9 +285,9 @@ def test_micro_batches_and_unshared_prompts_train_like_whole_mini_batches(varian
     assert whole_widths and any(w < r for w, r in whole_widths)  # the default cut the responses' padding
     if "--response_buckets" in flags:
         assert widths and all(w == r for w, r in widths)
-    assert other["reward/mean"] == whole["reward/mean"] and whole["actor/updates"] == 4
+    assert other["critic/score/mean"] == whole["critic/score/mean"] and whole["actor/updates"] == 4
     assert whole["reward/frac_zero_std"] < 1 and whole["actor/grad_norm"] > 0  # there was something to learn
-    for key in ("actor/loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
+    for key in ("actor/loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
         assert other[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
     from mindrlhf.checkpoint.weights import read_weights
     start = read_weights(str(TINY / "tiny_sft.ckpt"))
@@ -322,6 +324,7 @@ def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, ca
         "--num_iterations", "1", "--eval_dataset_file", str(eval_path), "--eval_batch_size", "4"])
     assert code == 0
     recorded, metrics = (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+    assert_documented([recorded, metrics])
     before = json.loads((out / "checkpoints" / "step_000001" / "meta.json").read_text())["eval_before"]
     assert recorded["step"] == 0 and recorded["eval/accuracy"] == before and metrics["step"] == 1
     assert (out / "progress.png").read_bytes()[:4] == b"\x89PNG"
@@ -339,7 +342,7 @@ def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, ca
     expected = float(np.mean(accuracy_reward(completions, solutions)))
     assert expected > 0  # the bundled policy solves some of them: the equality below is not 0 == 0
     assert before == pytest.approx(expected), (before, expected)
-    assert 0.0 <= metrics["eval/accuracy"] <= 1.0 and "timing_s/eval" in metrics
+    assert 0.0 <= metrics["eval/accuracy"] <= 1.0 and "timing/eval" in metrics
     log = capsys.readouterr().err
     assert f"held-out accuracy: before={100 * before:.1f}% after={100 * metrics['eval/accuracy']:.1f}%" in log
 
@@ -376,6 +379,6 @@ def test_an_infer_net_in_the_train_layout_is_the_train_net(tmp_path, mindrecord,
     assert own["bytes"] - shared["bytes"] == own["train_bytes"] > 0  # one copy of the weights less
     for a, b in zip(shared_lines, own_lines):
         assert a["actor/updates"] == 4 and a["actor/grad_norm"] > 0
-        for key in ("reward/mean", "response_length/mean", "actor/pg_loss", "actor/kl", "actor/entropy",
-                    "actor/grad_norm", "actor/clipfrac"):
+        for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
+                    "actor/grad_norm", "actor/pg_clipfrac"):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)

@@ -47,7 +47,7 @@ def test_train_stages_reshard_into_the_infer_net_every_step(pipeline_run):
         assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6)
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert all(line["actor/updates"] == 4 and line["actor/entropy"] > 0 for line in lines)
-    assert any(line["actor/grad_norm"] > 0 for line in lines) and lines[-1]["actor/kl"] > 0  # the policy moved
+    assert any(line["actor/grad_norm"] > 0 for line in lines) and lines[-1]["actor/kl_loss"] > 0  # the policy moved
 
 
 @pytest.mark.msrun
@@ -62,8 +62,8 @@ def test_train_stages_learn_like_the_train_net_without_stages(pipeline_run, tmp_
     args[args.index("--sft_path_train") + 1] = str(train_yaml)
     flat = run_job(tmp_path, monkeypatch, "dp2", args)
     for staged, plain in zip(ranks[0]["steps"][:2], flat[0]["steps"]):
-        assert staged["metrics"]["reward/mean"] == plain["metrics"]["reward/mean"]
-        for key in ("actor/loss", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
+        assert staged["metrics"]["critic/score/mean"] == plain["metrics"]["critic/score/mean"]
+        for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
             assert staged["metrics"][key] == pytest.approx(plain["metrics"][key], rel=1e-4, abs=1e-6), key
     assert any(step["metrics"]["actor/grad_norm"] > 0 for step in flat[0]["steps"])  # a real update was compared
 
@@ -212,8 +212,8 @@ def test_tied_embedding_across_stages_learns_like_without_stages(tmp_path, monke
     for rank in range(2):
         assert [s["mismatched"] for s in staged[rank]["steps"]] == [[], []], f"rank {rank}: infer != its stage"
     for a, b in zip(staged[0]["steps"], plain[0]["steps"]):
-        assert a["metrics"]["reward/mean"] == b["metrics"]["reward/mean"]
-        for key in ("actor/loss", "actor/pg_loss", "actor/kl", "actor/entropy", "actor/grad_norm"):
+        assert a["metrics"]["critic/score/mean"] == b["metrics"]["critic/score/mean"]
+        for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
             assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-4, abs=1e-6), key
     assert all(s["metrics"]["actor/grad_norm"] > 0 for s in staged[0]["steps"])  # real updates were compared
     step = tmp_path / "pp2" / "checkpoints" / "step_000002"
@@ -304,7 +304,7 @@ def test_critic_in_stages_learns_like_the_critic_without_stages(tmp_path, monkey
         for a, b in zip(runs["pp2"][0]["steps"], result["steps"]):
             assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6, nan_ok=True)
     for staged, plain in zip(runs["pp2"][0]["steps"], runs["dp2"][0]["steps"]):
-        assert staged["metrics"]["reward/mean"] == plain["metrics"]["reward/mean"]
+        assert staged["metrics"]["critic/score/mean"] == plain["metrics"]["critic/score/mean"]
         keys = [k for k in plain["metrics"] if k.startswith("critic/")] + ["actor/loss", "actor/pg_loss",
                                                                             "actor/grad_norm"]
         assert len(keys) > 10

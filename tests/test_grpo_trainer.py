@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from msrun_utils import run_command, run_worker
+from test_metrics_doc import assert_documented
 from tolerances import assert_weights_close_after_adam
 
 from mindrlhf.parallel.host_setup import cores_of_rank
@@ -47,7 +48,7 @@ def run_job(tmp_path, monkeypatch, name, args, workers=2):
 
 
 def without_timing(metrics):
-    return {k: v for k, v in metrics.items() if not k.startswith(("timing_s/", "perf/", "swap/", "memory/"))}
+    return {k: v for k, v in metrics.items() if not k.startswith(("timing/", "perf/", "swap/", "memory/"))}
 
 
 def module_run(tmp_path_factory, name, make_args):
@@ -84,25 +85,29 @@ def test_every_step_reshards_into_the_infer_net_and_keeps_the_swap_plan(straight
         assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6)
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [1, 2, 3, 4]
-    for key in ("reward/mean", "reward/std", "reward/accuracy", "reward/format", "reward/frac_zero_std",
-                "actor/pg_loss", "actor/kl", "actor/clipfrac", "actor/entropy", "actor/grad_norm", "actor/lr",
-                "response_length/mean", "response_length/max", "response_length/clip_ratio", "timing_s/generate",
-                "timing_s/reward", "timing_s/ref", "timing_s/old", "timing_s/train", "timing_s/reshard",
-                "timing_s/step", "perf/tokens_per_s_per_device", "perf/max_rss_gib", "swap/bytes_moved"):
+    for key in ("critic/score/mean", "critic/score/std", "critic/score/max", "critic/score/min", "reward/accuracy",
+                "reward/format", "reward/frac_zero_std", "actor/pg_loss", "actor/kl_loss", "actor/pg_clipfrac",
+                "actor/ppo_kl", "actor/entropy", "actor/grad_norm", "actor/lr", "response_length/mean",
+                "response_length/max", "response_length/min", "response_length/clip_ratio", "prompt_length/mean",
+                "prompt_length/max", "prompt_length/min", "timing/generate", "timing/reward", "timing/ref",
+                "timing/old", "timing/train", "timing/reshard", "timing/step", "e2e_tps", "update_tps", "vllm_tps",
+                "perf/max_rss_gib", "swap/bytes_moved"):
         assert key in lines[0], key
+    assert_documented(lines)
     for line in lines:  # the step's tokens over the generate phase; the 2 update passes' tokens over the train phase
-        assert line["perf/rollout_tokens_per_s_per_device"] > line["perf/tokens_per_s_per_device"]
-        step_tokens = line["perf/tokens_per_s_per_device"] * line["timing_s/step"]
-        assert line["perf/rollout_tokens_per_s_per_device"] * line["timing_s/generate"] == pytest.approx(step_tokens,
-                                                                                                          rel=1e-3)
-        assert line["perf/update_tokens_per_s_per_device"] * line["timing_s/train"] == pytest.approx(2 * step_tokens,
-                                                                                                      rel=1e-3)
+        assert line["vllm_tps"] > line["e2e_tps"]
+        step_tokens = line["e2e_tps"] * line["timing/step"]
+        assert line["vllm_tps"] * line["timing/generate"] == pytest.approx(step_tokens, rel=1e-3)
+        assert line["update_tps"] * line["timing/train"] == pytest.approx(2 * step_tokens, rel=1e-3)
+        assert line["critic/score/min"] <= line["critic/score/mean"] <= line["critic/score/max"]
+        assert 0 < line["prompt_length/min"] <= line["prompt_length/mean"] <= line["prompt_length/max"]
     assert 0.1 < lines[0]["perf/max_rss_gib"] <= lines[-1]["perf/max_rss_gib"] < 24  # a peak: never decreases
     assert all(line["perf/max_rss_gib"] < line["perf/sum_rss_gib"] <= 2 * line["perf/max_rss_gib"]
                for line in lines)  # two ranks, each with its own process
-    assert all(line["actor/kl"] >= 0 for line in lines) and lines[-1]["actor/kl"] > 0  # k3 >= 0; policy moved
+    assert all(line["actor/kl_loss"] >= 0 for line in lines) and lines[-1]["actor/kl_loss"] > 0  # k3 >= 0: moved
     assert lines[0]["actor/updates"] == 4  # 2 iterations x (batch 4 / mini-batch 2)
-    assert any(line["actor/clipfrac"] > 0 for line in lines)  # several updates per batch: clipping happens
+    assert any(line["actor/pg_clipfrac"] > 0 for line in lines)  # several updates per batch: clipping happens
+    assert any(line["actor/ppo_kl"] != 0 for line in lines)  # and the later updates see a policy that moved
     assert 0 < lines[0]["actor/entropy"] < np.log(704)
     assert lines[0]["swap/bytes_moved"] > 0
 

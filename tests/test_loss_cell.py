@@ -92,7 +92,8 @@ def test_value_stats_and_grad_match_numpy(aggregation):
     assert values["loss"] == pytest.approx(expected_loss, abs=1e-5)
     for name, expected in expected_stats.items():
         assert values[name] == pytest.approx(expected, abs=1e-5), name
-    assert 0.0 < expected_stats["clipfrac"]  # the batch exercises the clip
+    assert 0.0 < expected_stats["pg_clipfrac"]  # the batch exercises the clip
+    assert abs(expected_stats["ppo_kl"]) > 1e-3  # and moved the policy
     fd = finite_difference_grad(*arrays, aggregation)
     np.testing.assert_allclose(grad, fd, atol=1e-5)
     np.testing.assert_allclose(grad, analytic_grad(*arrays, aggregation), atol=1e-5)
@@ -136,7 +137,7 @@ def test_gradient_on_exact_clip_boundary():
     cell = GRPOLossCell(BETA, 0.0, 0.0)
     outputs, grad = cell_value_and_grad(cell, arrays, "seq-mean-token-mean")
     values = dict(zip(GRPOLossCell.OUTPUTS, outputs))
-    assert values["clipfrac"] == 0.0 and values["ratio_mean"] == pytest.approx(1.0)
+    assert values["pg_clipfrac"] == 0.0 and values["ratio_mean"] == pytest.approx(1.0) and values["ppo_kl"] == 0.0
     expected = analytic_grad(*arrays, "seq-mean-token-mean", epsilon_low=0.0, epsilon_high=0.0)
     np.testing.assert_allclose(grad, expected, atol=1e-6)
 

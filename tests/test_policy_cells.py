@@ -71,7 +71,7 @@ def test_cells_name_their_inputs_in_construct_order(cell):
 
 
 def test_loss_outputs_carry_no_role_prefix():
-    assert GRPOLossNet.OUTPUTS == ("loss", "pg_loss", "kl", "clipfrac", "ratio_mean", "entropy")
+    assert GRPOLossNet.OUTPUTS == ("loss", "pg_loss", "kl_loss", "pg_clipfrac", "ratio_mean", "ppo_kl", "entropy")
     assert GRPOLossNet.OUTPUTS[:-1] == GRPOLossCell.OUTPUTS
     assert ValueLossNet.OUTPUTS == ValueLossCell.OUTPUTS == ("vf_loss", "vf_clipfrac")
 
@@ -102,7 +102,8 @@ def test_grpo_loss_net_equals_the_numpy_loss(model):
         loss, stats = grpo_policy_loss(logp_t, old, ref, adv, response_mask, beta=0.04, epsilon_low=0.2,
                                        epsilon_high=0.28, aggregation=aggregation)
         assert abs(float(out["loss"].asnumpy()) - loss) < 1e-5, aggregation
-        assert abs(float(out["kl"].asnumpy()) - stats["kl"]) < 1e-5
+        assert abs(float(out["kl_loss"].asnumpy()) - stats["kl_loss"]) < 1e-5
+        assert abs(float(out["ppo_kl"].asnumpy()) - stats["ppo_kl"]) < 1e-5
         expected_entropy = aggregate(entropy, response_mask, aggregation)
         assert float(out["entropy"].asnumpy()) == pytest.approx(expected_entropy, rel=1e-5)
         assert 0.1 < expected_entropy < np.log(model.config.vocab_size)

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 from test_grpo_cli import TINY, base_args, load_script, mindrecord  # noqa: F401 (a fixture)
+from test_metrics_doc import assert_documented
 
 from mindrlhf.trainer.roles import CRITIC_MOMENTS, CRITIC_WEIGHTS
 
@@ -32,6 +33,7 @@ def test_ppo_steps_score_tokens_train_the_critic_and_keep_it_offloaded_elsewhere
                                        str(tmp_path / "exp" / "ppo")), callbacks=[check])
     assert code == 0
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert_documented(lines)
     first, second = lines
     # step 1: the critic starts from the policy with a zero head: every value is 0, nothing is explained yet
     assert first["critic/values/max"] == first["critic/values/min"] == 0.0
@@ -40,7 +42,7 @@ def test_ppo_steps_score_tokens_train_the_critic_and_keep_it_offloaded_elsewhere
     assert np.abs(seen[0][2]).max() > 0 and second["critic/values/max"] != second["critic/values/min"]
     assert second["critic/vf_loss"] < first["critic/vf_loss"]
     for name in ("critic/vf_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/lr", "critic/returns/mean",
-                 "critic/advantages/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic"):
+                 "critic/advantages/mean", "critic/vf_explained_var", "timing/values", "timing/update_critic"):
         assert np.isfinite(second[name]), name
     # the critic's groups are resident exactly in its phases
     for _, plan, _ in seen:

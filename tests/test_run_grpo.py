@@ -52,7 +52,7 @@ def test_default_run_learns_and_ends_with_the_accuracy_line(run):
     steps = [r for r in records if r["step"] > 0]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     # the sampled reward is noisy with 8 prompts a step; the greedy held-out accuracy (200 problems) is not
-    rewards = np.array([r["reward/mean"] for r in steps])
+    rewards = np.array([r["critic/score/mean"] for r in steps])
     assert rewards[STEPS // 2:].mean() > rewards[:STEPS // 2].mean(), rewards
     before, after = records[0]["eval/accuracy"], steps[-1]["eval/accuracy"]
     # the held-out answers are scored by each rule reward of the job too (grpo.yaml: accuracy, format)

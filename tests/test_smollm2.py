@@ -100,8 +100,8 @@ def test_one_greedy_grpo_step_of_smollm2_matches_transformers(model_dir, tmp_pat
     metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     accuracy = accuracy_reward(completions, solutions)
     assert metrics["reward/accuracy"] == pytest.approx(np.mean(accuracy))
-    assert metrics["reward/mean"] == pytest.approx(np.mean(accuracy) + 0.5 * np.mean(
+    assert metrics["critic/score/mean"] == pytest.approx(np.mean(accuracy) + 0.5 * np.mean(
         hash_format_reward(completions, solutions)))
-    assert all(math.isfinite(metrics[name]) for name in ("reward/mean", "actor/pg_loss", "actor/grad_norm"))
+    assert all(math.isfinite(metrics[name]) for name in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm"))
     # two ranks, each holding a whole model: together more than the larger one, at most twice it
     assert metrics["perf/max_rss_gib"] < metrics["perf/sum_rss_gib"] <= 2 * metrics["perf/max_rss_gib"]

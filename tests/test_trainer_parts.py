@@ -142,7 +142,7 @@ def test_phases_apply_their_swap_plan_and_time_themselves():
         ballast[::4096] = b"\1" * len(ballast[::4096])
     metrics = phases.step_metrics()
     names = ("generate", "reward", "ref", "gather", "train", "reshard", "eval")
-    assert set(metrics) == {f"timing_s/{n}" for n in names} | {f"memory/peak_gib_after_{n}" for n in names} | {
+    assert set(metrics) == {f"timing/{n}" for n in names} | {f"memory/peak_gib_after_{n}" for n in names} | {
         "swap/bytes_moved"}
     peaks = [metrics[f"memory/peak_gib_after_{n}"] for n in names]
     assert peaks == sorted(peaks) and peaks[-1] - peaks[-2] > 0.2, peaks  # the jump is in the phase that made it
@@ -248,11 +248,11 @@ def test_metrics_jsonl_is_cut_back_to_the_resumed_step(tmp_path):
     from mindrlhf.trainer.metrics import MetricsWriter
     writer = MetricsWriter(str(tmp_path))
     for step in (1, 2, 3):
-        writer.write(step, 3, {"reward/mean": step / 10})
+        writer.write(step, 3, {"critic/score/mean": step / 10})
     resumed = MetricsWriter(str(tmp_path), resume_step=2)
-    resumed.write(3, 3, {"reward/mean": 0.5})
+    resumed.write(3, 3, {"critic/score/mean": 0.5})
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(line["step"], line["reward/mean"]) for line in lines] == [(1, 0.1), (2, 0.2), (3, 0.5)]
+    assert [(line["step"], line["critic/score/mean"]) for line in lines] == [(1, 0.1), (2, 0.2), (3, 0.5)]
 
 
 def read_event_scalars(folder):
@@ -272,15 +272,48 @@ def read_event_scalars(folder):
     return scalars
 
 
+def test_score_length_and_throughput_metrics_by_hand():
+    from mindrlhf.trainer.metrics import length_metrics, score_metrics, throughput_metrics
+
+    terms = {"accuracy": np.array([1.0, 0.0, np.nan, np.nan]), "format": np.full(4, np.nan)}
+    metrics = score_metrics(np.array([1.0, 0.0, 0.5, 0.5], np.float32), terms, group_size=2)
+    assert np.isnan(metrics.pop("reward/format"))  # the function scored no response
+    assert metrics == pytest.approx({"critic/score/mean": 0.5, "critic/score/std": np.sqrt(0.125),
+                                     "critic/score/max": 1.0, "critic/score/min": 0.0, "reward/accuracy": 0.5,
+                                     "reward/frac_zero_std": 0.5})  # the second group scored 0.5 twice
+    prompt_mask = np.array([[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]])
+    response_mask = np.array([[1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
+    response_ids = np.array([[7, 8, 1], [1, 0, 0], [7, 8, 5], [7, 1, 0]])  # row 2 is cut at the width, no end
+    assert length_metrics(prompt_mask, response_ids, response_mask, [1, 2]) == pytest.approx({
+        "response_length/mean": 2.25, "response_length/max": 3, "response_length/min": 1,
+        "response_length/clip_ratio": 0.25, "prompt_length/mean": 2.5, "prompt_length/max": 3,
+        "prompt_length/min": 2})
+    timings = {"timing/step": 5.0, "timing/train": 3.0, "timing/generate": 1.0}
+    assert throughput_metrics(100, 300, 2, timings) == {"e2e_tps": 10.0, "update_tps": 50.0, "vllm_tps": 50.0}
+    assert throughput_metrics(100, 0, 2, timings) == {"e2e_tps": 10.0, "vllm_tps": 50.0}  # no update this step
+
+
+def test_the_step_line_names_each_metric_as_jsonl_does():
+    from mindrlhf.trainer.metrics import step_line
+
+    metrics = {"reward/accuracy": 0.25, "critic/score/mean": 0.75, "reward/frac_zero_std": 0.5, "eval/format": 1.0,
+               "actor/pg_loss": -0.0015834, "timing/step": 8.92712, "e2e_tps": 600.6, "timing/train": 3.0,
+               "eval/accuracy": 0.5, "actor/updates": 4}
+    assert step_line(3, 40, metrics) == ("step 3/40 | critic/score/mean 0.75 | actor/pg_loss -0.001583 | timing/step "
+                                         "8.927 s | e2e_tps 600.6 | eval/accuracy 0.5 | reward/accuracy 0.25 | "
+                                         "eval/format 1")
+
+
 def test_tensorboard_events_hold_every_metric(tmp_path):
     from mindrlhf.trainer.metrics import MetricsWriter
     writer = MetricsWriter(str(tmp_path / "out"), str(tmp_path / "tb"))
-    writer.write(1, 2, {"reward/mean": 0.25, "actor/kl": 0.5})
-    writer.write(2, 2, {"reward/mean": 0.75, "actor/kl": float("nan")})
+    writer.write(1, 2, {"critic/score/mean": 0.25, "actor/kl_loss": 0.5})
+    writer.write(2, 2, {"critic/score/mean": 0.75, "actor/kl_loss": float("nan")})
     writer.close()
     scalars = read_event_scalars(tmp_path / "tb")
-    assert ("reward/mean", 1, 0.25) in scalars and ("reward/mean", 2, 0.75) in scalars
-    assert ("actor/kl", 1, 0.5) in scalars and not any(tag == "actor/kl" and step == 2 for tag, step, _ in scalars)
+    assert ("critic/score/mean", 1, 0.25) in scalars and ("critic/score/mean", 2, 0.75) in scalars
+    assert ("actor/kl_loss", 1, 0.5) in scalars
+    assert not any(tag == "actor/kl_loss" and step == 2 for tag, step, _ in scalars)
 
 
 def test_record_adds_a_step_without_a_log_line(tmp_path, caplog):
@@ -288,27 +321,27 @@ def test_record_adds_a_step_without_a_log_line(tmp_path, caplog):
     writer = MetricsWriter(str(tmp_path), str(tmp_path / "tb"))
     with caplog.at_level("INFO", logger="mindrlhf"):
         writer.record(0, {"eval/accuracy": 0.25})
-        writer.write(1, 1, {"reward/mean": 0.5, "eval/accuracy": 0.5, "eval/hash_format": 0.125})
+        writer.write(1, 1, {"critic/score/mean": 0.5, "eval/accuracy": 0.5, "eval/hash_format": 0.125})
     writer.close()
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lines == [{"step": 0, "eval/accuracy": 0.25},
-                     {"step": 1, "reward/mean": 0.5, "eval/accuracy": 0.5, "eval/hash_format": 0.125}]
+                     {"step": 1, "critic/score/mean": 0.5, "eval/accuracy": 0.5, "eval/hash_format": 0.125}]
     assert not [r for r in caplog.records if "0.25" in r.getMessage()]
     step_line = [r.getMessage() for r in caplog.records if "step 1/1" in r.getMessage()]
-    assert step_line and "heldout_acc 0.5" in step_line[0] and "heldout_hash_format 0.125" in step_line[0]
+    assert step_line and "eval/accuracy 0.5" in step_line[0] and "eval/hash_format 0.125" in step_line[0]
     assert ("eval/accuracy", 0, 0.25) in read_event_scalars(tmp_path / "tb")
 
 
 def test_progress_series_and_plot(tmp_path):
     from mindrlhf.trainer.plot import plot_progress, progress_series
     records = [{"step": 0, "eval/accuracy": 0.2, "eval/format": 0.0},
-               {"step": 1, "reward/mean": 0.5, "reward/accuracy": 0.1},
-               {"step": 2, "reward/mean": 0.9, "reward/accuracy": 0.4, "eval/accuracy": 0.35},
-               {"step": 2, "reward/mean": 0.7, "reward/accuracy": 0.3, "eval/accuracy": 0.3,
+               {"step": 1, "critic/score/mean": 0.5, "reward/accuracy": 0.1},
+               {"step": 2, "critic/score/mean": 0.9, "reward/accuracy": 0.4, "eval/accuracy": 0.35},
+               {"step": 2, "critic/score/mean": 0.7, "reward/accuracy": 0.3, "eval/accuracy": 0.3,
                 "eval/format": 0.5}]  # step 2 rewritten
     series = progress_series(records)
     assert series["eval/format"] == ([0, 2], [0.0, 0.5])
-    assert series["reward/mean"] == ([1, 2], [0.5, 0.7])
+    assert series["critic/score/mean"] == ([1, 2], [0.5, 0.7])
     assert series["reward/accuracy"] == ([1, 2], [0.1, 0.3])
     assert series["eval/accuracy"] == ([0, 2], [0.2, 0.3])
     metrics = tmp_path / "metrics.jsonl"

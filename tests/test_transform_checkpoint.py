@@ -24,6 +24,7 @@ FULL_SHAPES = {"layer.w1.weight": (8, 6), "layer.w2.weight": (6, 8), "norm.weigh
 def _tool_module():
     spec = importlib.util.spec_from_file_location("transform_checkpoint_tool", TOOL)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
     spec.loader.exec_module(module)
     return module
 
@@ -149,3 +150,115 @@ def test_checkpoint_and_strategy_mismatches(tmp_path, tp2_job, capsys):
     os.makedirs(os.path.join(out, "rank_0"))
     assert "already holds rank_<i> folders" in _error(
         capsys, "--src_checkpoint", src, "--src_strategy", strategy_dir, "--dst_checkpoint", out)
+
+
+# ---------------------------------------------------------------- a whole checkpoint into shards (MindRLHF's tutorial)
+TINY = os.path.join(REPO, "model_configs", "tiny")
+WHOLE = os.path.join(TINY, "tiny_sft.ckpt")
+NET_LAYOUTS = {"tp2": {"dp": 1, "tp": 2}, "dp2": {"dp": 2, "tp": 1}, "pp2": {"dp": 1, "tp": 1, "pp": 2}}
+
+
+def tiny_strategy(root, key: str, prefix: str = "infer.") -> tuple[str, str]:
+    """The tiny model's strategy files for a 2-rank layout as `--only_save_strategy` writes them (one per rank, each
+    of its rank's pipeline stage, names with the net's `prefix`), and the same strategy with plain names in one file
+    for MindSpore (the stages' files merged by `merge_pipeline_strategys`); returns (folder, plain file)."""
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindrlhf.parallel.strategy import ParamLayout, net_layouts
+
+    cfg = Qwen2Config.from_yaml(os.path.join(TINY, "model.yaml"))
+    for rank in range(2):
+        layout = Layout(**NET_LAYOUTS[key], rank=rank)
+        net = Qwen2ForCausalLM(cfg, layout)
+        if prefix:
+            net.update_parameters_name(prefix)
+        layouts = net_layouts(net, layout)
+        write_strategy_file(os.path.join(root, "strategy", strategy_file_name(rank)), layouts, stage=layout.stage)
+        plain = {n[len(prefix):]: ParamLayout(n[len(prefix):], lay.dev_matrix, lay.tensor_map)
+                 for n, lay in layouts.items()}
+        write_strategy_file(os.path.join(root, "plain", strategy_file_name(rank)), plain, stage=layout.stage)
+    plain_file = os.path.join(root, "plain_merged.ckpt")
+    if key == "pp2":
+        ms.parallel.merge_pipeline_strategys(os.path.join(root, "plain"), plain_file)
+    else:
+        shutil.copy(os.path.join(root, "plain", strategy_file_name(0)), plain_file)
+    return os.path.join(root, "strategy"), plain_file
+
+
+def mindspore_split(root, plain_strategy: str) -> str:
+    """The oracle: MindSpore's transform of the whole checkpoint (as rank_0/ of a folder, no source strategy)."""
+    os.makedirs(os.path.join(root, "whole", "rank_0"))
+    shutil.copy(WHOLE, os.path.join(root, "whole", "rank_0", "tiny_sft.ckpt"))
+    ms.parallel.transform_checkpoints(os.path.join(root, "whole"), os.path.join(root, "oracle"), "checkpoint_", None,
+                                      plain_strategy)
+    return os.path.join(root, "oracle")
+
+
+@pytest.mark.parametrize("key", list(NET_LAYOUTS))
+def test_whole_checkpoint_splits_like_mindspore_bit_for_bit(tmp_path, key, capsys):
+    from mindrlhf.parallel.strategy import read_staged_strategy_file
+
+    strategy_dir, plain = tiny_strategy(str(tmp_path), key)
+    oracle = mindspore_split(str(tmp_path), plain)
+    out = str(tmp_path / "out")
+    assert _tool_module().main([f"--src_checkpoint={WHOLE}", f"--dst_checkpoint={out}",
+                                f"--dst_strategy={strategy_dir}"]) == 0, capsys.readouterr().err
+    assert sorted(os.listdir(out)) == ["rank_0", "rank_1", "strategy.ckpt"]
+    ours = [_load_rank(out, rank) for rank in range(2)]
+    for rank in range(2):
+        assert os.listdir(os.path.join(out, f"rank_{rank}")) == [f"checkpoint_{rank}.ckpt"]
+        theirs = _load_rank(oracle, rank)
+        assert sorted(ours[rank]) == sorted(theirs), rank
+        for name, value in theirs.items():
+            got = ours[rank][name]
+            assert (got.dtype, got.shape) == (value.dtype, value.shape), (rank, name)
+            assert got.tobytes() == value.tobytes(), (rank, name)
+    if key == "tp2":  # the shards really differ per rank
+        name = "model.layers.0.attention.wq.weight"
+        assert ours[0][name].shape == (32, 64) and not np.array_equal(ours[0][name], ours[1][name])
+    if key == "pp2":  # each rank holds its stage
+        assert "lm_head.weight" in ours[1] and "lm_head.weight" not in ours[0]
+    # the folder describes itself: the strategy with the checkpoint's plain names
+    assert read_staged_strategy_file(os.path.join(out, "strategy.ckpt")) == read_staged_strategy_file(plain)
+
+
+def test_shards_reshard_folder_to_folder_onto_stage_files(tmp_path, capsys):
+    """A folder the tool wrote names its own strategy (no --src_strategy), and a destination folder of the stages'
+    own files is merged for MindSpore: tp=2 shards -> pp=2 equal the whole checkpoint cut for pp=2."""
+    tp2_strategy, _ = tiny_strategy(str(tmp_path / "tp2"), "tp2")
+    pp2_strategy, pp2_plain = tiny_strategy(str(tmp_path / "pp2"), "pp2", prefix="")
+    tool = _tool_module()
+    assert tool.main([f"--src_checkpoint={WHOLE}", f"--dst_checkpoint={tmp_path / 'tp2_shards'}",
+                      f"--dst_strategy={tp2_strategy}"]) == 0
+    assert tool.main(["--src_checkpoint", str(tmp_path / "tp2_shards"), "--dst_checkpoint", str(tmp_path / "pp2"),
+                      "--dst_strategy", pp2_strategy, "--prefix", "pp_"]) == 0, capsys.readouterr().err
+    oracle = mindspore_split(str(tmp_path / "oracle"), pp2_plain)
+    for rank in range(2):
+        got, expected = _load_rank(str(tmp_path / "pp2"), rank), _load_rank(oracle, rank)
+        assert sorted(got) == sorted(expected)
+        for name, value in expected.items():
+            assert got[name].tobytes() == value.tobytes(), (rank, name)
+    assert os.path.isfile(tmp_path / "pp2" / "strategy.ckpt")
+
+
+def test_whole_checkpoint_errors(tmp_path, capsys):
+    out = str(tmp_path / "out")
+    strategy_dir, _ = tiny_strategy(str(tmp_path), "tp2")
+    assert "--src_strategy: not used with a whole checkpoint" in _error(
+        capsys, "--src_checkpoint", WHOLE, "--src_strategy", strategy_dir, "--dst_checkpoint", out,
+        "--dst_strategy", strategy_dir)
+    assert "is already one whole checkpoint: give --dst_strategy" in _error(
+        capsys, "--src_checkpoint", WHOLE, "--dst_checkpoint", out)
+    other = write_strategy_file(tmp_path / "other.ckpt", layouts_for(Layout(tp=2), SPLIT_AXES, FULL_SHAPES))
+    err = _error(capsys, "--src_checkpoint", WHOLE, "--dst_checkpoint", out, "--dst_strategy", other)
+    assert f"{other} names parameters with no entry in {WHOLE}" in err and "layer.w1.bias" in err
+    # files of one stage that disagree: not two stages to merge
+    write_strategy_file(os.path.join(strategy_dir, strategy_file_name(5)),
+                        layouts_for(Layout(dp=2, tp=1), {"model.norm_out.weight": None},
+                                    {"model.norm_out.weight": (64,)}))
+    err = _error(capsys, "--src_checkpoint", WHOLE, "--dst_checkpoint", out, "--dst_strategy", strategy_dir)
+    assert "disagree on parameter" in err and "of pipeline stage 0" in err
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"\x00junk")
+    assert "not a readable MindSpore checkpoint" in _error(
+        capsys, "--src_checkpoint", str(junk), "--dst_checkpoint", out, "--dst_strategy", other)
+    assert not os.path.exists(out)

@@ -116,9 +116,9 @@ def test_smollm2_case_is_run_grpo_sh_smollm2_job(tmp_path):
 
 
 def ours_line(step_s, generate, ref, train, reward, length, reward_mean):
-    return {"timing_s/step": step_s, "timing_s/generate": generate, "timing_s/ref": ref, "timing_s/train": train,
-            "timing_s/reward": reward, "timing_s/reshard": 0.1, "response_length/mean": length,
-            "reward/mean": reward_mean, "perf/max_rss_gib": 2.0, "perf/sum_rss_gib": 4.0}
+    return {"timing/step": step_s, "timing/generate": generate, "timing/ref": ref, "timing/train": train,
+            "timing/reward": reward, "timing/reshard": 0.1, "response_length/mean": length,
+            "critic/score/mean": reward_mean, "perf/max_rss_gib": 2.0, "perf/sum_rss_gib": 4.0}
 
 
 def test_summary_and_table_arithmetic():
@@ -126,9 +126,9 @@ def test_summary_and_table_arithmetic():
     ours = {"wall_s": 100.0, "peak_rss_gib": 2.0, "steps": [
         ours_line(50.0, 20, 5, 20, 0.1, 20.0, 0.5), ours_line(10.0, 2, 1, 6, 0.1, 20.0, 0.75),
         ours_line(12.0, 3, 1, 7, 0.1, 30.0, 1.0)]}
-    trl_line = lambda s, tokens: {"timing_s/step": s, "timing_s/generate": 5.0, "timing_s/ref": 1.0,
-                                  "timing_s/old": 1.0, "timing_s/train": s - 8.0, "timing_s/reward": 0.5,
-                                  "perf/tokens": tokens, "reward/mean": 0.5}
+    trl_line = lambda s, tokens: {"timing/step": s, "timing/generate": 5.0, "timing/ref": 1.0,
+                                  "timing/old": 1.0, "timing/train": s - 8.0, "timing/reward": 0.5,
+                                  "perf/tokens": tokens, "critic/score/mean": 0.5}
     theirs = {"wall_s": 80.0, "peak_rss_gib": 1.0, "steps": [trl_line(30.0, 1000), trl_line(20.0, 1000),
                                                               trl_line(22.0, 1100)]}
     phases = vt.phase_seconds(theirs["steps"][1])

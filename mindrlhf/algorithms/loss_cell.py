@@ -37,9 +37,9 @@ class GRPOLossCell(nn.Cell):
     0/1 response mask [B, T] and the token weights [B, T] of the aggregation
     (`mindrlhf.algorithms.aggregation_weights`, computed on the global mini-batch); every output is
     `sum(token_weights * per-token value)`: on a data-parallel rank its share
-    of the global value. Returns the 0-d float32 tensors `(loss, pg_loss, kl, clipfrac, ratio_mean)`
-    (`OUTPUTS`); the stats are wrapped in `stop_gradient`, so `mindspore.value_and_grad(cell,
-    grad_position=0)` differentiates only the loss, with or without `has_aux=True`.
+    of the global value. Returns the 0-d float32 tensors `(loss, pg_loss, kl_loss, pg_clipfrac, ratio_mean,
+    ppo_kl)` (`OUTPUTS`, the numpy reference's stats); the stats are wrapped in `stop_gradient`, so
+    `mindspore.value_and_grad(cell, grad_position=0)` differentiates only the loss, with or without `has_aux=True`.
 
     Gradient: where the clip is active the token's policy term is taken as a constant (it is, locally);
     elsewhere, including a ratio exactly on a clip boundary, the unclipped `ratio * A` is used. This is done
@@ -47,7 +47,7 @@ class GRPOLossCell(nn.Cell):
     Padding positions (mask 0) are zeroed before `exp`, so garbage there cannot produce inf or NaN.
     """
 
-    OUTPUTS = ("loss", "pg_loss", "kl", "clipfrac", "ratio_mean")
+    OUTPUTS = ("loss", "pg_loss", "kl_loss", "pg_clipfrac", "ratio_mean", "ppo_kl")
 
     def __init__(self, beta: float = 0.01, epsilon_low: float = 0.2, epsilon_high: float = 0.2,
                  kl_estimator: str = "k3"):
@@ -83,7 +83,8 @@ class GRPOLossCell(nn.Cell):
 
         loss = (weights * (pg_token + self.beta * kl_token)).sum()
         pg_loss = ops.stop_gradient((weights * pg_token).sum())
-        kl = ops.stop_gradient((weights * kl_token).sum())
-        clipfrac = ops.stop_gradient((weights * ops.cast(clip_active, mstype.float32)).sum())
+        kl_loss = ops.stop_gradient((weights * kl_token).sum())
+        pg_clipfrac = ops.stop_gradient((weights * ops.cast(clip_active, mstype.float32)).sum())
         ratio_mean = ops.stop_gradient((weights * ratio).sum())
-        return loss, pg_loss, kl, clipfrac, ratio_mean
+        ppo_kl = ops.stop_gradient((weights * (old_logp - logp)).sum())  # k1 of KL(old policy || policy)
+        return loss, pg_loss, kl_loss, pg_clipfrac, ratio_mean, ppo_kl

@@ -82,12 +82,15 @@ def grpo_policy_loss(logp, old_logp, ref_logp, advantages, mask, beta: float = 0
     token's policy-gradient term is constant in logp.
 
     Returns (loss, stats). Every stat is aggregated over masked tokens with the same `aggregation` as
-    the loss (rows whose mask is all 0 are ignored, see `aggregation.py`), so loss == pg_loss + beta * kl:
-      kl          the KL estimate (`kl_estimator`, k3 by default),
-      clipfrac    the share of tokens where the clip is active,
-      pg_loss     the clipped policy-gradient term,
-      ratio_mean  the importance ratio exp(logp - old_logp).
-    (Under `seq-mean-token-sum` clipfrac and ratio_mean are per-sequence sums averaged over sequences.)
+    the loss (rows whose mask is all 0 are ignored, see `aggregation.py`), so loss == pg_loss + beta * kl_loss:
+      kl_loss      the KL(policy || ref) estimate (`kl_estimator`, k3 by default),
+      pg_clipfrac  the share of tokens where the clip is active,
+      pg_loss      the clipped policy-gradient term,
+      ratio_mean   the importance ratio exp(logp - old_logp),
+      ppo_kl       old_logp - logp: the k1 estimate of KL(old policy || policy) on the tokens the old policy
+                   sampled, how far the updates have moved the policy from the one that sampled.
+    (Under `seq-mean-token-sum` pg_clipfrac, ratio_mean and ppo_kl are per-sequence sums averaged over sequences.)
+    The stats are the names the trainer logs as `actor/<stat>` (MindSpeed-RL's and verl's names).
     """
     beta, epsilon_low, epsilon_high = check_loss_hyperparameters(
         beta, epsilon_low, epsilon_high, aggregation, kl_estimator)
@@ -101,9 +104,10 @@ def grpo_policy_loss(logp, old_logp, ref_logp, advantages, mask, beta: float = 0
     weights = aggregation_weights(mask, aggregation)
     loss = float((weights * (pg_token + beta * kl_token)).sum())
     stats = {
-        "kl": float((weights * kl_token).sum()),
-        "clipfrac": float((weights * clip_active).sum()),
+        "kl_loss": float((weights * kl_token).sum()),
+        "pg_clipfrac": float((weights * clip_active).sum()),
         "pg_loss": float((weights * pg_token).sum()),
         "ratio_mean": float((weights * ratio).sum()),
+        "ppo_kl": float((weights * (old_logp - logp)).sum()),
     }
     return loss, stats

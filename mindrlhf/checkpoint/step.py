@@ -36,7 +36,12 @@ TRAIN_STRATEGY = "train_strategy.ckpt"
 INFER_STRATEGY = "infer_strategy.ckpt"
 CRITIC_CKPT = "critic.ckpt"
 CRITIC_STRATEGY = "critic_strategy.ckpt"
+# prefixes of the nets' parameter names (each net shares the plain model names of a converted `.ckpt`)
+INFER_PREFIX = "infer."
+REF_PREFIX = "ref."
 CRITIC_PREFIX = "critic."
+REWARD_MODEL_PREFIX = "reward_model."
+NET_PREFIXES = (INFER_PREFIX, REF_PREFIX, CRITIC_PREFIX, REWARD_MODEL_PREFIX)
 # Nets a trainer step folder holds whole over its ranks: net -> (rank file, strategy file, parameter name prefix)
 STEP_NETS = {"actor": (TRAIN_CKPT, TRAIN_STRATEGY, ""), "critic": (CRITIC_CKPT, CRITIC_STRATEGY, CRITIC_PREFIX)}
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -126,6 +131,21 @@ def read_meta(step_dir: str) -> dict:
             return json.load(f)
     except (OSError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{path}: cannot read the checkpoint meta ({err})") from None
+
+
+def plain_name(name: str) -> str:
+    """`name` without a net's prefix (`NET_PREFIXES`): the name a converted whole `.ckpt` gives the parameter."""
+    for prefix in NET_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def is_step_folder(path: str) -> bool:
+    """Whether `path` is a trainer step folder (its meta or one of its nets' strategy files is there), as opposed to
+    a folder of per-rank shards (`mindrlhf.checkpoint.shards`)."""
+    marks = (META, *(strategy for _, strategy, _ in STEP_NETS.values()), INFER_STRATEGY)
+    return any(os.path.isfile(os.path.join(path, mark)) for mark in marks)
 
 
 def is_optimizer_state(name: str) -> bool:

@@ -1,30 +1,37 @@
 """Weights files into nets: a whole `.ckpt` (as `tools/convert_weight.py` writes it) or one net of a trainer step
-folder, read to full arrays and split to this rank's shards; this rank's own checkpoint files, read as they are."""
+folder, read to full arrays and split to this rank's shards; a folder of per-rank shards (`rank_<r>/*.ckpt`, as
+`tools/transform_checkpoint.py` writes it), read rank by rank or resharded (`mindrlhf.checkpoint.shards`); this
+rank's own checkpoint files, read as they are."""
 from __future__ import annotations
 
 import os
 
 import numpy as np
 
-from mindrlhf.checkpoint.step import STEP_NETS, CheckpointError, is_optimizer_state, rank_dir
+from mindrlhf.checkpoint.shards import is_shard_folder, load_shards, merge_shard_folder
+from mindrlhf.checkpoint.step import (
+    STEP_NETS,
+    CheckpointError,
+    is_optimizer_state,
+    is_step_folder,
+    plain_name,
+    rank_dir,
+)
 from mindrlhf.configs.base import ConfigError
 
-# prefixes of the nets that share a checkpoint's plain model names (the critic's: `step.CRITIC_PREFIX`)
-INFER_PREFIX = "infer."
-REF_PREFIX = "ref."
-REWARD_MODEL_PREFIX = "reward_model."
 VALUE_HEAD = "score.weight"
 VALUE_HEAD_BIAS = "score.bias"
 
 
 def read_weights(path: str, net: str = "actor") -> dict:
-    """Weights (name -> numpy array) of a `.ckpt` file or of one net of a trainer `step_*` folder (`STEP_NETS`:
-    the actor's or the critic's rank shards merged through its strategy file, names without the net's prefix);
-    optimizer entries are dropped. Errors name the file."""
+    """Weights (name -> numpy array) of a `.ckpt` file, of one net of a trainer `step_*` folder (`STEP_NETS`:
+    the actor's or the critic's rank shards merged through its strategy file, names without the net's prefix) or of
+    a folder of per-rank shards with its `strategy.ckpt` (merged through it); optimizer entries are dropped. Errors
+    name the file."""
     import mindspore as ms
 
     if os.path.isdir(path):
-        state = merge_trainer_checkpoint(path, net)
+        state = merge_shard_folder(path) if is_shard_folder(path) else merge_trainer_checkpoint(path, net)
     elif os.path.isfile(path):
         try:
             state = {name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()}
@@ -32,7 +39,8 @@ def read_weights(path: str, net: str = "actor") -> dict:
             raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") \
                 from None
     else:
-        raise CheckpointError(f"{path}: checkpoint not found (expected a .ckpt file or a trainer step folder)")
+        raise CheckpointError(f"{path}: checkpoint not found (expected a .ckpt file, a trainer step folder or a "
+                              "folder of rank_<r>/*.ckpt shards)")
     return {name: value for name, value in state.items() if not is_optimizer_state(name)}
 
 
@@ -65,20 +73,19 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
 
 
 def load_weights(net, layout, path: str, prefix: str = "") -> None:
-    """Loads a full `.ckpt` (split to this rank's shards) or a trainer step folder into `net`.
+    """Loads a full `.ckpt` (split to this rank's shards), a trainer step folder (its actor, merged and split) or a
+    folder of per-rank shards (`shards.load_shards`: this rank's own file, or resharded) into `net`.
 
-    Names in the file are the plain model names (as `tools/convert_weight.py` writes them); the net's own
-    names may carry `prefix`. Optimizer entries in the file are ignored. Errors name the file.
+    Names in the files are the plain model names (as `tools/convert_weight.py` writes them; a net prefix in them
+    is dropped); the net's own names may carry `prefix`. Optimizer entries are ignored. Errors name the file.
     """
     from mindrlhf.parallel.layers import load_full_state
 
+    if os.path.isdir(path) and not is_step_folder(path):
+        load_shards(net, layout, path, prefix)
+        return
     state = read_weights(path)
-    plain = {}
-    for name, value in state.items():
-        for known in (INFER_PREFIX, REF_PREFIX):
-            if name.startswith(known):
-                name = name[len(known):]
-        plain[prefix + name] = value
+    plain = {prefix + plain_name(name): value for name, value in state.items()}
     try:
         load_full_state(net, plain, layout)
     except ValueError as err:

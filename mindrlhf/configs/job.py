@@ -58,14 +58,20 @@ class JobOptions:
     output_dir: str = _flag("output/grpo", "Logs, metrics.jsonl, strategy files.")
     save_ckpt_dir: str = _flag("", "Checkpoint folder (default: <output_dir>/checkpoints).")
     load_sft_checkpoint_train: str = _flag(
-        "", "Starting policy: a full .ckpt (split onto the train layout at load time) or a trainer step folder "
-            "(default: seeded random weights).")
+        "", "Starting policy: a whole .ckpt (split onto the train layout at load time), a folder of per-rank shards "
+            "rank_<i>/*.ckpt (tools/transform_checkpoint.py --dst_strategy <output_dir>/strategy/train: each rank "
+            "reads its own; shards of another layout, with their strategy.ckpt, are resharded on load) or a trainer "
+            "step folder (default: seeded random weights).")
     load_sft_checkpoint_infer: str = _flag(
-        "", "Inference weights; default: resharded from the train net (the usual case).")
-    load_ref_checkpoint: str = _flag("", "Reference weights; default: a copy of the starting policy.")
+        "", "Inference weights, in the same forms (shards for <output_dir>/strategy/infer); default: resharded "
+            "from the train net (the usual case).")
+    load_ref_checkpoint: str = _flag(
+        "", "Reference weights, in the same forms (shards for <output_dir>/strategy/ref); default: a copy of the "
+            "starting policy.")
     load_critic_checkpoint: str = _flag(
         "", "Critic weights with a value head (`score.weight`), e.g. a reward model converted by "
-            "tools/convert_weight.py; default: the starting policy's backbone with a zero head (verl's default).")
+            "tools/convert_weight.py: a whole .ckpt, a trainer step folder or a shard folder with its strategy.ckpt "
+            "(merged, then split); default: the starting policy's backbone with a zero head (verl's default).")
     save_data_file: str = _flag("", "Write each step's experience as MindRecord <path>.step_<N>.mindrecord.")
     tensorboard_dir: str = _flag("", "Write TensorBoard event files here.")
     resume: str = _flag("", "'auto' (newest complete checkpoint in save_ckpt_dir, if any) or a step folder; "

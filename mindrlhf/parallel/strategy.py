@@ -323,6 +323,23 @@ def read_staged_strategy_file(path: str | os.PathLike) -> tuple[dict[str, ParamL
     return layouts, stages
 
 
+def read_stage_layouts(path: str | os.PathLike) -> dict[int, dict[str, ParamLayout]]:
+    """Pipeline stage -> the layouts of the parameters that stage holds, from one strategy file: every stage of a
+    merged file (`<stage>-<name>`; a parameter several stages hold, a tied embedding, is under each of them), or
+    the one stage a stage's own file describes (the `stage` of its first node entry, which is what
+    `mindspore.parallel.merge_pipeline_strategys` reads; 0 for a net without stages)."""
+    path = os.fspath(path)
+    strategy_map = _parse_strategy_map(path)
+    nodes = strategy_map.parallel_strategy_item
+    own = nodes[0].parallel_strategys.stage if nodes else 0
+    result: dict[int, dict[str, ParamLayout]] = {}
+    for item in strategy_map.parallel_layout_item:
+        match = _STAGE_PREFIX.match(item.param_name)
+        stage, name = (int(match.group("stage")), match.group("name")) if match else (own, item.param_name)
+        result.setdefault(stage, {})[name] = _layout_from_proto(path, name, item.parallel_layouts)
+    return dict(sorted(result.items()))
+
+
 def stage_ranks(layouts: Mapping[str, ParamLayout], stages: Mapping[str, int], desc: str) -> dict[int, range]:
     """Pipeline stage -> the ranks holding it (stages outermost in the rank order, each of one size); a staged
     strategy whose stages are missing or of different sizes is an error naming `desc`."""
@@ -494,3 +511,24 @@ def merge_shards(shards: list[Mapping[str, np.ndarray]], layouts: Mapping[str, P
         merged[name] = full
     return merged
 
+
+def split_full(full: Mapping[str, np.ndarray], layouts: Mapping[str, ParamLayout], rank: int,
+               source: str = "checkpoint") -> dict[str, np.ndarray]:
+    """`rank`'s shards (views) of the full tensors `full` for the parameters in `layouts`, the inverse of
+    :func:`merge_shards`: the region `ParamLayout.slice_of(rank)` of each. `layouts` are those of one pipeline stage
+    and `rank` counts within it. A parameter missing from `full`, or whose shape does not fit its layout, is an
+    error naming `source` and the parameter."""
+    shards = {}
+    for name, lay in layouts.items():
+        if name not in full:
+            raise StrategyError(f"{source}: no entry for parameter '{name}'")
+        value = full[name]
+        if value.ndim != lay.ndim:
+            raise StrategyError(f"{source}: '{name}' has shape {list(value.shape)} ({value.ndim} dims), but its "
+                                f"layout {lay.describe()} has {lay.ndim}")
+        try:
+            lay = lay.with_full_shape(value.shape)
+        except StrategyError as err:
+            raise StrategyError(f"{source}: {err}") from None
+        shards[name] = value[lay.slice_of(rank)]
+    return shards

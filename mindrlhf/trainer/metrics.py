@@ -1,25 +1,102 @@
-"""Metrics sinks: one line per step in the log, JSONL in the output folder, optional TensorBoard events."""
+"""A step's metrics and their sinks: one line per step in the log, JSONL in the output folder, optional
+TensorBoard events. docs/metrics.md is the table of every metric the trainer writes (its test checks it).
+
+Names follow MindSpeed-RL's (and verl's) where the quantity is the same: `critic/score/*`, `actor/pg_clipfrac`,
+`timing/<phase>`, `e2e_tps`, ...; one name per quantity, the same in the log line, JSONL and TensorBoard.
+"""
 from __future__ import annotations
 
 import json
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+
+import numpy as np
 
 from mindrlhf.utils.logging import format_metrics
 
 logger = logging.getLogger("mindrlhf.trainer")
 
-# The per-step log line: column name -> metric (everything goes to JSONL and TensorBoard). The README's
-# "Reading the log" explains each column.
-LINE_COLUMNS = {
-    "reward": "reward/mean", "reward_std": "reward/std", "pg_loss": "actor/pg_loss", "kl": "actor/kl",
-    "clipfrac": "actor/clipfrac", "entropy": "actor/entropy", "grad_norm": "actor/grad_norm", "lr": "actor/lr",
-    "vf_loss": "critic/vf_loss", "vf_ev": "critic/vf_explained_var",
-    "resp_len": "response_length/mean", "clip_ratio": "response_length/clip_ratio", "step_s": "timing_s/step",
-    "tok/s/dev": "perf/tokens_per_s_per_device", "heldout_acc": "eval/accuracy",
-}
+# The per-step log line: these metrics when the step has them, in this order, then each reward term `reward/<fn>`
+# and each other held-out score `eval/<score>`. JSONL and TensorBoard get every metric.
+LINE_METRICS = (
+    "critic/score/mean", "critic/score/std", "actor/pg_loss", "actor/kl_loss", "actor/pg_clipfrac", "actor/entropy",
+    "actor/grad_norm", "actor/lr", "critic/vf_loss", "critic/vf_explained_var", "response_length/mean",
+    "response_length/clip_ratio", "timing/step", "e2e_tps", "eval/accuracy",
+)
+LINE_UNITS = {"timing/step": "s"}
+NOT_ON_THE_LINE = ("reward/frac_zero_std",)
+
+
+def step_line(step: int, total_steps: int, metrics: Mapping[str, float]) -> str:
+    """`step 3/40 | critic/score/mean 0.75 | ... | reward/accuracy 0.25 | eval/hash_format 0.5`."""
+    shown: dict = {"step": f"{step}/{total_steps}"}
+    shown.update({key: metrics[key] for key in LINE_METRICS if key in metrics})
+    shown.update({key: value for key, value in metrics.items() if key.startswith(("reward/", "eval/"))
+                  and key not in shown and key not in NOT_ON_THE_LINE})
+    return format_metrics(shown, units=LINE_UNITS)
+
+
+def score_metrics(scores: np.ndarray, terms: Mapping[str, np.ndarray], group_size: int) -> dict:
+    """`critic/score/{mean,std,max,min}` of the responses' sequence scores (each the weighted sum of its reward
+    terms, before any KL penalty), each term's mean `reward/<fn>` (NaN where the function had no opinion on any
+    response) and `reward/frac_zero_std`, the share of prompt groups whose responses all scored the same."""
+    from mindrlhf.algorithms import dynamic_sampling_mask
+
+    scores = np.asarray(scores, np.float64)
+    metrics = {"critic/score/mean": float(scores.mean()), "critic/score/std": float(scores.std()),
+               "critic/score/max": float(scores.max()), "critic/score/min": float(scores.min())}
+    with np.errstate(invalid="ignore"):  # a term may be NaN where its function had no opinion (None)
+        metrics.update({f"reward/{name}": float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+                        for name, values in terms.items()})
+    metrics["reward/frac_zero_std"] = float(1.0 - dynamic_sampling_mask(scores, group_size).mean())
+    return metrics
+
+
+def length_metrics(prompt_mask: np.ndarray, response_ids: np.ndarray, response_mask: np.ndarray,
+                   eos_token_ids: Iterable[int]) -> dict:
+    """`response_length/{mean,max,min}` (tokens, the end token included), `response_length/clip_ratio` (the
+    share of responses cut at the response width without an end token) and `prompt_length/{mean,max,min}`
+    (unpadded prompt tokens; every prompt has the same number of rows, so these are the prompts' own)."""
+    lengths = response_mask.sum(axis=1)
+    last = response_ids[np.arange(len(lengths)), np.maximum(lengths - 1, 0)]
+    clipped = (lengths == response_mask.shape[1]) & ~np.isin(last, list(eos_token_ids))
+    prompts = prompt_mask.sum(axis=1)
+    return {"response_length/mean": float(lengths.mean()), "response_length/max": int(lengths.max()),
+            "response_length/min": int(lengths.min()), "response_length/clip_ratio": float(clipped.mean()),
+            "prompt_length/mean": float(prompts.mean()), "prompt_length/max": int(prompts.max()),
+            "prompt_length/min": int(prompts.min())}
+
+
+def throughput_metrics(step_tokens: int, trained_tokens: int, world_size: int,
+                       timings: Mapping[str, float]) -> dict:
+    """Tokens per second per device, MindSpeed-RL's three: `e2e_tps` (the step's prompt + response tokens over
+    `timing/step`), `update_tps` (the tokens the actor's updates read over `timing/train`; none without an
+    update) and `vllm_tps` (the step's tokens over `timing/generate`: the generator's, there is no vLLM here)."""
+    metrics = {}
+    for name, tokens, phase in (("e2e_tps", step_tokens, "step"), ("update_tps", trained_tokens, "train"),
+                                ("vllm_tps", step_tokens, "generate")):
+        seconds = timings.get(f"timing/{phase}", 0.0)
+        if tokens and seconds > 0:
+            metrics[name] = round(tokens / world_size / seconds, 2)
+    return metrics
+
+
+def critic_metrics(values: np.ndarray, returns: np.ndarray, advantages: np.ndarray,
+                   response_mask: np.ndarray) -> dict:
+    """PPO: `critic/{values,returns,advantages}/{mean,max,min}` over the response tokens and
+    `critic/vf_explained_var`."""
+    from mindrlhf.algorithms import explained_variance
+
+    valid = response_mask > 0
+    metrics = {}
+    for name, array in (("values", values), ("returns", returns), ("advantages", advantages)):
+        tokens = array[valid]
+        metrics.update({f"critic/{name}/mean": float(tokens.mean()), f"critic/{name}/max": float(tokens.max()),
+                        f"critic/{name}/min": float(tokens.min())})
+    metrics["critic/vf_explained_var"] = explained_variance(returns, values, response_mask)
+    return metrics
 
 
 class MetricsWriter:
@@ -42,14 +119,7 @@ class MetricsWriter:
     def write(self, step: int, total_steps: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled:
             return
-        shown = {"step": f"{step}/{total_steps}"}
-        shown.update({column: metrics[key] for column, key in LINE_COLUMNS.items() if key in metrics})
-        reward_terms = {k.split("/", 1)[1]: v for k, v in metrics.items()
-                        if k.startswith("reward/") and k not in LINE_COLUMNS.values() and k != "reward/frac_zero_std"}
-        shown.update(reward_terms)
-        shown.update({f"heldout_{k.split('/', 1)[1]}": v for k, v in metrics.items()
-                      if k.startswith("eval/") and k not in LINE_COLUMNS.values()})
-        logger.info(format_metrics(shown))
+        logger.info(step_line(step, total_steps, metrics))
         self.record(step, metrics)
 
     def record(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -27,7 +27,7 @@ class Phases:
     """`with phases("generate"):` applies the phase's swap plan, then times the block.
 
     Times accumulate per step (a phase may run several times, e.g. generation rounds of dynamic sampling);
-    `step_metrics()` returns `timing_s/<phase>`, `memory/peak_gib_after_<phase>` (the process's peak resident
+    `step_metrics()` returns `timing/<phase>` (seconds), `memory/peak_gib_after_<phase>` (the process's peak resident
     memory so far when the phase last ended: the phase where it jumps is the one that raised it) and the swap
     bytes moved since `start_step()`.
     """
@@ -59,7 +59,7 @@ class Phases:
             self.peak_gib[name] = round(peak_rss_gib(), 3)
 
     def step_metrics(self) -> dict[str, float]:
-        metrics = {f"timing_s/{name}": round(seconds, 4) for name, seconds in self.seconds.items()}
+        metrics = {f"timing/{name}": round(seconds, 4) for name, seconds in self.seconds.items()}
         metrics.update({f"memory/peak_gib_after_{name}": gib for name, gib in self.peak_gib.items()})
         metrics["swap/bytes_moved"] = int(self.swap_bytes)
         return metrics

@@ -8,7 +8,7 @@ from mindrlhf.utils.atomic import atomic_output
 
 
 def progress_series(records: list[dict]) -> dict[str, tuple[list[int], list[float]]]:
-    """(steps, values) of `reward/mean`, `reward/accuracy`, `eval/accuracy` and any other held-out score
+    """(steps, values) of `critic/score/mean`, `reward/accuracy`, `eval/accuracy` and any other held-out score
     `eval/<reward>` (step 0 = before training).
 
     A step logged twice (a resumed run rewrote it) keeps its last record."""
@@ -17,7 +17,7 @@ def progress_series(records: list[dict]) -> dict[str, tuple[list[int], list[floa
         by_step.setdefault(int(record["step"]), {}).update(record)
     series = {}
     evals = sorted({key for r in records for key in r if key.startswith("eval/") and key != "eval/accuracy"})
-    for key in ("reward/mean", "reward/accuracy", "eval/accuracy", *evals):
+    for key in ("critic/score/mean", "reward/accuracy", "eval/accuracy", *evals):
         points = [(step, float(r[key])) for step, r in sorted(by_step.items()) if key in r]
         series[key] = ([s for s, _ in points], [v for _, v in points])
     return series
@@ -29,7 +29,8 @@ def read_metrics(path: str) -> list[dict]:
 
 
 def plot_progress(metrics_path: str, png_path: str) -> None:
-    """Writes `png_path`: training reward (and its accuracy term) per step, held-out accuracy per evaluation."""
+    """Writes `png_path`: the training score (and its accuracy term) per step, held-out scores per evaluation,
+    each labelled with its metric name."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,18 +38,17 @@ def plot_progress(metrics_path: str, png_path: str) -> None:
 
     series = progress_series(read_metrics(metrics_path))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for key, label in (("reward/mean", "reward (weighted sum)"), ("reward/accuracy", "accuracy term")):
+    for key in ("critic/score/mean", "reward/accuracy"):  # the score (weighted sum of the terms) and its accuracy
         steps, values = series[key]
         if steps:
-            left.plot(steps, values, label=label, linewidth=1.2)
+            left.plot(steps, values, label=key, linewidth=1.2)
     left.set(title="training reward", xlabel="GRPO step")
     left.legend()
     left.grid(alpha=0.3)
     for key, (steps, values) in series.items():
         if key.startswith("eval/"):
-            name = key.split("/", 1)[1]
-            right.plot(steps, [100 * v for v in values], marker="o", label=name,
-                       color="tab:green" if name == "accuracy" else None)
+            right.plot(steps, [100 * v for v in values], marker="o", label=key,
+                       color="tab:green" if key == "eval/accuracy" else None)
     right.set(title="held-out, greedy (share of answers)", xlabel="GRPO step (0 = before)", ylabel="%")
     right.legend()
     right.grid(alpha=0.3)

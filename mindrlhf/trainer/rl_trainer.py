@@ -40,6 +40,13 @@ from mindrlhf.engine.batches import group_unit
 from mindrlhf.engine.sizing import RESPONSE_COLUMNS
 from mindrlhf.reward import columns_per_completion
 from mindrlhf.trainer.experience import Experience, concat_experiences
+from mindrlhf.trainer.metrics import (
+    MetricsWriter,
+    critic_metrics,
+    length_metrics,
+    score_metrics,
+    throughput_metrics,
+)
 from mindrlhf.trainer.phases import PHASES, Phases, peak_rss_gib
 from mindrlhf.trainer.plan import JobPlan
 from mindrlhf.trainer.roles import REF_WEIGHTS, Actor, Critic, Reference, Reward, Role, phase_plan
@@ -80,8 +87,6 @@ class RLTrainer:
         self.step = 0
         if resume_dir:
             self._resume(resume_dir)
-        from mindrlhf.trainer.metrics import MetricsWriter
-
         self.metrics_writer = MetricsWriter(job.output_dir, job.tensorboard_dir or None, enabled=self.rank == 0,
                                             resume_step=self.step)
         self.ckpt_writer = CheckpointWriter(job.checkpoint_dir, self.rank, self.world_size, self.comm.barrier)
@@ -339,50 +344,22 @@ class RLTrainer:
         self.kl_ctrl.update(kl, exp.num_rows)
         return {"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": used}
 
-    def _critic_metrics(self, exp: Experience) -> dict:
-        from mindrlhf.algorithms import explained_variance
-
-        valid = exp.response_mask > 0
-        metrics = {}
-        for name in ("values", "returns", "advantages"):
-            tokens = exp[name][valid]
-            metrics.update({f"critic/{name}/mean": float(tokens.mean()), f"critic/{name}/max": float(tokens.max()),
-                            f"critic/{name}/min": float(tokens.min())})
-        metrics["critic/vf_explained_var"] = explained_variance(exp.returns, exp["values"], exp.response_mask)
-        return metrics
-
     def _step_metrics(self, generated: Experience, actor: dict, sampling: dict, elapsed: float,
                       trained_tokens: int) -> dict:
-        from mindrlhf.algorithms import dynamic_sampling_mask
-
-        G = self.num_generations
-        rewards = generated.rewards.astype(np.float64)
-        lengths = generated.response_mask.sum(axis=1)
-        max_new = generated.response_mask.shape[1]
-        eos = np.isin(generated.response_ids[np.arange(len(lengths)), np.maximum(lengths - 1, 0)],
-                      self.generation.eos_token_ids)
-        metrics = {"reward/mean": float(rewards.mean()), "reward/std": float(rewards.std())}
-        with np.errstate(invalid="ignore"):  # a term may be NaN where its function had no opinion (None)
-            metrics.update({f"reward/{k}": float(np.nanmean(v)) if np.isfinite(v).any() else float("nan")
-                            for k, v in generated.reward_terms.items()})
-        metrics["reward/frac_zero_std"] = float(1.0 - dynamic_sampling_mask(rewards, G).mean())
+        """The step's metrics (docs/metrics.md): scores and lengths of every generated row, the actor's (and
+        critic's) update statistics, sampling rounds, phase times and memory, throughput."""
+        metrics = score_metrics(generated.rewards, generated.reward_terms, self.num_generations)
         metrics.update(actor)
         if self.critic:
-            metrics.update(self._critic_metrics(generated))
-        metrics.update({"response_length/mean": float(lengths.mean()), "response_length/max": int(lengths.max()),
-                        "response_length/clip_ratio": float(((lengths == max_new) & ~eos).mean())})
+            metrics.update(critic_metrics(generated["values"], generated.returns, generated.advantages,
+                                          generated.response_mask))
+        metrics.update(length_metrics(generated.prompt_mask, generated.response_ids, generated.response_mask,
+                                      self.generation.eos_token_ids))
         metrics.update(sampling)
         metrics.update(self.phases.step_metrics())
-        metrics["timing_s/step"] = round(elapsed, 4)
-        # tokens per second per device (MindSpeed-RL's e2e / update / rollout tps): the step's prompt + response
-        # tokens over the step, the tokens the actor's updates read over the train phase, and the generated
-        # rows' tokens over the generate phase
-        tokens = int(generated.prompt_mask.sum() + lengths.sum())
-        metrics["perf/tokens_per_s_per_device"] = round(tokens / self.world_size / elapsed, 2)
-        for name, phase_tokens, phase in (("update", trained_tokens, "train"), ("rollout", tokens, "generate")):
-            seconds = metrics.get(f"timing_s/{phase}", 0.0)
-            if phase_tokens and seconds > 0:
-                metrics[f"perf/{name}_tokens_per_s_per_device"] = round(phase_tokens / self.world_size / seconds, 2)
+        metrics["timing/step"] = round(elapsed, 4)
+        tokens = int(generated.prompt_mask.sum() + generated.response_mask.sum())
+        metrics.update(throughput_metrics(tokens, trained_tokens, self.world_size, metrics))
         peaks = self.comm.all_gather(np.array([peak_rss_gib()], np.float32))
         metrics["perf/max_rss_gib"] = round(float(peaks.max()), 3)
         metrics["perf/sum_rss_gib"] = round(float(peaks.sum()), 3)  # what the job's ranks hold together at most
@@ -411,10 +388,10 @@ class RLTrainer:
         return {name: float(total / totals[-1]) for name, total in zip(sums, totals)}
 
     def _eval_metrics(self) -> dict[str, float]:
-        """`evaluate()` as metrics: `eval/<score>` and its `timing_s/eval`."""
+        """`evaluate()` as metrics: `eval/<score>` and its `timing/eval`."""
         start = time.perf_counter()
         metrics = {f"eval/{name}": value for name, value in self.evaluate().items()}
-        metrics["timing_s/eval"] = round(time.perf_counter() - start, 4)
+        metrics["timing/eval"] = round(time.perf_counter() - start, 4)
         return metrics
 
     def _evaluate_now(self) -> bool:

@@ -25,15 +25,15 @@ from mindrlhf.checkpoint.step import (
     CRITIC_CKPT,
     CRITIC_PREFIX,
     CRITIC_STRATEGY,
+    INFER_PREFIX,
     INFER_STRATEGY,
     REF_CKPT,
+    REF_PREFIX,
+    REWARD_MODEL_PREFIX,
     TRAIN_CKPT,
     TRAIN_STRATEGY,
 )
 from mindrlhf.checkpoint.weights import (
-    INFER_PREFIX,
-    REF_PREFIX,
-    REWARD_MODEL_PREFIX,
     load_value_model,
     load_weights,
     read_weights,

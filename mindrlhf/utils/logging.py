@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
 FORMAT = "%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"
 
@@ -22,12 +23,12 @@ def setup_logging(level: int | str = logging.INFO, rank: int | None = None) -> l
     return logger
 
 
-def format_metrics(metrics: dict[str, float], precision: int = 4) -> str:
-    """`name value | name value ...` with floats at a fixed number of significant digits."""
+def format_metrics(metrics: Mapping[str, object], precision: int = 4, units: Mapping[str, str] | None = None) -> str:
+    """`name value | name value unit ...` with floats at a fixed number of significant digits; `units` maps a
+    name to the unit written after its value."""
     parts = []
     for name, value in metrics.items():
-        if isinstance(value, float):
-            parts.append(f"{name} {value:.{precision}g}")
-        else:
-            parts.append(f"{name} {value}")
+        text = f"{value:.{precision}g}" if isinstance(value, float) else f"{value}"
+        unit = (units or {}).get(name)
+        parts.append(f"{name} {text} {unit}" if unit else f"{name} {text}")
     return " | ".join(parts)
