@@ -252,6 +252,9 @@ def test_the_run_grpo_models_describe_one_network_and_allow_their_tensor_paralle
         assert tensor_parallel_sizes(train.num_heads, train.n_kv_heads, train.vocab_size,
                                      train.intermediate_size, largest=16) == tp_sizes
         assert f"model_parallel: {tp_sizes[-1]}" in paths[0].read_text()  # the YAML comment names it
+        readme_row = next(line for line in (CONFIGS.parent / "README.md").read_text().splitlines()
+                          if line.startswith(f"| `{model}`"))
+        assert f"| {', '.join(map(str, tp_sizes))} |" in readme_row, readme_row
 
 
 def test_tensor_parallel_sizes_follow_heads_vocabulary_and_mlp_width():

@@ -30,13 +30,30 @@ pytestmark = pytest.mark.msrun
 STEPS = 10
 
 
+
+
+def readme_reward_example() -> tuple[str, list[str]]:
+    """The README's "Your own reward function": the module's code and run_grpo.sh's flags, read from the README
+    itself, so that the run below is exactly what it shows (every worker imports the module through PYTHONPATH)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Your own reward function"):]
+    code = re.search(r"```python\n# my_rewards.py[^\n]*\n(.*?)```", section, re.S).group(1)
+    command = re.search(r"```bash\nPYTHONPATH=\S+ bash run_grpo.sh (.*?)\n```", section, re.S).group(1)
+    return code, command.replace("\\\n", " ").split()
+
+
+MY_REWARDS, REWARD_FLAGS = readme_reward_example()
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo") / "out"
+    rewards = tmp_path_factory.mktemp("my_rewards")
+    (rewards / "my_rewards.py").write_text(MY_REWARDS)
     port = free_port()
-    env = dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(port), GLOG_v="3")
-    proc = run_command(["bash", str(ROOT / "run_grpo.sh"), "--steps", str(STEPS), "--eval_interval", "0"], env,
-                       timeout=1200)
+    env = dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(port), GLOG_v="3", PYTHONPATH=str(rewards))
+    proc = run_command(["bash", str(ROOT / "run_grpo.sh"), "--steps", str(STEPS), "--eval_interval", "0",
+                        *REWARD_FLAGS], env, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout, port
 
@@ -52,6 +69,9 @@ def test_default_run_learns_and_ends_with_the_accuracy_line(run):
     steps = [r for r in records if r["step"] > 0]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     # the sampled reward is noisy with 8 prompts a step; the greedy held-out accuracy (200 problems) is not
+    for r in steps:  # the user's function ran on every worker, weighted as given (its 48-token answers are short)
+        assert r["reward/my_rewards:brevity"] == 1.0
+        assert r["critic/score/mean"] == pytest.approx(r["reward/accuracy"] + 0.5 * r["reward/format"] + 0.2, abs=1e-5)
     rewards = np.array([r["critic/score/mean"] for r in steps])
     assert rewards[STEPS // 2:].mean() > rewards[:STEPS // 2].mean(), rewards
     before, after = records[0]["eval/accuracy"], steps[-1]["eval/accuracy"]
