@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from test_transform_checkpoint import NET_LAYOUTS, TINY, WHOLE, _tool_module, mindspore_split, tiny_strategy
 
 from mindrlhf.checkpoint import shards as shards_module
@@ -186,9 +187,26 @@ ROOT = Path(__file__).parents[1]
 TOKENIZER = ROOT / "model_configs" / "tiny" / "tokenizer"
 
 
-def tutorial_args(mindrecord, out_dir, *extra):
-    return ["--sft_path_train", str(ROOT / "model_configs/tiny/train.yaml"),
-            "--sft_path_infer", str(ROOT / "model_configs/tiny/infer.yaml"),
+def mindrlhf_yaml(tmp_path, net: str) -> str:
+    """The tiny model's YAML of `net` written as MindRLHF's Qwen2.5 YAMLs write a model: rotary_emb_base instead of
+    theta, max_position_embeddings, kv_channels, a list eos_token_id, and keys with no meaning here (one warning)."""
+    data = yaml.safe_load((ROOT / "model_configs" / "tiny" / f"{net}.yaml").read_text())
+    model = data["model"]["model_config"]
+    model["type"] = "LlamaConfig"
+    model["rotary_emb_base"] = model.pop("theta")
+    model["max_position_embeddings"] = model.pop("max_position_embedding")
+    model["eos_token_id"] = [model["eos_token_id"], model["bos_token_id"]]
+    model.update(kv_channels=model["hidden_size"] // model["num_heads"], rotary_pct=1.0, compute_in_2d=True,
+                 temperature=0.7, min_decode_length=1, use_past=True)
+    data["model"]["arch"] = {"type": "LlamaForCausalLM"}
+    path = tmp_path / f"mindrlhf_{net}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def tutorial_args(mindrecord, out_dir, *extra, yamls=None):
+    yamls = yamls or {net: str(ROOT / f"model_configs/tiny/{net}.yaml") for net in ("train", "infer")}
+    return ["--sft_path_train", yamls["train"], "--sft_path_infer", yamls["infer"],
             "--vocab_path", str(TOKENIZER / "vocab.json"), "--merges_file_path", str(TOKENIZER / "merges.txt"),
             "--mind_dataset_dir", str(mindrecord), "--config", str(ROOT / "model_configs/tiny/grpo.yaml"),
             "--output_dir", str(out_dir), "--steps", "1", "--max_new_tokens", "16", "--num_iterations", "1",
@@ -218,7 +236,9 @@ def test_the_tutorials_shards_train_like_the_whole_checkpoint(tmp_path):
     convert_to_mindrecord(ROOT / "examples" / "qwen_grpo_tutorial" / "data" / "gsm8k_sample.jsonl", mindrecord,
                           Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt"), template="r1_think",
                           max_prompt_length=256)
-    run_msrun(tmp_path, "strategy", tutorial_args(mindrecord, tmp_path / "strategy_run", "--only_save_strategy"))
+    yamls = {net: mindrlhf_yaml(tmp_path, net) for net in ("train", "infer")}
+    run_msrun(tmp_path, "strategy", tutorial_args(mindrecord, tmp_path / "strategy_run", "--only_save_strategy",
+                                                  yamls=yamls))
     shards = {}
     for net in ("train", "infer", "ref"):
         shards[net] = tmp_path / f"ckpt_{net}"
@@ -231,8 +251,13 @@ def test_the_tutorials_shards_train_like_the_whole_checkpoint(tmp_path):
     logs = run_msrun(tmp_path, "shards", tutorial_args(
         mindrecord, tmp_path / "from_shards", "--only_save_strategy", "False",
         "--load_sft_checkpoint_train", str(shards["train"]), "--load_sft_checkpoint_infer", str(shards["infer"]),
-        "--load_ref_checkpoint", str(shards["ref"])))
+        "--load_ref_checkpoint", str(shards["ref"]), "--save_ckpt_dir", str(tmp_path / "save_ckpt"),
+        "--save_data_file", str(tmp_path / "grpo.mindrecord"), yamls=yamls))
     assert "another layout" not in logs and "no strategy.ckpt" not in logs  # each rank read its own shards
+    # MindRLHF's keys: mapped (the run below from the plain YAMLs gives the same numbers), the rest named once
+    assert "compute_in_2d" in logs and "temperature" in logs
+    assert (tmp_path / "save_ckpt" / "step_000001" / "meta.json").is_file()
+    assert (tmp_path / "grpo.mindrecord.step_000001.mindrecord").is_file()
     run_msrun(tmp_path, "whole", tutorial_args(mindrecord, tmp_path / "from_whole", "--load_sft_checkpoint_train",
                                                WHOLE))
     shards_line, whole_line = [json.loads((tmp_path / run / "metrics.jsonl").read_text().splitlines()[0])
