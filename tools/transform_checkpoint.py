@@ -44,10 +44,10 @@ import tempfile
 from dataclasses import dataclass
 
 try:
-    from mindrlhf.checkpoint.shards import SHARD_STRATEGY
+    from mindrlhf.checkpoint.shards import SHARD_STRATEGY, rank_files
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from mindrlhf.checkpoint.shards import SHARD_STRATEGY
+    from mindrlhf.checkpoint.shards import SHARD_STRATEGY, rank_files
 from mindrlhf.checkpoint.step import NET_PREFIXES, plain_name
 from mindrlhf.parallel.strategy import (
     ParamLayout,
@@ -61,7 +61,6 @@ from mindrlhf.parallel.strategy import (
 )
 from mindrlhf.utils.checkpoint_file import write_checkpoint
 
-_RANK_DIR = re.compile(r"^rank_(\d+)$")
 _LISTED = 20
 
 
@@ -191,12 +190,7 @@ def rank_checkpoints(src_dir: str, world_size: int, strategy_file: str) -> dict[
     """rank -> the checkpoint file MindSpore will read; every rank of the strategy must have one."""
     if not os.path.isdir(src_dir):
         raise TransformError(f"--src_checkpoint {src_dir}: no such folder")
-    found = {}
-    for entry in os.listdir(src_dir):
-        match = _RANK_DIR.match(entry)
-        files = sorted(glob.glob(os.path.join(src_dir, entry, "*.ckpt")))
-        if match and files:
-            found[int(match.group(1))] = files[-1]
+    found = rank_files(src_dir)
     missing = [r for r in range(world_size) if r not in found]
     if missing:
         raise TransformError(f"--src_checkpoint {src_dir}: missing rank file(s) for rank(s) {missing} "
@@ -230,7 +224,7 @@ def _listing(names: list[str]) -> str:
 def check_dst_dir(dst_dir: str) -> None:
     if os.path.isfile(dst_dir):
         raise TransformError(f"--dst_checkpoint {dst_dir}: is a file, expected a folder")
-    if os.path.isdir(dst_dir) and any(_RANK_DIR.match(e) for e in os.listdir(dst_dir)):
+    if rank_files(dst_dir):
         raise TransformError(f"--dst_checkpoint {dst_dir}: already holds rank_<i> folders; choose an empty folder")
 
 
