@@ -32,13 +32,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+from mindrlhf.trainer.metrics import MACHINE_METRICS  # noqa: E402
+
 JOBS = {
     "grpo": ({}, ["--steps", "6"]),
     "ppo": ({"ALGORITHM": "ppo"}, ["--steps", "4"]),
     "reshard": ({"TRAIN_YAML": "{tp2_yaml}"}, ["--steps", "4"]),
 }
-# metrics that measure the machine, not the job (names or name prefixes, docs/metrics.md)
-VOLATILE_PREFIXES = ("timing/", "perf/", "memory/", "e2e_tps", "update_tps", "vllm_tps")
+VOLATILE_PREFIXES = MACHINE_METRICS  # they measure the machine, not the job
 
 
 def tp2_train_yaml(root: Path, folder: Path) -> Path:

@@ -48,7 +48,9 @@ def run_job(tmp_path, monkeypatch, name, args, workers=2):
 
 
 def without_timing(metrics):
-    return {k: v for k, v in metrics.items() if not k.startswith(("timing/", "perf/", "swap/", "memory/"))}
+    from mindrlhf.trainer.metrics import MACHINE_METRICS
+
+    return {k: v for k, v in metrics.items() if not k.startswith((*MACHINE_METRICS, "swap/"))}
 
 
 def module_run(tmp_path_factory, name, make_args):

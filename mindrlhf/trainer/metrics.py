@@ -27,6 +27,8 @@ LINE_METRICS = (
 )
 LINE_UNITS = {"timing/step": "s"}
 NOT_ON_THE_LINE = ("reward/frac_zero_std",)
+# metrics that measure the machine (clock, throughput, memory), not the job: names or name prefixes
+MACHINE_METRICS = ("timing/", "perf/", "memory/", "e2e_tps", "update_tps", "vllm_tps")
 
 
 def step_line(step: int, total_steps: int, metrics: Mapping[str, float]) -> str:
