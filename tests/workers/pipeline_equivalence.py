@@ -82,8 +82,8 @@ def main():
     width = data["prompt_ids"].shape[1] + data["response_ids"].shape[1] - 1
     step = PipelineTrainStep(stage_net, optimizer, layout, lambda inputs: (inputs[0].shape[0], width,
                                                                            cfg.hidden_size),
-                             ms.float32, num_inputs=8, forward_inputs=4, num_outputs=6, grad_reduction="sum",
-                             max_grad_norm=clip, stage_shared=model.stage_shared_params)
+                             ms.float32, num_inputs=8, forward_inputs=4, num_outputs=len(GRPOLossNet.OUTPUTS),
+                             grad_reduction="sum", max_grad_norm=clip, stage_shared=model.stage_shared_params)
     rows = len(arrays[0]) // args.micro_batches
     pipe_outputs, pipe_norms = [], []
     for _ in range(UPDATES):
