@@ -13,7 +13,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 STAMP="$VENV/.mindrlhf-installed${EXTRA:+-$EXTRA}"
-HASH="$(cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" "$ROOT/setup.py" | sha256sum | cut -c1-16)"
+# the checkout's path too: the editable install points at one checkout (a venv another checkout used is re-pointed)
+HASH="$( (cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" "$ROOT/setup.py"; echo "$ROOT") | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
   echo "[bootstrap] installing dependencies${EXTRA:+ ($EXTRA)} into $VENV"
   REQ="$ROOT/requirements.txt"

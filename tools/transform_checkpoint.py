@@ -44,10 +44,10 @@ import tempfile
 from dataclasses import dataclass
 
 try:
-    from mindrlhf.checkpoint.shards import SHARD_STRATEGY, rank_files
+    from mindrlhf.checkpoint.shards import RANK_DIR, SHARD_STRATEGY, rank_files
 except ImportError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from mindrlhf.checkpoint.shards import SHARD_STRATEGY, rank_files
+    from mindrlhf.checkpoint.shards import RANK_DIR, SHARD_STRATEGY, rank_files
 from mindrlhf.checkpoint.step import NET_PREFIXES, plain_name
 from mindrlhf.parallel.strategy import (
     ParamLayout,
@@ -224,7 +224,7 @@ def _listing(names: list[str]) -> str:
 def check_dst_dir(dst_dir: str) -> None:
     if os.path.isfile(dst_dir):
         raise TransformError(f"--dst_checkpoint {dst_dir}: is a file, expected a folder")
-    if rank_files(dst_dir):
+    if os.path.isdir(dst_dir) and any(RANK_DIR.match(entry) for entry in os.listdir(dst_dir)):
         raise TransformError(f"--dst_checkpoint {dst_dir}: already holds rank_<i> folders; choose an empty folder")
 
 

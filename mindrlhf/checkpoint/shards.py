@@ -24,7 +24,7 @@ import re
 from mindrlhf.checkpoint.step import CheckpointError, is_optimizer_state, is_step_folder, plain_name
 
 SHARD_STRATEGY = "strategy.ckpt"
-_RANK_DIR = re.compile(r"^rank_(\d+)$")
+RANK_DIR = re.compile(r"^rank_(\d+)$")  # a rank folder of a shard folder
 _MAX_LISTED = 10
 
 logger = logging.getLogger("mindrlhf.checkpoint")
@@ -35,7 +35,7 @@ def rank_files(folder: str) -> dict[int, str]:
     transform reads it); ranks without a `.ckpt` are left out."""
     found = {}
     for entry in os.listdir(folder) if os.path.isdir(folder) else ():
-        match = _RANK_DIR.match(entry)
+        match = RANK_DIR.match(entry)
         files = sorted(glob.glob(os.path.join(glob.escape(folder), entry, "*.ckpt"))) if match else []
         if files:
             found[int(match.group(1))] = files[-1]
