@@ -160,7 +160,8 @@ def test_the_policy_yamls_and_layouts(files, tokenizer):
     wide = model_yaml(files.tmp, "train_tp8.yaml", **{"parallel.model_parallel": 8})
     infer8 = model_yaml(files.tmp, "infer8.yaml", "infer.yaml", **{"parallel.data_parallel": 8})
     with pytest.raises(ConfigError, match=rf"{wide}: model_config.num_heads=4 is not divisible by "
-                                          r"parallel_config.model_parallel=8"):
+                                          r"parallel_config.model_parallel=8; this model allows model_parallel "
+                                          r"1, 2, 4$"):
         build(files, tokenizer, world_size=8, sft_path_train=wide, sft_path_infer=infer8)
 
 
@@ -168,7 +169,9 @@ def test_kv_heads_must_divide_or_be_divided_by_tp(files, tokenizer):
     odd = {"model.num_heads": 6, "model.n_kv_heads": 3, "model.hidden_size": 96}
     train, infer = model_yaml(files.tmp, "t.yaml", **odd), model_yaml(files.tmp, "i.yaml", "infer.yaml", **odd)
     with pytest.raises(ConfigError, match=rf"{train}: model_config.n_kv_heads=3 and the tensor-parallel size 2: one "
-                                          r"must divide the other \(parallel_config.model_parallel"):
+                                          r"must divide the other \(parallel_config.model_parallel; .*\); this model "
+                                          r"allows "
+                                          r"model_parallel 1$"):
         build(files, tokenizer, sft_path_train=train, sft_path_infer=infer)
 
 

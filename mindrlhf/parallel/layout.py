@@ -199,13 +199,27 @@ def ensure_group(ranks: list[int], world_size: int) -> str | None:
     return name
 
 
+def tensor_parallel_refusal(num_heads: int, n_kv_heads: int, vocab_size: int, intermediate_size: int,
+                            tp: int) -> str | None:
+    """Why a model cannot be split over `tp` tensor-parallel ranks (a `model_config.` field and the rule it
+    breaks), or None when it can: tp divides the query heads, the vocabulary and the MLP width, and the key/value
+    heads divide tp or it them (`kv_head_shards`)."""
+    for name, value in (("num_heads", num_heads), ("vocab_size", vocab_size),
+                        ("intermediate_size", intermediate_size)):
+        if value % tp:
+            return f"{name}={value} is not divisible by parallel_config.model_parallel={tp}"
+    try:
+        kv_head_shards(n_kv_heads, tp)
+    except LayoutError as err:
+        return (f"{err} (parallel_config.model_parallel; fewer kv heads than tp ranks are replicated)")
+    return None
+
+
 def tensor_parallel_sizes(num_heads: int, n_kv_heads: int, vocab_size: int, intermediate_size: int,
                           largest: int = 64) -> list[int]:
-    """The tensor-parallel sizes up to `largest` a model allows: they divide the query heads, the vocabulary and
-    the MLP width, and the key/value heads divide them or they the key/value heads (`kv_head_shards`)."""
+    """The tensor-parallel sizes up to `largest` a model allows (`tensor_parallel_refusal` finds no reason)."""
     return [tp for tp in range(1, largest + 1)
-            if not (num_heads % tp or vocab_size % tp or intermediate_size % tp)
-            and (n_kv_heads % tp == 0 or tp % n_kv_heads == 0)]
+            if tensor_parallel_refusal(num_heads, n_kv_heads, vocab_size, intermediate_size, tp) is None]
 
 
 def kv_head_shards(n_kv_heads: int, tp: int) -> int:

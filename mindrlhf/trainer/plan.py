@@ -159,25 +159,18 @@ def check_tensor_parallel(cfg, tp: int, path: str) -> None:
     Flash attention is refused off CPU (on CPU the YAML's reader warned about it)."""
     import mindspore as ms
 
-    from mindrlhf.parallel.layout import LayoutError, kv_head_shards, tensor_parallel_sizes
+    from mindrlhf.parallel.layout import tensor_parallel_refusal, tensor_parallel_sizes
 
     device = ms.get_context("device_target")
     if cfg.use_flash_attention and device != "CPU":
         raise ConfigError(f"{path}: model.model_config.use_flash_attention=true is not supported on {device}: "
                           "flash attention is not built here (attention is softmax(q k^T) v); set it to false")
 
-    allowed = tensor_parallel_sizes(cfg.num_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.intermediate_size)
-    allows = f"this model allows model_parallel {', '.join(map(str, allowed))}"
-    for name in ("num_heads", "vocab_size", "intermediate_size"):
-        value = getattr(cfg, name)
-        if value % tp:
-            raise ConfigError(f"{path}: model_config.{name}={value} is not divisible by parallel_config."
-                              f"model_parallel={tp} ({allows})")
-    try:
-        kv_head_shards(cfg.n_kv_heads, tp)
-    except LayoutError as err:
-        raise ConfigError(f"{path}: model_config.{err} (parallel_config.model_parallel; fewer kv heads than tp ranks "
-                          f"are replicated; {allows})") from None
+    sizes = (cfg.num_heads, cfg.n_kv_heads, cfg.vocab_size, cfg.intermediate_size)
+    refusal = tensor_parallel_refusal(*sizes, tp)
+    if refusal:
+        allowed = ", ".join(map(str, tensor_parallel_sizes(*sizes)))
+        raise ConfigError(f"{path}: model_config.{refusal}; this model allows model_parallel {allowed}")
 
 
 def check_unstaged(layout, path: str, what: str) -> None:
