@@ -6,4 +6,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/tools/bootstrap.sh" test
 cd "$ROOT"
 export GLOG_v="${GLOG_v:-3}"  # MindSpore: errors only
-exec "$ROOT/.venv/bin/python" -m pytest -ra --durations=15 "$@"
+exec "$ROOT/.venv/bin/python" -m pytest -ra --durations=40 "$@"
