@@ -147,6 +147,39 @@ def test_errors_name_the_folder_and_what_was_expected(folders, tmp_path):
         load_weights(net, layout, str(shapes), PREFIX)
 
 
+def test_a_ranks_trainer_file_loads_whole_or_not_at_all(tmp_path):
+    """`load_rank_params` (resume): every parameter, optimizer moments included, from the rank's file as it is; a
+    missing or reshaped entry is refused with all problems named, and nothing is set."""
+    import mindspore as ms
+
+    from mindrlhf.checkpoint.weights import load_rank_params
+    from mindrlhf.parallel.layers import init_random_weights
+
+    saved, layout = build("tp2", 0)
+    init_random_weights(saved, layout, seed=3)
+    moment = ms.Parameter(ms.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)), name="adam_m.w")
+    params = list(saved.get_parameters())
+    ms.save_checkpoint(params + [moment], str(tmp_path / "rank.ckpt"))
+    net, _ = build("tp2", 0)
+    target = ms.Parameter(ms.Tensor(np.zeros((2, 3), np.float32)), name="adam_m.w")
+    load_rank_params(list(net.get_parameters()) + [target], str(tmp_path / "rank.ckpt"))
+    for name, value in weights(saved).items():
+        np.testing.assert_array_equal(weights(net)[name], value, err_msg=name)
+    np.testing.assert_array_equal(target.asnumpy(), moment.asnumpy())
+
+    fresh, _ = build("tp2", 0)
+    before = weights(fresh)
+    flat = ms.Parameter(ms.Tensor(np.zeros(3, np.float32)), name="adam_m.w")  # a moment sharded over dp: flat
+    gone = ms.Parameter(ms.Tensor(np.zeros(2, np.float32)), name="adam_v.w")
+    with pytest.raises(CheckpointError, match=r"rank.ckpt: 'adam_m.w' has shape \[2, 3\], the net's shard \[3\]; "
+                                              r"'adam_v.w' missing \(parallel_config.optimizer_shard must be as in "
+                                              r"the run that saved it\)$"):
+        load_rank_params(list(fresh.get_parameters()) + [flat, gone], str(tmp_path / "rank.ckpt"))
+    assert all(np.array_equal(value, before[name]) for name, value in weights(fresh).items())  # nothing set
+    with pytest.raises(CheckpointError, match=r"nothing.ckpt: not a readable MindSpore checkpoint"):
+        load_rank_params([], str(tmp_path / "nothing.ckpt"))
+
+
 def test_shards_or_a_strategy_of_another_world_size_are_refused(folders, tmp_path):
     from mindrlhf.parallel.strategy import layouts_for, write_strategy_file
 

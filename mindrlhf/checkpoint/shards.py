@@ -170,15 +170,12 @@ def _unprefixed(name: str, prefix: str) -> str:
     return name[len(prefix):] if prefix and name.startswith(prefix) else name
 
 
-def load_rank_shard(net, layout, path: str, prefix: str = "") -> None:
-    """Sets every parameter of `net` from `path`, the shards of this rank (`layout.rank`); each must be there under
-    its plain name with the net's local shape. Nothing is set unless all are."""
-    from mindspore import Tensor
-
-    state = read_shard(path)
+def match_params(params, state: dict, name_of=None) -> tuple[list, list[str]]:
+    """Pairs (parameter, value of `state` under `name_of(param.name)`, default the name itself) when every one is
+    there with the parameter's shape, and the problems (missing, or its shape against the net's) otherwise."""
     pairs, problems = [], []
-    for param in net.get_parameters():
-        name = _unprefixed(param.name, prefix)
+    for param in params:
+        name = name_of(param.name) if name_of else param.name
         value = state.get(name)
         if value is None:
             problems.append(f"'{name}' missing")
@@ -186,10 +183,24 @@ def load_rank_shard(net, layout, path: str, prefix: str = "") -> None:
             problems.append(f"'{name}' has shape {list(value.shape)}, the net's shard {list(param.shape)}")
         else:
             pairs.append((param, value))
+    return pairs, problems
+
+
+def listed(problems: list[str]) -> str:
+    """The first problems of a list, joined, and how many more there are."""
+    more = f" (+{len(problems) - _MAX_LISTED} more)" if len(problems) > _MAX_LISTED else ""
+    return "; ".join(problems[:_MAX_LISTED]) + more
+
+
+def load_rank_shard(net, layout, path: str, prefix: str = "") -> None:
+    """Sets every parameter of `net` from `path`, the shards of this rank (`layout.rank`); each must be there under
+    its plain name with the net's local shape. Nothing is set unless all are."""
+    from mindspore import Tensor
+
+    pairs, problems = match_params(net.get_parameters(), read_shard(path), lambda name: _unprefixed(name, prefix))
     if problems:
-        more = f" (+{len(problems) - _MAX_LISTED} more)" if len(problems) > _MAX_LISTED else ""
         raise CheckpointError(f"{path}: not the shards of rank {layout.rank} of a net in layout {layout}: "
-                              f"{'; '.join(problems[:_MAX_LISTED])}{more}")
+                              f"{listed(problems)}")
     for param, value in pairs:
         param.set_data(Tensor(value, param.dtype))
 

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from mindrlhf.checkpoint.shards import is_shard_folder, load_shards, merge_shard_folder
+from mindrlhf.checkpoint.shards import is_shard_folder, listed, load_shards, match_params, merge_shard_folder
 from mindrlhf.checkpoint.step import (
     STEP_NETS,
     CheckpointError,
@@ -124,14 +124,20 @@ def with_zero_value_head(state: dict, hidden_size: int, bias: bool) -> dict:
 
 
 def load_rank_params(params, path: str) -> None:
-    """Sets `params` from this rank's checkpoint file `path`; every one must be there with its shape."""
+    """Sets `params` from this rank's checkpoint file `path` (a trainer step's), names as they are (net prefix,
+    optimizer state); every one must be there with its shape. Nothing is set unless all are."""
     import mindspore as ms
 
-    state = ms.load_checkpoint(path)
-    for param in params:
-        if param.name not in state or tuple(state[param.name].shape) != tuple(param.shape):
-            # moments sharded over dp are flat slices (`mindrlhf.optim.ShardedAdamW`), whole ones are not
-            hint = " (parallel_config.optimizer_shard must be as in the run that saved it)" \
-                if is_optimizer_state(param.name) and param.name in state else ""
-            raise ConfigError(f"{path}: '{param.name}' missing or of another shape{hint}")
-        param.set_data(state[param.name])
+    try:
+        state = ms.load_checkpoint(path)
+    except (RuntimeError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") from None
+    pairs, problems = match_params(params, state)
+    if problems:
+        # moments sharded over dp are flat slices (`mindrlhf.optim.ShardedAdamW`), whole ones are not
+        moments = any(is_optimizer_state(p.name) and p.name in state and tuple(state[p.name].shape) != tuple(p.shape)
+                      for p in params)
+        hint = " (parallel_config.optimizer_shard must be as in the run that saved it)" if moments else ""
+        raise CheckpointError(f"{path}: {listed(problems)}{hint}")
+    for param, value in pairs:
+        param.set_data(value)
