@@ -47,6 +47,12 @@ def is_shard_folder(path: str) -> bool:
     return os.path.isdir(path) and not is_step_folder(path) and bool(rank_files(path))
 
 
+def not_a_checkpoint_folder(folder: str) -> CheckpointError:
+    """The one error for a folder that holds no checkpoint of either kind."""
+    return CheckpointError(f"{folder}: neither a trainer step folder (meta.json, *_strategy.ckpt) nor a folder of "
+                           "per-rank shards (rank_<r>/*.ckpt)")
+
+
 def read_shard(path: str) -> dict:
     """name -> numpy array of one rank's checkpoint file, names without a net prefix, optimizer entries dropped."""
     import mindspore as ms
@@ -131,8 +137,7 @@ def load_shards(net, layout, folder: str, prefix: str = "") -> None:
 def _checked_rank_files(folder: str, world_size: int) -> dict[int, str]:
     files = rank_files(folder)
     if not files:
-        raise CheckpointError(f"{folder}: neither a trainer step folder (meta.json, *_strategy.ckpt) nor a folder of "
-                              "per-rank shards (rank_<r>/*.ckpt)")
+        raise not_a_checkpoint_folder(folder)
     extra = sorted(rank for rank in files if rank >= world_size)
     if extra:
         raise CheckpointError(f"{folder}: holds shards of rank(s) {extra[:_MAX_LISTED]}, but the job has {world_size} "

@@ -8,7 +8,14 @@ import os
 
 import numpy as np
 
-from mindrlhf.checkpoint.shards import is_shard_folder, listed, load_shards, match_params, merge_shard_folder
+from mindrlhf.checkpoint.shards import (
+    is_shard_folder,
+    listed,
+    load_shards,
+    match_params,
+    merge_shard_folder,
+    not_a_checkpoint_folder,
+)
 from mindrlhf.checkpoint.step import (
     STEP_NETS,
     CheckpointError,
@@ -30,8 +37,12 @@ def read_weights(path: str, net: str = "actor") -> dict:
     name the file."""
     import mindspore as ms
 
-    if os.path.isdir(path):
-        state = merge_shard_folder(path) if is_shard_folder(path) else merge_trainer_checkpoint(path, net)
+    if is_shard_folder(path):
+        state = merge_shard_folder(path)
+    elif is_step_folder(path):
+        state = merge_trainer_checkpoint(path, net)
+    elif os.path.isdir(path):
+        raise not_a_checkpoint_folder(path)
     elif os.path.isfile(path):
         try:
             state = {name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()}
@@ -81,7 +92,7 @@ def load_weights(net, layout, path: str, prefix: str = "") -> None:
     """
     from mindrlhf.parallel.layers import load_full_state
 
-    if os.path.isdir(path) and not is_step_folder(path):
+    if is_shard_folder(path):
         load_shards(net, layout, path, prefix)
         return
     state = read_weights(path)
