@@ -211,7 +211,7 @@ def tensor_parallel_refusal(num_heads: int, n_kv_heads: int, vocab_size: int, in
     try:
         kv_head_shards(n_kv_heads, tp)
     except LayoutError as err:
-        return (f"{err} (parallel_config.model_parallel; fewer kv heads than tp ranks are replicated)")
+        return f"{err} (parallel_config.model_parallel; fewer kv heads than tp ranks are replicated)"
     return None
 
 
