@@ -91,6 +91,7 @@ if [ "$MODEL" = smollm2 ]; then run bash "$ROOT/tools/bootstrap.sh" test; else r
 PY="$ROOT/.venv/bin/python"
 export PATH="$ROOT/.venv/bin:$PATH"
 export GLOG_v="${GLOG_v:-3}"  # MindSpore: errors only
+export PYTHONFAULTHANDLER=1  # a worker that crashes prints the stack of each of its threads
 cd "$ROOT"
 # what this node converts: its own folder when the job spans several nodes (OUTPUT is then on a shared disk)
 if [ "$LOCAL_WORKER_NUM" -lt "$WORKER_NUM" ]; then NODE_DIR="$OUTPUT/node_$NODE_RANK"; else NODE_DIR="$OUTPUT"; fi

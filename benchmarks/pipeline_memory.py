@@ -55,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="pipeline schedules to run pp=2 with, comma-separated (mindrlhf.parallel.schedule.SCHEDULES)")
     p.add_argument("--workdir", default=None, help="where the logs and per-rank reports go (default: a temp dir)")
     p.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "pipeline_memory.json"))
+    p.add_argument("--timeout", type=float, default=1800, help="seconds a layout's msrun job may take before it "
+                   "is stopped, workers included")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # set by the launcher
     p.add_argument("--pp", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--schedule", default="1f1b", help=argparse.SUPPRESS)
@@ -139,25 +141,20 @@ def child_main(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------ launcher
 def run_layout(args: argparse.Namespace, pp: int, workdir: Path, schedule: str = "1f1b") -> list[dict]:
     """One layout under msrun (`pp` workers, one per stage, the pipeline on `schedule`); each rank's report."""
-    import socket
+    from mindrlhf.utils.jobs import msrun_command, msrun_env, run_job_command, worker_log_tails
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, PATH=str(bin_dir) + os.pathsep + os.environ.get("PATH", ""), PYTHONPATH=str(ROOT))
-    env.setdefault("GLOG_v", "3")
     forwarded = ["--model", args.model, "--rows", str(args.rows), "--prompt", str(args.prompt), "--response",
                  str(args.response), "--micro_batches", str(args.micro_batches), "--steps", str(args.steps),
                  "--workdir", str(workdir), "--child", "--pp", str(pp), "--schedule", schedule]
     logs = workdir / f"logs_pp{pp}_{schedule}"
-    cmd = [str(bin_dir / "msrun"), f"--worker_num={pp}", f"--local_worker_num={pp}", f"--master_port={port}",
-           "--join=True", f"--log_dir={logs}", str(Path(__file__).resolve()), *forwarded]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    cmd = msrun_command(Path(__file__).resolve(), forwarded, pp, logs)
+    try:
+        proc = run_job_command(cmd, msrun_env(PYTHONPATH=str(ROOT)), timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"pp={pp}: msrun did not finish in {args.timeout} s (stopped); logs in {workdir}"
+                         f"{worker_log_tails(logs, 30)}") from None
     if proc.returncode != 0:
-        for log in sorted(logs.glob("worker_*.log")):
-            lines = [ln for ln in log.read_text(errors="replace").splitlines() if "WARNING" not in ln]
-            print(f"--- {log} (tail) ---\n" + "\n".join(lines[-30:]), file=sys.stderr)
+        print(worker_log_tails(logs, 30), file=sys.stderr)
         raise SystemExit(f"pp={pp}: msrun failed ({proc.returncode}); logs in {workdir}")
     return [json.loads((workdir / f"pp{pp}_{schedule}_rank_{r}.json").read_text()) for r in range(pp)]
 

@@ -30,7 +30,6 @@ import os
 import platform
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.results_io import format_columns  # noqa: E402
+from mindrlhf.utils.jobs import msrun_command, msrun_env, run_job_command, worker_log_tails  # noqa: E402
 
 COMMON = dict(seq_length=64, max_position_embedding=64, theta=10000.0, qkv_has_bias=True, tie_word_embeddings=False)
 MODELS = {
@@ -68,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--src", default="tp2", choices=sorted(SOURCES), help="the train (source) layout")
     p.add_argument("--output", default=None, help="default: benchmarks/results/reshard.json (tp2) or "
                                                  "reshard_<src>.json")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds the msrun job may take before it is "
+                   "stopped, workers included")
     p.add_argument("--msrun-child", action="store_true", help=argparse.SUPPRESS)  # set by the launcher
     args = p.parse_args(argv)
     if args.output is None:
@@ -79,32 +81,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(args) -> int:
     """Runs the workers under msrun, then merges their reports, prints the table and writes the JSON."""
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="mindrlhf_reshard_bench_"))
     workdir.mkdir(parents=True, exist_ok=True)
-    bin_dir = Path(sys.executable).parent
-    env = dict(os.environ, PATH=str(bin_dir) + os.pathsep + os.environ.get("PATH", ""))
-    env.setdefault("GLOG_v", "3")
     forwarded = ["--src", args.src, "--models", args.models, "--dtypes", args.dtypes, "--repeats", str(args.repeats),
                  "--workdir", str(workdir)] + (["--bucket-mib", str(args.bucket_mib)] if args.bucket_mib else [])
-    cmd = [str(bin_dir / "msrun"), f"--worker_num={args.workers}", f"--local_worker_num={args.workers}",
-           f"--master_port={free_port()}", "--join=True", f"--log_dir={workdir / 'logs'}",
-           str(Path(__file__).resolve()), "--msrun-child", *forwarded]
+    cmd = msrun_command(Path(__file__).resolve(), ["--msrun-child", *forwarded], args.workers, workdir / "logs")
     load_before = os.getloadavg()
     started = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    try:
+        proc = run_job_command(cmd, msrun_env(), timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{worker_log_tails(workdir / 'logs', 30)}\nmsrun did not finish in {args.timeout} s (stopped); logs "
+              f"kept in {workdir}", file=sys.stderr)
+        return 1
     if proc.returncode != 0:
-        print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
-        for log in sorted((workdir / "logs").glob("worker_*.log")):
-            lines = [ln for ln in log.read_text(errors="replace").splitlines() if "WARNING" not in ln]
-            print(f"--- {log} (tail) ---\n" + "\n".join(lines[-30:]), file=sys.stderr)
+        print(proc.stdout[-2000:], proc.stderr[-2000:], worker_log_tails(workdir / "logs", 30), file=sys.stderr)
         print(f"msrun failed ({proc.returncode}); logs kept in {workdir}", file=sys.stderr)
         return proc.returncode
     ranks = [json.loads((workdir / f"rank_{r}.json").read_text()) for r in range(args.workers)]

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from mindrlhf.configs.cli import OneLineErrorParser, add_config_flags
 from mindrlhf.configs.job import JobOptions
-from mindrlhf.trainer.launch import run_job
+from mindrlhf.trainer.launch import run_job, run_script
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,4 +34,4 @@ def main(argv: list[str] | None = None, callbacks=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -1,0 +1,94 @@
+"""Running a launched job (msrun, `run_grpo.sh`) as a subprocess that can always be stopped whole.
+
+msrun starts each worker in a process group of its own, so a signal to msrun's group does not reach them; a job is
+therefore stopped by its process tree, as seen before the first signal: SIGINT to the job's group (msrun then stops
+its workers and exits), SIGKILL to every process of the tree still there after a grace period.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A TCP port of this machine that is free now (for msrun's `--master_port`)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def msrun_env(**extra: str) -> dict:
+    """This process's environment for an msrun job: the running virtualenv's `msrun` first on PATH, MindSpore's
+    errors only (unless GLOG_v is set) and every worker's thread stacks printed if it crashes."""
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    env.setdefault("GLOG_v", "3")
+    env["PYTHONFAULTHANDLER"] = "1"
+    env.update(extra)
+    return env
+
+
+def msrun_command(script: str | Path, args: list[str], workers: int, log_dir: str | Path,
+                  port: int | None = None) -> list[str]:
+    """`msrun` running `workers` processes of `script args` on this machine, logs in `log_dir`."""
+    return [str(Path(sys.executable).parent / "msrun"), f"--worker_num={workers}", f"--local_worker_num={workers}",
+            f"--master_port={port or free_port()}", "--join=True", f"--log_dir={log_dir}", str(script), *args]
+
+
+def worker_log_tails(log_dir: str | Path, lines: int = 40) -> str:
+    """The last `lines` lines of each `worker_*.log` in `log_dir` (MindSpore's warnings left out), for a failure
+    report."""
+    tails = ""
+    for log in sorted(Path(log_dir).glob("worker_*.log")):
+        kept = [line for line in log.read_text(errors="replace").splitlines() if "WARNING" not in line]
+        tails += f"\n--- {log} (tail) ---\n" + "\n".join(kept[-lines:])
+    return tails
+
+
+def run_job_command(cmd: list[str], env: dict | None = None, timeout: float | None = None,
+                    cwd: str | None = None) -> subprocess.CompletedProcess:
+    """`subprocess.run(cmd, capture_output=True, text=True)` in a session of its own. Past `timeout` seconds, or
+    when the caller is interrupted (Ctrl-C, a test's timeout), the whole job is stopped (`stop_job`); a timeout
+    then raises `subprocess.TimeoutExpired` with the output so far."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stop_job(proc)
+        stdout, stderr = proc.communicate()
+        raise subprocess.TimeoutExpired(cmd, timeout, stdout, stderr) from None
+    except BaseException:
+        stop_job(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def stop_job(proc: subprocess.Popen, grace: float = 15.0) -> None:
+    """Stops a job started in a session of its own and everything it started: SIGINT to its process group first
+    (msrun then stops its workers), SIGKILL after `grace` seconds to every process of its tree still running."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    _, alive = psutil.wait_procs(tree, timeout=0 if proc.poll() is None else grace)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
