@@ -1,8 +1,11 @@
-"""Shared fixtures."""
+"""Shared fixtures (shared helpers: the `support` package)."""
 import importlib.util
 import os
 
 import pytest
+
+# the shared helpers' asserts report what they compared, as they did in the test modules they came from
+pytest.register_assert_rewrite("support")
 
 # msrun jobs of the tests run on this one host: workers retry connecting to the scheduler every 0-1 s instead of
 # MindSpore's default 3-5 s (which a 2-worker job otherwise waits out on every launch, ~5 s each)
@@ -30,3 +33,18 @@ def graph_mode():
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     yield
     ms.set_context(mode=previous)
+
+
+@pytest.fixture(scope="session")
+def mindrecord(tmp_path_factory):
+    """The tutorial's sample prompts (gsm8k_sample.jsonl) as a MindRecord in the tiny tokenizer's ids, written once
+    into a folder of its own; the jobs only read it."""
+    from support.paths import GSM8K_SAMPLE, TOKENIZER
+
+    from mindrlhf.data.mindrecord import convert_to_mindrecord
+    from mindrlhf.models.qwen2 import Qwen2Tokenizer
+
+    out = tmp_path_factory.mktemp("data") / "sample.mindrecord"
+    tokenizer = Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")
+    convert_to_mindrecord(GSM8K_SAMPLE, out, tokenizer, template="r1_think", max_prompt_length=256)
+    return out

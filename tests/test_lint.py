@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+from support.paths import ROOT
 
 
 def test_ruff_reports_nothing():

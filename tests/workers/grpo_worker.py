@@ -7,13 +7,14 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import worker_setup  # noqa: F401 (sys.path)
+from support.paths import TUTORIAL
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples" / "qwen_grpo_tutorial"))
+sys.path.insert(0, str(TUTORIAL))
 
-import grpo_one_stage  # noqa: E402
+import grpo_one_stage
 
-from mindrlhf.trainer.roles import REF_WEIGHTS  # noqa: E402
+from mindrlhf.trainer.roles import REF_WEIGHTS
 
 RESULTS = {"steps": []}
 

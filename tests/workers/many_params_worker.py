@@ -10,11 +10,10 @@ micro-batched net is resharded into a tp=2 net. Each rank writes `rank_<r>.npz`:
 `whole/`) and grad norms, the resharded shards (`infer/`) with their split axes (`axis/`).
 """
 import argparse
-import os
 
-import mindspore as ms
 import numpy as np
-from spmd_equivalence import WeightedNLLLoss
+import worker_setup
+from support.cells import WeightedNLLLoss
 
 from mindrlhf.engine.batches import prompt_micro_batches
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
@@ -49,10 +48,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    from mindspore.communication import get_group_size, get_rank, init
-    init()
-    world, rank = get_group_size(), get_rank()
+    worker_setup.graph_mode_on_cpu()
+    world, rank = worker_setup.init_communication()
     layout = Layout.for_world(world, 1, world, rank).init_groups()
     # the dp sums through shared memory, as the trainer's on one CPU host: in the fused step's graph, chained over
     # every gradient, and in place on the micro-batches' buffers
@@ -78,8 +75,7 @@ def main():
     result.update({f"infer/{p.name[len('infer.'):]}": p.asnumpy() for p in infer_net.get_parameters()})
     result.update({f"axis/{name[len('infer.'):]}": np.array(-1 if axis is None else axis)
                    for name, axis in param_split_axes(infer_net).items()})
-    os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank_{rank}.npz"), **result)
+    worker_setup.save_rank_results(args.out, rank, result)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""Worker for tests/test_optimizer_shard.py: a tiny Qwen2 trained `UPDATES` clipped AdamW steps with plain `AdamW`
-and with `ShardedAdamW` (moments sharded over dp), whole-batch (`SPMDTrainStep`) and over 1-row micro-batches
-(`MicroBatchedTrainStep`: buffers reduced in place, the optimizer in `ApplyGradients`); and a resume of the sharded
-run: its weights and state saved after update `UPDATES - 1` with the trainer's checkpoint functions, loaded into a
-new net (`load_rank_params`, as the trainer resumes), the last update taken again.
+"""Worker for tests/parallel/test_optimizer_shard.py: a tiny Qwen2 (1 layer) trained `UPDATES` clipped AdamW steps
+with plain `AdamW` and with `ShardedAdamW` (moments sharded over dp), whole-batch (`SPMDTrainStep`) and over 1-row
+micro-batches (`MicroBatchedTrainStep`: buffers reduced in place, the optimizer in `ApplyGradients`); and a resume of
+the sharded run: its weights and state saved after update `UPDATES - 1` with the trainer's checkpoint functions,
+loaded into a new net (`load_rank_params`, as the trainer resumes), the last update taken again.
 
 Run under msrun with `--dp/--tp`; each rank writes `<out>/rank_<r>.npz`.
 """
@@ -11,20 +11,19 @@ import os
 
 import mindspore as ms
 import numpy as np
-from mindspore import nn
-from spmd_equivalence import WeightedNLLLoss
+import worker_setup
+from support.cells import ApplyGrads, WeightedNLLLoss
+from support.configs import tiny_qwen2_config
 
 from mindrlhf.checkpoint.step import is_optimizer_state, save_parameters
 from mindrlhf.checkpoint.weights import load_rank_params
 from mindrlhf.engine.batches import prompt_micro_batches
-from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.models.qwen2 import Qwen2ForCausalLM
 from mindrlhf.optim import AdamW, ShardedAdamW
 from mindrlhf.parallel.layers import init_random_weights
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDTrainStep
 
-CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=1, num_heads=4, n_kv_heads=4, intermediate_size=64,
-              seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
 LEARNING_RATE, UPDATES, MAX_GRAD_NORM = 1e-3, 3, 0.05  # the tiny model's gradient norm is ~3-4: clipping is on
 
 
@@ -83,15 +82,6 @@ def train(cfg, layout, data, sharded: bool, micro: bool, updates=UPDATES, save_a
 ODD_SHAPES = {"odd.w": (5, 3), "odd.b": (7,), "odd.one": (1,)}  # padded slices; rank 1's slice of odd.one is padding
 
 
-class ApplyGrads(nn.Cell):
-    def __init__(self, optimizer):
-        super().__init__(auto_prefix=False)
-        self.optimizer = optimizer
-
-    def construct(self, grads, scale):
-        return self.optimizer(grads, scale)
-
-
 def odd_shapes(layout) -> dict:
     """`UPDATES` steps of AdamW and of ShardedAdamW on parameters whose sizes dp does not divide, the same
     gradients on every rank (scaled by 0.5, as a clip factor)."""
@@ -121,11 +111,10 @@ def main():
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    from mindspore.communication import get_group_size, get_rank, init
-    init()
-    layout = Layout.for_world(args.dp, args.tp, get_group_size(), get_rank()).init_groups()
-    cfg = Qwen2Config(**CONFIG)
+    worker_setup.graph_mode_on_cpu()
+    world, rank = worker_setup.init_communication()
+    layout = Layout.for_world(args.dp, args.tp, world, rank).init_groups()
+    cfg = tiny_qwen2_config(num_layers=1)
     data = batch(layout, cfg.vocab_size)
     os.makedirs(args.out, exist_ok=True)
     saved = os.path.join(args.out, f"rank_{layout.rank}.ckpt")
@@ -142,7 +131,7 @@ def main():
     result.update(odd_shapes(layout))
     result["saved_optimizer_entries"] = np.array(sorted(
         name for name in ms.load_checkpoint(saved) if is_optimizer_state(name)))
-    np.savez(os.path.join(args.out, f"rank_{layout.rank}.npz"), **result)
+    worker_setup.save_rank_results(args.out, layout.rank, result)
 
 
 if __name__ == "__main__":

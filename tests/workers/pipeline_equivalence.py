@@ -8,17 +8,18 @@ recompute their activations in the backward pass and `--seq_parallel` cuts their
 over tp (the one-piece run does neither): the results must not change."""
 import argparse
 import dataclasses
-import os
 
 import mindspore as ms
 import numpy as np
-from spmd_equivalence import CONFIG, grpo_batch
+import worker_setup
+from support.batches import grpo_batch
+from support.configs import tiny_qwen2_config
 
 from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
 from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseHidden, ResponseLogProbs
 from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.engine.batches import prompt_micro_batches
-from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.models.qwen2 import Qwen2ForCausalLM
 from mindrlhf.optim import AdamW
 from mindrlhf.parallel.layers import init_random_weights, param_split_axes
 from mindrlhf.parallel.layout import Layout
@@ -43,11 +44,10 @@ def main():
     parser.add_argument("--seq_parallel", action="store_true", help="the stages' parallel_config.use_seq_parallel")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    from mindspore.communication import get_group_size, get_rank, init
-    init()
-    layout = Layout.for_world(1, args.tp, get_group_size(), get_rank(), pp=args.pp).init_groups()
-    cfg = Qwen2Config(**{**CONFIG, "num_layers": 4, "tie_word_embeddings": args.tied})
+    worker_setup.graph_mode_on_cpu()
+    world, rank = worker_setup.init_communication()
+    layout = Layout.for_world(1, args.tp, world, rank, pp=args.pp).init_groups()
+    cfg = tiny_qwen2_config(num_layers=4, tie_word_embeddings=args.tied)
 
     # the whole model in one piece, on this rank alone: old/ref log-probs and the expected updates
     whole = Qwen2ForCausalLM(cfg)
@@ -97,8 +97,7 @@ def main():
     result.update({f"whole/{p.name[len(ONE_PIECE):]}": p.asnumpy() for p in whole.trainable_params()})
     result.update({f"weight/{p.name}": p.asnumpy() for p in model.trainable_params()})
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in param_split_axes(model).items()})
-    os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank_{layout.rank}.npz"), **result)
+    worker_setup.save_rank_results(args.out, layout.rank, result)
 
 
 if __name__ == "__main__":

@@ -10,15 +10,16 @@ import os
 
 import mindspore as ms
 import numpy as np
+import worker_setup
+from support.configs import tiny_qwen2_config
 
-from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.models.qwen2 import Qwen2ForCausalLM
 from mindrlhf.parallel.layers import load_full_state, random_full_state
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.strategy import net_layouts, write_strategy_file
 
-CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=4, num_heads=4, n_kv_heads=2, intermediate_size=64,
-              seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
+STAGED = dict(num_layers=4, n_kv_heads=2)  # the tiny Qwen2 (support.configs) with 4 layers to split
 
 
 def main():
@@ -30,13 +31,11 @@ def main():
     parser.add_argument("--dst_dtype", default="float32")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    from mindspore.communication import get_group_size, get_rank, init
-    init()
-    world, rank = get_group_size(), get_rank()
+    worker_setup.graph_mode_on_cpu()
+    world, rank = worker_setup.init_communication()
     src_layout = Layout.for_world(1, args.src_tp, world, rank, pp=args.src_pp).init_groups()
     dst_layout = Layout.for_world(*map(int, args.dst.split(",")), world, rank).init_groups()
-    cfg = Qwen2Config(**CONFIG, tie_word_embeddings=args.tied)
+    cfg = tiny_qwen2_config(**STAGED, tie_word_embeddings=args.tied)
     full = random_full_state(Qwen2ForCausalLM(cfg), Layout(), seed=9)
     src_net = Qwen2ForCausalLM(cfg, src_layout)
     load_full_state(src_net, full, src_layout)

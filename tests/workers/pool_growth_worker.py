@@ -3,12 +3,10 @@
 MindSpore's default (`--default_pool`); writes {"rss_gib": [...]} to --out."""
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import worker_setup
 
 
 def resident_gib() -> float:
@@ -34,7 +32,7 @@ def main():
     from mindrlhf.parallel.layout import Layout
     from mindrlhf.parallel.spmd import SPMDTrainStep
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    worker_setup.graph_mode_on_cpu()
     pool = None if args.default_pool else configure_cpu_memory_pool(world_size=1)
     config = Qwen2Config(vocab_size=151936, hidden_size=896, num_layers=2, num_heads=14, n_kv_heads=2,
                          intermediate_size=4864, seq_length=256, tie_word_embeddings=True)

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
-import sys
 
 import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+import worker_setup
 
 SHAPES = {
     "smollm2": dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, n_kv_heads=3,
@@ -54,7 +50,7 @@ def main() -> None:
     from mindrlhf.parallel.layout import Layout
     from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    worker_setup.graph_mode_on_cpu()
     configure_cpu_memory_pool(world_size=1)
     shape = dict(SHAPES[args.shape], **({"vocab_size": args.vocab} if args.vocab else {}))
     cfg = Qwen2Config(**shape, seq_length=512)

@@ -11,16 +11,14 @@ import os
 
 import mindspore as ms
 import numpy as np
+import worker_setup
+from support.configs import TINY_QWEN2, tiny_qwen2_config
 
-from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.models.qwen2 import Qwen2ForCausalLM
 from mindrlhf.parallel.layers import load_full_state, param_split_axes, param_split_shards
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.reshard import PACK_BELOW_BYTES, Resharder
 from mindrlhf.parallel.strategy import full_shapes_from_local, net_layouts, write_strategy_file
-
-CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
-              seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True,
-              tie_word_embeddings=False)
 
 
 def main():
@@ -30,18 +28,16 @@ def main():
     parser.add_argument("--dst_dtype", default="float32")
     parser.add_argument("--bucket_bytes", type=int, default=4096)
     parser.add_argument("--pack_below_bytes", type=int, default=PACK_BELOW_BYTES)
-    parser.add_argument("--n_kv_heads", type=int, default=CONFIG["n_kv_heads"])
+    parser.add_argument("--n_kv_heads", type=int, default=TINY_QWEN2["n_kv_heads"])
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    from mindspore.communication import get_group_size, get_rank, init
-    init()
-    world, rank = get_group_size(), get_rank()
+    worker_setup.graph_mode_on_cpu()
+    world, rank = worker_setup.init_communication()
     src_layout = Layout.for_world(*map(int, args.src.split(",")), world, rank).init_groups()
     dst_layout = Layout.for_world(*map(int, args.dst.split(",")), world, rank).init_groups()
 
-    config = {**CONFIG, "n_kv_heads": args.n_kv_heads}
-    src_net = Qwen2ForCausalLM(Qwen2Config(**config), src_layout)
+    config = dict(n_kv_heads=args.n_kv_heads, tie_word_embeddings=False)  # the tiny Qwen2's overrides
+    src_net = Qwen2ForCausalLM(tiny_qwen2_config(**config), src_layout)
     rng = np.random.RandomState(0)
     axes = param_split_axes(src_net)
     full = full_shapes_from_local(src_layout, axes, {p.name: p.shape for p in src_net.get_parameters()},
@@ -51,7 +47,7 @@ def main():
     dtypes = args.dst_dtype.split(",")
     dst_nets = {}
     for dtype in dtypes:
-        dst_cfg = Qwen2Config(**config, compute_dtype=dtype, param_init_type=dtype)
+        dst_cfg = tiny_qwen2_config(**config, compute_dtype=dtype, param_init_type=dtype)
         dst_nets[dtype] = Qwen2ForCausalLM(dst_cfg, dst_layout)
         dst_nets[dtype].update_parameters_name("infer.")
 

@@ -8,23 +8,24 @@ aggregation its shares of the GRPO outputs and its local GRPO gradients, and the
 and local gradients.
 """
 import argparse
-import os
 
 import mindspore as ms
 import numpy as np
+import worker_setup
 from mindspore import nn, ops
+from support.batches import grpo_batch
+from support.cells import WeightedNLLLoss
+from support.configs import TINY_QWEN2, tiny_qwen2_config
 
 from mindrlhf.algorithms import GRPOLossCell, ValueLossCell, aggregation_weights
 from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs, ResponseValues, ValueLossNet
 from mindrlhf.engine.batches import prompt_micro_batches
-from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM, Qwen2ForValue
+from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.optim import AdamW
 from mindrlhf.parallel.layers import init_random_weights, param_split_axes, param_split_shards
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.spmd import MicroBatchedTrainStep, SPMDGradients, SPMDTrainStep
 
-CONFIG = dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4, intermediate_size=64,
-              seq_length=32, max_position_embedding=64, theta=10000.0, qkv_has_bias=True)
 LEARNING_RATE, UPDATES = 1e-3, 3  # AdamW steps before the weights are saved (saved too: the tests' tolerance unit)
 
 
@@ -39,19 +40,6 @@ class NLLLoss(nn.Cell):
         logp = self.model.log_probs(input_ids, labels, mask)
         m = mask.astype(ms.float32)
         loss = -(logp * m).sum() / m.sum()
-        return loss, ops.stop_gradient(loss)
-
-
-class WeightedNLLLoss(nn.Cell):
-    """Negative log-likelihood of the labels summed under per-token weights (this rank's token-mean when the
-    weights are the mask over this rank's token count: the sum over micro-batches is the batch's loss)."""
-
-    def __init__(self, model):
-        super().__init__(auto_prefix=False)
-        self.model = model
-
-    def construct(self, input_ids, labels, mask, weights):
-        loss = -(self.model.log_probs(input_ids, labels, mask) * weights).sum()
         return loss, ops.stop_gradient(loss)
 
 
@@ -75,23 +63,6 @@ def micro_batched_results(cfg, layout, ids, labels, mask, max_grad_norm, dp_sums
 
 
 GRPO_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
-
-
-def grpo_batch(vocab_size: int) -> dict[str, np.ndarray]:
-    """A global batch of 4 responses; the first two (dp rank 0's) are much longer than the last two."""
-    rng = np.random.RandomState(2)
-    batch, prompt_len, response_len = 4, 6, 10
-    prompt_mask = np.ones((batch, prompt_len), np.int32)
-    prompt_mask[2, :2] = 0
-    response_mask = np.zeros((batch, response_len), np.int32)
-    for row, length in enumerate((10, 8, 3, 1)):
-        response_mask[row, :length] = 1
-    return {"prompt_ids": rng.randint(0, vocab_size, (batch, prompt_len)).astype(np.int32),
-            "prompt_mask": prompt_mask,
-            "response_ids": rng.randint(0, vocab_size, (batch, response_len)).astype(np.int32),
-            "response_mask": response_mask,
-            "advantages": rng.randn(batch).astype(np.float32),
-            "noise": rng.randn(2, batch, response_len).astype(np.float32)}
 
 
 def grpo_results(net, layout, params, dp_sums) -> dict[str, np.ndarray]:
@@ -147,14 +118,13 @@ def parallel_layout(dp: int, tp: int, cpu_collectives: str):
     `cpu_collectives` "auto", the shared-memory group its dp gradient sums go through (else None)."""
     if dp * tp == 1:
         return Layout(), None
-    from mindspore.communication import get_group_size, get_rank, init
-    init()
-    layout = Layout.for_world(dp, tp, get_group_size(), get_rank()).init_groups()
+    world, rank = worker_setup.init_communication()
+    layout = Layout.for_world(dp, tp, world, rank).init_groups()
     if cpu_collectives != "auto":
         return layout, None
     from mindrlhf.parallel.host_setup import share_data_parallel_sums
 
-    groups = share_data_parallel_sums("auto", [layout], get_group_size(), get_rank())
+    groups = share_data_parallel_sums("auto", [layout], world, rank)
     assert list(groups) == [layout.dp_group], groups
     return layout, groups[layout.dp_group]
 
@@ -165,15 +135,15 @@ def main():
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--out", required=True)
     parser.add_argument("--compute_dtype", default="float32")
-    parser.add_argument("--n_kv_heads", type=int, default=CONFIG["n_kv_heads"],
+    parser.add_argument("--n_kv_heads", type=int, default=TINY_QWEN2["n_kv_heads"],
                         help="fewer than --tp: each kv head is shared by tp / n_kv_heads ranks")
     parser.add_argument("--cpu_collectives", choices=("native", "auto"), default="native",
                         help="auto: the dp gradient sums through shared memory (mindrlhf.parallel.shared_memory)")
     parser.add_argument("--seq_parallel", action="store_true", help="parallel_config.use_seq_parallel")
     args = parser.parse_args()
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    worker_setup.graph_mode_on_cpu()
     layout, dp_sums = parallel_layout(args.dp, args.tp, args.cpu_collectives)
-    cfg = Qwen2Config(**{**CONFIG, "n_kv_heads": args.n_kv_heads}, compute_dtype=args.compute_dtype)
+    cfg = tiny_qwen2_config(n_kv_heads=args.n_kv_heads, compute_dtype=args.compute_dtype)
     cfg.parallel_config.use_seq_parallel = args.seq_parallel
     net = Qwen2ForCausalLM(cfg, layout)
     axes = param_split_axes(net)
@@ -215,8 +185,7 @@ def main():
     result.update({f"weight/{p.name}": p.asnumpy() for p in net.trainable_params()})
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in axes.items()})
     result.update({f"shards/{k}": np.array(v) for k, v in param_split_shards(net, layout.tp).items()})
-    os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank_{layout.rank}.npz"), **result)
+    worker_setup.save_rank_results(args.out, layout.rank, result)
 
 
 if __name__ == "__main__":

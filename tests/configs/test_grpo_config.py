@@ -1,0 +1,304 @@
+"""GRPOConfig: YAML sections, generated CLI flags, validation messages naming the field."""
+import argparse
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from support.paths import GRPO_SCRIPT
+
+from mindrlhf.configs.base import ConfigError
+from mindrlhf.configs.cli import add_config_flags, config_overrides, section_field_names
+from mindrlhf.configs.grpo_configs import SECTIONS, GRPOConfig
+from mindrlhf.trainer.plan import check_registered_names
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    return config_overrides(parser.parse_args(argv))
+
+
+def test_every_field_has_help_text_and_a_flag():
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    flags = {opt for action in parser._actions for opt in action.option_strings}
+    for section, names in section_field_names().items():
+        for name in names:
+            field = next(f for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
+            assert len(field.metadata.get("help", "")) > 20, f"{section}.{name} has no real help text"
+            assert f"--{section}.{name}" in flags
+    assert "--num_generations" in flags and "--learning_rate" in flags
+    # a name used by two sections: the plain flag sets both, a dotted one sets its own section and wins
+    assert {"--seed", "--generation.seed", "--schedule.seed"} <= flags
+    assert config_overrides(parser.parse_args(["--seed", "3"])) == {"generation": {"seed": 3}, "schedule": {"seed": 3}}
+    assert config_overrides(parser.parse_args(["--seed", "3", "--schedule.seed", "5"])) == {
+        "generation": {"seed": 3}, "schedule": {"seed": 5}}
+
+
+def test_flags_override_yaml_and_are_typed(tmp_path):
+    path = tmp_path / "grpo.yaml"
+    path.write_text("generation:\n  num_generations: 4\noptimizer:\n  learning_rate: 1e-5\n")
+    config = GRPOConfig.from_yaml(str(path))
+    assert config.generation.num_generations == 4 and config.optimizer.learning_rate == 1e-5
+    overrides = parse(["--num_generations", "6", "--reward_funcs", "accuracy", "--reward_weights", "2",
+                       "--dynamic_sampling", "true", "--schedule.seed", "7"])
+    config = config.replace(overrides)
+    assert config.generation.num_generations == 6
+    assert config.reward.reward_funcs == ["accuracy"] and config.reward.reward_weights == [2.0]
+    assert config.algorithm.dynamic_sampling is True and config.schedule.seed == 7
+    assert config.optimizer.learning_rate == 1e-5  # untouched by the flags
+
+
+def test_fields_that_moved_to_algorithm_keep_their_old_names(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("loss:\n  advantage_estimator: dr_grpo\n  advantage_eps: 0.01\n  beta: 0.0\n"
+                    "schedule:\n  dynamic_sampling: true\n  max_sampling_retries: 5\n")
+    config = GRPOConfig.from_yaml(str(path))
+    assert config.algorithm.adv_estimator == "dr_grpo" and config.algorithm.advantage_eps == 0.01
+    assert config.algorithm.dynamic_sampling is True and config.algorithm.max_sampling_retries == 5
+    assert config.loss.beta == 0.0
+    config = GRPOConfig().replace(parse(["--advantage_estimator", "rloo", "--schedule.dynamic_sampling", "true"]))
+    assert config.algorithm.adv_estimator == "rloo" and config.algorithm.dynamic_sampling is True
+    assert GRPOConfig().replace(parse(["--adv_estimator", "dr_grpo"])).algorithm.adv_estimator == "dr_grpo"
+    path.write_text("loss:\n  advantage_estimator: dr_grpo\nalgorithm:\n  adv_estimator: grpo\n")
+    with pytest.raises(ConfigError, match="loss.advantage_estimator='dr_grpo' and algorithm.adv_estimator='grpo' "
+                                          "disagree"):
+        GRPOConfig.from_yaml(str(path))
+    with pytest.raises(ConfigError, match="algorithm.adv_estimator: unknown advantage estimator 'ppo'"):
+        check_registered_names(GRPOConfig().replace({"algorithm": {"adv_estimator": "ppo"}}))
+
+
+def test_defaults_follow_the_seed_tutorial():
+    config = GRPOConfig()
+    config.validate()
+    check_registered_names(config)
+    opt = config.optimizer
+    assert (opt.beta1, opt.beta2, opt.eps, opt.weight_decay) == (0.9, 0.95, 1e-8, 0.01)
+    assert config.loss.kl_estimator == "k3" and config.generation.num_generations >= 2
+
+
+@pytest.mark.parametrize("yaml_text, message", [
+    ("generation:\n  num_generationz: 4\n", r"generation: unknown field\(s\) 'num_generationz' \(did you mean "
+                                            r"'num_generations'\?\)"),
+    ("lossy:\n  beta: 1\n", r"unknown section\(s\) \['lossy'\]"),
+    ("optimizer:\n  learning_rate: fast\n", r"optimizer: field 'learning_rate' must be a number"),
+    ("optimizer:\n  beta2: 1.5\n", r"optimizer.beta2 must be in \[0, 1\)"),
+    ("schedule:\n  steps: 0\n", r"schedule.steps must be >= 1, got 0"),
+    ("schedule:\n  batch_size: 4\n  mini_batch_size: 3\n", r"schedule.mini_batch_size=3 must divide"),
+    ("loss:\n  aggregation: mean\n", r"loss: unknown loss aggregation 'mean'"),
+    ("loss:\n  kl_estimator: k9\n", r"unknown KL estimator 'k9'"),
+    ("eval:\n  eval_batch_size: -1\n", r"eval.eval_batch_size must be >= 0 \(0 = the rollout's rows per rank\)"),
+])
+def test_bad_yaml_names_the_file_and_field(tmp_path, yaml_text, message):
+    path = tmp_path / "grpo.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=message) as info:
+        config = GRPOConfig.from_yaml(str(path))
+        config.validate()
+        check_registered_names(config)  # the loss aggregation and KL estimator names
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"generation": {"num_generations": 1}}, r"generation.num_generations must be >= 2"),
+    ({"generation": {"temperature": 0.0}}, r"GRPO needs sampling"),
+    ({"reward": {"reward_funcs": ["nosuch"], "reward_weights": [1.0]}},
+     r"command line: reward: reward.reward_funcs: unknown reward function .nosuch."),
+    ({"reward": {"reward_weights": [1.0]}}, r"reward.reward_weights has 1 value\(s\) \[1.0\] but "
+                                            r"reward.reward_funcs has 2"),
+])
+def test_cross_field_checks(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        config = GRPOConfig().replace(overrides)
+        config.validate()
+        check_registered_names(config)  # the reward function names
+
+
+def test_layout_from_config_covers_the_world():
+    from mindrlhf.configs.parallel import ParallelConfig
+    from mindrlhf.parallel.layout import Layout, LayoutError
+    layout = Layout.from_config(ParallelConfig(data_parallel=1, model_parallel=2), world_size=2, rank=1)
+    assert (layout.dp, layout.tp, layout.tp_rank) == (1, 2, 1)
+    with pytest.raises(LayoutError, match=r"train.yaml: parallel_config: data_parallel=2 x model_parallel=2 = 4 "
+                                          r"ranks, but the job has 2"):
+        Layout.from_config(ParallelConfig(data_parallel=2, model_parallel=2), 2, 0, "train.yaml: parallel_config")
+
+
+def test_job_flags_are_generated_from_the_job_options():
+    from mindrlhf.configs.job import JobOptions
+
+    parser = argparse.ArgumentParser()
+    JobOptions.add_flags(parser)
+    with pytest.raises(SystemExit):  # the three inputs are required
+        parser.parse_args(["--sft_path_train", "t.yaml"])
+    args = parser.parse_args(["--sft_path_train", "t.yaml", "--sft_path_infer", "i.yaml", "--mind_dataset_dir", "d",
+                              "--resume", "--only_save_strategy", "--cpu_threads", "3", "--use_parallel", "false"])
+    job = JobOptions.from_args(args)
+    assert (job.sft_path_train, job.sft_path_infer, job.mind_dataset_dir) == ("t.yaml", "i.yaml", "d")
+    assert job.resume == "auto" and job.only_save_strategy and not job.enable_compile_cache  # off by default
+    on = JobOptions.from_args(parser.parse_args(["--sft_path_train", "t.yaml", "--sft_path_infer", "i.yaml",
+                                                 "--mind_dataset_dir", "d", "--enable_compile_cache", "True",
+                                                 "--only_save_strategy", "False"]))
+    assert on.enable_compile_cache and not on.only_save_strategy  # MindRLHF's spelling of booleans
+    for spelling, value in (("True", "true"), ("FALSE", "false"), ("1", "true"), ("0", "false"), ("Auto", "auto")):
+        parsed = parser.parse_args(["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d",
+                                    "--use_parallel", spelling, "--cpu_affinity", "OFF"])
+        assert (parsed.use_parallel, parsed.cpu_affinity) == (value, "off"), spelling
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d",
+                           "--use_parallel", "maybe"])
+    assert job.cpu_threads == 3 and job.use_parallel == "false" and job.output_dir == "output/grpo"
+    assert job.checkpoint_dir == "output/grpo/checkpoints"
+    assert {action.dest for action in parser._actions} - {"help"} == {f.name for f in dataclasses.fields(JobOptions)}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d",
+                           "--use_parallel", "maybe"])
+
+
+def test_a_compile_cache_serves_only_a_rerun_of_the_same_job_from_the_same_start(tmp_path):
+    # MindSpore loads cached graphs by compile order: a resumed run or another seed must not get this run's graphs
+    from mindrlhf.configs.job import JobOptions
+    from mindrlhf.trainer.launch import compile_cache_path
+
+    data = tmp_path / "prompts.mindrecord"
+    data.write_bytes(b"x")
+    step = tmp_path / "out" / "checkpoints" / "step_000002"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text("{}")
+    job = JobOptions(sft_path_train="t.yaml", sft_path_infer="i.yaml", mind_dataset_dir=str(data),
+                     output_dir=str(tmp_path / "out"), enable_compile_cache=True)
+    config = GRPOConfig()
+    path = compile_cache_path(job, config, 2, 1)
+    assert path == compile_cache_path(job, config, 2, 1) and path.endswith("rank_1")
+    assert path.startswith(str(tmp_path / "out" / "compile_cache"))
+    assert compile_cache_path(job, config, 2, 0) == path[:-1] + "0"
+    others = [compile_cache_path(dataclasses.replace(job, resume="auto"), config, 2, 1),
+              compile_cache_path(job, config.replace({"schedule": {"seed": 1}}), 2, 1),
+              compile_cache_path(job, config, 4, 1)]
+    data.write_bytes(b"xy")  # the prompts changed
+    others.append(compile_cache_path(job, config, 2, 1))
+    assert len({path, *others}) == 5
+
+
+def test_a_renamed_job_flag_still_works_under_its_old_name_with_a_warning(caplog):
+    from mindrlhf.configs.job import JobOptions
+
+    parser = argparse.ArgumentParser()
+    JobOptions.add_flags(parser)
+    required = ["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d"]
+    assert JobOptions.from_args(parser.parse_args(required)).eval_dataset_file == ""
+    with caplog.at_level("WARNING"):
+        job = JobOptions.from_args(parser.parse_args(required + ["--eval_dataset_dir", "held.mindrecord"]))
+    assert job.eval_dataset_file == "held.mindrecord"
+    assert "--eval_dataset_dir is deprecated, use --eval_dataset_file" in caplog.text
+    caplog.clear()
+    assert JobOptions.from_args(parser.parse_args(required + ["--eval_dataset_file", "x"])).eval_dataset_file == "x"
+    assert "deprecated" not in caplog.text
+
+
+def test_several_yaml_files_merge_field_by_field(tmp_path):
+    base, extra = tmp_path / "base.yaml", tmp_path / "extra.yaml"
+    base.write_text("loss:\n  beta: 0.02\n  aggregation: token-mean\nschedule:\n  steps: 7\n")
+    extra.write_text("loss:\n  beta: 0.0\nalgorithm:\n  adv_estimator: rloo\n")
+    config = GRPOConfig.from_yaml(str(base), str(extra))
+    assert (config.loss.beta, config.loss.aggregation, config.schedule.steps) == (0.0, "token-mean", 7)
+    assert config.algorithm.adv_estimator == "rloo"
+    extra.write_text("loss:\n  betta: 0.0\n")
+    with pytest.raises(ConfigError, match=r"extra.yaml: loss: unknown field\(s\) 'betta' \(did you mean 'beta'\?\)"):
+        GRPOConfig.from_yaml(str(base), str(extra))
+    extra.write_text("losses:\n  beta: 0.0\n")
+    with pytest.raises(ConfigError, match=r"extra.yaml: unknown section\(s\) \['losses'\]"):
+        GRPOConfig.from_yaml(str(base), str(extra))
+
+
+def test_the_critics_learning_rate_has_its_own_name(tmp_path, caplog):
+    """critic.learning_rate (formerly lr: `--lr` read as the policy's): the old name works, with a warning."""
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    # --learning_rate stays the policy's alone; the critic's is the dotted flag
+    assert config_overrides(parser.parse_args(["--learning_rate", "1e-5"])) == {"optimizer": {"learning_rate": 1e-5}}
+    assert config_overrides(parser.parse_args(["--critic.learning_rate", "1e-3"])) == {
+        "critic": {"learning_rate": 1e-3}}
+    for flag in ("--lr", "--critic.lr"):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="mindrlhf.configs"):
+            assert config_overrides(parser.parse_args([flag, "1e-3"])) == {"critic": {"learning_rate": 1e-3}}
+        assert f"{flag} is deprecated, use --critic.learning_rate" in caplog.text
+    path = tmp_path / "ppo.yaml"
+    path.write_text("critic:\n  lr: 1.0e-3\n")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="mindrlhf.configs"):
+        config = GRPOConfig.from_yaml(str(path))
+    assert config.critic.learning_rate == 1e-3 and config.optimizer.learning_rate == 1e-6
+    assert f"{path}: critic.lr is deprecated, use critic.learning_rate" in caplog.text
+    path.write_text("critic:\n  lr: 1.0e-3\n  learning_rate: 1.0e-4\n")
+    with pytest.raises(ConfigError, match=r"critic.lr=0.001 and critic.learning_rate=0.0001 disagree"):
+        GRPOConfig.from_yaml(str(path))
+    with pytest.raises(ConfigError, match=r"critic.learning_rate must be > 0, got 0.0"):
+        GRPOConfig().replace({"critic": {"lr": 0.0}})
+
+
+def run_script(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(GRPO_SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+
+
+def flag_help(help_text: str, flag: str) -> str:
+    """The --help entry of `flag` (its lines up to the next flag's), whitespace collapsed."""
+    lines = help_text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {flag} "))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("  -")), len(lines))
+    return " ".join(" ".join(lines[start:end]).split())
+
+
+def test_help_shows_each_flags_type_and_default():
+    proc = run_script("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "CFG__" not in proc.stdout and "cfg__" not in proc.stdout  # no internal dest names
+    epsilon = flag_help(proc.stdout, "--epsilon_low")
+    assert epsilon.startswith("--epsilon_low FLOAT, --loss.epsilon_low FLOAT [loss] Lower clip range")
+    assert epsilon.endswith("(default: 0.2)")
+    assert flag_help(proc.stdout, "--use_parallel").startswith("--use_parallel {auto,true,false} ")
+    assert flag_help(proc.stdout, "--use_parallel").endswith("(default: auto)")
+    # a field that moved to another section: its old flag reads like the new one, not like its dest
+    assert flag_help(proc.stdout, "--schedule.max_sampling_retries") == \
+        "--schedule.max_sampling_retries INT old name of --algorithm.max_sampling_retries"
+    assert flag_help(proc.stdout, "--max_sampling_retries").endswith("(default: 3)")
+    assert flag_help(proc.stdout, "--max_new_tokens").endswith("(default: 256)")  # GRPOConfig's, not the class's
+    assert flag_help(proc.stdout, "--reward_funcs").endswith("(default: accuracy format)")
+    assert flag_help(proc.stdout, "--reward_weights").endswith("(default: 1.0 per function)")
+    assert flag_help(proc.stdout, "--eos_token_ids").endswith("(default: the tokenizer's)")
+    assert flag_help(proc.stdout, "--sft_path_train").startswith("--sft_path_train STR ")
+    assert flag_help(proc.stdout, "--sft_path_train").endswith("(required)")
+    assert flag_help(proc.stdout, "--seed").endswith("(default: 0)")
+    assert "1e-3" not in flag_help(proc.stdout, "--learning_rate")  # the bundled value is the YAML's to state
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--lerning_rate", "1e-5"], "grpo_one_stage.py: error: unrecognized arguments: --lerning_rate 1e-5 "
+                                 "(did you mean --learning_rate?)"),
+    (["--steps", "x"], "grpo_one_stage.py: error: argument --steps/--schedule.steps: invalid int value: 'x'"),
+])
+def test_a_bad_flag_is_one_line_without_the_usage(argv, error):
+    required = ["--sft_path_train", "t.yaml", "--sft_path_infer", "i.yaml", "--mind_dataset_dir", "d"]
+    proc = run_script(*required, *argv)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [error, "see grpo_one_stage.py --help"]
+    assert proc.stdout == ""
+
+
+def test_empty_reward_funcs_need_no_weights():
+    """`reward_funcs: []` (a reward model alone): the weights default to one per function, so none; an explicit
+    list of another length stays an error naming both fields."""
+    model_alone = GRPOConfig().replace({"reward": {"reward_funcs": [], "reward_model_path": "rm.ckpt"}})
+    model_alone.validate()
+    assert model_alone.reward.reward_funcs == [] and model_alone.reward.reward_weights is None
+    assert GRPOConfig().replace(parse(["--reward_funcs", "accuracy"])).reward.reward_weights is None  # 1.0 each
+    with pytest.raises(ConfigError, match=r"reward.reward_weights has 2 value\(s\) \[1.0, 0.5\] but "
+                                          r"reward.reward_funcs has 0 \[\]: give one weight per function"):
+        GRPOConfig().replace({"reward": {"reward_funcs": [], "reward_weights": [1.0, 0.5],
+                                         "reward_model_path": "rm.ckpt"}})
+    from mindrlhf.reward import build_reward_fn
+
+    rewards = build_reward_fn(["accuracy", "format"], GRPOConfig().reward.reward_weights)
+    assert rewards.weights == (1.0, 1.0)

@@ -1,0 +1,236 @@
+"""The engines under the roles (`mindrlhf.engine`): batch arithmetic, micro-batch sizing, the forward engine's
+passes and the training engine's update loop (skips, stops, empty batches) for the actor and the critic alike."""
+import mindspore as ms
+import numpy as np
+import pytest
+from support.experience import make_experience, with_critic_columns
+from support.fake_engines import ACTOR_INPUTS, CRITIC_INPUTS, role_with_engine
+from support.paths import ARITH, MODEL_CONFIGS
+
+from mindrlhf.configs.grpo_configs import GRPOConfig
+from mindrlhf.engine.batches import (
+    group_unit,
+    prompt_micro_batches,
+    prompt_run,
+    response_widths,
+    rows_of_rank,
+    trimmed_width,
+    update_chunks,
+)
+from mindrlhf.engine.forward import ForwardEngine
+from mindrlhf.engine.sizing import MicroBatchSizer
+from mindrlhf.engine.train import NonFiniteUpdates, total_updates
+from mindrlhf.parallel.layout import Layout
+from mindrlhf.trainer.roles import Actor, Critic, update_policy
+
+
+def test_update_chunks_and_rank_rows():
+    assert update_chunks(num_groups=4, groups_per_update=2, group_size=3) == [slice(0, 6), slice(6, 12)]
+    assert update_chunks(3, 2, 2) == [slice(0, 4), slice(4, 6)]
+    assert rows_of_rank(8, 2, 1) == slice(4, 8)
+    with pytest.raises(ValueError, match="6 rows cannot be split evenly over data_parallel=4"):
+        rows_of_rank(6, 4, 0)
+    assert group_unit(4, 2) == 1 and group_unit(3, 2) == 2 and group_unit(2, 8) == 4
+
+
+def grouped_rows(groups, group_size, prompt_width=6, seed=0):
+    """(prompt ids, prompt mask) of `groups` distinct left-padded prompts, each repeated for its `group_size`
+    responses (rows j G .. j G + G - 1), as a rollout lays them out."""
+    exp = make_experience(groups, prompt_width, 3, seed=seed)
+    return np.repeat(exp.prompt_ids, group_size, 0), np.repeat(exp.prompt_mask, group_size, 0)
+
+
+def test_a_prompt_run_never_crosses_a_group_boundary():
+    assert prompt_run(8, 0, 32) == 8  # whole groups: a prompt read once for its 8 responses
+    assert prompt_run(4, 0, 32) == 4  # never more than a group
+    assert prompt_run(8, 4, 8) == 4  # a dp rank's rows that start mid-group
+    assert prompt_run(8, 2, 6) == 2
+    assert prompt_run(8, 0, 7) == 1  # a run divides the rows
+    assert prompt_run(1, 0, 32) == 1
+    assert prompt_run(6, 12, 18) == 6 and prompt_run(6, 3, 9) == 3
+
+
+def test_prompt_micro_batches_give_each_call_its_prompts_once_per_share():
+    ids, mask = grouped_rows(2, 4)
+    response = np.arange(8 * 3).reshape(8, 3)
+    per_row = np.arange(8, dtype=np.float32)
+    calls = prompt_micro_batches([ids, mask, response, per_row], size=4, share=2)
+    assert len(calls) == 2
+    for call, start in zip(calls, (0, 4)):
+        assert [t.shape for t in call] == [(2, 6), (2, 6), (4, 3), (4,)]
+        np.testing.assert_array_equal(call[0].asnumpy(), ids[start:start + 4:2])
+        np.testing.assert_array_equal(call[1].asnumpy(), mask[start:start + 4:2])
+        np.testing.assert_array_equal(call[2].asnumpy(), response[start:start + 4])
+        np.testing.assert_array_equal(call[3].asnumpy(), per_row[start:start + 4])
+    with pytest.raises(ValueError, match="3 responses a prompt do not divide micro-batches of 4"):
+        prompt_micro_batches([ids, mask, response], size=4, share=3)
+
+
+def responses_of_length(rows, longest, width=48):
+    """Response ids and mask [rows, width] whose longest response has `longest` tokens."""
+    lengths = np.minimum(np.arange(rows) % longest + 1, longest)
+    lengths[0] = longest
+    mask = (np.arange(width)[None] < lengths[:, None]).astype(np.int32)
+    return np.where(mask > 0, 7, 0).astype(np.int32), mask
+
+
+@pytest.mark.parametrize("configured,share_prompts,longest,plan", [
+    (0, True, 48, (16, 8, 48)),  # auto: every row in one call, each prompt read once for its 8 responses
+    (0, False, 48, (16, 1, 48)),
+    (4, True, 48, (4, 4, 48)),  # a set size: the prompt read once for the 4 responses of a call
+    (2, True, 20, (2, 2, 32)),  # responses of at most 20 tokens: 32 of the 48 positions are read
+    (0, True, 16, (16, 8, 16)),
+])
+def test_the_sizer_plans_calls_prompt_reads_and_width(configured, share_prompts, longest, plan):
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+
+    cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
+    sched = ScheduleConfig(micro_batch_size_per_device=configured, share_prompts=share_prompts)
+    sizer = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, True)
+    ids, mask = grouped_rows(2, 8, prompt_width=160)
+    response, response_mask = responses_of_length(16, longest)
+    per_token, per_row = np.ones((16, 48), np.float32), np.arange(16, dtype=np.float32)
+    arrays = [ids, mask, response, response_mask, per_token, per_row]
+    assert sizer.plan(arrays) == plan
+    calls = sizer.split(arrays)
+    size, share, width = plan
+    assert len(calls) == 16 // size
+    assert [t.shape for t in calls[0]] == [(size // share, 160), (size // share, 160), (size, width), (size, width),
+                                           (size, width), (size,)]
+    assert sizer.plan(arrays, width=48)[2] == 48  # a caller's width (the update's on every dp rank) wins
+
+
+def test_the_sizer_shares_a_prompt_only_within_the_group_the_rows_start_in():
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+
+    cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
+    sizer = MicroBatchSizer.for_pass("train", ScheduleConfig(), cfg, Layout(), 8, True)
+    ids, mask = grouped_rows(2, 8, prompt_width=16)
+    arrays = [ids, mask, *responses_of_length(16, 16)]
+    assert sizer.plan(arrays)[:2] == (16, 8)
+    middle = [a[4:12] for a in arrays]  # the second half of group 0 and the first of group 1
+    assert sizer.plan(middle, first_row=4)[:2] == (8, 4)
+    calls = sizer.split(middle, first_row=4)
+    np.testing.assert_array_equal(calls[0][0].asnumpy(), ids[[4, 8]])
+
+
+def test_a_pass_reads_the_narrowest_width_that_holds_its_responses_and_pads_its_outputs_back():
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+
+    assert response_widths(48, 3) == [16, 32, 48]
+    assert response_widths(1024, 3) == [344, 688, 1024]
+    assert response_widths(48, 1) == [48] and response_widths(10, 4) == [8, 10]
+    _, mask = responses_of_length(4, 20)
+    assert trimmed_width(mask, [16, 32, 48]) == 32 and trimmed_width(mask[:, :0], [16, 32, 48]) == 16
+    assert trimmed_width(np.ones((2, 48), np.int32), [16, 32, 48]) == 48
+
+    cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
+    sizer = MicroBatchSizer.for_pass("log_prob", ScheduleConfig(log_prob_micro_batch_size_per_device=4), cfg,
+                                     Layout(), 8, False)
+    ids, prompt_mask = grouped_rows(1, 8, prompt_width=12)
+    response, response_mask = responses_of_length(8, 11)  # 16 of 48 positions hold every response
+    seen = []
+
+    class Cell:
+        INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
+
+        def __call__(self, prompt_ids, prompt_mask, response_ids, response_mask):
+            seen.append((prompt_ids.shape, response_ids.shape))
+            return ms.Tensor(response_ids.asnumpy().astype(np.float32) + 1)
+
+    columns = {"prompt_ids": ids, "prompt_mask": prompt_mask, "response_ids": response, "response_mask": response_mask}
+    out = ForwardEngine(Cell(), sizer).run(columns)
+    assert seen == [((1, 12), (4, 16))] * 2
+    assert out.shape == (8, 48)
+    np.testing.assert_array_equal(out[:, :16], response[:, :16] + 1)
+    assert not out[:, 16:].any()  # zeros where the pass read nothing: padding after every response
+
+
+def test_the_auto_size_counts_a_shared_prompt_once():
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+
+    cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
+    ids, mask = grouped_rows(1, 8, prompt_width=160)
+    arrays = [ids, mask, *responses_of_length(8, 48)]
+    plans = {}
+    for share in (True, False):
+        # a budget that holds the prompt once with 8 responses but not 8 copies of it
+        sched = ScheduleConfig(share_prompts=share, activation_memory_gib=0.09)
+        plans[share] = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, True).plan(arrays)
+    assert plans[True] == (8, 8, 48) and plans[False] == (2, 1, 48)
+
+
+@pytest.mark.parametrize("role_class,name,inputs,outputs", [
+    (Actor, "actor", ACTOR_INPUTS, ("loss", "pg_loss", "kl_loss", "pg_clipfrac", "ratio_mean", "ppo_kl", "entropy")),
+    (Critic, "critic", CRITIC_INPUTS, ("vf_loss", "vf_clipfrac")),
+])
+def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when_they_repeat(
+        role_class, name, inputs, outputs):
+    exp = with_critic_columns(make_experience(8, 3, 4))  # 4 groups of 2: 4 updates of one group each
+    role = role_with_engine(role_class, name, [0.5, np.nan, 1.5, np.inf], 2, inputs, outputs)
+    metrics = role.train(exp)
+    assert metrics[f"{name}/skipped_updates"] == 2 and metrics[f"{name}/updates"] == 2
+    # the finite updates only
+    assert metrics[f"{name}/grad_norm"] == 1.0 and metrics[f"{name}/{outputs[0]}"] == 1.0
+    assert role.engine.updates == 4 and role.engine.consecutive_skips == 1
+    role = role_with_engine(role_class, name, [0.5, np.nan, np.nan, 1.0], 2, inputs, outputs)
+    with pytest.raises(NonFiniteUpdates, match=f"2 {name} updates in a row had a non-finite loss or gradient"):
+        role.train(exp)
+    role = role_with_engine(role_class, name, [np.nan] * 4, 0, inputs, outputs)  # 0: never stop
+    assert role.train(exp)[f"{name}/skipped_updates"] == 4
+
+
+@pytest.mark.parametrize("role_class,name,inputs", [(Actor, "actor", ACTOR_INPUTS),
+                                                    (Critic, "critic", CRITIC_INPUTS)])
+def test_an_empty_batch_makes_no_update_in_either_role(role_class, name, inputs):
+    exp = with_critic_columns(make_experience(8, 3, 4)).rows(slice(0, 0))
+    role = role_with_engine(role_class, name, [], 2, inputs, ("loss",))
+    assert role.train(exp) == {f"{name}/updates": 0}
+    assert role.engine.updates == 0
+
+
+def test_the_engine_hands_the_loss_net_the_columns_it_declares_with_the_updates_token_weights():
+    from mindrlhf.algorithms import aggregation_weights
+
+    exp = with_critic_columns(make_experience(8, 3, 4))
+    seen = []
+    role = role_with_engine(Critic, "critic", [1.0] * 4, 2, CRITIC_INPUTS, ("vf_loss",), seen)
+    role.train(exp)
+    assert len(seen) == 4
+    first = exp.rows(slice(0, 2))
+    for got, name in zip(seen[0], CRITIC_INPUTS[:-1]):
+        np.testing.assert_array_equal(got, first[name], err_msg=name)
+    np.testing.assert_array_equal(seen[0][-1], aggregation_weights(first.response_mask, role.engine.policy.aggregation))
+
+
+def test_the_learning_rate_schedule_spans_every_update_of_the_run():
+    config = GRPOConfig().replace({"schedule": {"batch_size": 8, "mini_batch_size": 2, "steps": 5,
+                                                "num_iterations": 2}})
+    assert total_updates(config.schedule) == 5 * 2 * 4  # steps x passes x mini-batches a pass
+    policy = update_policy(config, 1e-3, 2, 1.0)
+    assert [policy.lr.at(u) for u in range(3)] == [5e-4, 1e-3, 1e-3]
+
+
+@pytest.mark.parametrize("recompute,budget,size", [({}, 2, 2), ({"recompute": True}, 2, 4), ({}, 3, 4),
+                                                    ({"recompute": True}, 3, 8), ({"select_recompute": True}, 3, 4)])
+def test_recomputed_layers_let_the_sizer_take_larger_calls(recompute, budget, size):
+    """Qwen2.5-0.5B's shape, a 256-token prompt and 8 responses of 64 under a 2 or 3 GiB activation budget: full
+    recompute of every layer frees most of a layer's train-call bytes (`memory_budget.FULL_RECOMPUTE_FREES`,
+    measured), so twice the responses of a prompt go into one call (all 8 at 3 GiB); attention-only recompute
+    frees little on CPU (`SELECTIVE_RECOMPUTE_FREES`) and changes no call here."""
+    import dataclasses
+
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.configs.recompute import RecomputeConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+
+    cfg = dataclasses.replace(Qwen2Config.from_yaml(MODEL_CONFIGS / "qwen2_5" / "qwen2_5_0_5b.yaml"),
+                              recompute=RecomputeConfig(**recompute))
+    sizer = MicroBatchSizer.for_pass("train", ScheduleConfig(activation_memory_gib=budget, share_prompts=True), cfg,
+                                     Layout(), 8, True)
+    ids, response = np.ones((8, 256), np.int32), np.ones((8, 64), np.int32)
+    assert sizer.plan([ids, ids, response, response]) == (size, size, 64)

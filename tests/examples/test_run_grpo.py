@@ -1,0 +1,155 @@
+"""`bash run_grpo.sh`, the README's first command, shortened: the bundled policy through the converter, the data
+tool and msrun (train dp=2, infer dp=2); the reward rises, the run ends with the held-out accuracy line, and its
+checkpoint converts back to a Hugging Face folder that `transformers` loads and that answers like the policy."""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import mindspore as ms
+import numpy as np
+import pytest
+import torch
+from support.msrun import free_port, run_command
+from support.paths import ARITH, README, RUN_GRPO, TOOLS, TUTORIAL_DATA
+from support.policies import greedy_completions
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from mindrlhf.checkpoint.weights import read_weights
+from mindrlhf.data.mindrecord import read_problems
+from mindrlhf.data.templates import build_prompt
+from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.models.tokenizer import load_tokenizer
+
+HELDOUT = TUTORIAL_DATA / "arithmetic_heldout.jsonl"
+pytestmark = pytest.mark.msrun
+
+STEPS = 10
+
+
+
+
+def readme_reward_example() -> tuple[str, list[str]]:
+    """The README's "Your own reward function": the module's code and run_grpo.sh's flags, read from the README
+    itself, so that the run below is exactly what it shows (every worker imports the module through PYTHONPATH)."""
+    text = README.read_text()
+    section = text[text.index("## Your own reward function"):]
+    code = re.search(r"```python\n# my_rewards.py[^\n]*\n(.*?)```", section, re.S).group(1)
+    command = re.search(r"```bash\nPYTHONPATH=\S+ bash run_grpo.sh (.*?)\n```", section, re.S).group(1)
+    return code, command.replace("\\\n", " ").split()
+
+
+MY_REWARDS, REWARD_FLAGS = readme_reward_example()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("grpo") / "out"
+    rewards = tmp_path_factory.mktemp("my_rewards")
+    (rewards / "my_rewards.py").write_text(MY_REWARDS)
+    port = free_port()
+    env = dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(port), GLOG_v="3", PYTHONPATH=str(rewards))
+    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0",
+                        *REWARD_FLAGS], env, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc.stdout, port
+
+
+def test_default_run_learns_and_ends_with_the_accuracy_line(run):
+    out, stdout, run_port = run
+    last = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"held-out accuracy: before=\d+\.\d% after=\d+\.\d%", last), last
+    for step in (1, STEPS):  # each step line shown once (live from msrun, not repeated from the worker log)
+        assert len(re.findall(rf"step {step}/{STEPS} \|", stdout)) == 1, stdout[-3000:]
+
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] > 0]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    # the sampled reward is noisy with 8 prompts a step; the greedy held-out accuracy (200 problems) is not
+    for r in steps:  # the user's function ran on every worker, weighted as given (its 48-token answers are short)
+        assert r["reward/my_rewards:brevity"] == 1.0
+        assert r["critic/score/mean"] == pytest.approx(r["reward/accuracy"] + 0.5 * r["reward/format"] + 0.2, abs=1e-5)
+    rewards = np.array([r["critic/score/mean"] for r in steps])
+    assert rewards[STEPS // 2:].mean() > rewards[:STEPS // 2].mean(), rewards
+    before, after = records[0]["eval/accuracy"], steps[-1]["eval/accuracy"]
+    # the held-out answers are scored by each rule reward of the job too (grpo.yaml: accuracy, format)
+    assert {k for k in records[0] if k.startswith("eval/")} == {"eval/accuracy", "eval/format"}
+    assert 0 <= records[0]["eval/format"] <= 1 and 0 <= steps[-1]["eval/format"] <= 1
+    assert after >= before + 0.08, (before, after)
+    assert records[0]["step"] == 0 and last == f"held-out accuracy: before={100 * before:.1f}% after={100 * after:.1f}%"
+    assert (out / "progress.png").read_bytes()[:4] == b"\x89PNG"
+    # the held-out evaluation runs the rollout's KV cache and compiled graphs (eval_batch_size 0): one cache a rank
+    for rank in (0, 1):
+        log = (out / "msrun_log" / f"worker_{rank}.log").read_text()
+        assert re.findall(r"allocated KV cache batch=(\d+)", log) == ["32"], rank
+        # both nets dp=2 with the same model: one set of weights, nothing to reshard
+        assert "the inference net uses the train net's weights" in log, rank
+        # both ranks on this host: the gradient sums go through shared memory (none of its files left behind)
+        assert "data-parallel gradient sums through shared memory" in log, rank
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith(f"mindrlhf-127.0.0.1-{run_port}-")]
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_trained_checkpoint_reverses_to_a_transformers_model_that_answers_alike(run, graph_mode, tmp_path):
+    out, _, _ = run
+    step_dir = out / "checkpoints" / f"step_{STEPS:06d}"
+    hf_dir = tmp_path / "hf"
+    subprocess.run([sys.executable, str(TOOLS / "convert_weight.py"), "--reverse", "--mindspore_ckpt_path",
+                    str(step_dir), "--config_path", str(ARITH / "train.yaml"), "--torch_ckpt_dir", str(hf_dir),
+                    "--tokenizer_dir", str(ARITH / "policy")], check=True, capture_output=True)
+
+    problems = list(read_problems(HELDOUT))[:16]
+    model = Qwen2ForCausalLM(Qwen2Config.from_yaml(ARITH / "train.yaml"))
+    ms.load_param_into_net(model, {k: ms.Parameter(v, name=k) for k, v in read_weights(str(step_dir)).items()},
+                           strict_load=True)
+    tokenizer = load_tokenizer(ARITH / "policy")
+    ours = greedy_completions(model, tokenizer, problems, 48)
+
+    hf_tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    hf_model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32).eval()
+    theirs = []
+    for problem in problems:
+        ids = hf_tokenizer(build_prompt(problem.question, "r1_think"), return_tensors="pt").input_ids
+        assert ids[0].tolist() == tokenizer.encode(build_prompt(problem.question, "r1_think"))
+        with torch.no_grad():
+            generated = hf_model.generate(ids, max_new_tokens=48, do_sample=False,
+                                          eos_token_id=tokenizer.stop_token_ids, pad_token_id=tokenizer.pad_token_id)
+        theirs.append(hf_tokenizer.decode(generated[0, ids.shape[1]:], skip_special_tokens=True))
+    assert theirs == ours
+    bundled = greedy_completions(_bundled_policy(), tokenizer, problems, 48)
+    assert bundled != ours  # the checkpoint holds the trained weights, not the bundled ones
+
+
+def _bundled_policy():
+    from mindrlhf.models.qwen2.convert import hf_to_ms_state_dict, read_hf_state_dict
+
+    config = Qwen2Config.from_yaml(ARITH / "train.yaml")
+    model = Qwen2ForCausalLM(config)
+    weights = hf_to_ms_state_dict(read_hf_state_dict(ARITH / "policy"), config)
+    ms.load_param_into_net(model, {k: ms.Parameter(v, name=k) for k, v in weights.items()}, strict_load=True)
+    return model
+
+
+def test_ppo_run_learns_with_a_critic(tmp_path):
+    """`ALGORITHM=ppo bash run_grpo.sh`: the same job with GAE advantages from a critic (tensor parallel over the
+    2 ranks, started from the policy with a zero head); the held-out accuracy rises and the critic's values
+    follow the returns."""
+    out = tmp_path / "ppo"
+    env = dict(os.environ, ALGORITHM="ppo", OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3")
+    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0"], env,
+                       timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["step"] > 0]
+    assert len(steps) == STEPS
+    before, after = records[0]["eval/accuracy"], steps[-1]["eval/accuracy"]
+    # the held-out answers are scored by each rule reward of the job too (grpo.yaml: accuracy, format)
+    assert {k for k in records[0] if k.startswith("eval/")} == {"eval/accuracy", "eval/format"}
+    assert 0 <= records[0]["eval/format"] <= 1 and 0 <= steps[-1]["eval/format"] <= 1
+    assert after >= before + 0.08, (before, after)
+    assert steps[0]["critic/values/mean"] == 0.0  # the zero head
+    late = steps[STEPS // 2:]
+    # a baseline: the critic's mean value tracks the mean return (within the spread of the rewards)
+    assert np.mean([abs(r["critic/values/mean"] - r["critic/returns/mean"]) for r in late]) < 0.3
+    assert all(r["critic/updates"] == 4 for r in steps)

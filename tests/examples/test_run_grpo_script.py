@@ -1,0 +1,109 @@
+"""run_grpo.sh before any work: a MASTER_PORT another process holds fails at once (msrun would wait minutes), and on
+several nodes each node converts into a folder of its own (DRY_RUN=1 shows the commands without running them)."""
+import os
+import shlex
+import socket
+import subprocess
+import time
+
+from support.paths import MODEL_CONFIGS, RUN_GRPO
+
+from mindrlhf.utils.ports import IN_USE, free_port_near, main, port_in_use
+
+
+def held_port() -> socket.socket:
+    """A listening socket on a free port of 127.0.0.1 (as msrun's scheduler of another job would be)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def run_script(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(RUN_GRPO), *args], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_a_held_port_is_in_use_and_a_free_one_is_suggested(capsys):
+    with held_port() as sock:
+        port = sock.getsockname()[1]
+        assert port_in_use("127.0.0.1", port) and port_in_use("0.0.0.0", port)
+        near = free_port_near("127.0.0.1", port)
+        assert near is not None and near > port and not port_in_use("127.0.0.1", near)
+        assert main(["127.0.0.1", str(port)]) == IN_USE
+        assert capsys.readouterr().out.strip().isdigit()
+    assert not port_in_use("127.0.0.1", port)
+    assert main(["127.0.0.1", str(port)]) == 0
+    assert not port_in_use("nosuchhost.invalid", port)  # nothing to tell: msrun reports the host
+
+
+def test_run_grpo_fails_at_once_when_the_master_port_is_taken(tmp_path):
+    out = tmp_path / "out"
+    with held_port() as sock:
+        port = sock.getsockname()[1]
+        start = time.monotonic()
+        proc = run_script({"MASTER_PORT": str(port), "OUTPUT": str(out)})
+        seconds = time.monotonic() - start
+    assert proc.returncode != 0
+    assert seconds < 20, seconds  # not msrun's wait of minutes
+    message = (f"run_grpo.sh: MASTER_PORT {port} is in use by another process; set MASTER_PORT to a free port "
+               f"(e.g. MASTER_PORT=")
+    assert proc.stderr.startswith(message) and proc.stderr.rstrip().endswith(" bash run_grpo.sh)"), proc.stderr
+    assert not out.exists()  # failed before bootstrap and conversion
+    assert "[bootstrap]" not in proc.stdout
+
+
+def commands(stdout: str) -> dict[str, list[str]]:
+    """The dry run's commands by what they run (convert_weight.py, rlhf_data.py twice, msrun)."""
+    found: dict[str, list[str]] = {}
+    for line in stdout.splitlines():
+        words = shlex.split(line)
+        for key in ("convert_weight.py", "rlhf_data.py", "msrun", "bootstrap.sh"):
+            if any(word.endswith(key) for word in words):
+                found.setdefault(key, []).extend(words)
+    return found
+
+
+def test_one_node_converts_into_output_and_several_nodes_each_into_their_own(tmp_path):
+    out = tmp_path / "out"
+    single = run_script({"DRY_RUN": "1", "OUTPUT": str(out), "MASTER_PORT": str(free_port_near("127.0.0.1", 20000))})
+    assert single.returncode == 0, single.stderr
+    found = commands(single.stdout)
+    assert set(found) == {"bootstrap.sh", "convert_weight.py", "rlhf_data.py", "msrun"}, single.stdout
+    assert str(out / "policy.ckpt") in found["convert_weight.py"]
+    assert {str(out / "prompts.mindrecord"), str(out / "heldout.mindrecord")} <= set(found["rlhf_data.py"])
+    assert str(out / "policy.ckpt") in found["msrun"] and str(out / "prompts.mindrecord") in found["msrun"]
+    assert not (out / "policy.ckpt").exists()  # printed, not run
+
+    with held_port() as sock:  # node 1 hosts no scheduler: MASTER_PORT is node 0's, not checked here
+        node = {"DRY_RUN": "1", "OUTPUT": str(out), "WORKER_NUM": "4", "LOCAL_WORKER_NUM": "2", "NODE_RANK": "1",
+                "MASTER_PORT": str(sock.getsockname()[1])}
+        second = run_script(node)
+    assert second.returncode == 0, second.stderr
+    found = commands(second.stdout)
+    mine = out / "node_1"
+    assert str(mine / "policy.ckpt") in found["convert_weight.py"]
+    assert {str(mine / "prompts.mindrecord"), str(mine / "heldout.mindrecord")} <= set(found["rlhf_data.py"])
+    assert str(mine / "policy.ckpt") in found["msrun"] and str(mine / "prompts.mindrecord") in found["msrun"]
+    assert found["msrun"][found["msrun"].index("--output_dir") + 1] == str(out)  # the job's output stays shared
+    assert (mine / "msrun.out").exists()  # msrun's output teed per node too
+
+
+def test_model_names_a_folder_of_model_configs(tmp_path):
+    port = str(free_port_near("127.0.0.1", 20100))
+    env = {"DRY_RUN": "1", "OUTPUT": str(tmp_path / "out"), "MASTER_PORT": port}
+    qwen = run_script({**env, "MODEL": "qwen2_5_0_5b", "MODEL_DIR": "/models/Qwen2.5-0.5B-Instruct"})
+    assert qwen.returncode == 0, qwen.stderr
+    found = commands(qwen.stdout)
+    configs = MODEL_CONFIGS / "qwen2_5_0_5b"
+    assert found["convert_weight.py"][found["convert_weight.py"].index("--torch_ckpt_dir") + 1] == \
+        "/models/Qwen2.5-0.5B-Instruct"
+    yamls = (("--sft_path_train", "train.yaml"), ("--sft_path_infer", "infer.yaml"), ("--config", "grpo.yaml"))
+    for flag, name in yamls:
+        assert found["msrun"][found["msrun"].index(flag) + 1] == str(configs / name)
+    assert found["rlhf_data.py"][found["rlhf_data.py"].index("--template") + 1] == "chat"  # the model's own template
+
+    no_dir = run_script({**env, "MODEL": "qwen2_5_0_5b"})
+    assert no_dir.returncode == 2 and "MODEL=qwen2_5_0_5b needs MODEL_DIR" in no_dir.stderr
+    unknown = run_script({**env, "MODEL": "nosuch"})
+    assert unknown.returncode == 2 and "model_configs/nosuch/grpo.yaml" in unknown.stderr

