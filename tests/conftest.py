@@ -4,8 +4,13 @@ import os
 
 import pytest
 
-# the shared helpers' asserts report what they compared, as they did in the test modules they came from
+# the shared helpers' asserts report what they compared, as they did in the test modules they came from (before
+# any of them is imported)
 pytest.register_assert_rewrite("support")
+
+from support.processes import stop_leftovers, tag_this_session  # noqa: E402
+
+tag_this_session()
 
 # msrun jobs of the tests run on this one host: workers retry connecting to the scheduler every 0-1 s instead of
 # MindSpore's default 3-5 s (which a 2-worker job otherwise waits out on every launch, ~5 s each)
@@ -48,3 +53,15 @@ def mindrecord(tmp_path_factory):
     tokenizer = Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")
     convert_to_mindrecord(GSM8K_SAMPLE, out, tokenizer, template="r1_think", max_prompt_length=256)
     return out
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No process a test started may outlive the session: any still running is killed, listed, and fails the run."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller checks, once its workers are done
+    left = stop_leftovers()
+    if left:
+        session.config.get_terminal_reporter().write_line(
+            "processes started by the tests were still running at the end (killed now):\n  " + "\n  ".join(left),
+            red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

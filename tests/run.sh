@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
-# Sets up .venv with the test dependencies (first run only) and runs the whole test suite.
-# Extra arguments go to pytest, e.g. `bash tests/run.sh -m "not msrun"` or `bash tests/run.sh -k reward`.
+# Sets up .venv with the test dependencies (first run only) and runs the test suite.
+#   bash tests/run.sh            the whole suite (what CI runs)
+#   bash tests/run.sh --quick    the quick tier: no msrun job, no trainer job (a few minutes; a developer's loop)
+# Other arguments go to pytest, e.g. `bash tests/run.sh -k reward` or `bash tests/run.sh tests/parallel`.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/tools/bootstrap.sh" test
 cd "$ROOT"
 export GLOG_v="${GLOG_v:-3}"  # MindSpore: errors only
-exec "$ROOT/.venv/bin/python" -m pytest -ra --durations=40 "$@"
+export PYTHONFAULTHANDLER=1   # a test process that crashes prints its threads' stacks
+TIER=()
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  TIER=(-m "not msrun and not slow")
+fi
+exec "$ROOT/.venv/bin/python" -m pytest -ra --durations=40 "${TIER[@]}" "$@"

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import yaml
 from support.checkpoints import NET_LAYOUTS, mindspore_split, tiny_strategy
-from support.jobs import msrun_command, msrun_env
-from support.msrun import free_port, run_command
+from support.jobs import grpo_msrun_command
+from support.msrun import free_port, msrun_env, run_command
 from support.paths import GSM8K_SAMPLE, TINY, TINY_SFT_CKPT, TOKENIZER, TOOLS
 from support.tools import transform_checkpoint_tool
 
@@ -251,7 +251,7 @@ def tutorial_args(mindrecord, out_dir, *extra, yamls=None):
 
 
 def run_msrun(tmp_path, name, args):
-    done = run_command(msrun_command(tmp_path / f"{name}_logs", free_port(), args), msrun_env(), timeout=900)
+    done = run_command(grpo_msrun_command(tmp_path / f"{name}_logs", free_port(), args), msrun_env(), timeout=900)
     logs = [p.read_text(errors="replace") for p in sorted((tmp_path / f"{name}_logs").glob("worker_*.log"))]
     tails = "".join(log[-3000:] for log in logs)
     assert done.returncode == 0, f"{name}: {done.stdout[-2000:]}{done.stderr[-2000:]}{tails}"

@@ -1,9 +1,8 @@
 """The tutorial's GRPO job (`examples/qwen_grpo_tutorial/grpo_one_stage.py`) on the tiny model: in this process
 (`load_script`, `base_args`, `yaml_with`) or under msrun (`job_args`, `run_job` through `workers/grpo_worker.py`,
-`module_run`, `msrun_command` / `msrun_env` for msrun itself), and `without_timing` to compare their metrics."""
+`module_run`, `grpo_msrun_command` for msrun itself), and `without_timing` to compare their metrics."""
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -67,11 +66,10 @@ def module_run(tmp_path_factory, name, make_args):
         return tmp_path, run_job(tmp_path, monkeypatch, name, make_args(tmp_path / "out"))
 
 
-def msrun_command(log_dir, port, args, worker_num=2, local_worker_num=2, node_rank=0):
+def grpo_msrun_command(log_dir, port, args, worker_num=2, local_worker_num=2, node_rank=0):
+    """msrun running grpo_one_stage.py itself (no test worker around it), as a user launches it; one node of
+    `worker_num // local_worker_num` when `local_worker_num` is smaller."""
     return [str(Path(sys.executable).parent / "msrun"), f"--worker_num={worker_num}",
             f"--local_worker_num={local_worker_num}", "--master_addr=127.0.0.1", f"--master_port={port}",
             f"--node_rank={node_rank}", "--join=True", f"--log_dir={log_dir}", str(GRPO_SCRIPT), *args]
 
-
-def msrun_env():
-    return dict(os.environ, GLOG_v="3", PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])

@@ -7,8 +7,8 @@ import shutil
 
 import numpy as np
 import pytest
-from support.jobs import job_args, module_run, msrun_command, msrun_env, run_job, without_timing
-from support.msrun import free_port, run_command
+from support.jobs import grpo_msrun_command, job_args, module_run, run_job, without_timing
+from support.msrun import free_port, msrun_env, run_command
 from support.paths import TINY, TINY_SFT_CKPT
 from support.tolerances import assert_weights_close_after_adam
 from support.tools import transform_checkpoint_tool
@@ -132,7 +132,7 @@ def test_resume_with_other_stages_is_a_one_line_error(pipeline_run, tmp_path, mi
     straight_dir, _ = pipeline_run
     out = tmp_path / "out"
     shutil.copytree(straight_dir / "out" / "checkpoints" / "step_000002", out / "checkpoints" / "step_000002")
-    done = run_command(msrun_command(tmp_path / "logs", free_port(), job_args(mindrecord, out, 3, ["--resume"])),
+    done = run_command(grpo_msrun_command(tmp_path / "logs", free_port(), job_args(mindrecord, out, 3, ["--resume"])),
                        msrun_env(), timeout=600)
     assert done.returncode != 0
     log = (tmp_path / "logs" / "worker_0.log").read_text(errors="replace")
@@ -147,7 +147,7 @@ def test_only_save_strategy_writes_each_stage_which_mindspore_merges(tmp_path, m
     from mindrlhf.parallel.strategy import read_staged_strategy_file
 
     out = tmp_path / "out"
-    done = run_command(msrun_command(tmp_path / "logs", free_port(),
+    done = run_command(grpo_msrun_command(tmp_path / "logs", free_port(),
                                      pipeline_args(mindrecord, out, 1, ["--only_save_strategy"])),
                        msrun_env(), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:]

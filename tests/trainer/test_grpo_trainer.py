@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.jobs import job_args, module_run, msrun_command, msrun_env, run_job, without_timing
+from support.jobs import grpo_msrun_command, job_args, module_run, run_job, without_timing
 from support.metrics_doc import assert_documented
-from support.msrun import free_port, run_command
+from support.msrun import free_port, msrun_env, run_command
 from support.paths import TINY
 from support.tolerances import assert_weights_close_after_adam
 
@@ -123,7 +123,7 @@ def test_two_nodes_of_one_worker_each_complete_a_step(tmp_path, mindrecord):
 
     port = free_port()
     args = job_args(mindrecord, tmp_path / "out", 1, ["--num_iterations", "1", "--mini_batch_size", "0"])
-    nodes = [subprocess.Popen(msrun_command(tmp_path / f"node{n}", port, args, local_worker_num=1, node_rank=n),
+    nodes = [subprocess.Popen(grpo_msrun_command(tmp_path / f"node{n}", port, args, local_worker_num=1, node_rank=n),
                               env=msrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for n in (0, 1)]
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
@@ -150,7 +150,7 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
     # with the compile cache on, as a user may have it: the resumed run must not load the killed run's graphs
     args = job_args(mindrecord, out, 50, ["--save_interval", "1", "--num_iterations", "1", "--mini_batch_size", "0",
                                           "--enable_compile_cache", "True"])
-    job = subprocess.Popen(msrun_command(tmp_path / "logs", free_port(), args), env=msrun_env(),
+    job = subprocess.Popen(grpo_msrun_command(tmp_path / "logs", free_port(), args), env=msrun_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 600
@@ -184,7 +184,8 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
     resume_args = job_args(mindrecord, out, step + 1, ["--save_interval", "1", "--num_iterations", "1",
                                                        "--mini_batch_size", "0", "--resume",
                                                        "--enable_compile_cache", "True"])
-    resumed = run_command(msrun_command(tmp_path / "resume_logs", free_port(), resume_args), msrun_env(), timeout=600)
+    resumed = run_command(grpo_msrun_command(tmp_path / "resume_logs", free_port(), resume_args), msrun_env(),
+                          timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert len(list((out / "compile_cache").iterdir())) == 2  # the killed run's cache and the resumed run's
     assert (out / "checkpoints" / f"step_{step + 1:06d}" / "meta.json").is_file()
