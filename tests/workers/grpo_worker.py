@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import worker_setup  # noqa: F401 (sys.path)
+import worker_setup
 from support.paths import TUTORIAL
 
 sys.path.insert(0, str(TUTORIAL))
@@ -53,8 +53,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     (out / f"rank_{rank}.json").write_text(json.dumps({**RESULTS, "exit_code": code, "cores": cores}))
-    sys.exit(code)
+    return code
 
 
 if __name__ == "__main__":
-    main()
+    worker_setup.run_worker_script(main)

@@ -101,4 +101,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_setup.run_worker_script(main)

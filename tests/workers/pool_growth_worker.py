@@ -54,4 +54,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    worker_setup.run_worker_script(main)

@@ -80,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    worker_setup.run_worker_script(main)

@@ -77,4 +77,4 @@ def _host(param) -> np.ndarray:
 
 
 if __name__ == "__main__":
-    main()
+    worker_setup.run_worker_script(main)

@@ -37,3 +37,11 @@ def save_rank_results(out: str, rank: int, results: dict) -> None:
 
     os.makedirs(out, exist_ok=True)
     np.savez(os.path.join(out, f"rank_{rank}.npz"), **results)
+
+
+def run_worker_script(main) -> None:
+    """Runs `main()` (which returns None or an exit code) and ends the process as the trainer's script does
+    (`mindrlhf.trainer.launch.run_script`: faulthandler on, a barrier, the exit handlers, no interpreter teardown)."""
+    from mindrlhf.trainer.launch import run_script
+
+    run_script(lambda: main() or 0)
