@@ -1,0 +1,57 @@
+"""How a launched process ends (`mindrlhf.trainer.launch.run_script` / `end_process`) and how a failure after the end
+is reported (`mindrlhf.trainer.postmortem`)."""
+import sys
+
+from support.msrun import run_command
+from support.paths import ROOT
+
+from mindrlhf.trainer.launch import FINISHED
+from mindrlhf.trainer.postmortem import first_failed_worker
+
+
+def _worker_log(rank: int, pid: int, finished: int | None) -> str:
+    lines = [f"10:00:00 [rank {rank}] INFO mindrlhf.trainer: rank {rank} of 2 started as pid {pid} on host",
+             f"10:00:09 [rank {rank}] INFO mindrlhf.trainer: step 2/2 | critic/score/mean 0.5"]
+    if finished is not None:
+        lines.append(f"10:00:10 [rank {rank}] INFO mindrlhf.trainer: " + FINISHED % (rank, finished))
+    return "\n".join(lines) + "\n"
+
+
+def test_a_crash_after_every_rank_finished_is_named_as_such(tmp_path):
+    msrun_output = "Worker process 4242 exit with exception. Error code: -11.\n"
+    (tmp_path / "worker_0.log").write_text(_worker_log(0, 4242, 0))
+    (tmp_path / "worker_1.log").write_text(_worker_log(1, 4343, 0))
+    report = first_failed_worker(msrun_output, str(tmp_path))
+    assert report == (f"rank 0 (pid 4242) crashed after the job had finished: killed by SIGSEGV (exit -11) once "
+                      f"every rank had logged its exit 0 (the steps, checkpoints and metrics are complete); its log: "
+                      f"{tmp_path}/worker_0.log")
+    # a rank that never logged its end, or ended with an error, makes it an ordinary failure
+    for other in (None, 1):
+        (tmp_path / "worker_1.log").write_text(_worker_log(1, 4343, other))
+        assert first_failed_worker(msrun_output, str(tmp_path)).startswith(
+            "rank 0 (pid 4242) failed first: killed by SIGSEGV (exit -11)")
+
+
+def test_a_script_ends_with_mains_code_after_its_exit_handlers_and_logs_its_end(tmp_path):
+    """`run_script(main)` outside msrun: the exit handlers registered by the job run (MindSpore's, the shared memory
+    groups', the logging flush), the rank logs `FINISHED`, and the process exits with main's code, without the
+    interpreter's own teardown (an object's finaliser that would run at teardown does not)."""
+    marker = tmp_path / "atexit_ran"
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import atexit, sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from mindrlhf.trainer.launch import run_script\n"
+        "from mindrlhf.utils.logging import setup_logging\n"
+        "setup_logging(rank=0)\n"
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').write('yes'))\n"
+        "class Teardown:\n"
+        "    def __del__(self):\n"
+        "        print('interpreter teardown ran', flush=True)\n"
+        "kept = Teardown()\n"
+        "run_script(lambda: 3)\n")
+    done = run_command([sys.executable, str(script)], timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert marker.read_text() == "yes"
+    assert "rank 0 finished with exit 3" in done.stderr
+    assert "interpreter teardown ran" not in done.stdout
