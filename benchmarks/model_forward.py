@@ -2,7 +2,7 @@
 
     python benchmarks/model_forward.py [--output benchmarks/results/model_forward.json]
 
-Builds random tiny HF models (tests/hf_fixtures.py), converts them with the project's converter and
+Builds random tiny HF models (tests/support/hf_fixtures.py), converts them with the project's converter and
 prints, per variant, the max |logit difference| and the median forward time in each mode.
 """
 import argparse
@@ -18,7 +18,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from hf_fixtures import hf_logits, make_hf_model_dir  # noqa: E402
+from support.hf_fixtures import hf_logits, make_hf_model_dir  # noqa: E402
 
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
 from mindrlhf.models.qwen2.convert import convert_hf_to_ms  # noqa: E402

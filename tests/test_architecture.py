@@ -93,7 +93,7 @@ def test_functions_fit_a_screen(package):
 # ---------------------------------------------------------------------------------------------- the tests' layout
 ROOT_TEST_MODULES = {"test_architecture.py", "test_lint.py"}  # about the whole tree, not one package
 # tests/'s own files beside them: the shared fixtures, and a shim benchmarks/model_forward.py still imports
-ROOT_HELPERS = {"conftest.py", "hf_fixtures.py"}
+ROOT_HELPERS = {"conftest.py"}
 NOT_LIBRARY = {"tools", "examples", "benchmarks"}  # tests of the repository's scripts
 # the only files that find the repository from their own location: support's paths and the workers' bootstrap,
 # which must locate tests/ before it can import support
