@@ -109,6 +109,7 @@ def test_grpo_loss_net_equals_the_numpy_loss(model):
         assert 0.1 < expected_entropy < np.log(model.config.vocab_size)
 
 
+@pytest.mark.slow
 def test_train_step_lowers_the_loss_on_a_fixed_batch(model):
     prompt, prompt_mask, response, response_mask = batch(3)
     logp = numpy_response_logp(model, prompt, prompt_mask, response, response_mask).astype(np.float32)
@@ -125,6 +126,7 @@ def test_train_step_lowers_the_loss_on_a_fixed_batch(model):
     assert after[mask].mean() > before[mask].mean() + 0.1
 
 
+@pytest.mark.slow
 def test_micro_batches_give_the_update_of_the_whole_batch(graph_mode):
     """Gradient accumulation: one row at a time == all rows in one graph (outputs, clipped grad norm, weights)."""
     prompt, prompt_mask, response, response_mask = batch(5)
@@ -168,6 +170,7 @@ def grouped_batch(groups=2, count=3, prompt_width=7, response_width=6, seed=0):
     return prompt, prompt_mask, response, response_mask
 
 
+@pytest.mark.slow
 def test_a_prompt_read_once_for_its_responses_gives_their_log_probs_entropy_and_gradients(model):
     """Prefix sharing: prompts [2, P] with 3 responses each give the log-probs, entropies and loss gradients of the 6
     [prompt | response] rows (grouped-query attention with 2 query heads a kv head, a left-padded prompt, a response
@@ -202,6 +205,7 @@ def test_a_prompt_read_once_for_its_responses_gives_their_log_probs_entropy_and_
         np.testing.assert_allclose(b.asnumpy(), a.asnumpy(), atol=1e-5 * scale, err_msg=param.name)
 
 
+@pytest.mark.slow
 def test_value_heads_read_a_shared_prompt_like_each_response(graph_mode):
     """The critic's values (before each response token) and a reward model's score (at the last response token) of
     responses sharing their prompt equal those of each [prompt | response] row."""

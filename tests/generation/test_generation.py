@@ -81,6 +81,7 @@ def reference_greedy(model, prompts, steps) -> np.ndarray:
 # ------------------------------------------------------------------ greedy, cache, EOS
 
 
+@pytest.mark.slow
 def test_greedy_matches_full_forward_loop(model, generator):
     out = run(generator)
     np.testing.assert_array_equal(out.response_ids, reference_greedy(model, PROMPTS, NEW))
@@ -93,6 +94,7 @@ def test_greedy_matches_full_forward_loop(model, generator):
     assert len(set(out.response_ids.ravel().tolist())) > 3, "logits too flat: the test would prove little"
 
 
+@pytest.mark.slow
 def test_min_prompt_width_picks_a_wider_common_bucket(model, generator):
     # data-parallel ranks share the global batch's width: short local prompts still use the wider bucket
     generator.config = gen_config()
@@ -190,6 +192,7 @@ def test_degenerate_filters_equal_greedy(generator, filters):
     np.testing.assert_array_equal(sampled, greedy)
 
 
+@pytest.mark.slow
 def test_samples_per_prompt_layout(generator):
     prompts = PROMPTS[:2]
     out = run(generator, prompts, num_generations=3, do_sample=True, temperature=1.5, seed=2)
@@ -287,6 +290,7 @@ def test_token_log_probs_with_temperature():
 
 
 @pytest.mark.slow
+@pytest.mark.slow
 def test_compiles_once_per_bucket_and_once_for_decode(model):
     """Prompt lengths 5, 9, 30, 33 with buckets [16, 32, 64] -> prefill compiled for 16, 32, 64; decode once."""
     gen = Generator(model, gen_config(max_new_tokens=3, prompt_buckets=[16, 32, 64]))
@@ -300,6 +304,7 @@ def test_compiles_once_per_bucket_and_once_for_decode(model):
     assert sorted(sig[3][1] for sig in gen.first_call_seconds if sig[0] == "prefill") == [16, 32, 64]
 
 
+@pytest.mark.slow
 @pytest.mark.slow
 def test_a_generator_sharing_graphs_runs_the_other_ones(model):
     """The held-out evaluation's greedy generator shares the rollout's KV caches and graphs: at the rollout's batch

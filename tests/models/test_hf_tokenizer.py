@@ -55,6 +55,7 @@ def llama_style_dir(tmp_path_factory) -> str:
     return str(folder)
 
 
+@pytest.mark.slow
 def test_load_tokenizer_picks_the_class_by_files(qwen_json_dir, tmp_path):
     assert isinstance(load_tokenizer(qwen_json_dir), HFTokenizer)
     assert isinstance(load_tokenizer(TINY_DIR), Qwen2Tokenizer)
@@ -68,6 +69,7 @@ def test_load_tokenizer_picks_the_class_by_files(qwen_json_dir, tmp_path):
         load_tokenizer(vocab_path="vocab.json")
 
 
+@pytest.mark.slow
 def test_qwen_tokenizer_json_matches_transformers(qwen_json_dir):
     ours, reference = load_tokenizer(qwen_json_dir), transformers.AutoTokenizer.from_pretrained(qwen_json_dir)
     for text in PARITY_TEXTS:

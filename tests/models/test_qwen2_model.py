@@ -18,7 +18,8 @@ VARIANTS = {
 }
 
 
-pytestmark = pytest.mark.usefixtures("graph_mode")
+# every test compiles the converted nets of 4 variants (and runs transformers): the full suite, not the quick tier
+pytestmark = [pytest.mark.usefixtures("graph_mode"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -86,20 +87,27 @@ def test_greedy_generation_matches_transformers_generate(converted):
     np.testing.assert_array_equal(ours, ref)
 
 
+# the tests below call the net on [batch 2, width 16] batches with a mask, so they share one compiled full-forward graph
+FULL_WIDTH = 16
+
+
 def test_kv_cache_decode_equals_full_forward_with_left_padding(converted):
+    """Prefill and every decode step give the logits the full forward gives at the same position of the final
+    sequence (a causal net: position p sees tokens <= p only), with a left-padded row."""
     _, net, config = converted
     batch, seq, length = 2, 10, 32
+    steps = FULL_WIDTH - seq
     ids = random_ids(config, batch, seq, seed=2)
     mask = np.ones((batch, seq), np.int32)
     mask[1, :4] = 0  # row 1 is a 6-token prompt, left-padded
     ids[1, :4] = 0
     cache = KVCache(net, batch, length)
     logits = cache.prefill(ms.Tensor(ids), ms.Tensor(mask), *cache.rows_of(0, batch)).asnumpy()
-    np.testing.assert_allclose(logits, net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()[:, -1], atol=1e-5)
     valid = np.zeros((batch, length), np.float32)
     valid[:, :seq] = mask
     positions = mask.sum(1) - 1
-    for step in range(5):
+    decoded = [logits]
+    for step in range(steps):
         token = logits.argmax(-1).astype(np.int32)
         ids = np.concatenate([ids, token[:, None]], 1)
         mask = np.concatenate([mask, np.ones((batch, 1), np.int32)], 1)
@@ -107,23 +115,29 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(converted):
         valid[:, seq + step] = 1
         logits = cache.decode(ms.Tensor(token[:, None]), ms.Tensor(positions[:, None].astype(np.int32)),
                               ms.Tensor(seq + step, ms.int32), ms.Tensor(valid)).asnumpy()
-        full = net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()[:, -1]
-        np.testing.assert_allclose(logits, full, atol=1e-5, err_msg=f"decode step {step}")
+        decoded.append(logits)
+    full = net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+    assert full.shape[1] == FULL_WIDTH
+    np.testing.assert_allclose(decoded[0], full[:, seq - 1], atol=1e-5, err_msg="prefill")
+    for step in range(steps - 1):  # the last decode step predicts past the final sequence
+        np.testing.assert_allclose(decoded[step + 1], full[:, seq + step], atol=1e-5, err_msg=f"decode step {step}")
 
 
 def test_left_padding_does_not_change_the_real_tokens_logits(converted):
+    """Row 1 is row 0's first 13 tokens after 3 pad positions: its real tokens get row 0's logits."""
     _, net, config = converted
-    ids = random_ids(config, 1, 8, seed=4)
-    padded = np.concatenate([np.zeros((1, 3), np.int32), ids], 1)
-    mask = np.concatenate([np.zeros((1, 3), np.int32), np.ones((1, 8), np.int32)], 1)
-    plain = net(ms.Tensor(ids)).asnumpy()
-    with_pad = net(ms.Tensor(padded), ms.Tensor(mask)).asnumpy()[:, 3:]
-    np.testing.assert_allclose(with_pad, plain, atol=1e-5)
+    real = random_ids(config, 1, FULL_WIDTH, seed=4)[0]
+    ids = np.stack([real, np.concatenate([np.zeros(3, np.int32), real[:FULL_WIDTH - 3]])])
+    mask = np.ones_like(ids)
+    mask[1, :3] = 0
+    logits = net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+    np.testing.assert_allclose(logits[1, 3:], logits[0, :FULL_WIDTH - 3], atol=1e-5)
+    assert np.abs(logits[0]).max() > 0.1
 
 
 def test_log_probs_equal_log_softmax_of_logits(converted):
     _, net, config = converted
-    ids = random_ids(config, 2, 16, seed=5)
+    ids = random_ids(config, 2, FULL_WIDTH, seed=5)
     mask = np.ones_like(ids)
     prompt, response = ids[:, :6], ids[:, 6:]
     logp = ResponseLogProbs(net)(*map(ms.Tensor, (prompt, mask[:, :6], response, mask[:, 6:]))).asnumpy()

@@ -85,6 +85,7 @@ def test_cli_reshards_with_dst_strategy(tmp_path, tp2_job, tensors):
             assert np.array_equal(got[name], _tp_shard(full, SPLIT_AXES[name], dst_layout, rank)), (rank, name)
 
 
+@pytest.mark.slow
 def test_cli_reports_missing_rank_file(tmp_path, tp2_job):
     src, strategy_dir = tp2_job
     shutil.rmtree(os.path.join(src, "rank_1"))
