@@ -10,8 +10,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ import yaml
 from support.checkpoints import NET_LAYOUTS, mindspore_split, tiny_strategy
 from support.jobs import grpo_msrun_command
 from support.msrun import free_port, msrun_env, run_command
-from support.paths import GSM8K_SAMPLE, TINY, TINY_SFT_CKPT, TOKENIZER, TOOLS
+from support.paths import GSM8K_SAMPLE, TINY, TINY_SFT_CKPT, TOKENIZER
 from support.tools import transform_checkpoint_tool
 
 from mindrlhf.checkpoint import shards as shards_module
@@ -274,14 +272,12 @@ def test_the_tutorials_shards_train_like_the_whole_checkpoint(tmp_path):
     run_msrun(tmp_path, "strategy", tutorial_args(mindrecord, tmp_path / "strategy_run", "--only_save_strategy",
                                                   yamls=yamls))
     shards = {}
+    # the tool's main() on the tutorial's command line, in this process (test_transform_checkpoint.py runs the script)
+    tool = transform_checkpoint_tool()
     for net in ("train", "infer", "ref"):
         shards[net] = tmp_path / f"ckpt_{net}"
-        done = subprocess.run([sys.executable, str(TOOLS / "transform_checkpoint.py"),
-                               f"--src_checkpoint={WHOLE}", f"--dst_checkpoint={shards[net]}",
-                               f"--dst_strategy={tmp_path / 'strategy_run' / 'strategy' / net}"],
-                              capture_output=True, text=True, timeout=300, check=False,
-                              env={**os.environ, "GLOG_v": "3"})
-        assert done.returncode == 0, done.stderr
+        assert tool.main([f"--src_checkpoint={WHOLE}", f"--dst_checkpoint={shards[net]}",
+                          f"--dst_strategy={tmp_path / 'strategy_run' / 'strategy' / net}"]) == 0
     logs = run_msrun(tmp_path, "shards", tutorial_args(
         mindrecord, tmp_path / "from_shards", "--only_save_strategy", "False",
         "--load_sft_checkpoint_train", str(shards["train"]), "--load_sft_checkpoint_infer", str(shards["infer"]),

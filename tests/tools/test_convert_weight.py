@@ -242,6 +242,7 @@ def test_reverse_casts_dtype(hf_model, tmp_path):
 
 
 # ----------------------------------------------------------------------------------- CLI
+@pytest.mark.slow
 def test_cli_forward_and_reverse(hf_model, tmp_path):
     folder, model = hf_model("qwen2_tied")
     ckpt, yaml_path, back = tmp_path / "m.ckpt", tmp_path / "m.yaml", tmp_path / "back"
@@ -354,6 +355,7 @@ def test_cli_bad_input(hf_model, tmp_path, capsys, case):
     assert _files(out_dir) == set()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["truncated", "missing_shard"])
 def test_cli_bad_input_subprocess(hf_model, tmp_path, case):
     hf_dir, extra_args, expected = BAD_INPUTS[case](hf_model, tmp_path)
@@ -402,6 +404,7 @@ def test_ckpt_loads_into_network(hf_model, tmp_path, variant):
         np.testing.assert_array_equal(param.asnumpy(), params[param.name].asnumpy(), err_msg=name)
 
 
+@pytest.mark.slow
 def test_cli_reverse_of_a_trainer_checkpoint_with_tokenizer(hf_model, tmp_path):
     from mindrlhf.checkpoint.weights import read_weights
     from mindrlhf.models.tokenizer import load_tokenizer

@@ -141,6 +141,7 @@ def convert_ms_to_hf_from(weights, tmp_path):
     convert_ms_to_hf(path, tmp_path / "rm.yaml", tmp_path / "biased_hf")
 
 
+@pytest.mark.slow
 def test_a_trained_critic_exports_from_a_trainer_checkpoint_folder(tmp_path):
     """`convert_weight.py --reverse --net critic STEP_DIR`: the critic's tp=2 shards (next to the actor's) merge
     back into the reward model they came from, byte for byte, which `transformers` loads as its class."""

@@ -63,6 +63,7 @@ def test_tiny_policy_loads_completely_and_follows_the_format():
     assert np.mean(format_reward(completions, [p.answer for p in problems])) >= 0.5
 
 
+@pytest.mark.slow
 def test_arith_policy_converts_and_answers_part_of_the_heldout_problems(tmp_path):
     """run_grpo.sh's default policy goes through the converter like a user's model; it writes the R1 form, gets
     some held-out answers right, and answers many without the worked steps (the room GRPO has to improve)."""
@@ -81,6 +82,7 @@ def test_arith_policy_converts_and_answers_part_of_the_heldout_problems(tmp_path
     assert correct[~direct].mean() > correct[direct].mean() + 0.15  # working it out pays
 
 
+@pytest.mark.slow
 def test_sft_tool_lowers_the_loss_and_rebuilds_bit_identically(tmp_path):
     tool = load_tool()
     config = Qwen2Config.from_yaml(TINY / "model.yaml")

@@ -6,13 +6,14 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from support.jobs import base_args, load_script, yaml_with
 from support.metrics_doc import assert_documented
+from support.msrun import run_command
 from support.paths import GRPO_SCRIPT, GSM8K_SAMPLE, TINY, TINY_SFT_CKPT, TOKENIZER
 from support.tolerances import assert_weights_close_after_adam
 
@@ -83,12 +84,25 @@ def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, mindrecord, ca
 
 def test_a_bad_flag_from_the_shell_has_no_traceback(tmp_path, mindrecord):
     env = dict(os.environ, GLOG_v="3")
-    proc = subprocess.run([sys.executable, str(GRPO_SCRIPT), *base_args(mindrecord, tmp_path / "out"),
-                           "--steps", "0"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = run_command([sys.executable, str(GRPO_SCRIPT), *base_args(mindrecord, tmp_path / "out"), "--steps", "0"],
+                       env, timeout=300)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+
+
+def logged_run(data, out, extra, callbacks=None) -> str:
+    """A run of the tiny job on `data` from the bundled checkpoint with `extra` flags; returns its log (stderr)."""
+    log = io.StringIO()
+    with contextlib.redirect_stderr(log):
+        code = load_script().main(base_args(data, out) + ["--load_sft_checkpoint_train", str(TINY_SFT_CKPT)] + extra,
+                                  callbacks=callbacks)
+    assert code == 0, log.getvalue()[-3000:]
+    return log.getvalue()
+
+
+def metrics_lines(out) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_only_save_strategy_writes_strategy_files_mindspore_reads(tmp_path, mindrecord, graph_mode):
@@ -103,15 +117,14 @@ def test_only_save_strategy_writes_strategy_files_mindspore_reads(tmp_path, mind
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mindrecord, graph_mode):
     from mindspore.dataset import MindDataset
     out = tmp_path / "out"
-    code = load_script().main(base_args(mindrecord, out) + [
-        "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1", "--max_new_tokens", "24",
-        "--dynamic_sampling", "true", "--max_sampling_retries", "2", "--num_iterations", "1",
-        "--save_data_file", str(tmp_path / "exp" / "grpo")])
-    assert code == 0
-    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    logged_run(mindrecord, out, [
+        "--steps", "1", "--max_new_tokens", "24", "--dynamic_sampling", "true", "--max_sampling_retries", "2",
+        "--num_iterations", "1", "--save_data_file", str(tmp_path / "exp" / "grpo")])
+    metrics = metrics_lines(out)[0]
     assert_documented([metrics])
     assert 1 <= metrics["sampling/rounds"] <= 3
     assert 0 <= metrics["sampling/kept_groups"] <= 4
@@ -132,6 +145,7 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
     assert (out / "checkpoints" / "step_000001" / "meta.json").is_file()
 
 
+@pytest.mark.slow
 def test_updates_that_keep_going_non_finite_stop_the_job_with_one_line(tmp_path, mindrecord, graph_mode, capsys):
     """A learning rate of 1e30 blows the weights up after the first update: later updates have a NaN loss, are
     skipped, and two in a row stop the job with a one-line error and no checkpoint of the broken state."""
@@ -145,91 +159,142 @@ def test_updates_that_keep_going_non_finite_stop_the_job_with_one_line(tmp_path,
     assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step_*"))
 
 
-def run_one_step_with_user_rewards(tmp_path, monkeypatch, data, module: str, source: str, *flags):
-    """One GRPO step of the tiny policy on `data` with reward functions from a user module `module` (`source`)."""
-    (tmp_path / f"{module}.py").write_text(source)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    out = tmp_path / "out"
-    code = load_script().main(base_args(data, out) + [
-        "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1", *flags])
-    assert code == 0
-    return out
+@pytest.fixture(scope="module")
+def user_rewards_run(tmp_path_factory, graph_mode):
+    """One step on the tutorial's prompts with a dataset field of their own (each prompt's token count, computed when
+    the data is written) and user reward functions: a TRL-form one (`trl_style_rewards:short_answers`, beside the
+    built-in accuracy) and one that reads the field (`column_rewards:prompt_tokens`), the only one weighted, so each
+    response's reward is what that function gave it; with a held-out evaluation (the sample's last 10 problems)
+    before and after the step. 48 new tokens: what the bundled policy's greedy answers need. The run of the
+    three tests below (rewards, TRL form, held-out accuracy)."""
+    from mindrlhf.data.mindrecord import convert_to_mindrecord
+    from mindrlhf.data.templates import build_prompt
+    from mindrlhf.models.qwen2 import Qwen2Tokenizer
+    from mindrlhf.models.tokenizer import load_tokenizer
+
+    tmp = tmp_path_factory.mktemp("user_rewards")
+    tokenizer = Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")
+    lines = GSM8K_SAMPLE.read_text().splitlines()
+    rows = [json.loads(line) for line in lines if line.strip()]
+    for row in rows:
+        prompt = build_prompt(row["question"], "r1_think", tokenizer.apply_chat_template)
+        row["n_tokens"] = len(tokenizer.encode(prompt))
+    (tmp / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = tmp / "data.mindrecord"
+    convert_to_mindrecord(tmp / "data.jsonl", data, tokenizer, template="r1_think", max_prompt_length=256)
+    (tmp / "heldout.jsonl").write_text("\n".join(lines[-10:]) + "\n")
+    eval_path = tmp / "heldout.mindrecord"
+    convert_to_mindrecord(tmp / "heldout.jsonl", eval_path, load_tokenizer(TOKENIZER), template="r1_think",
+                          max_prompt_length=256)
+    (tmp / "trl_style_rewards.py").write_text(
+        "CALLS = []\n"
+        "def short_answers(prompts, completions, completion_ids, solution, **kwargs):\n"
+        "    CALLS.append((prompts, completions, completion_ids, solution))\n"
+        "    return [None if i % 2 else float(len(ids) < 10) for i, ids in enumerate(completion_ids)]\n")
+    (tmp / "column_rewards.py").write_text(
+        "def prompt_tokens(completions, n_tokens, **kwargs):\n    return [float(n) for n in n_tokens]\n")
+    out = tmp / "out"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.syspath_prepend(str(tmp))
+        log = logged_run(data, out, [
+            "--steps", "1", "--max_new_tokens", "48", "--num_iterations", "1",
+            "--reward_funcs", "accuracy", "trl_style_rewards:short_answers", "column_rewards:prompt_tokens",
+            "--reward_weights", "0", "0", "1", "--save_data_file", str(tmp / "exp" / "cols"),
+            "--eval_dataset_file", str(eval_path), "--eval_batch_size", "4"])
+    return SimpleNamespace(out=out, experience=tmp / "exp" / "cols.step_000001.mindrecord",
+                           trl_calls=sys.modules["trl_style_rewards"].CALLS, eval_path=eval_path, max_new_tokens=48,
+                           log=log)
 
 
-def test_reward_functions_get_the_other_dataset_fields_of_their_prompt(tmp_path, graph_mode, monkeypatch):
+@pytest.mark.slow
+def test_reward_functions_get_the_other_dataset_fields_of_their_prompt(user_rewards_run):
     """A dataset field (here each prompt's token count, computed when the data is written) reaches a TRL-form
     reward function under its name, one value per completion, aligned with the completion's prompt."""
     from mindspore.dataset import MindDataset
 
-    from mindrlhf.data.mindrecord import convert_to_mindrecord
-    from mindrlhf.data.templates import build_prompt
-    from mindrlhf.models.qwen2 import Qwen2Tokenizer
-
-    tokenizer = Qwen2Tokenizer(TOKENIZER / "vocab.json", TOKENIZER / "merges.txt")
-    rows = [json.loads(line) for line in GSM8K_SAMPLE.read_text().splitlines() if line.strip()]
-    for row in rows:
-        prompt = build_prompt(row["question"], "r1_think", tokenizer.apply_chat_template)
-        row["n_tokens"] = len(tokenizer.encode(prompt))
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    data = tmp_path / "data.mindrecord"
-    convert_to_mindrecord(tmp_path / "data.jsonl", data, tokenizer, template="r1_think", max_prompt_length=256)
-    run_one_step_with_user_rewards(
-        tmp_path, monkeypatch, data, "column_rewards",
-        "def prompt_tokens(completions, n_tokens, **kwargs):\n    return [float(n) for n in n_tokens]\n",
-        "--max_new_tokens", "8", "--reward_funcs", "column_rewards:prompt_tokens", "--reward_weights", "1",
-        "--save_data_file", str(tmp_path / "exp" / "cols"))
-    records = list(MindDataset(str(tmp_path / "exp" / "cols.step_000001.mindrecord"), shuffle=False)
+    records = list(MindDataset(str(user_rewards_run.experience), shuffle=False)
                    .create_dict_iterator(output_numpy=True))
     assert len({len(r["prompt_ids"]) for r in records}) > 1  # prompts of different lengths in the batch
     for record in records:
         assert float(record["reward"]) == len(record["prompt_ids"])
 
 
-def test_a_reward_function_written_for_trl_runs_unchanged(tmp_path, mindrecord, graph_mode, monkeypatch):
+@pytest.mark.slow
+def test_a_reward_function_written_for_trl_runs_unchanged(user_rewards_run):
     """TRL's signature: keywords prompts / completions / completion_ids / solution; None = no opinion."""
-    out = run_one_step_with_user_rewards(
-        tmp_path, monkeypatch, mindrecord, "trl_style_rewards",
-        "CALLS = []\n"
-        "def short_answers(prompts, completions, completion_ids, solution, **kwargs):\n"
-        "    CALLS.append((prompts, completions, completion_ids, solution))\n"
-        "    return [None if i % 2 else float(len(ids) < 10) for i, ids in enumerate(completion_ids)]\n",
-        "--max_new_tokens", "24", "--reward_funcs", "accuracy", "trl_style_rewards:short_answers",
-        "--reward_weights", "1", "0.5")
-    import trl_style_rewards
-    prompts, completions, ids, solution = trl_style_rewards.CALLS[0]
+    prompts, completions, ids, solution = user_rewards_run.trl_calls[0]
     assert len(prompts) == len(completions) == len(ids) == len(solution) == 16  # 4 prompts x 4 generations
     assert all("<answer>" in p or "answer" in p for p in prompts) and all(isinstance(i, list) for i in ids)
-    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    metrics = metrics_lines(user_rewards_run.out)[-1]
     expected = np.mean([float(len(i) < 10) for i in ids[::2]])  # the mean over the samples with an opinion
     assert metrics["reward/trl_style_rewards:short_answers"] == pytest.approx(expected)
 
 
-def one_step_run(mindrecord, out, extra):
-    """One step of the tiny job from the bundled checkpoint; returns its metrics, trained weights and the response
-    widths its passes read ([(W, R)] from the log's "<pass> micro-batches: ... (P + W of R tokens")."""
-    from mindrlhf.checkpoint.weights import read_weights
+def response_widths(log: str) -> list[tuple[int, int]]:
+    """The response widths the passes of a run read, [(W, R)] from its log's "<pass> micro-batches: ... (P + W of R
+    tokens"."""
+    return [(int(w), int(r)) for w, r in re.findall(r"micro-batches: .*\(\d+ \+ (\d+) of (\d+) tokens", log)]
+
+
+def default_buckets() -> list[str]:
+    """The default's cut of the response widths (tiny/grpo.yaml reads every position)."""
     from mindrlhf.configs.grpo_configs import ScheduleConfig
 
-    log = io.StringIO()
-    with contextlib.redirect_stderr(log):
-        code = load_script().main(base_args(mindrecord, out) + [
-            "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1",
-            # the default's cut (tiny/grpo.yaml reads every position)
-            "--response_buckets", str(ScheduleConfig.response_buckets)] + extra)
-    assert code == 0, log.getvalue()[-3000:]
-    widths = [(int(w), int(r)) for w, r in re.findall(r"micro-batches: .*\(\d+ \+ (\d+) of (\d+) tokens",
-                                                      log.getvalue())]
-    metrics = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
-    return metrics, read_weights(str(out / "checkpoints" / "step_000001")), widths
+    return ["--response_buckets", str(ScheduleConfig.response_buckets)]
+
+
+def one_step_run(mindrecord, out, extra):
+    """One step of the tiny job from the bundled checkpoint; returns its metrics, trained weights and the response
+    widths its passes read."""
+    from mindrlhf.checkpoint.weights import read_weights
+
+    log = logged_run(mindrecord, out, ["--steps", "1", *default_buckets()] + extra)
+    return metrics_lines(out)[-1], read_weights(str(out / "checkpoints" / "step_000001")), response_widths(log)
+
+
+def run_in_train_layout(mindrecord, out, extra=()):
+    """Two steps of the tiny job (one model YAML for both nets: the train layout) from the bundled checkpoint with
+    the default response widths and a checkpoint after each step; returns what the trainer held (after the last
+    step), the metrics lines and the log."""
+    seen = {}
+
+    def inspect(trainer, step, metrics):
+        from mindrlhf.trainer.roles import TRAIN_WEIGHTS
+
+        actor, swap = trainer.actor, trainer.swap
+        seen.update(shares=actor.shares_weights, same_net=actor.infer_net is actor.train_net,
+                    groups=swap.groups, bytes=sum(swap.group_bytes(g) for g in swap.groups),
+                    train_bytes=swap.group_bytes(TRAIN_WEIGHTS), plan=dict(swap.phase_plan))
+    log = logged_run(mindrecord, out, ["--steps", "2", "--num_iterations", "2", "--save_interval", "1",
+                                       *default_buckets(), *extra], callbacks=[inspect])
+    return seen, metrics_lines(out), log
 
 
 @pytest.fixture(scope="module")
-def whole_step(tmp_path_factory, mindrecord, graph_mode):
+def shared_run(tmp_path_factory, mindrecord, graph_mode):
+    """`run_in_train_layout` with the inference net sharing the train net's weights (the defaults): the job of
+    `test_an_infer_net_in_the_train_layout_is_the_train_net`, and its first step the `whole_step` reference."""
+    out = tmp_path_factory.mktemp("shared") / "out"
+    seen, lines, log = run_in_train_layout(mindrecord, out)
+    return SimpleNamespace(out=out, seen=seen, lines=lines, log=log)
+
+
+@pytest.fixture(scope="module")
+def whole_step(shared_run):
     """The reference of the variants below: whole mini-batches that read each prompt once for all of its responses
-    and only as many response positions as the longest response needs (the defaults)."""
-    return one_step_run(mindrecord, tmp_path_factory.mktemp("whole") / "out", [])
+    and only as many response positions as the longest response needs (the defaults). The first step of
+    `shared_run` (the same flags as `one_step_run`'s: the 2 steps, checkpoint after each, change nothing in the
+    first; the learning rate is constant): its metrics, its checkpoint's weights and the widths it read."""
+    from mindrlhf.checkpoint.weights import read_weights
+
+    first_step_log, separator, _ = shared_run.log.partition("step 1/2 |")
+    assert separator, shared_run.log[-3000:]
+    assert shared_run.lines[0]["step"] == 1
+    return (shared_run.lines[0], read_weights(str(shared_run.out / "checkpoints" / "step_000001")),
+            response_widths(first_step_log))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant,flags", [
     ("micro-batches", ["--micro_batch_size_per_device", "2", "--log_prob_micro_batch_size_per_device", "2"]),
     ("each response with its own prompt", ["--share_prompts", "false"]),
@@ -259,7 +324,8 @@ def test_micro_batches_and_unshared_prompts_train_like_whole_mini_batches(varian
                                     what=f"{variant} vs whole")
 
 
-def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, capsys):
+@pytest.mark.slow
+def test_held_out_accuracy_before_and_after(user_rewards_run):
     """--eval_dataset_file: greedy accuracy on every held-out prompt before the first step (equal to an
     independent greedy evaluation of the starting policy) and after the last, and the final summary line."""
     import dataclasses
@@ -267,24 +333,16 @@ def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, ca
     import mindspore as ms
 
     from mindrlhf.configs.grpo_configs import GRPOConfig
-    from mindrlhf.data.mindrecord import convert_to_mindrecord
     from mindrlhf.data.reader import read_prompt_records
     from mindrlhf.generation import Generator
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
     from mindrlhf.models.tokenizer import load_tokenizer
     from mindrlhf.reward.rules import accuracy_reward
 
-    sample = GSM8K_SAMPLE.read_text().splitlines()
-    (tmp_path / "heldout.jsonl").write_text("\n".join(sample[-10:]) + "\n")
     tokenizer = load_tokenizer(TOKENIZER)
-    eval_path = tmp_path / "heldout.mindrecord"
-    convert_to_mindrecord(tmp_path / "heldout.jsonl", eval_path, tokenizer, template="r1_think", max_prompt_length=256)
-    out = tmp_path / "out"
-    code = load_script().main(base_args(mindrecord, out) + [
-        "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1", "--max_new_tokens", "48",
-        "--num_iterations", "1", "--eval_dataset_file", str(eval_path), "--eval_batch_size", "4"])
-    assert code == 0
-    recorded, metrics = (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines())
+    run = user_rewards_run
+    out, eval_path, max_new_tokens = run.out, run.eval_path, run.max_new_tokens
+    recorded, metrics = metrics_lines(out)
     assert_documented([recorded, metrics])
     before = json.loads((out / "checkpoints" / "step_000001" / "meta.json").read_text())["eval_before"]
     assert recorded["step"] == 0 and recorded["eval/accuracy"] == before and metrics["step"] == 1
@@ -293,7 +351,8 @@ def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, ca
     gen = GRPOConfig.from_yaml(TINY / "grpo.yaml").generation
     model = Qwen2ForCausalLM(Qwen2Config.from_yaml(TINY / "model.yaml"))
     ms.load_param_into_net(model, ms.load_checkpoint(str(TINY_SFT_CKPT)), strict_load=True)
-    greedy = Generator(model, dataclasses.replace(gen, do_sample=False, num_generations=1, max_new_tokens=48,
+    greedy = Generator(model, dataclasses.replace(gen, do_sample=False, num_generations=1,
+                                                  max_new_tokens=max_new_tokens,
                                                   eos_token_ids=tokenizer.stop_token_ids,
                                                   pad_token_id=tokenizer.pad_token_id))
     prompts, solutions = read_prompt_records(eval_path)
@@ -304,11 +363,11 @@ def test_held_out_accuracy_before_and_after(tmp_path, mindrecord, graph_mode, ca
     assert expected > 0  # the bundled policy solves some of them: the equality below is not 0 == 0
     assert before == pytest.approx(expected), (before, expected)
     assert 0.0 <= metrics["eval/accuracy"] <= 1.0 and "timing/eval" in metrics
-    log = capsys.readouterr().err
-    assert f"held-out accuracy: before={100 * before:.1f}% after={100 * metrics['eval/accuracy']:.1f}%" in log
+    assert f"held-out accuracy: before={100 * before:.1f}% after={100 * metrics['eval/accuracy']:.1f}%" in run.log
 
 
-def test_an_infer_net_in_the_train_layout_is_the_train_net(tmp_path, mindrecord, graph_mode):
+@pytest.mark.slow
+def test_an_infer_net_in_the_train_layout_is_the_train_net(tmp_path, mindrecord, shared_run):
     """Same model and layout for both nets (one process here): the inference net uses the train net's weights (no
     second copy, no reshard; generation keeps the train weights resident, the moments offloaded), and trains
     exactly like a job whose inference net has weights of its own (an inference checkpoint of its own)."""
@@ -316,28 +375,15 @@ def test_an_infer_net_in_the_train_layout_is_the_train_net(tmp_path, mindrecord,
 
     own_infer = tmp_path / "infer_copy.ckpt"
     shutil.copy(TINY_SFT_CKPT, own_infer)
-    runs = {}
-    for name, extra in (("shared", []), ("own", ["--load_sft_checkpoint_infer", str(own_infer)])):
-        seen = {}
-
-        def inspect(trainer, step, metrics, seen=seen):
-            actor, swap = trainer.actor, trainer.swap
-            seen.update(shares=actor.shares_weights, same_net=actor.infer_net is actor.train_net,
-                        groups=swap.groups, bytes=sum(swap.group_bytes(g) for g in swap.groups),
-                        train_bytes=swap.group_bytes(TRAIN_WEIGHTS),
-                        plan=dict(swap.phase_plan))
-        out = tmp_path / name
-        code = load_script().main(base_args(mindrecord, out) + [
-            "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "2", "--num_iterations", "2"]
-            + extra, callbacks=[inspect])
-        assert code == 0
-        runs[name] = seen, [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    (shared, shared_lines), (own, own_lines) = runs["shared"], runs["own"]
+    own, own_lines, _ = run_in_train_layout(mindrecord, tmp_path / "own",
+                                            ["--load_sft_checkpoint_infer", str(own_infer)])
+    shared, shared_lines = shared_run.seen, shared_run.lines
     assert shared["shares"] and shared["same_net"] and not own["shares"] and not own["same_net"]
     assert INFER_WEIGHTS not in shared["groups"] and INFER_WEIGHTS in own["groups"]
     assert shared["plan"]["generate"] == (TRAIN_WEIGHTS,) and shared["plan"]["old"] == (TRAIN_WEIGHTS,)
     assert OPTIMIZER_MOMENTS not in shared["plan"]["generate"]
     assert own["bytes"] - shared["bytes"] == own["train_bytes"] > 0  # one copy of the weights less
+    assert [a["step"] for a in shared_lines] == [b["step"] for b in own_lines] == [1, 2]
     for a, b in zip(shared_lines, own_lines):
         assert a["actor/updates"] == 4 and a["actor/grad_norm"] > 0
         for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/kl_loss", "actor/entropy",

@@ -19,6 +19,7 @@ def ppo_args(mindrecord, out, *extra):
         "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), *extra]
 
 
+@pytest.mark.slow
 def test_ppo_steps_score_tokens_train_the_critic_and_keep_it_offloaded_elsewhere(tmp_path, mindrecord):
     from mindspore.dataset import MindDataset
 
@@ -80,20 +81,72 @@ def test_bad_ppo_input_is_one_line(extra, message, tmp_path, mindrecord, capsys)
     assert not (out / "checkpoints").exists()
 
 
-def test_the_critic_can_start_from_a_value_model_checkpoint(tmp_path, mindrecord):
-    """--load_critic_checkpoint: a checkpoint with a value head (here the policy's backbone and a random head, as
-    tools/convert_weight.py writes a reward model) starts the critic instead of the zero head."""
+def checkpoint_values(records, *weight_sets) -> list[np.ndarray]:
+    """The value model of each of `weight_sets` (one `Qwen2ForValue`, built here) on each record's unpadded prompt +
+    response: its value of the state before each response token [N, R] (0 on padding), as verl reads a critic. One
+    call for the batch, right-padded: causal attention, so the padding changes nothing before it."""
     import mindspore as ms
 
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForValue
+    from mindrlhf.parallel.layers import load_full_state
+    from mindrlhf.parallel.layout import Layout
+
+    net = Qwen2ForValue(Qwen2Config.from_yaml(str(TINY / "model.yaml")))
+    sequences = [np.concatenate([r["prompt_ids"], r["response_ids"][r["response_mask"].astype(bool)]])
+                 for r in records]
+    ids = np.zeros((len(records), max(map(len, sequences))), np.int32)
+    mask = np.zeros_like(ids)
+    for row, sequence in enumerate(sequences):
+        ids[row, :len(sequence)], mask[row, :len(sequence)] = sequence, 1
+    found = []
+    for weights in weight_sets:
+        load_full_state(net, weights, Layout())
+        out = net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+        values = np.zeros((len(records), len(records[0]["response_mask"])), np.float32)
+        for row, record in enumerate(records):
+            length, prompt = int(record["response_mask"].sum()), len(record["prompt_ids"])
+            assert record["response_mask"][:length].all()  # the valid tokens first, then padding
+            values[row, :length] = out[row, prompt - 1:prompt - 1 + length]
+        found.append(values)
+    return found
+
+
+@pytest.mark.slow
+def test_the_critic_can_start_from_a_value_model_checkpoint(tmp_path, mindrecord):
+    """--load_critic_checkpoint: a checkpoint with a value head (a backbone of its own, here the policy's with every
+    weight perturbed, and a random head, as tools/convert_weight.py writes a reward model) starts the critic
+    instead of the policy's backbone with a zero head: step 1's values (scored before the critic's first update)
+    are the ones that checkpoint's value model gives the step's responses, in the metrics and in the advantages."""
+    import mindspore as ms
+    from mindspore.dataset import MindDataset
+
+    from mindrlhf.algorithms import masked_whiten
     from mindrlhf.checkpoint.weights import read_weights
 
-    weights = {k: v for k, v in read_weights(str(TINY_SFT_CKPT)).items() if k != "lm_head.weight"}
+    rng = np.random.default_rng(0)
+    weights = {k: (v * (1 + 0.1 * rng.standard_normal(v.shape))).astype(np.float32)
+               for k, v in read_weights(str(TINY_SFT_CKPT)).items() if k != "lm_head.weight"}
     hidden = weights["model.norm_out.weight"].shape[0]
-    weights["score.weight"] = np.random.default_rng(0).normal(0, 0.05, (1, hidden)).astype(np.float32)
+    weights["score.weight"] = rng.normal(0, 0.05, (1, hidden)).astype(np.float32)
     ckpt = tmp_path / "rm.ckpt"
     ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in weights.items()], str(ckpt))
     out = tmp_path / "out"
-    code = load_script().main(ppo_args(mindrecord, out, "--steps", "1", "--load_critic_checkpoint", str(ckpt)))
+    code = load_script().main(ppo_args(mindrecord, out, "--steps", "1", "--load_critic_checkpoint", str(ckpt),
+                                       "--save_data_file", str(tmp_path / "exp" / "ppo")))
     assert code == 0
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert first["critic/values/max"] > first["critic/values/min"]  # not the zero head
+    records = list(MindDataset(str(tmp_path / "exp" / "ppo.step_000001.mindrecord"), shuffle=False)
+                   .create_dict_iterator(output_numpy=True))
+    mask = np.stack([r["response_mask"] for r in records])
+    values, policy_backbone = checkpoint_values(
+        records, weights, {**read_weights(str(TINY_SFT_CKPT)), "score.weight": weights["score.weight"]})
+    assert np.abs(values - policy_backbone)[mask > 0].max() > 0.01  # the checkpoint's backbone shows in its values
+    for stat in ("mean", "max", "min"):
+        assert first[f"critic/values/{stat}"] == pytest.approx(getattr(values[mask > 0], stat)(), abs=1e-4), stat
+    # gamma = lam = 1 without a KL penalty: each token's return is the response's reward, its advantage that return
+    # minus the token's value, whitened over the batch's tokens
+    returns = np.stack([r["returns"] for r in records])
+    np.testing.assert_allclose(returns, np.array([float(r["reward"]) for r in records])[:, None] * mask, atol=1e-6)
+    np.testing.assert_allclose(np.stack([r["advantages"] for r in records]), masked_whiten(returns - values, mask),
+                               atol=1e-4)

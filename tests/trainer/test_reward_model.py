@@ -30,7 +30,8 @@ def reward_model_ckpt(tmp_path_factory):
 
 def last_token_scores(weights, records):
     """The reward model run on each unpadded prompt + response, read at its last token (as HF's
-    *ForSequenceClassification scores a sequence)."""
+    *ForSequenceClassification scores a sequence). One call for the batch, right-padded: causal attention, so the
+    padding changes nothing before it."""
     import mindspore as ms
 
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForValue
@@ -39,14 +40,17 @@ def last_token_scores(weights, records):
 
     net = Qwen2ForValue(Qwen2Config.from_yaml(str(TINY / "model.yaml")))
     load_full_state(net, weights, Layout())
-    scores = []
-    for record in records:
-        response = record["response_ids"][record["response_mask"].astype(bool)]
-        ids = np.concatenate([record["prompt_ids"], response]).astype(np.int32)[None]
-        scores.append(float(net(ms.Tensor(ids)).asnumpy()[0, -1]))
-    return np.array(scores)
+    sequences = [np.concatenate([r["prompt_ids"], r["response_ids"][r["response_mask"].astype(bool)]])
+                 for r in records]
+    ids = np.zeros((len(records), max(map(len, sequences))), np.int32)
+    mask = np.zeros_like(ids)
+    for row, sequence in enumerate(sequences):
+        ids[row, :len(sequence)], mask[row, :len(sequence)] = sequence, 1
+    values = net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
+    return np.array([values[row, len(sequence) - 1] for row, sequence in enumerate(sequences)], np.float64)
 
 
+@pytest.mark.slow
 def test_the_reward_model_scores_the_last_token_and_adds_to_the_rule_rewards(tmp_path, mindrecord,
                                                                             reward_model_ckpt):
     from mindspore.dataset import MindDataset

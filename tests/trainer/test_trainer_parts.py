@@ -425,6 +425,7 @@ def test_the_cpu_memory_pool_is_one_block_of_the_ranks_share_of_the_host():
     assert memory_pool_gib(host_memory_gib=7.9, ranks_on_host=8) == 2  # never below MindSpore's default block
 
 
+@pytest.mark.slow
 def test_one_pool_block_stops_a_train_steps_memory_growing_from_call_to_call(tmp_path):
     """With MindSpore's default pool (2 GiB blocks) a train step whose logits, embedding and its gradient are each
     hundreds of MiB takes more memory at every call as the blocks fragment; in one block of the rank's share
