@@ -28,7 +28,7 @@ def rows_of_rank(num_rows: int, dp_size: int, dp_rank: int) -> slice:
 
 def group_unit(group_size: int, dp_size: int) -> int:
     """Smallest number of groups whose rows split evenly over `dp_size` ranks."""
-    return dp_size // np.gcd(group_size, dp_size)
+    return dp_size // math.gcd(group_size, dp_size)
 
 
 def prompt_run(group_size: int, first_row: int, rows: int) -> int:

@@ -31,6 +31,7 @@ def test_update_chunks_and_rank_rows():
     with pytest.raises(ValueError, match="6 rows cannot be split evenly over data_parallel=4"):
         rows_of_rank(6, 4, 0)
     assert group_unit(4, 2) == 1 and group_unit(3, 2) == 2 and group_unit(2, 8) == 4
+    assert type(group_unit(4, 2)) is int  # it reaches the metrics as sampling/kept_groups: JSON takes no numpy int
 
 
 def grouped_rows(groups, group_size, prompt_width=6, seed=0):
