@@ -4,6 +4,7 @@ import importlib.util
 import subprocess
 import sys
 
+from support.msrun import run_command
 from support.paths import ROOT, TOOLS
 
 CONVERT_WEIGHT = TOOLS / "convert_weight.py"
@@ -21,5 +22,4 @@ def transform_checkpoint_tool():
 
 def run_convert_weight(*args) -> subprocess.CompletedProcess:
     """tools/convert_weight.py in a fresh interpreter (~2-4 s each on a busy 2-core machine: used sparingly)."""
-    return subprocess.run([sys.executable, str(CONVERT_WEIGHT), *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
+    return run_command([sys.executable, CONVERT_WEIGHT, *args], None, 300, cwd=str(ROOT))
