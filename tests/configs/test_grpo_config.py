@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from support.msrun import run_command
 from support.paths import GRPO_SCRIPT
 
 from mindrlhf.configs.base import ConfigError
@@ -240,7 +241,7 @@ def test_the_critics_learning_rate_has_its_own_name(tmp_path, caplog):
 
 
 def run_script(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(GRPO_SCRIPT), *argv], capture_output=True, text=True, timeout=120)
+    return run_command([sys.executable, GRPO_SCRIPT, *argv], timeout=120)
 
 
 def flag_help(help_text: str, flag: str) -> str:

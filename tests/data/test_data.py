@@ -6,13 +6,13 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support import paths
+from support.msrun import run_command
 
 from mindrlhf.configs.generation import bucket_length
 from mindrlhf.data.answers import extract_gold_answer
@@ -261,10 +261,9 @@ def test_the_tutorial_command_with_an_input_folder_and_an_output_folder(tmp_path
     expected = write_mixed_folder(tmp_path / "raw")
     script = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "rlhf_data.py")
     out_dir = tmp_path / "mindrecord"  # does not exist yet: the trailing '/' makes it a folder
-    proc = subprocess.run([sys.executable, script, "--vocab_path", os.path.join(TINY_DIR, "vocab.json"),
-                           "--merges_file_path", os.path.join(TINY_DIR, "merges.txt"),
-                           "--file_path", f"{tmp_path / 'raw'}/", "--output_path", f"{out_dir}/"],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_command([sys.executable, script, "--vocab_path", os.path.join(TINY_DIR, "vocab.json"),
+                        "--merges_file_path", os.path.join(TINY_DIR, "merges.txt"),
+                        "--file_path", f"{tmp_path / 'raw'}/", "--output_path", f"{out_dir}/"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     written = out_dir / DEFAULT_OUTPUT_NAME
     assert sorted(os.listdir(out_dir)) == [DEFAULT_OUTPUT_NAME, DEFAULT_OUTPUT_NAME + ".db"]
@@ -532,10 +531,10 @@ def test_cli_end_to_end_with_the_tiny_tokenizer(tmp_path):
     base = [sys.executable, script, "--vocab_path", os.path.join(TINY_DIR, "vocab.json"),
             "--merges_file_path", os.path.join(TINY_DIR, "merges.txt"), "--file_path", str(source),
             "--output_path", str(output), "--template", "r1_think", "--max_prompt_length", "150"]
-    failed = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    failed = run_command(base, timeout=120)
     assert failed.returncode == 2 and failed.stderr.startswith(f"error: {source}:6: invalid JSON"), failed.stderr
     assert "Traceback" not in failed.stderr and not output.exists()
-    done = subprocess.run(base + ["--skip_bad_lines"], capture_output=True, text=True, timeout=120)
+    done = run_command(base + ["--skip_bad_lines"], timeout=120)
     assert done.returncode == 0, done.stderr
     assert "written: 10, dropped too long (> 150 tokens): 0, bad lines: 1" in done.stderr
     assert done.stdout == ""
@@ -560,8 +559,8 @@ def test_cli_bad_input_is_one_line_and_writes_nothing(tmp_path, case):
                 "no gold number": f"{source}:1: 'answer' has no gold number",
                 "no tokenizer files": f"{tmp_path}: no tokenizer files",
                 "missing input": f"{input_path}: input data file not found"}[case]
-    proc = subprocess.run([sys.executable, script, "--tokenizer_dir", tokenizer_dir, "--file_path", input_path,
-                           "--output_path", str(output)], capture_output=True, text=True, timeout=120)
+    proc = run_command([sys.executable, script, "--tokenizer_dir", tokenizer_dir, "--file_path", input_path,
+                        "--output_path", output], timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {expected}"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert output.read_text(encoding="utf-8") == "previous output"

@@ -4,7 +4,6 @@ checkpoint converts back to a Hugging Face folder that `transformers` loads and 
 import json
 import os
 import re
-import subprocess
 import sys
 
 import mindspore as ms
@@ -95,9 +94,10 @@ def test_trained_checkpoint_reverses_to_a_transformers_model_that_answers_alike(
     out, _, _ = run
     step_dir = out / "checkpoints" / f"step_{STEPS:06d}"
     hf_dir = tmp_path / "hf"
-    subprocess.run([sys.executable, str(TOOLS / "convert_weight.py"), "--reverse", "--mindspore_ckpt_path",
-                    str(step_dir), "--config_path", str(ARITH / "train.yaml"), "--torch_ckpt_dir", str(hf_dir),
-                    "--tokenizer_dir", str(ARITH / "policy")], check=True, capture_output=True)
+    done = run_command([sys.executable, TOOLS / "convert_weight.py", "--reverse", "--mindspore_ckpt_path", step_dir,
+                        "--config_path", ARITH / "train.yaml", "--torch_ckpt_dir", hf_dir, "--tokenizer_dir",
+                        ARITH / "policy"], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
 
     problems = list(read_problems(HELDOUT))[:16]
     model = Qwen2ForCausalLM(Qwen2Config.from_yaml(ARITH / "train.yaml"))

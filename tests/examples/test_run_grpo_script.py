@@ -6,6 +6,7 @@ import socket
 import subprocess
 import time
 
+from support.msrun import run_command
 from support.paths import MODEL_CONFIGS, RUN_GRPO
 
 from mindrlhf.utils.ports import IN_USE, free_port_near, main, port_in_use
@@ -20,8 +21,7 @@ def held_port() -> socket.socket:
 
 
 def run_script(env: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(RUN_GRPO), *args], env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=120)
+    return run_command(["bash", RUN_GRPO, *args], {**os.environ, **env}, timeout=120)
 
 
 def test_a_held_port_is_in_use_and_a_free_one_is_suggested(capsys):

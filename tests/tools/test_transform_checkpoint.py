@@ -11,6 +11,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from support.checkpoints import NET_LAYOUTS, mindspore_split, tiny_strategy
+from support.msrun import run_command
 from support.paths import TINY_SFT_CKPT
 from support.tools import TRANSFORM_CHECKPOINT, transform_checkpoint_tool
 
@@ -44,8 +45,7 @@ def _load_rank(root: str, rank: int) -> dict[str, np.ndarray]:
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "GLOG_v": "3"}  # MindSpore: errors only
-    return subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True, timeout=120, check=False,
-                          env=env)
+    return run_command([sys.executable, TOOL, *args], env, timeout=120)
 
 
 @pytest.fixture(scope="module")
