@@ -1,7 +1,6 @@
 """ZeRO-1: AdamW moments sharded over data parallel (`mindrlhf.optim.ShardedAdamW`): the slice arithmetic, the
 trainer's wiring, and a dp=2 msrun run that must equal plain AdamW bit for bit (and its resume)."""
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor
 from support.cells import ApplyGrads
-from support.msrun import load_ranks, run_worker
+from support.msrun import load_ranks, run_command, run_worker
 from support.paths import TOOLS
 from support.tolerances import assert_weights_close_after_adam
 
@@ -114,10 +113,9 @@ def test_trainer_checkpoints_with_sharded_moments_keep_whole_weights_for_the_too
     assert merged.keys() == weights.keys()
     for name, value in weights.items():
         np.testing.assert_array_equal(merged[name], value)
-    res = subprocess.run([sys.executable, str(TOOLS / "transform_checkpoint.py"), "--src_checkpoint",
-                          str(tmp_path), "--src_strategy", str(tmp_path / "train_strategy.ckpt"),
-                          "--dst_checkpoint", str(tmp_path / "out")], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "GLOG_v": "3"}, check=False)
+    res = run_command([sys.executable, str(TOOLS / "transform_checkpoint.py"), "--src_checkpoint", str(tmp_path),
+                       "--src_strategy", str(tmp_path / "train_strategy.ckpt"), "--dst_checkpoint",
+                       str(tmp_path / "out")], {**os.environ, "GLOG_v": "3"}, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "adam_m.b, adam_m.w" in res.stderr  # named as copied unchanged
     (out,) = (tmp_path / "out" / "rank_0").glob("*.ckpt")

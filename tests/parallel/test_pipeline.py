@@ -1,10 +1,11 @@
-"""Pipeline stages: the layout's coordinates and groups, the decoder split into stages, and (msrun) a 2-stage
-GRPO train step over micro-batches equal to the whole model in one process."""
+"""Pipeline stages: the layout's coordinates and groups, the decoder split into stages, and (msrun) a GRPO train step
+in 2 or 4 stages over micro-batches equal to the whole model in one process. (The online reshard from pipeline
+stages: tests/parallel/test_reshard.py.)"""
 import numpy as np
 import pytest
-from support.checkpoints import rename_strategy
+from support.cases import Run, Runs, selected, waits_for
 from support.configs import tiny_qwen2_config
-from support.msrun import load_ranks, run_worker
+from support.msrun import load_ranks
 from support.tolerances import assert_weights_close_after_adam
 
 from mindrlhf.algorithms.policy_cells import GRPOLossNet
@@ -167,14 +168,41 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path, tied)
         np.testing.assert_array_equal(ours_merged[key], value, err_msg=key)
 
 
+# the pipelined runs test_pipeline_train_step_equals_the_whole_model reads, by name: (pp, tp, micro-batches, tied,
+# further flags); the runs of one world size go in one launch, after the one-piece runs of their model (untied and
+# tied), both in one plain Python process
+PIPELINED = {"pp2-mb1": (2, 1, 1, False, ()), "pp2-mb2-selective-recompute": (2, 1, 2, False, ("--recompute",
+                                                                                                "selective")),
+             "pp2-mb4": (2, 1, 4, False, ()), "pp2xtp2-mb2-full-recompute": (2, 2, 2, False, ("--recompute", "full")),
+             "pp2xtp2-mb2-tied-sequence-parallel": (2, 2, 2, True, ("--seq_parallel",)),
+             "pp4-mb4-tied": (4, 1, 4, True, ())}
+
+
+def one_piece(tied: bool) -> str:
+    return "one-piece-tied" if tied else "one-piece"
+
+
+def pipeline_runs(root) -> dict[str, Run]:
+    runs = {one_piece(tied): Run(1, ["--reference_only"] + ["--tied"] * tied) for tied in (False, True)}
+    for name, (pp, tp, micro_batches, tied, extra) in PIPELINED.items():
+        reference = root / one_piece(tied) / "rank_0.npz"
+        runs[name] = Run(pp * tp, ["--pp", str(pp), "--tp", str(tp), "--micro_batches", str(micro_batches),
+                                   "--reference", str(reference), *extra] + ["--tied"] * tied, (one_piece(tied),))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def pipelined(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipeline")
+    runs = Runs("pipeline_equivalence.py", root, pipeline_runs(root), selected(request, "run"))
+    assert all(runs.out(name) == root / name for name in runs.runs)  # the names are the folders --reference reads
+    return runs
+
+
 @pytest.mark.msrun
-@pytest.mark.parametrize("pp,tp,micro_batches,tied,extra",
-                         [(2, 1, 1, False, []), (2, 1, 2, False, ["--recompute", "selective"]), (2, 1, 4, False, []),
-                          (2, 2, 2, False, ["--recompute", "full"]), (2, 2, 2, True, ["--seq_parallel"]),
-                          (4, 1, 4, True, [])],
-                         ids=["pp2-mb1", "pp2-mb2-selective-recompute", "pp2-mb4", "pp2xtp2-mb2-full-recompute",
-                              "pp2xtp2-mb2-tied-sequence-parallel", "pp4-mb4-tied"])
-def test_pipeline_train_step_equals_the_whole_model(tmp_path, pp, tp, micro_batches, tied, extra):
+@waits_for(2)  # the one-piece runs, then the pipelined runs of its world size
+@pytest.mark.parametrize("run", list(PIPELINED))
+def test_pipeline_train_step_equals_the_whole_model(pipelined, run):
     """2 clipped AdamW updates of the GRPO loss (global token weights, responses of unequal lengths) with the
     4 layers split over `pp` stages: the summed loss outputs, the global gradient norm (summed over the stages)
     and every stage's weights equal the whole model's run in one process. A tied embedding (used by the first
@@ -184,11 +212,10 @@ def test_pipeline_train_step_equals_the_whole_model(tmp_path, pp, tp, micro_batc
     Two variants recompute the stages' layers in the backward pass (full layers with tp collectives inside, and the
     attention only), one cuts the stages' residual stream along the sequence over tp (sequence parallel; the
     stages exchange whole activations): neither may change a value."""
+    pp, tp, _, tied, _ = PIPELINED[run]
     world = pp * tp
-    run_worker("pipeline_equivalence.py", ["--pp", str(pp), "--tp", str(tp), "--micro_batches", str(micro_batches),
-                                           "--out", str(tmp_path), *extra] + ["--tied"] * tied,
-               world, tmp_path / "log")
-    ranks = load_ranks(tmp_path, world)
+    (whole,) = load_ranks(pipelined(one_piece(tied)), 1)  # the one-piece run's outputs, norms and weights
+    ranks = [{**whole, **result} for result in load_ranks(pipelined(run), world)]
     embedding = "weight/model.tok_embeddings.embedding_weight"
     for rank in range(tp, world):  # the last stage holds the tied copy, bit for bit its first-stage peer's
         last_stage = rank >= world - tp
@@ -218,39 +245,3 @@ def test_pipeline_train_step_equals_the_whole_model(tmp_path, pp, tp, micro_batc
         assert_weights_close_after_adam(got, want, lr, updates, what=f"rank {rank}")
     assert held == {k.split("/", 1)[1] for k in ranks[0] if k.startswith("whole/")}  # every weight on some stage
 
-
-@pytest.mark.msrun
-@pytest.mark.parametrize("src_pp,src_tp,dst,extra", [(2, 1, "2,1", []), (2, 2, "2,2", []),
-                                                     (2, 1, "2,1", ["--tied", "--dst_dtype", "float16"]),
-                                                     (4, 1, "2,2", ["--tied"])],
-                         ids=["pp2->dp2", "pp2xtp2->dp2xtp2", "pp2->dp2-tied-fp16", "pp4->dp2xtp2-tied"])
-def test_online_reshard_from_pipeline_stages_equals_transform_checkpoints(tmp_path, src_pp, src_tp, dst, extra):
-    """Train net in `src_pp` stages -> inference net without stages, online: each rank gets what MindSpore's
-    `transform_checkpoints` gives from the stages' checkpoints and their merged strategy, bit for bit (cast to the
-    destination's dtype: float32 -> float16 when the inference net is in half precision). A tied embedding, which
-    the first and the last stage hold, arrives once."""
-    import os
-
-    import mindspore as ms
-
-    world = src_pp * src_tp
-    out = tmp_path / "run"
-    run_worker("pipeline_reshard_worker.py", ["--src_pp", str(src_pp), "--src_tp", str(src_tp), "--dst", dst,
-                                              "--out", str(out)] + extra, world, tmp_path / "log")
-    merged = str(tmp_path / "merged.ckpt")
-    ms.parallel.merge_pipeline_strategys(str(out / "src_strategy"), merged)
-    dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))
-    ms.parallel.transform_checkpoints(str(out / "src_ckpt"), str(tmp_path / "oracle"), "oracle", merged,
-                                      dst_strategy)
-    for rank in range(world):
-        got = dict(np.load(out / f"dst_rank_{rank}.npz"))
-        rank_dir = tmp_path / "oracle" / f"rank_{rank}"
-        newest = sorted(os.listdir(rank_dir))[-1]
-        expected = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(rank_dir / newest)).items()}
-        assert len(got) == len(expected) > 40
-        assert ("infer.lm_head.weight" in got) == ("--tied" not in extra)
-        for name, value in got.items():
-            want = expected[name[len("infer."):]]
-            want = want.astype(np.float16) if "float16" in extra else want
-            assert value.dtype == want.dtype, name
-            np.testing.assert_array_equal(value, want, err_msg=f"rank {rank} {name}")

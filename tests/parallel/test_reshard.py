@@ -1,14 +1,26 @@
-"""Online reshard: layout planning (pure) and, under msrun, bit-equality with transform_checkpoints."""
+"""Online reshard: layout planning (pure) and, under msrun, bit-equality with transform_checkpoints: on 2 workers
+(tp2 <-> dp2, pp2 -> dp2) and on 4 (tp4 <-> dp2 x tp2, pipeline stages -> dp2 x tp2).
+
+tp4 -> dp2 x tp2 crosses the whole world (AllGather path) and lands on half-shards; dp2 x tp2 -> tp4
+moves within each tp pair (AllReduce path on sub-groups). The packing threshold is shrunk so that both
+paths pack small moves into one collective call and send larger ones alone. Each of those runs also fills a
+second destination net: bfloat16 (oracle: the float32 transform result cast to bfloat16 by MindSpore; on
+CPU it travels as float32 and is written with set_data, CPU having no bfloat16 collective or Assign kernel)
+or float16 (travels as float16).
+
+The msrun runs (tests/workers/reshard_worker.py) go in one launch per world size, each run in its own folder; every
+test compares its run with its own `transform_checkpoints` oracle.
+"""
 import os
 
 import numpy as np
 import pytest
+from support.cases import Run, Runs, selected, waits_for
 from support.checkpoints import rename_strategy, transform_oracle
 from support.configs import tiny_qwen2_config
-from support.msrun import run_worker
 
 from mindrlhf.parallel.reshard import make_buckets, plan_reshard, source_group
-from mindrlhf.parallel.strategy import ParamLayout, StrategyError
+from mindrlhf.parallel.strategy import ParamLayout, StrategyError, read_strategy_file
 
 
 def lay(name, dev_matrix, tensor_map, shape):
@@ -100,18 +112,50 @@ def test_errors_name_parameters_and_layouts(tmp_path):
 
 
 # ---------------------------------------------------------------------------------- oracle (msrun)
-@pytest.mark.msrun
-@pytest.mark.parametrize("src,dst,dtype,communicates", [("1,2", "2,1", "float16", True),
-                                                         ("2,1", "1,2", "float32", False),
-                                                         ("1,2", "1,2", "float32", False)],
-                         ids=["tp2->dp2-fp16", "dp2->tp2", "tp2->tp2-renamed"])
-def test_online_reshard_equals_transform_checkpoints(tmp_path, src, dst, dtype, communicates):
+STAGED = ["--num_layers", "4", "--n_kv_heads", "2"]  # the tiny Qwen2 with 4 layers to split into stages
+# the runs of reshard_worker.py the tests read, by name; one launch per world size runs all of its runs
+RUNS = {
+    # 2 workers
+    "tp2->dp2-fp16": Run(2, ["--src", "1,2", "--dst", "2,1", "--dst_dtype", "float16"]),
+    "dp2->tp2": Run(2, ["--src", "2,1", "--dst", "1,2", "--dst_dtype", "float32"]),
+    "tp2->tp2-renamed": Run(2, ["--src", "1,2", "--dst", "1,2", "--dst_dtype", "float32"]),
+    "pp2->dp2": Run(2, ["--src", "1,1,2", "--dst", "2,1", *STAGED]),
+    "pp2->dp2-tied-fp16": Run(2, ["--src", "1,1,2", "--dst", "2,1", *STAGED, "--tied", "--dst_dtype", "float16"]),
+    # 4 workers
+    "tp4->dp2xtp2(+bf16)": Run(4, ["--src", "1,4", "--dst", "2,2", "--dst_dtype", "float32,bfloat16",
+                                   "--pack_below_bytes", "256"]),
+    "dp2xtp2->tp4(+fp16)": Run(4, ["--src", "2,2", "--dst", "1,4", "--dst_dtype", "float32,float16",
+                                   "--pack_below_bytes", "256"]),
+    "tp4-kv2->dp2xtp2": Run(4, ["--src", "1,4", "--dst", "2,2", "--n_kv_heads", "2"]),
+    "dp2xtp2->tp4-kv2": Run(4, ["--src", "2,2", "--dst", "1,4", "--n_kv_heads", "2"]),
+    "pp2xtp2->dp2xtp2": Run(4, ["--src", "1,2,2", "--dst", "2,2", *STAGED]),
+    "pp4->dp2xtp2-tied": Run(4, ["--src", "1,1,4", "--dst", "2,2", *STAGED, "--tied"]),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    return Runs("reshard_worker.py", tmp_path_factory.mktemp("reshard"), RUNS, selected(request, "run"))
+
+
+def oracle_tensors(oracle_dir, rank: int) -> dict[str, np.ndarray]:
     import mindspore as ms
-    out = tmp_path / "run"
-    run_worker("reshard_worker.py", ["--src", src, "--dst", dst, "--dst_dtype", dtype, "--out", str(out)], 2,
-               tmp_path / "log")
+    rank_dir = oracle_dir / f"rank_{rank}"
+    newest = sorted(os.listdir(rank_dir))[-1]
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(str(rank_dir / newest)).items()}
+
+
+@pytest.mark.msrun
+@waits_for(1)
+@pytest.mark.parametrize("run,dtype,communicates", [("tp2->dp2-fp16", "float16", True),
+                                                     ("dp2->tp2", "float32", False),
+                                                     ("tp2->tp2-renamed", "float32", False)],
+                         ids=["tp2->dp2-fp16", "dp2->tp2", "tp2->tp2-renamed"])
+def test_online_reshard_equals_transform_checkpoints(runs, tmp_path, run, dtype, communicates):
+    import mindspore as ms
+    out = runs(run)
     dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))
-    oracle_dir = transform_oracle(out, str(out / "src_strategy_0.ckpt"), dst_strategy, tmp_path)
+    oracle_dir = transform_oracle(out, str(out / "src_strategy" / "strategy_0.ckpt"), dst_strategy, tmp_path)
     for rank in range(2):
         got = dict(np.load(out / f"dst_rank_{rank}.npz"))
         files = sorted(os.listdir(oracle_dir / f"rank_{rank}"))
@@ -126,6 +170,110 @@ def test_online_reshard_equals_transform_checkpoints(tmp_path, src, dst, dtype, 
             assert int(got["__buckets"]) > 1  # the 4 KiB bucket bound splits the move
         else:  # every rank already holds what it needs: no collective at all
             assert int(got["__bytes_sent"]) == 0
+
+
+def as_dtype_like_mindspore(values: np.ndarray, dtype: str) -> np.ndarray:
+    """`values` cast to `dtype` by MindSpore (float32 -> bfloat16 rounds to nearest even), as float32 for bf16."""
+    import mindspore as ms
+    if dtype == "bfloat16":
+        return ms.Tensor(values, ms.bfloat16).astype(ms.float32).asnumpy()
+    return values.astype(getattr(np, dtype))
+
+
+# elements a rank sends per element of its destination shard of a split parameter: tp4 -> dp2 x tp2
+# gathers quarters to rebuild halves; dp2 x tp2 -> tp4 sums a zero-padded half within the tp pair
+SENT_PER_DST_ELEMENT = {"gather": 0.5, "reduce": 2}
+WIRE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 4}  # CPU has no bfloat16 collectives
+
+
+@pytest.mark.msrun
+@waits_for(1)
+@pytest.mark.parametrize("run,dtypes,path", [("tp4->dp2xtp2(+bf16)", "float32,bfloat16", "gather"),
+                                             ("dp2xtp2->tp4(+fp16)", "float32,float16", "reduce")],
+                         ids=["tp4->dp2xtp2(+bf16)", "dp2xtp2->tp4(+fp16)"])
+def test_online_reshard_4workers_equals_transform_checkpoints(runs, tmp_path, run, dtypes, path):
+    workers = 4
+    out = runs(run)
+    dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))
+    oracle_dir = transform_oracle(out, str(out / "src_strategy" / "strategy_0.ckpt"), dst_strategy, tmp_path)
+    split = {n for n, lay in read_strategy_file(dst_strategy).items() if not lay.is_replicated}
+    assert split
+    for i, dtype in enumerate(dtypes.split(",")):
+        for rank in range(workers):
+            got = dict(np.load(out / (f"dst_rank_{rank}.npz" if i == 0 else f"dst_{dtype}_rank_{rank}.npz")))
+            expected = oracle_tensors(oracle_dir, rank)
+            names = [k for k in got if not k.startswith("__")]
+            assert len(names) == len(expected) > 20
+            for name in names:
+                fp32 = expected[name[len("infer."):]]
+                want = as_dtype_like_mindspore(fp32, dtype)
+                assert got[name].dtype == want.dtype, name
+                np.testing.assert_array_equal(got[name], want, err_msg=f"{dtype} rank {rank} {name}")
+                if dtype == "bfloat16" and fp32.size > 1:
+                    assert not np.array_equal(got[name], fp32), f"{name} was not rounded to bfloat16"
+            want_sent = SENT_PER_DST_ELEMENT[path] * sum(expected[n].size for n in split) * WIRE_ITEMSIZE[dtype]
+            assert int(got["__bytes_sent"]) == want_sent, f"rank {rank}"
+            assert int(got["__buckets"]) > 1  # the 4 KiB bucket bound splits the move
+
+
+@pytest.mark.msrun
+@waits_for(1)
+@pytest.mark.parametrize("run,src", [("tp4-kv2->dp2xtp2", "1,4"), ("dp2xtp2->tp4-kv2", "2,2")],
+                         ids=["tp4-kv2->dp2xtp2", "dp2xtp2->tp4-kv2"])
+def test_online_reshard_of_kv_heads_shared_by_tp_peers(runs, tmp_path, run, src):
+    """2 kv heads at tp=4: each rank holds its query heads' kv head, shared with its tp neighbour; resharded to
+    and from dp2 x tp2 (one kv head per rank) bit-equal with `transform_checkpoints`."""
+    workers = 4
+    out = runs(run)
+    dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))
+    src_strategy = out / "src_strategy" / "strategy_0.ckpt"
+    tp4_strategy = src_strategy if src == "1,4" else out / "dst_strategy_0.ckpt"
+    shared = {n for n, lay in read_strategy_file(str(tp4_strategy)).items() if len(lay.dev_matrix) == 3}
+    assert len(shared) == 8  # wk/wv weight and bias of 2 layers
+    oracle_dir = transform_oracle(out, str(src_strategy), dst_strategy, tmp_path)
+    for rank in range(workers):
+        got = dict(np.load(out / f"dst_rank_{rank}.npz"))
+        expected = oracle_tensors(oracle_dir, rank)
+        names = [k for k in got if not k.startswith("__")]
+        assert len(names) == len(expected) > 20
+        for name in names:
+            np.testing.assert_array_equal(got[name], expected[name[len("infer."):]], err_msg=f"rank {rank} {name}")
+
+
+@pytest.mark.msrun
+@waits_for(1)
+@pytest.mark.parametrize("run,world,tied,dtype", [("pp2->dp2", 2, False, "float32"),
+                                                  ("pp2xtp2->dp2xtp2", 4, False, "float32"),
+                                                  ("pp2->dp2-tied-fp16", 2, True, "float16"),
+                                                  ("pp4->dp2xtp2-tied", 4, True, "float32")],
+                         ids=["pp2->dp2", "pp2xtp2->dp2xtp2", "pp2->dp2-tied-fp16", "pp4->dp2xtp2-tied"])
+def test_online_reshard_from_pipeline_stages_equals_transform_checkpoints(runs, tmp_path, run, world, tied, dtype):
+    """Train net in pipeline stages -> inference net without stages, online: each rank gets what MindSpore's
+    `transform_checkpoints` gives from the stages' checkpoints and their merged strategy, bit for bit (cast to the
+    destination's dtype: float32 -> float16 when the inference net is in half precision). A tied embedding, which
+    the first and the last stage hold, arrives once."""
+    import mindspore as ms
+
+    args = RUNS[run].args
+    assert RUNS[run].workers == world and ("--tied" in args) == tied and ("float16" in args) == (dtype == "float16")
+    out = runs(run)
+    merged = str(tmp_path / "merged.ckpt")
+    ms.parallel.merge_pipeline_strategys(str(out / "src_strategy"), merged)
+    dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))
+    ms.parallel.transform_checkpoints(str(out / "src_ckpt"), str(tmp_path / "oracle"), "oracle", merged,
+                                      dst_strategy)
+    for rank in range(world):
+        got = {k: v for k, v in np.load(out / f"dst_rank_{rank}.npz").items() if not k.startswith("__")}
+        rank_dir = tmp_path / "oracle" / f"rank_{rank}"
+        newest = sorted(os.listdir(rank_dir))[-1]
+        expected = {k: v.asnumpy() for k, v in ms.load_checkpoint(str(rank_dir / newest)).items()}
+        assert len(got) == len(expected) > 40
+        assert ("infer.lm_head.weight" in got) == (not tied)
+        for name, value in got.items():
+            want = expected[name[len("infer."):]]
+            want = want.astype(np.float16) if dtype == "float16" else want
+            assert value.dtype == want.dtype, name
+            np.testing.assert_array_equal(value, want, err_msg=f"rank {rank} {name}")
 
 
 def test_wire_dtype_is_the_narrowest_exact_one():

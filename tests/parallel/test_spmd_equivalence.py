@@ -1,6 +1,7 @@
 """Tensor and data parallel runs of a tiny Qwen2 equal the one-process run (msrun, CPU)."""
 import numpy as np
 import pytest
+from support.cases import Run, Runs, selected, waits_for
 from support.msrun import load_ranks, run_worker
 from support.tolerances import assert_weights_close_after_adam
 
@@ -8,21 +9,38 @@ pytestmark = pytest.mark.msrun
 TOL = 1e-5  # logits, losses, gradients and grad norms: no Adam normalisation in between, float noise stays small
 
 
-def one_process(tmp_path_factory, *args):
-    out = tmp_path_factory.mktemp("ref")
-    run_worker("spmd_equivalence.py", ["--out", str(out), *args], 1, out / "log")
-    return load_ranks(out, 1)[0]
+# the parallel runs the tests read, by name: (dp, tp, kv heads, the dp sums' route, further flags)
+PARALLEL = {"tp2": (1, 2, 4, "native", ()), "dp2": (2, 1, 4, "native", ()),
+            "tp2-sequence-parallel": (1, 2, 4, "native", ("--seq_parallel",)),
+            "dp2xtp2-shared-memory-sums-sequence-parallel": (2, 2, 4, "auto", ("--seq_parallel",)),
+            "tp4-over-2-kv-heads": (1, 4, 2, "native", ())}
+
+
+def spmd_run(dp, tp, kv, collectives, extra):
+    """A run of tests/workers/spmd_equivalence.py on dp x tp ranks with `kv` kv heads, after the one-process
+    reference run of its model."""
+    args = ["--dp", str(dp), "--tp", str(tp), "--n_kv_heads", str(kv), "--cpu_collectives", collectives, *extra]
+    return Run(dp * tp, args, after=("reference" if kv == 4 else "reference-kv2",))
+
+
+# each run launched once, the runs of one process count in one launch, and read by every test of its name
+# (test_parallel_run_matches_single_process and test_grpo_and_value_losses_are_normalised_over_the_global_batch
+# read the same dp2 and tp2 runs, and the same reference)
+RUNS = {"reference": Run(1, []),
+        "reference-kv2": Run(1, ["--n_kv_heads", "2"]),  # the same model with 2 kv heads (4 query heads)
+        **{name: spmd_run(*params) for name, params in PARALLEL.items()}}
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return one_process(tmp_path_factory)
+def runs(request, tmp_path_factory):
+    return Runs("spmd_equivalence.py", tmp_path_factory.mktemp("spmd"), RUNS, selected(request, "run"))
 
 
-@pytest.fixture(scope="module")
-def reference_kv2(tmp_path_factory):
-    """The same model with 2 kv heads (4 query heads)."""
-    return one_process(tmp_path_factory, "--n_kv_heads", "2")
+def results(runs, run):
+    """(each rank's results of the parallel run `run`, its one-process reference's, dp, tp)."""
+    dp, tp = PARALLEL[run][:2]
+    (reference,) = load_ranks(runs(RUNS[run].after[0]), 1)
+    return load_ranks(runs(run), dp * tp), reference, dp, tp
 
 
 def distinct_shards(ranks, tp, d, key):
@@ -62,21 +80,15 @@ def replica_weights(ranks, tp, d, t, prefix="weight/"):
     return weights
 
 
-@pytest.mark.parametrize("dp,tp,kv,collectives,extra", [(1, 2, 4, "native", []), (2, 1, 4, "native", []),
-                                                        (2, 2, 4, "auto", ["--seq_parallel"]),
-                                                        (1, 4, 2, "native", [])],
-                         ids=["tp2", "dp2", "dp2xtp2-shared-memory-sums-sequence-parallel", "tp4-over-2-kv-heads"])
-def test_parallel_run_matches_single_process(request, tmp_path, dp, tp, kv, collectives, extra):
+@waits_for(2)  # the references, then the runs of its process count
+@pytest.mark.parametrize("run", ["tp2", "dp2", "dp2xtp2-shared-memory-sums-sequence-parallel",
+                                 "tp4-over-2-kv-heads"])
+def test_parallel_run_matches_single_process(runs, run):
     """tp4-over-2-kv-heads: each kv head (wk/wv rows) is held by 2 ranks, whose gradients of it are summed; the
     global norm counts it once. dp2xtp2-shared-memory-sums-sequence-parallel: the dp gradient sums (of the whole
     step, in the graph, and of the micro-batches' buffers, in place between graphs) go through shared memory, as the
     trainer's on one CPU host, and the tp pairs run sequence parallel (norm weights' gradients summed over tp)."""
-    reference = request.getfixturevalue("reference" if kv == 4 else "reference_kv2")
-    world = dp * tp
-    run_worker("spmd_equivalence.py", ["--dp", str(dp), "--tp", str(tp), "--n_kv_heads", str(kv),
-                                       "--cpu_collectives", collectives, "--out", str(tmp_path), *extra], world,
-               tmp_path / "log")
-    ranks = load_ranks(tmp_path, world)
+    ranks, reference, dp, tp = results(runs, run)
     logits = np.concatenate([ranks[d * tp]["logits"] for d in range(dp)], axis=0)
     np.testing.assert_allclose(logits, reference["logits"], atol=TOL)
     losses = np.mean([ranks[d * tp]["losses"] for d in range(dp)], axis=0)
@@ -115,9 +127,9 @@ def test_parallel_run_matches_single_process(request, tmp_path, dp, tp, kv, coll
                                             what=f"micro-batched, dp replica {d}, tp rank {t}")
 
 
-@pytest.mark.parametrize("dp,tp,extra", [(2, 1, []), (1, 2, []), (1, 2, ["--seq_parallel"])],
-                         ids=["dp2", "tp2", "tp2-sequence-parallel"])
-def test_grpo_and_value_losses_are_normalised_over_the_global_batch(reference, tmp_path, dp, tp, extra):
+@waits_for(2)
+@pytest.mark.parametrize("run", ["dp2", "tp2", "tp2-sequence-parallel"])
+def test_grpo_and_value_losses_are_normalised_over_the_global_batch(runs, run):
     """dp=2 with 18 response tokens on rank 0 and 4 on rank 1: the ranks' shares of loss, KL, clip fraction
     and entropy add up to the one-process values, and the summed gradients equal the one-process ones, for
     `token-mean` and `seq-mean-token-mean` (a per-rank mean would weigh rank 1's tokens 4.5x more). With
@@ -125,10 +137,8 @@ def test_grpo_and_value_losses_are_normalised_over_the_global_batch(reference, t
     responses (critic dp=2 or tp=2): its values, value-loss shares and gradients equal the one-process ones.
     With sequence parallel (tp2-sequence-parallel) the [prompt | response] rows of 15 positions are cut into two
     parts of 8 (one padded) between the blocks: the same values, losses and gradients."""
-    world = dp * tp
-    run_worker("spmd_equivalence.py", ["--dp", str(dp), "--tp", str(tp), "--out", str(tmp_path), *extra], world,
-               tmp_path / "log")
-    ranks = load_ranks(tmp_path, world)
+    ranks, reference, dp, tp = results(runs, run)
+    assert PARALLEL[run][2] == 4  # the reference model's kv heads
     for name in ("token-mean", "seq-mean-token-mean"):
         expected = reference[f"grpo_outputs/{name}"]
         assert np.all(np.abs(expected[[1, 2, 3, 6]]) > 1e-4), expected  # pg_loss, kl_loss, pg_clipfrac, entropy
@@ -150,7 +160,7 @@ def test_grpo_and_value_losses_are_normalised_over_the_global_batch(reference, t
 
 
 def test_graphs_over_every_parameter_compile_for_a_real_models_parameter_count(tmp_path):
-    """387 parameters (more than SmolLM2-135M's 272 or Qwen2.5-0.5B's 290) at dp=2: micro-batched updates (gradients
+    """315 parameters (more than SmolLM2-135M's 272 or Qwen2.5-0.5B's 290) at dp=2: micro-batched updates (gradients
     accumulated, summed over dp in place, clipped inside AdamW) equal the whole-batch fused step, and the reshard
     into tp=2 gives the train weights bit for bit. Graph mode unrolls the loops over parameters; a
     loop that nests a call per parameter failed only at a real model's size (call depth limit)."""

@@ -2,12 +2,17 @@
 parameters as a real one (SmolLM2-135M has 272, Qwen2.5-0.5B 290): graph mode unrolls those loops, and a loop
 body that nests a call per iteration exceeds its call depth limit (1000) only at that size.
 
-2 ranks. A 32-layer model of width 8 (387 parameters) in data parallel takes `UPDATES` clipped AdamW updates two
-ways from the same weights: 1-row micro-batches of a globally normalised loss, accumulated and then summed over dp
-in place (the GRPO trainer's), and the whole batch in one fused step with the dp reduction a mean, both with the
-dp sums through shared memory (`mindrlhf.parallel.shared_memory`, the trainer's default on one CPU host). Then the
-micro-batched net is resharded into a tp=2 net. Each rank writes `rank_<r>.npz`: both nets' weights (`micro/`,
+2 ranks. A 26-layer model of width 8 (315 parameters: 12 per layer, and the embedding, the final norm and the
+head) in data parallel takes `UPDATES` clipped AdamW updates two ways from the same weights: 1-row micro-batches of
+a globally normalised loss, accumulated and then summed over dp in place (the GRPO trainer's), and the whole batch
+in one fused step with the dp reduction a mean, both with the dp sums through shared memory
+(`mindrlhf.parallel.shared_memory`, the trainer's default on one CPU host). Then the micro-batched net is resharded
+into a tp=2 net. Each rank writes `rank_<r>.npz`: both nets' weights (`micro/`,
 `whole/`) and grad norms, the resharded shards (`infer/`) with their split axes (`axis/`).
+
+What costs is compiling the graphs that loop over every parameter (the fused step's chained shared-memory dp sums
+above all), which grows with the parameter count, not with the parameters' size: the count is kept above 300, the
+tensors are tiny.
 """
 import argparse
 
@@ -25,7 +30,7 @@ from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 from mindrlhf.parallel.strategy import net_layouts
 
-CONFIG = dict(vocab_size=32, hidden_size=8, num_layers=32, num_heads=2, n_kv_heads=2, intermediate_size=16,
+CONFIG = dict(vocab_size=32, hidden_size=8, num_layers=26, num_heads=2, n_kv_heads=2, intermediate_size=16,
               seq_length=16, max_position_embedding=32, theta=10000.0, qkv_has_bias=True)
 LEARNING_RATE, UPDATES, CLIP = 1e-3, 2, 0.05  # the clip is below the gradient norm: every update is clipped
 

@@ -1,11 +1,15 @@
 """Worker for the pipeline equivalence tests: `UPDATES` clipped AdamW steps of the GRPO loss on a tiny 4-layer
 Qwen2 split into `--pp` pipeline stages (x `--tp`) over `--micro_batches`, and the same steps of the whole model in
-one piece, which every rank also runs itself (no collective). Each rank writes `<out>/rank_<r>.npz`: both runs'
-summed loss-net outputs and gradient norms per update, and the weights after the updates (its stage's
-parameters, and all of the one-piece run's), with the split axes and lr. `--tied` ties the embedding and the head:
-the first and the last stage hold it and sum its gradients. `--recompute full|selective` makes the stages' layers
-recompute their activations in the backward pass and `--seq_parallel` cuts their residual stream along the sequence
-over tp (the one-piece run does neither): the results must not change."""
+one piece, in one process without communication (`--reference_only`, plain Python: it writes `<out>/rank_0.npz`
+with the steps' summed loss-net outputs, gradient norms and weights, and the old/ref log-probs and the clip the
+stages' run takes as inputs). The stages' run (msrun) reads that file (`--reference`); each rank writes
+`<out>/rank_<r>.npz`: the summed loss-net outputs and gradient norms per update and its stage's weights after the
+updates, with the split axes and lr. `--tied` ties the embedding and the head: the first and the last stage hold it
+and sum its gradients. `--recompute full|selective` makes the stages' layers recompute their activations in the
+backward pass and `--seq_parallel` cuts their residual stream along the sequence over tp (the one-piece run does
+neither): the results must not change. Several cases run in one process in turn (`--cases`,
+`worker_setup.run_cases`).
+"""
 import argparse
 import dataclasses
 
@@ -34,22 +38,16 @@ def loss_cell():
     return GRPOLossCell(beta=0.05, epsilon_low=0.05, epsilon_high=0.08, kl_estimator="k3")
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tp", type=int, default=1)
-    parser.add_argument("--pp", type=int, default=2)
-    parser.add_argument("--micro_batches", type=int, default=1)
-    parser.add_argument("--tied", action="store_true")
-    parser.add_argument("--recompute", choices=("off", "full", "selective"), default="off")
-    parser.add_argument("--seq_parallel", action="store_true", help="the stages' parallel_config.use_seq_parallel")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
-    worker_setup.graph_mode_on_cpu()
-    world, rank = worker_setup.init_communication()
-    layout = Layout.for_world(1, args.tp, world, rank, pp=args.pp).init_groups()
-    cfg = tiny_qwen2_config(num_layers=4, tie_word_embeddings=args.tied)
+def batch_arrays(cfg, old_logp, ref_logp) -> list[np.ndarray]:
+    """The GRPO loss net's inputs: the batch, the old and ref log-probs, its advantages and token-mean weights."""
+    data = grpo_batch(cfg.vocab_size)
+    weights = aggregation_weights(data["response_mask"], "token-mean").astype(np.float32)
+    return [data[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")] + [
+        old_logp.astype(np.float32), ref_logp.astype(np.float32), data["advantages"], weights]
 
-    # the whole model in one piece, on this rank alone: old/ref log-probs and the expected updates
+
+def one_piece(cfg) -> dict[str, np.ndarray]:
+    """The whole model in one piece, in this process alone: old/ref log-probs, the clip and the expected updates."""
     whole = Qwen2ForCausalLM(cfg)
     init_random_weights(whole, Layout(), seed=0)
     whole.update_parameters_name(ONE_PIECE)
@@ -57,9 +55,7 @@ def main():
     tensors = [ms.Tensor(data[k]) for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
     logp = ResponseLogProbs(whole)(*tensors).asnumpy()
     old_logp, ref_logp = logp + 0.1 * data["noise"][0], logp + 0.3 * data["noise"][1]
-    weights = aggregation_weights(data["response_mask"], "token-mean").astype(np.float32)
-    arrays = [data[k] for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")] + [
-        old_logp.astype(np.float32), ref_logp.astype(np.float32), data["advantages"], weights]
+    arrays = batch_arrays(cfg, old_logp, ref_logp)
     whole_loss = GRPOLossNet(whole, loss_cell())
     _, _, first_norm = SPMDGradients(whole_loss, whole.trainable_params(), Layout(), grad_reduction="sum")(
         *[ms.Tensor(a) for a in arrays])
@@ -71,15 +67,26 @@ def main():
         outputs, norm = whole_step(*[ms.Tensor(a) for a in arrays])
         whole_outputs.append([float(o.asnumpy()) for o in outputs])
         whole_norms.append(float(norm.asnumpy()))
+    result = {"whole_outputs": np.array(whole_outputs), "whole_norms": np.array(whole_norms),
+              "old_logp": arrays[4], "ref_logp": arrays[5], "clip": np.array(clip),
+              "tied": np.array(cfg.tie_word_embeddings)}
+    result.update({f"whole/{p.name[len(ONE_PIECE):]}": p.asnumpy() for p in whole.trainable_params()})
+    return result
 
-    # this rank's stage
+
+def stages(args, cfg, reference) -> dict[str, np.ndarray]:
+    """This rank's stage of the pipelined run, from the one-piece run's inputs (`reference`)."""
+    world, rank = worker_setup.communication()
+    layout = Layout.for_world(1, args.tp, world, rank, pp=args.pp).init_groups()
+    arrays = batch_arrays(cfg, reference["old_logp"], reference["ref_logp"])
+    clip = float(reference["clip"])
     recompute = RecomputeConfig(recompute=args.recompute == "full", select_recompute=args.recompute == "selective")
     parallel = dataclasses.replace(cfg.parallel_config, use_seq_parallel=args.seq_parallel)
     model = Qwen2ForCausalLM(dataclasses.replace(cfg, recompute=recompute, parallel_config=parallel), layout)
     init_random_weights(model, layout, seed=0)
     stage_net = GRPOLossNet(model, loss_cell()) if layout.stage == layout.pp - 1 else ResponseHidden(model)
     optimizer = AdamW(model.trainable_params(), learning_rate=LEARNING_RATE)
-    width = data["prompt_ids"].shape[1] + data["response_ids"].shape[1] - 1
+    width = arrays[0].shape[1] + arrays[2].shape[1] - 1
     step = PipelineTrainStep(stage_net, optimizer, layout, lambda inputs: (inputs[0].shape[0], width,
                                                                            cfg.hidden_size),
                              ms.float32, num_inputs=8, forward_inputs=4, num_outputs=len(GRPOLossNet.OUTPUTS),
@@ -90,15 +97,34 @@ def main():
         outputs, norm = step(prompt_micro_batches(arrays, rows, 1))
         pipe_outputs.append(outputs)
         pipe_norms.append(norm)
-
-    result = {"whole_outputs": np.array(whole_outputs), "whole_norms": np.array(whole_norms),
-              "pipe_outputs": np.array(pipe_outputs), "pipe_norms": np.array(pipe_norms),
+    result = {"pipe_outputs": np.array(pipe_outputs), "pipe_norms": np.array(pipe_norms),
               "adam/lr": np.array(LEARNING_RATE), "adam/updates": np.array(UPDATES)}
-    result.update({f"whole/{p.name[len(ONE_PIECE):]}": p.asnumpy() for p in whole.trainable_params()})
     result.update({f"weight/{p.name}": p.asnumpy() for p in model.trainable_params()})
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in param_split_axes(model).items()})
-    worker_setup.save_rank_results(args.out, layout.rank, result)
+    return result
+
+
+def main(argv: list[str]):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=2)
+    parser.add_argument("--micro_batches", type=int, default=1)
+    parser.add_argument("--tied", action="store_true")
+    parser.add_argument("--recompute", choices=("off", "full", "selective"), default="off")
+    parser.add_argument("--seq_parallel", action="store_true", help="the stages' parallel_config.use_seq_parallel")
+    parser.add_argument("--reference_only", action="store_true", help="the one-piece run only (one process)")
+    parser.add_argument("--reference", help="the one-piece run's rank_0.npz (--reference_only) of this model")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    worker_setup.graph_mode_on_cpu()
+    cfg = tiny_qwen2_config(num_layers=4, tie_word_embeddings=args.tied)
+    if args.reference_only:
+        worker_setup.save_rank_results(args.out, 0, one_piece(cfg))
+        return
+    reference = dict(np.load(args.reference))
+    assert bool(reference["tied"]) == args.tied, (args.reference, args.tied)
+    worker_setup.save_rank_results(args.out, worker_setup.communication()[1], stages(args, cfg, reference))
 
 
 if __name__ == "__main__":
-    worker_setup.run_worker_script(main)
+    worker_setup.run_worker_script(lambda: worker_setup.run_cases(main))

@@ -2,10 +2,10 @@
 the GRPO loss with global token weights on responses of unequal lengths per data-parallel rank, and the PPO
 critic's values, clipped value loss and gradients on the same responses.
 
-Run with one process (reference, no msrun) or under msrun with `--dp/--tp`; each rank writes
-`<out>/rank_<r>.npz` with its logits, loss, local gradients and local weights after the steps, and per
-aggregation its shares of the GRPO outputs and its local GRPO gradients, and the critic's values, value-loss shares
-and local gradients.
+Run with one process (reference, no msrun) or under msrun with `--dp/--tp`, one case or several in turn
+(`--cases`, `worker_setup.run_cases`); each rank writes `<out>/rank_<r>.npz` with its logits, loss, local gradients
+and local weights after the steps, and per aggregation its shares of the GRPO outputs and its local GRPO gradients,
+and the critic's values, value-loss shares and local gradients.
 """
 import argparse
 
@@ -118,7 +118,7 @@ def parallel_layout(dp: int, tp: int, cpu_collectives: str):
     `cpu_collectives` "auto", the shared-memory group its dp gradient sums go through (else None)."""
     if dp * tp == 1:
         return Layout(), None
-    world, rank = worker_setup.init_communication()
+    world, rank = worker_setup.communication()
     layout = Layout.for_world(dp, tp, world, rank).init_groups()
     if cpu_collectives != "auto":
         return layout, None
@@ -129,7 +129,7 @@ def parallel_layout(dp: int, tp: int, cpu_collectives: str):
     return layout, groups[layout.dp_group]
 
 
-def main():
+def main(argv: list[str]):
     parser = argparse.ArgumentParser()
     parser.add_argument("--dp", type=int, default=1)
     parser.add_argument("--tp", type=int, default=1)
@@ -140,7 +140,7 @@ def main():
     parser.add_argument("--cpu_collectives", choices=("native", "auto"), default="native",
                         help="auto: the dp gradient sums through shared memory (mindrlhf.parallel.shared_memory)")
     parser.add_argument("--seq_parallel", action="store_true", help="parallel_config.use_seq_parallel")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     worker_setup.graph_mode_on_cpu()
     layout, dp_sums = parallel_layout(args.dp, args.tp, args.cpu_collectives)
     cfg = tiny_qwen2_config(n_kv_heads=args.n_kv_heads, compute_dtype=args.compute_dtype)
@@ -189,4 +189,4 @@ def main():
 
 
 if __name__ == "__main__":
-    worker_setup.run_worker_script(main)
+    worker_setup.run_worker_script(lambda: worker_setup.run_cases(main))

@@ -45,3 +45,34 @@ def run_worker_script(main) -> None:
     from mindrlhf.trainer.launch import run_script
 
     run_script(lambda: main() or 0)
+
+
+_communication: tuple[int, int] | None = None
+
+
+def communication() -> tuple[int, int]:
+    """`init_communication()` once per process (the cases of one launch share it): (world size, this rank)."""
+    global _communication
+    if _communication is None:
+        _communication = init_communication()
+    return _communication
+
+
+def run_cases(run_case, argv: list[str] | None = None) -> None:
+    """`run_case(case_argv)` for each case of this process's command line, one after the other: `--cases <file>`
+    names a JSON list of argument lists (one launch, one start-up, for several cases; `support.cases` writes it);
+    any other command line is the one case. A case that fails is named on stderr before its error."""
+    import json
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] != ["--cases"]:
+        run_case(argv)
+        return
+    with open(argv[1], encoding="utf-8") as f:
+        cases = json.load(f)
+    for number, case in enumerate(cases, 1):
+        try:
+            run_case(case)
+        except BaseException:
+            print(f"case {number} of {len(cases)} failed: {' '.join(case)}", file=sys.stderr, flush=True)
+            raise
