@@ -65,3 +65,30 @@ def pytest_sessionfinish(session, exitstatus):
             "processes started by the tests were still running at the end (killed now):\n  " + "\n  ".join(left),
             red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ---------------------------------------------------------------- msrun jobs several test modules read
+# (each launch costs ~1 min of start-up and graph compilation: a job whose steps several tests compare runs once)
+@pytest.fixture(scope="session")
+def straight_run(tmp_path_factory, mindrecord):
+    """The GRPO straight run (`support.jobs.straight_args`): 4 steps in one go on 2 ranks (train tp=2, infer dp=2),
+    checkpoints at steps 2 and 4, through tests/workers/grpo_worker.py: (its folder, each rank's results); its
+    flags' output folder is <folder>/out, its msrun logs <folder>/straight_logs."""
+    from support.jobs import module_run, straight_args
+
+    return module_run(tmp_path_factory, "straight", lambda out: straight_args(mindrecord, out))
+
+
+@pytest.fixture(scope="session")
+def tp_critic_ppo_run(tmp_path_factory, mindrecord):
+    """PPO on 2 ranks (`support.jobs.ppo_args`, 3 steps): the actor's train net and the critic both tp=2 with
+    sequence parallel and full recompute (`support.jobs.memory_features_yaml`, <folder>/train_sp_recompute.yaml),
+    infer dp=2, checkpoints at steps 2 and 3: (its folder, each rank's results); output in <folder>/out, msrun logs
+    in <folder>/ppo_logs."""
+    from support.jobs import memory_features_yaml, module_run, ppo_args
+
+    def args(out):
+        yaml = memory_features_yaml(out.parent)
+        return ppo_args(mindrecord, out, 3, actor_yaml=yaml, critic_yaml=yaml)
+
+    return module_run(tmp_path_factory, "ppo", args)

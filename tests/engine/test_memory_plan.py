@@ -189,37 +189,23 @@ def test_plan_of_mindrlhfs_qwen2_5_7b_grpo_yamls_covers_8_ranks(tmp_path):
 
 
 @pytest.mark.msrun
-def test_plan_is_within_its_tolerance_of_a_real_runs_peak_rss(tmp_path):
-    """The tiny job for one step on 2 ranks (msrun): the largest rank's peak RSS vs the plan's per-rank peak."""
+def test_plan_is_within_its_tolerance_of_a_real_runs_peak_rss(straight_run, mindrecord):
+    """The tiny GRPO job on 2 ranks (msrun: tests/conftest.py's `straight_run`): the largest rank's peak RSS in
+    its first step (what a 1-step job of these flags measures) vs the per-rank peak of the plan of the same
+    flags."""
     import json
 
-    from support.msrun import free_port
+    from support.jobs import straight_args
+    from support.msrun import run_command
 
-    from mindrlhf.data.mindrecord import convert_to_mindrecord
-    from mindrlhf.models.qwen2 import Qwen2Tokenizer
-
-    tiny = str(paths.TINY)
-    data = tmp_path / "sample.mindrecord"
-    convert_to_mindrecord(str(paths.GSM8K_SAMPLE), data,
-                          Qwen2Tokenizer(os.path.join(tiny, "tokenizer", "vocab.json"),
-                                         os.path.join(tiny, "tokenizer", "merges.txt")),
-                          template="r1_think", max_prompt_length=256)
-    flags = ["--sft_path_train", os.path.join(tiny, "train.yaml"), "--sft_path_infer", os.path.join(tiny, "infer.yaml"),
-             "--tokenizer_dir", os.path.join(tiny, "tokenizer"), "--mind_dataset_dir", str(data),
-             "--config", os.path.join(tiny, "grpo.yaml"), "--load_sft_checkpoint_train", os.path.join(tiny,
-                                                                                                      "tiny_sft.ckpt"),
-             "--output_dir", str(tmp_path / "out"), "--steps", "1", "--max_new_tokens", "32"]
-    bin_dir = os.path.dirname(sys.executable)
-    env = dict(os.environ, GLOG_v="3", PATH=bin_dir + os.pathsep + os.environ["PATH"])
-    script = str(paths.GRPO_SCRIPT)
-    run = subprocess.run([os.path.join(bin_dir, "msrun"), "--worker_num=2", "--local_worker_num=2",
-                          f"--master_port={free_port()}", "--join=True", f"--log_dir={tmp_path / 'logs'}", script,
-                          *flags], env=env, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    measured = max(m["perf/max_rss_gib"] for m in metrics if "perf/max_rss_gib" in m)
-    plan = subprocess.run([sys.executable, script, "--plan", *flags], capture_output=True, text=True, timeout=120)
+    run_dir, _ = straight_run
+    metrics = [json.loads(line) for line in (run_dir / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    measured = metrics[0]["perf/max_rss_gib"]  # step 1: the plan's phases, before any checkpoint is written
+    plan = run_command([sys.executable, str(paths.GRPO_SCRIPT), "--plan", *straight_args(mindrecord, run_dir / "out")],
+                       timeout=120)
     assert plan.returncode == 0, plan.stderr[-2000:]
     planned = max(float(line.split()[1]) for line in plan.stdout.splitlines() if line.startswith("  peak: "))
-    print(f"tiny job: plan {planned:.3f} GiB, measured {measured:.3f} GiB per rank")
+    print(f"tiny job: plan {planned:.3f} GiB, measured {measured:.3f} GiB per rank in step 1 (after 4 steps and "
+          f"2 checkpoints: {metrics[-1]['perf/max_rss_gib']:.3f})")
     assert abs(planned / measured - 1) < PLAN_TOLERANCE, (planned, measured, plan.stdout)

@@ -1,13 +1,22 @@
 """The GRPO trainer with the actor's train net in 2 pipeline stages (msrun, 2 workers, `tiny/train_pp2.yaml`) and
 the inference net at dp=2 on the same ranks: online reshard from the stages every step, the swap plan, a checkpoint
-MindSpore reads as the whole net, exact resume, and the one-line errors of layouts stages cannot take; and a
-4-layer model in 4 stages on 4 workers."""
+MindSpore reads as the whole net, exact resume, and the one-line errors of layouts stages cannot take; a 4-layer
+tied model in 4 stages on 4 workers; and the PPO critic in 2 stages. The jobs without stages they learn like are the
+session's straight runs (tests/conftest.py: `straight_run`, `tp_critic_ppo_run`), whose first steps they compare."""
 import json
 import shutil
 
 import numpy as np
 import pytest
-from support.jobs import grpo_msrun_command, job_args, module_run, run_job, without_timing
+from support.jobs import (
+    grpo_msrun_command,
+    job_args,
+    memory_features_yaml,
+    module_run,
+    ppo_args,
+    run_job,
+    without_timing,
+)
 from support.msrun import free_port, msrun_env, run_command
 from support.paths import TINY, TINY_SFT_CKPT
 from support.tolerances import assert_weights_close_after_adam
@@ -39,6 +48,7 @@ def test_train_stages_reshard_into_the_infer_net_every_step(pipeline_run):
         for step in result["steps"]:
             assert step["mismatched"] == [], f"rank {rank} step {step['step']}: infer != its stage of train"
             assert step["plan_errors"] == [], f"rank {rank} step {step['step']}"
+    assert len(ranks[0]["steps"]) == len(ranks[1]["steps"]) == 3
     for a, b in zip(ranks[0]["steps"], ranks[1]["steps"]):  # the loss statistics reach both stages
         assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6)
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -49,7 +59,13 @@ def test_train_stages_reshard_into_the_infer_net_every_step(pipeline_run):
 @pytest.mark.msrun
 def test_train_stages_learn_like_the_train_net_without_stages(pipeline_run, tmp_path, monkeypatch, mindrecord):
     """The same job with the train net at dp=2 (no stages): same rollouts, same loss statistics and gradient norms
-    for the first two steps (later steps sample from weights that differ by float rounding)."""
+    for the first two steps (later steps sample from weights that differ by float rounding).
+
+    Not the session's straight run (train tp=2): its step 1 has no reward (all advantages 0), so the only
+    gradient is that of the KL at the reference, which is 0 where the train net's log-probs equal the inference
+    net's bit for bit (dp=2, stages: nothing moves, grad_norm 0) but float noise at tp=2 (grad_norm 8e-8 at the
+    first update), which AdamW turns into updates of ~lr per weight: the straight run's step 1 ends with
+    actor/grad_norm 53.5 and actor/ratio_mean 1.036 where this job's are 0 and 1."""
     _, ranks = pipeline_run
     args = job_args(mindrecord, tmp_path / "out", 2)
     train_yaml = tmp_path / "train_dp2.yaml"
@@ -57,6 +73,7 @@ def test_train_stages_learn_like_the_train_net_without_stages(pipeline_run, tmp_
                           .replace("pipeline_stage: 2", "pipeline_stage: 1"))
     args[args.index("--sft_path_train") + 1] = str(train_yaml)
     flat = run_job(tmp_path, monkeypatch, "dp2", args)
+    assert [s["step"] for s in ranks[0]["steps"][:2]] == [s["step"] for s in flat[0]["steps"]] == [1, 2]
     for staged, plain in zip(ranks[0]["steps"][:2], flat[0]["steps"]):
         assert staged["metrics"]["critic/score/mean"] == plain["metrics"]["critic/score/mean"]
         for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
@@ -185,46 +202,14 @@ def tied_job(tmp_path, monkeypatch, mindrecord, out_dir, steps, train_yaml):
 
 
 @pytest.mark.msrun
-def test_tied_embedding_across_stages_learns_like_without_stages(tmp_path, monkeypatch, mindrecord):
-    """Tied embeddings with the train net in 2 stages: both stages hold the embedding (the first embeds, the last
-    scores with it) and sum its gradients, so the two copies stay equal, the inference net gets it from the first,
-    and the job learns as the same job with the train net at dp=2."""
-    import mindspore as ms
-
-    from mindrlhf.checkpoint.weights import read_weights
-    from mindrlhf.parallel.strategy import read_staged_strategy_file
-
-    dp2_yaml = tmp_path / "train_dp2.yaml"
-    dp2_yaml.write_text(PIPELINE_YAML.read_text().replace("data_parallel: 1", "data_parallel: 2")
-                        .replace("pipeline_stage: 2", "pipeline_stage: 1"))
-    staged = run_job(tmp_path, monkeypatch, "tied_pp2",
-                     tied_job(tmp_path, monkeypatch, mindrecord, tmp_path / "pp2", 2, PIPELINE_YAML))
-    plain = run_job(tmp_path, monkeypatch, "tied_dp2",
-                    tied_job(tmp_path, monkeypatch, mindrecord, tmp_path / "dp2", 2, dp2_yaml))
-    for rank in range(2):
-        assert [s["mismatched"] for s in staged[rank]["steps"]] == [[], []], f"rank {rank}: infer != its stage"
-    for a, b in zip(staged[0]["steps"], plain[0]["steps"]):
-        assert a["metrics"]["critic/score/mean"] == b["metrics"]["critic/score/mean"]
-        for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"):
-            assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-4, abs=1e-6), key
-    assert all(s["metrics"]["actor/grad_norm"] > 0 for s in staged[0]["steps"])  # real updates were compared
-    step = tmp_path / "pp2" / "checkpoints" / "step_000002"
-    copies = [ms.load_checkpoint(str(step / f"rank_{r}" / "train.ckpt"))["model.tok_embeddings.embedding_weight"]
-              for r in range(2)]
-    np.testing.assert_array_equal(copies[0].asnumpy(), copies[1].asnumpy())
-    layouts, stages = read_staged_strategy_file(step / "train_strategy.ckpt")
-    assert stages["model.tok_embeddings.embedding_weight"] == 0 and "lm_head.weight" not in layouts
-    merged = read_weights(str(step))
-    np.testing.assert_array_equal(merged["model.tok_embeddings.embedding_weight"], copies[0].asnumpy())
-    assert set(merged) == set(layouts)
-
-
-@pytest.mark.msrun
 def test_four_stages_reshard_every_step_and_merge_into_the_whole_net(tmp_path, monkeypatch, mindrecord):
     """A 4-layer tied model (random weights) trained in 4 stages, a layer each, on 4 workers, inferring at dp=4:
-    the middle stages pass activations and gradients both ways, the end stages hold and sum the tied embedding,
-    every step each rank's inference net equals its stage of the train net, the loss statistics reach every
-    stage, and the step checkpoint merges into the whole net."""
+    the middle stages pass activations and gradients both ways, the end stages hold and sum the tied embedding
+    (the first stage embeds, the last scores with it: the two copies stay equal, the strategy puts it on the first
+    stage and has no head), every step each rank's inference net equals its stage of the train net (the first
+    stage's embedding included), the loss statistics reach every stage, and the step checkpoint merges into the
+    whole net, the embedding as the stages hold it. (That a tied job in stages learns like it without stages:
+    tests/parallel/test_pipeline.py's test_pipeline_train_step_equals_the_whole_model, its tied cases.)"""
     import mindspore as ms
 
     from mindrlhf.checkpoint.weights import read_weights
@@ -245,6 +230,7 @@ def test_four_stages_reshard_every_step_and_merge_into_the_whole_net(tmp_path, m
         assert result["exit_code"] == 0
         assert [s["mismatched"] for s in result["steps"]] == [[], []], f"rank {rank}: infer != its stage"
         assert [s["plan_errors"] for s in result["steps"]] == [[], []], f"rank {rank}"
+        assert len(ranks[0]["steps"]) == len(result["steps"]) == 2
         for a, b in zip(ranks[0]["steps"], result["steps"]):  # the last stage's statistics reach every stage
             assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6)
     assert all(s["metrics"]["actor/grad_norm"] > 0 for s in ranks[0]["steps"])
@@ -259,50 +245,56 @@ def test_four_stages_reshard_every_step_and_merge_into_the_whole_net(tmp_path, m
     layouts, stages = read_staged_strategy_file(step / "train_strategy.ckpt")
     assert [stages[f"model.layers.{i}.attention.wq.weight"] for i in range(4)] == [0, 1, 2, 3]
     assert stages[embedding] == 0 and stages["model.norm_out.weight"] == 3
+    assert "lm_head.weight" not in layouts and not any("lm_head.weight" in h for h in held)  # tied: no head
     merged = read_weights(str(step))
     assert set(merged) == set(layouts)
     for name, value in merged.items():
         np.testing.assert_array_equal(value, held[stages[name]][name], err_msg=name)
+    np.testing.assert_array_equal(merged[embedding], held[0][embedding])
 
 
 @pytest.mark.msrun
-def test_critic_in_stages_learns_like_the_critic_without_stages(tmp_path, monkeypatch, mindrecord):
+def test_critic_in_stages_learns_like_the_critic_without_stages(tp_critic_ppo_run, tmp_path, monkeypatch,
+                                                                mindrecord):
     """PPO with the critic in 2 stages (`tiny/train_pp2.yaml`: a layer each, 2 micro-batches; the values pass in
-    2-row micro-batches through the stages) against the same job with the critic at dp=2: the same values, value
-    losses and actor updates over 2 steps (the last stage's values reach every rank), the same metrics on both
-    ranks, and the critic's stage checkpoints merge into the whole value model with the head on the last stage."""
+    2-row micro-batches through the stages), 2 steps, against the same job with the critic at tp=2 (the session's
+    `tp_critic_ppo_run`: the same flags but the critic's YAML and the values pass's micro-batch size, neither of
+    which changes a value): the same values, value losses and actor updates over 2 steps (the last stage's values
+    reach every rank), the same metrics on both ranks, and the critic's stage checkpoints merge into the whole
+    value model with the head on the last stage."""
     import mindspore as ms
 
     from mindrlhf.checkpoint.step import is_optimizer_state
     from mindrlhf.checkpoint.weights import read_weights
     from mindrlhf.parallel.strategy import read_staged_strategy_file
 
-    dp2_yaml = tmp_path / "critic_dp2.yaml"
-    dp2_yaml.write_text(PIPELINE_YAML.read_text().replace("data_parallel: 1", "data_parallel: 2")
-                        .replace("pipeline_stage: 2", "pipeline_stage: 1"))
-    runs = {}
-    for name, critic_yaml in (("pp2", PIPELINE_YAML), ("dp2", dp2_yaml)):
-        extra = ("--sft_path_critic", str(critic_yaml), "--adv_estimator", "gae", "--critic.learning_rate", "1e-3",
-                 "--max_new_tokens", "96",  # the tiny policy's answers fit: rewards vary
-                 "--log_prob_micro_batch_size_per_device", "2")  # the values pass: several micro-batches overlap
-        runs[name] = run_job(tmp_path, monkeypatch, f"critic_{name}", job_args(mindrecord, tmp_path / name, 2, extra))
+    _, plain_run = tp_critic_ppo_run
+    actor_yaml = memory_features_yaml(tmp_path)  # the tp run's actor (its train net's layout changes no value)
+    staged_run = run_job(tmp_path, monkeypatch, "critic_pp2", ppo_args(
+        mindrecord, tmp_path / "pp2", 2, actor_yaml=actor_yaml, critic_yaml=PIPELINE_YAML,
+        extra=["--log_prob_micro_batch_size_per_device", "2"]))  # the values pass: several micro-batches overlap
     log = (tmp_path / "critic_pp2_logs" / "worker_0.log").read_text(errors="replace")
     assert "critic layout dp=1 x tp=1 x pp=2" in log
-    for rank, result in enumerate(runs["pp2"]):
+    for rank, result in enumerate(staged_run):
         assert result["exit_code"] == 0
+        assert [s["step"] for s in result["steps"]] == [1, 2]
         for step in result["steps"]:
             assert step["mismatched"] == [] and step["plan_errors"] == [], (rank, step["step"])
             assert "values" in step["phases"] and "update_critic" in step["phases"]
-        for a, b in zip(runs["pp2"][0]["steps"], result["steps"]):
+        assert len(staged_run[0]["steps"]) == len(result["steps"]) == 2
+        for a, b in zip(staged_run[0]["steps"], result["steps"]):
             assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6, nan_ok=True)
-    for staged, plain in zip(runs["pp2"][0]["steps"], runs["dp2"][0]["steps"]):
-        assert staged["metrics"]["critic/score/mean"] == plain["metrics"]["critic/score/mean"]
-        keys = [k for k in plain["metrics"] if k.startswith("critic/")] + ["actor/loss", "actor/pg_loss",
-                                                                            "actor/grad_norm"]
+    plain = plain_run[0]["steps"][:2]
+    assert [s["step"] for s in plain] == [1, 2]
+    for staged, plain_step in zip(staged_run[0]["steps"], plain):
+        assert staged["metrics"]["critic/score/mean"] == plain_step["metrics"]["critic/score/mean"]
+        keys = [k for k in plain_step["metrics"] if k.startswith("critic/")] + ["actor/loss", "actor/pg_loss",
+                                                                                 "actor/grad_norm"]
         assert len(keys) > 10
         for key in keys:
-            assert staged["metrics"][key] == pytest.approx(plain["metrics"][key], rel=1e-4, abs=1e-6, nan_ok=True), key
-    second = runs["pp2"][0]["steps"][1]["metrics"]
+            assert staged["metrics"][key] == pytest.approx(plain_step["metrics"][key], rel=1e-4, abs=1e-6,
+                                                           nan_ok=True), key
+    second = staged_run[0]["steps"][1]["metrics"]
     assert second["critic/values/max"] > second["critic/values/min"] and second["critic/grad_norm"] > 0
     step = tmp_path / "pp2" / "checkpoints" / "step_000002"
     layouts, stages = read_staged_strategy_file(step / "critic_strategy.ckpt")

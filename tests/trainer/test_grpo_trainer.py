@@ -1,27 +1,32 @@
 """The GRPO trainer under msrun: two layouts on the same ranks (train tp=2, infer dp=2), reshard and swap every
-step, checkpoints, exact resume, strategy files."""
+step, checkpoints, exact resume, strategy files; the same step on two nodes; a killed worker; PPO with a tensor-
+parallel critic. The straight runs (GRPO and PPO) are session fixtures (tests/conftest.py): other modules compare
+their jobs with them too."""
 import json
 import os
 import shutil
+import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support.jobs import grpo_msrun_command, job_args, module_run, run_job, without_timing
+from support.jobs import (
+    grpo_msrun_command,
+    job_args,
+    ppo_args,
+    run_job,
+    started_job,
+    straight_args,
+    without_timing,
+)
 from support.metrics_doc import assert_documented
 from support.msrun import free_port, msrun_env, run_command
-from support.paths import TINY
 from support.tolerances import assert_weights_close_after_adam
 
 from mindrlhf.parallel.host_setup import cores_of_rank
 
 pytestmark = pytest.mark.msrun
-
-
-@pytest.fixture(scope="module")
-def straight_run(tmp_path_factory, mindrecord):
-    """4 steps in one go, checkpoints at steps 2 and 4."""
-    return module_run(tmp_path_factory, "straight", lambda out: job_args(mindrecord, out, 4))
 
 
 def test_every_step_reshards_into_the_infer_net_and_keeps_the_swap_plan(straight_run):
@@ -41,6 +46,7 @@ def test_every_step_reshards_into_the_infer_net_and_keeps_the_swap_plan(straight
     if len(host_cores) >= 2:
         assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"])
     # metrics are global: both ranks log the same values
+    assert len(ranks[0]["steps"]) == len(ranks[1]["steps"]) == 4
     for a, b in zip(ranks[0]["steps"], ranks[1]["steps"]):
         assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6)
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -96,8 +102,8 @@ def test_resume_from_step_2_equals_the_straight_run(straight_run, tmp_path, monk
     out = tmp_path / "out"
     (out / "checkpoints").mkdir(parents=True)
     shutil.copytree(straight_dir / "out" / "checkpoints" / "step_000002", out / "checkpoints" / "step_000002")
-    ranks = run_job(tmp_path, monkeypatch, "resumed", job_args(mindrecord, out, 4, ["--resume"]))
-    assert [s["step"] for s in ranks[0]["steps"]] == [3, 4]
+    ranks = run_job(tmp_path, monkeypatch, "resumed", [*straight_args(mindrecord, out), "--resume"])
+    assert [s["step"] for s in ranks[0]["steps"]] == [3, 4] and [s["step"] for s in straight[0]["steps"][2:]] == [3, 4]
     for a, b in zip(ranks[0]["steps"], straight[0]["steps"][2:]):
         assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6, abs=1e-9)
     for rank in range(2):
@@ -118,15 +124,21 @@ def test_resume_from_step_2_equals_the_straight_run(straight_run, tmp_path, monk
                 np.testing.assert_allclose(resumed[name], reference[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
-def test_two_nodes_of_one_worker_each_complete_a_step(tmp_path, mindrecord):
-    import subprocess
-
+def test_two_nodes_of_one_worker_each_compute_the_straight_runs_first_step(straight_run, tmp_path, mindrecord):
+    """The straight run's flags for 1 step, launched as a user launches two machines (an msrun per node, one worker
+    each): both workers complete the step and its checkpoint, and the step's metrics are the straight run's step 1
+    (one node of 2 workers)."""
+    straight_dir, _ = straight_run
     port = free_port()
-    args = job_args(mindrecord, tmp_path / "out", 1, ["--num_iterations", "1", "--mini_batch_size", "0"])
-    nodes = [subprocess.Popen(grpo_msrun_command(tmp_path / f"node{n}", port, args, local_worker_num=1, node_rank=n),
-                              env=msrun_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for n in (0, 1)]
-    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    args = straight_args(mindrecord, tmp_path / "out", steps=1)
+    with ExitStack() as stack:  # both msruns, workers included, stopped whatever happens
+        nodes = [stack.enter_context(started_job(
+            grpo_msrun_command(tmp_path / f"node{n}", port, args, local_worker_num=1, node_rank=n),
+            tmp_path / f"msrun_node{n}.out", msrun_env())) for n in (0, 1)]
+        deadline = time.time() + 600
+        for node in nodes:
+            node.wait(timeout=max(1.0, deadline - time.time()))
+    outputs = [(tmp_path / f"msrun_node{n}.out").read_text(errors="replace") for n in (0, 1)]
     logs = "".join(log.read_text(errors="replace") for log in sorted(tmp_path.glob("node*/worker_*.log")))
     # On one machine both msrun calls see the master address as their own and start a scheduler; the one that
     # comes second cannot bind the port and its msrun exits non-zero although its worker completed (on two
@@ -135,24 +147,25 @@ def test_two_nodes_of_one_worker_each_complete_a_step(tmp_path, mindrecord):
     for n in (0, 1):
         worker_log = (tmp_path / f"node{n}" / f"worker_{n}.log").read_text(errors="replace")
         assert "Traceback" not in worker_log and "error:" not in worker_log, worker_log[-3000:]
-    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
-    assert len(lines) == 1 and json.loads(lines[0])["step"] == 1
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1]
     assert (tmp_path / "out" / "checkpoints" / "step_000001" / "meta.json").is_file()
+    straight_first = json.loads((straight_dir / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert straight_first["step"] == 1
+    # the same step as on one node (the resume test's tolerance: the same kernels on the same inputs)
+    assert without_timing(lines[0]) == pytest.approx(without_timing(straight_first), rel=1e-6, abs=1e-9)
 
 
 def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path, mindrecord):
     import signal
-    import subprocess
-    import time
 
     import psutil
     out = tmp_path / "out"
     # with the compile cache on, as a user may have it: the resumed run must not load the killed run's graphs
     args = job_args(mindrecord, out, 50, ["--save_interval", "1", "--num_iterations", "1", "--mini_batch_size", "0",
                                           "--enable_compile_cache", "True"])
-    job = subprocess.Popen(grpo_msrun_command(tmp_path / "logs", free_port(), args), env=msrun_env(),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    msrun_out = tmp_path / "msrun.out"
+    with started_job(grpo_msrun_command(tmp_path / "logs", free_port(), args), msrun_out, msrun_env()) as job:
         deadline = time.time() + 600
         while not (out / "checkpoints" / "step_000002" / "meta.json").is_file():
             assert job.poll() is None and time.time() < deadline, "the job ended before its second checkpoint"
@@ -163,11 +176,9 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
         victim = next(p for p in workers if p.environ().get("MS_NODE_ID") == "1")
         killed_at = time.time()
         victim.send_signal(signal.SIGKILL)
-        msrun_output, _ = job.communicate(timeout=120)
+        job.wait(timeout=120)
         took = time.time() - killed_at
-    finally:
-        if job.poll() is None:
-            job.kill()
+    msrun_output = msrun_out.read_text(errors="replace")
     assert job.returncode != 0
     assert took < 60, f"the job took {took:.0f} s to end after a worker was killed"
     # MindSpore's scheduler names whichever heartbeat it missed first (often rank 0, which msrun killed after
@@ -191,34 +202,30 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
     assert (out / "checkpoints" / f"step_{step + 1:06d}" / "meta.json").is_file()
 
 
-def test_ppo_on_two_workers_with_a_tensor_parallel_critic_resumes_exactly(tmp_path, mindrecord, monkeypatch):
-    """PPO under msrun: actor train tp=2, infer dp=2, critic tp=2 on the same 2 ranks, 3 steps; after every step the
-    infer net holds the train weights, each phase ran with its swap plan (the critic resident only in `values` and
-    `update_critic`), and both ranks log the same metrics. The step-2 checkpoint (critic weights and moments, the
-    adaptive KL controller) resumes into the same step 3: the suite's PPO resume test. The actor's train net and
-    the critic run the memory features of big recipes: sequence parallel over their tp pair and full recompute of
-    every layer."""
+def test_ppo_on_two_workers_with_a_tensor_parallel_critic_resumes_exactly(tp_critic_ppo_run, tmp_path, mindrecord,
+                                                                          monkeypatch):
+    """PPO under msrun (tests/conftest.py's `tp_critic_ppo_run`): actor train tp=2, infer dp=2, critic tp=2 on the
+    same 2 ranks, 3 steps; after every step the infer net holds the train weights, each phase ran with its swap
+    plan (the critic resident only in `values` and `update_critic`), and both ranks log the same metrics. The
+    step-2 checkpoint (critic weights and moments, the adaptive KL controller) resumes into the same step 3: the
+    suite's PPO resume test. The actor's train net and the critic run the memory features of big recipes: sequence
+    parallel over their tp pair and full recompute of every layer."""
     import mindspore as ms
 
-    train_yaml = tmp_path / "train_sp_recompute.yaml"
-    memory_features = "  pipeline_stage: 1\n  use_seq_parallel: true\nrecompute_config:\n  recompute: true"
-    train_yaml.write_text((TINY / "train.yaml").read_text().replace("  pipeline_stage: 1", memory_features))
-    extra = ("--sft_path_train", str(train_yaml), "--sft_path_critic", str(train_yaml), "--adv_estimator", "gae",
-             "--critic.learning_rate", "1e-3",
-             "--use_kl_in_reward", "true", "--kl_ctrl", "adaptive", "--kl_horizon", "100", "--save_interval", "2",
-             "--max_new_tokens", "96")  # the tiny policy's answers fit: rewards vary, the critic has something to learn
-    straight_out = tmp_path / "out"
-    ranks = run_job(tmp_path, monkeypatch, "ppo", job_args(mindrecord, straight_out, 3, extra=extra))
+    run_dir, ranks = tp_critic_ppo_run
+    train_yaml = run_dir / "train_sp_recompute.yaml"
+    straight_out = run_dir / "out"
     for rank, result in enumerate(ranks):
         assert result["exit_code"] == 0
         assert [s["step"] for s in result["steps"]] == [1, 2, 3]
         for step in result["steps"]:
             assert step["mismatched"] == [] and step["plan_errors"] == [], (rank, step["step"])
             assert "values" in step["phases"] and "update_critic" in step["phases"]
+    assert len(ranks[0]["steps"]) == len(ranks[1]["steps"]) == 3
     for a, b in zip(ranks[0]["steps"], ranks[1]["steps"]):
         # (explained variance is NaN while the returns do not vary)
         assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6, nan_ok=True)
-    log = (tmp_path / "ppo_logs" / "worker_0.log").read_text()
+    log = (run_dir / "ppo_logs" / "worker_0.log").read_text()
     for net in ("train net", "critic"):
         assert f"{net} memory features: sequence parallel, full recompute of 2 of 2 layers" in log
     second = ranks[0]["steps"][1]["metrics"]
@@ -232,8 +239,9 @@ def test_ppo_on_two_workers_with_a_tensor_parallel_critic_resumes_exactly(tmp_pa
     resumed_out = tmp_path / "resumed"
     (resumed_out / "checkpoints").mkdir(parents=True)
     shutil.copytree(step_dir, resumed_out / "checkpoints" / "step_000002")
-    resumed = run_job(tmp_path, monkeypatch, "ppo_resumed", job_args(mindrecord, resumed_out, 3,
-                                                                      extra=(*extra, "--resume")))
+    resumed = run_job(tmp_path, monkeypatch, "ppo_resumed",
+                      ppo_args(mindrecord, resumed_out, 3, actor_yaml=train_yaml, critic_yaml=train_yaml,
+                               extra=["--resume"]))
     assert [s["step"] for s in resumed[0]["steps"]] == [3]
     assert resumed[0]["steps"][0]["mismatched"] == [] and resumed[0]["steps"][0]["plan_errors"] == []
     straight_third = ranks[0]["steps"][2]["metrics"]
