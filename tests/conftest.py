@@ -55,6 +55,38 @@ def mindrecord(tmp_path_factory):
     return out
 
 
+# `bash tests/run.sh` runs two pytest-xdist workers (`--dist loadgroup`); each takes whole work units: a test
+# module, or the modules that read the session's shared msrun jobs (so each of those runs once). Units that launch
+# msrun jobs go first (the longest first), so two jobs or a job and in-process tests share the cores, and what is
+# left at the end is short.
+SHARED_JOBS = {"straight_run", "tp_critic_ppo_run"}
+SHARED_JOBS_UNIT = "modules-reading-the-shared-msrun-jobs"
+
+
+def launches_jobs(item) -> bool:
+    """Whether a test launches msrun jobs or reads one a session fixture launched."""
+    return item.get_closest_marker("msrun") is not None or bool(SHARED_JOBS & set(item.fixturenames))
+
+
+def module_of(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and `-m` reads the marks
+def pytest_collection_modifyitems(config, items):
+    """Marks every job test `msrun` (for `-m`), puts each test in its work unit and the units in their order."""
+    shared = {module_of(item) for item in items if SHARED_JOBS & set(item.fixturenames)}
+    with_jobs = {module_of(item) for item in items if launches_jobs(item)}
+    for item in items:
+        if launches_jobs(item):
+            item.add_marker(pytest.mark.msrun)
+        module = module_of(item)
+        item.add_marker(pytest.mark.xdist_group(SHARED_JOBS_UNIT if module in shared else module))
+    slow = {module_of(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (module_of(item) not in shared, module_of(item) not in with_jobs,
+                                 module_of(item) not in slow))  # stable: a module's tests keep their order
+
+
 def pytest_sessionfinish(session, exitstatus):
     """No process a test started may outlive the session: any still running is killed, listed, and fails the run."""
     if os.environ.get("PYTEST_XDIST_WORKER"):

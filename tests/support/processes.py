@@ -19,7 +19,7 @@ def leftover_processes() -> list:
     tag, mine = os.environ.get(SESSION_TAG), os.getpid()
     found = []
     for process in psutil.process_iter(["pid", "cmdline"]):
-        if process.pid == mine:
+        if process.pid == mine or is_xdist_worker(process):
             continue
         try:
             if process.environ().get(SESSION_TAG) == tag:
@@ -27,6 +27,17 @@ def leftover_processes() -> list:
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return found
+
+
+def is_xdist_worker(process) -> bool:
+    """A pytest-xdist worker of this session (execnet starts it reading its code from stdin); it ends with the
+    session."""
+    import psutil
+
+    try:
+        return "sys.stdin.readline()" in " ".join(process.cmdline())
+    except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
 
 
 def stop_leftovers() -> list[str]:
