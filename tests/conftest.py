@@ -55,12 +55,23 @@ def mindrecord(tmp_path_factory):
     return out
 
 
-# `bash tests/run.sh` runs two pytest-xdist workers (`--dist loadgroup`); each takes whole work units: a test
-# module, or the modules that read the session's shared msrun jobs (so each of those runs once). Units that launch
-# msrun jobs go first (the longest first), so two jobs or a job and in-process tests share the cores, and what is
-# left at the end is short.
+# `bash tests/run.sh` runs two pytest-xdist workers; each takes whole work units (`work_unit`): a test module, or
+# all the modules that read the session's shared msrun jobs (so that each of those jobs runs once). Units that launch
+# msrun jobs go first, so that two jobs, or a job and in-process tests, share the cores and what is left at the end
+# is short.
 SHARED_JOBS = {"straight_run", "tp_critic_ppo_run"}
-SHARED_JOBS_UNIT = "modules-reading-the-shared-msrun-jobs"
+SHARED_JOB_MODULES = {"tests/engine/test_memory_plan.py", "tests/parallel/test_optimizer_shard.py",
+                      "tests/trainer/test_grpo_pipeline.py", "tests/trainer/test_grpo_trainer.py"}
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: the tests of a unit run in one worker, one after the other."""
+    module = module_of(nodeid)
+    return "the modules reading the shared msrun jobs" if module in SHARED_JOB_MODULES else module
 
 
 def launches_jobs(item) -> bool:
@@ -68,23 +79,34 @@ def launches_jobs(item) -> bool:
     return item.get_closest_marker("msrun") is not None or bool(SHARED_JOBS & set(item.fixturenames))
 
 
-def module_of(item) -> str:
-    return item.nodeid.split("::", 1)[0]
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups and `-m` reads the marks
+@pytest.hookimpl(tryfirst=True)  # before `-m` reads the marks
 def pytest_collection_modifyitems(config, items):
-    """Marks every job test `msrun` (for `-m`), puts each test in its work unit and the units in their order."""
-    shared = {module_of(item) for item in items if SHARED_JOBS & set(item.fixturenames)}
-    with_jobs = {module_of(item) for item in items if launches_jobs(item)}
+    """Marks every job test `msrun` (for `-m`) and orders the tests: the shared jobs' unit, the other units that
+    launch jobs, the modules with slow tests, the rest (a module's tests keep their order)."""
+    readers = {module_of(item.nodeid) for item in items if SHARED_JOBS & set(item.fixturenames)}
+    if readers - SHARED_JOB_MODULES:
+        raise pytest.UsageError(f"tests/conftest.py: add {sorted(readers - SHARED_JOB_MODULES)} to "
+                                "SHARED_JOB_MODULES (they read a shared msrun job, which must run once)")
+    with_jobs = {work_unit(item.nodeid) for item in items if launches_jobs(item)}
+    slow = {work_unit(item.nodeid) for item in items if item.get_closest_marker("slow")}
     for item in items:
         if launches_jobs(item):
             item.add_marker(pytest.mark.msrun)
-        module = module_of(item)
-        item.add_marker(pytest.mark.xdist_group(SHARED_JOBS_UNIT if module in shared else module))
-    slow = {module_of(item) for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: (module_of(item) not in shared, module_of(item) not in with_jobs,
-                                 module_of(item) not in slow))  # stable: a module's tests keep their order
+    items.sort(key=lambda item: (module_of(item.nodeid) not in SHARED_JOB_MODULES,
+                                 work_unit(item.nodeid) not in with_jobs, work_unit(item.nodeid) not in slow))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scope scheduling with `work_unit` as the scope (its `loadgroup` cannot rename the tests of
+    pytest 9), the units in collection order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return WorkUnitScheduling(config, log)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -3,8 +3,8 @@
 #   bash tests/run.sh            the whole suite (what CI runs)
 #   bash tests/run.sh --quick    the quick tier: no msrun job, no trainer job (a few minutes; a developer's loop)
 # Other arguments go to pytest, e.g. `bash tests/run.sh -k reward` or `bash tests/run.sh tests/parallel`.
-# Two pytest-xdist workers: the msrun jobs one after another in one of them (tests/conftest.py), the other tests
-# alongside, a module at a time (`-n 0` runs everything in this process).
+# Two pytest-xdist workers, each taking whole test modules, those that launch msrun jobs first (tests/conftest.py);
+# `-n 0` runs everything in this process.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/tools/bootstrap.sh" test
@@ -16,5 +16,4 @@ if [ "${1:-}" = "--quick" ]; then
   shift
   TIER=(-m "not msrun and not slow")
 fi
-exec "$ROOT/.venv/bin/python" -m pytest -ra --durations=40 -n 2 --dist loadgroup --no-loadscope-reorder \
-  "${TIER[@]}" "$@"
+exec "$ROOT/.venv/bin/python" -m pytest -ra --durations=40 -n 2 "${TIER[@]}" "$@"
