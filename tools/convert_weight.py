@@ -21,11 +21,12 @@ import sys
 from mindrlhf.checkpoint.step import STEP_NETS, CheckpointError
 from mindrlhf.checkpoint.weights import read_weights
 from mindrlhf.configs.base import ConfigError
+from mindrlhf.configs.cli import OneLineErrorParser
 from mindrlhf.models.qwen2.convert import ConversionError, convert_hf_to_ms, convert_ms_to_hf
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--torch_ckpt_dir", required=True,
                         help="Hugging Face model folder: the input, or the output with --reverse.")
     parser.add_argument("--mindspore_ckpt_path", required=True,

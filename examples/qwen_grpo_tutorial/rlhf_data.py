@@ -20,6 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from mindrlhf.configs.cli import OneLineErrorParser
 from mindrlhf.data.mindrecord import DEFAULT_OUTPUT_NAME, DataError, convert_to_mindrecord
 from mindrlhf.data.templates import GSM8K_INSTRUCTION, TEMPLATE_NAMES
 from mindrlhf.models.tokenizer import load_tokenizer
@@ -29,7 +30,7 @@ logger = logging.getLogger("rlhf_data")
 
 def build_parser() -> argparse.ArgumentParser:
     """Command-line flags (names as in MindRLHF's rlhf_data.py)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    parser = OneLineErrorParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--tokenizer_dir", default=None,
                         help="Hugging Face tokenizer folder: tokenizer.json (+ tokenizer_config.json), or vocab.json + "

@@ -37,7 +37,12 @@ def parse_bool(text: str) -> bool:
 
 class OneLineErrorParser(argparse.ArgumentParser):
     """An `ArgumentParser` whose usage errors are one line, `prog: error: <problem>` (with a did-you-mean for a
-    mistyped flag), and a pointer to `--help`, exit code 2, instead of the whole usage first."""
+    mistyped flag), and a pointer to `--help`, exit code 2, instead of the whole usage first. Flags are matched
+    exactly (`--num_generation` is not taken for `--num_generations`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:
         hint = did_you_mean(message, self._option_string_actions)

@@ -279,6 +279,9 @@ def test_help_shows_each_flags_type_and_default():
     (["--lerning_rate", "1e-5"], "grpo_one_stage.py: error: unrecognized arguments: --lerning_rate 1e-5 "
                                  "(did you mean --learning_rate?)"),
     (["--steps", "x"], "grpo_one_stage.py: error: argument --steps/--schedule.steps: invalid int value: 'x'"),
+    # flags are matched exactly: argparse's default would read a prefix as the one flag it starts
+    (["--num_generation", "4"], "grpo_one_stage.py: error: unrecognized arguments: --num_generation 4 "
+                                "(did you mean --num_generations?)"),
 ])
 def test_a_bad_flag_is_one_line_without_the_usage(argv, error):
     required = ["--sft_path_train", "t.yaml", "--sft_path_infer", "i.yaml", "--mind_dataset_dir", "d"]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from support import paths
 from support.msrun import run_command
+from support.tools import script_module
 
 from mindrlhf.configs.generation import bucket_length
 from mindrlhf.data.answers import extract_gold_answer
@@ -120,12 +121,13 @@ def test_conversion_round_trip(tmp_path, tokenizer, template, layout):
     assert sorted(os.listdir(tmp_path / "out")) == ["prompts.mindrecord", "prompts.mindrecord.db"]
 
 
+def rlhf_data_script():
+    return script_module(os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "rlhf_data.py"), "rlhf_data")
+
+
 def test_the_instruction_follows_each_question_inside_the_user_turn(tmp_path, tokenizer):
     from mindrlhf.data.templates import GSM8K_INSTRUCTION
-    spec = importlib.util.spec_from_file_location("rlhf_data", os.path.join(ROOT, "examples", "qwen_grpo_tutorial",
-                                                                            "rlhf_data.py"))
-    rlhf_data = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rlhf_data)
+    rlhf_data = rlhf_data_script()
     output = str(tmp_path / "p.mindrecord")
     assert rlhf_data.main(["--vocab_path", os.path.join(TINY_DIR, "vocab.json"), "--merges_file_path",
                            os.path.join(TINY_DIR, "merges.txt"), "--file_path",
@@ -135,6 +137,15 @@ def test_the_instruction_follows_each_question_inside_the_user_turn(tmp_path, to
     expected = [build_prompt(p["question"] + " " + GSM8K_INSTRUCTION, "qwen_chat") for p in PROBLEMS]
     assert [ids.tolist() for ids in prompt_ids] == [tokenizer.encode(text) for text in expected]
     assert expected[0].index(GSM8K_INSTRUCTION) < expected[0].index("<|im_end|>\n<|im_start|>assistant")
+
+
+def test_a_flag_prefix_is_refused_in_one_line(capsys):
+    """Flags are matched exactly: `--file` is not taken for `--file_path`."""
+    with pytest.raises(SystemExit) as stop:
+        rlhf_data_script().build_parser().parse_args(["--file", "x.jsonl", "--output_path", "o"])
+    assert stop.value.code == 2
+    error, see = capsys.readouterr().err.splitlines()  # prog: error: ..., see prog --help (prog: argv[0])
+    assert error.endswith(": error: the following arguments are required: --file_path") and see.endswith(" --help")
 
 
 def test_long_prompts_are_dropped_not_truncated(tmp_path, tokenizer):

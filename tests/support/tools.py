@@ -11,13 +11,18 @@ CONVERT_WEIGHT = TOOLS / "convert_weight.py"
 TRANSFORM_CHECKPOINT = TOOLS / "transform_checkpoint.py"
 
 
-def transform_checkpoint_tool():
-    """tools/transform_checkpoint.py as a module."""
-    spec = importlib.util.spec_from_file_location("transform_checkpoint_tool", TRANSFORM_CHECKPOINT)
+def script_module(path, name: str):
+    """The script at `path` imported as module `name` (its `main`, `build_parser`, ... callable in-process)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
+    sys.modules[spec.name] = module  # a dataclass of the script looks its module up
     spec.loader.exec_module(module)
     return module
+
+
+def transform_checkpoint_tool():
+    """tools/transform_checkpoint.py as a module."""
+    return script_module(TRANSFORM_CHECKPOINT, "transform_checkpoint_tool")
 
 
 def run_convert_weight(*args) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from safetensors.torch import save_file as torch_save_safetensors
 from support.checkpoints import write_trainer_checkpoint
 from support.hf_fixtures import hf_logits, make_hf_model_dir, safetensors_bytes
 from support.paths import TOKENIZER
-from support.tools import CONVERT_WEIGHT, run_convert_weight
+from support.tools import CONVERT_WEIGHT, run_convert_weight, script_module
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mindrlhf.models.qwen2.config import Qwen2Config
@@ -140,6 +140,16 @@ def test_hf_to_ms_low_precision_is_correctly_rounded(hf_model, tmp_path, dtype, 
         assert param.dtype == ms_dtype
         np.testing.assert_array_equal(param.asnumpy().view(np.uint16), _bits(tensor.to(torch_dtype)),
                                       err_msg=hf_name)
+
+
+def test_a_flag_prefix_is_refused_in_one_line(capsys):
+    """Flags are matched exactly: `--torch_ckpt` is not taken for `--torch_ckpt_dir`."""
+    with pytest.raises(SystemExit) as stop:
+        script_module(CONVERT_WEIGHT, "convert_weight").build_parser().parse_args(
+            ["--torch_ckpt", "hf", "--mindspore_ckpt_path", "x.ckpt"])
+    assert stop.value.code == 2
+    error, see = capsys.readouterr().err.splitlines()  # prog: error: ..., see prog --help (prog: argv[0])
+    assert error.endswith(": error: the following arguments are required: --torch_ckpt_dir") and see.endswith(" --help")
 
 
 def test_bf16_cast_matches_torch_on_edge_values():
