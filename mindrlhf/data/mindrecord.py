@@ -153,6 +153,46 @@ def _file_problems(source: str, prompt_key: str, answer_key: str, skip_bad_lines
         yield Problem(number, question, answer, columns, source, parquet)
 
 
+# MindSpore's FileWriter reserves a 16 MiB header and 32 MiB pages (sparse: the disk holds only what is written, but
+# the file's length counts against a size limit); it crashes the process when a write fails, so the room is checked
+# before it starts
+MINDRECORD_HEADER_BYTES = 1 << 24
+MINDRECORD_PAGE_BYTES = 1 << 25
+MIB = 1 << 20
+
+
+def records_nbytes(records: list[dict]) -> int:
+    """Bytes of the records' values (arrays, strings, numbers) as MindRecord stores them, roughly."""
+    total = 0
+    for record in records:
+        for value in record.values():
+            total += value.nbytes if isinstance(value, np.ndarray) else len(str(value).encode()) + 8
+    return total
+
+
+def mindrecord_room_problem(data_bytes: int, free_bytes: int, file_size_limit: int | None) -> str | None:
+    """Why a MindRecord of `data_bytes` of values cannot be written where `free_bytes` are free under a file size
+    limit of `file_size_limit` bytes (None: unlimited), or None when it fits (with room to spare for the index)."""
+    pages = 1 + data_bytes // MINDRECORD_PAGE_BYTES
+    length = MINDRECORD_HEADER_BYTES + pages * MINDRECORD_PAGE_BYTES
+    if file_size_limit is not None and file_size_limit < length:
+        return (f"the file size limit (ulimit -f) is {file_size_limit / MIB:.1f} MiB and this MindRecord file is "
+                f"{length / MIB:.0f} MiB long (MindSpore reserves a 16 MiB header and 32 MiB pages; the disk holds "
+                "only what is written)")
+    needed = 2 * data_bytes + 4 * MIB
+    if free_bytes < needed:
+        return f"the disk has {free_bytes / MIB:.1f} MiB free and this MindRecord needs about {needed / MIB:.1f} MiB"
+    return None
+
+
+def file_size_limit() -> int | None:
+    """This process's file size limit in bytes (`ulimit -f`), None when unlimited."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
 def write_mindrecord_atomically(records: list[dict], output_path: str | os.PathLike, description: str,
                                 schema: dict | None = None) -> None:
     """Writes `records` to a one-shard MindRecord `output_path` (+ `.db`), replacing any old pair.
@@ -160,13 +200,17 @@ def write_mindrecord_atomically(records: list[dict], output_path: str | os.PathL
     `schema` defaults to the prompt schema (`MINDRECORD_SCHEMA`).
 
     MindRecord stores its own file name inside, so the pair is written under the final name in a
-    temporary folder next to the output and then moved into place.
+    temporary folder next to the output and then moved into place. No room for it (a full disk, a file size limit)
+    is a `DataError` naming the file and the cause, before anything is written.
     """
-    from mindspore.mindrecord import FileWriter  # heavy import, only when writing
-
     output_path = os.path.abspath(os.fspath(output_path))
     out_dir = os.path.dirname(output_path)
     os.makedirs(out_dir, exist_ok=True)
+    problem = mindrecord_room_problem(records_nbytes(records), shutil.disk_usage(out_dir).free, file_size_limit())
+    if problem:
+        raise DataError(f"{output_path}: cannot write it: {problem}")
+    from mindspore.mindrecord import FileWriter  # heavy import, only when writing
+
     staging_dir = tempfile.mkdtemp(prefix=".mindrecord-tmp-", dir=out_dir)
     try:
         staged = os.path.join(staging_dir, os.path.basename(output_path))

@@ -148,6 +148,35 @@ def test_a_flag_prefix_is_refused_in_one_line(capsys):
     assert error.endswith(": error: the following arguments are required: --file_path") and see.endswith(" --help")
 
 
+def test_room_for_a_mindrecord_is_checked_before_writing():
+    from mindrlhf.data.mindrecord import MIB, mindrecord_room_problem
+
+    assert mindrecord_room_problem(10 * MIB, 1000 * MIB, None) is None
+    assert mindrecord_room_problem(10 * MIB, 1000 * MIB, 48 * MIB) is None  # header + one page
+    assert "is 47.0 MiB and this MindRecord file is 48 MiB long" in mindrecord_room_problem(10 * MIB, 1000 * MIB,
+                                                                                             47 * MIB)
+    assert "file is 80 MiB long" in mindrecord_room_problem(40 * MIB, 1000 * MIB, 64 * MIB)  # two pages
+    assert mindrecord_room_problem(10 * MIB, 10 * MIB, None) == \
+        "the disk has 10.0 MiB free and this MindRecord needs about 24.0 MiB"
+
+
+def test_a_file_size_limit_is_one_line_and_leaves_nothing(tmp_path):
+    """`ulimit -f 30000` on the data step: MindSpore's writer would crash the process (SIGSEGV) after creating its
+    staging folder; the tool names the file and the limit, exits 2 and leaves the folder as it was."""
+    script = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "rlhf_data.py")
+    tokenizer_flags = ["--vocab_path", os.path.join(TINY_DIR, "vocab.json"), "--merges_file_path",
+                       os.path.join(TINY_DIR, "merges.txt")]
+    done = run_command(["bash", "-c", 'ulimit -f 30000 && exec "$0" "$@"', sys.executable, script, *tokenizer_flags,
+                        "--file_path", write_jsonl(tmp_path / "d.jsonl", PROBLEMS), "--output_path",
+                        str(tmp_path / "out" / "p.mindrecord")], None, 300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'out' / 'p.mindrecord'}: cannot write it: the file size limit (ulimit -f) is 29.3 MiB "
+        "and this MindRecord file is 48 MiB long (MindSpore reserves a 16 MiB header and 32 MiB pages; the disk "
+        "holds only what is written)")
+    assert os.listdir(tmp_path / "out") == []
+
+
 def test_long_prompts_are_dropped_not_truncated(tmp_path, tokenizer):
     source = write_jsonl(tmp_path / "d.jsonl", PROBLEMS)
     lengths = [len(tokenizer.encode(p["question"])) for p in PROBLEMS]
