@@ -21,7 +21,13 @@ from mindrlhf.parallel.host_setup import (
     pin_cpu_cores,
     share_data_parallel_sums,
 )
-from mindrlhf.trainer.plan import JobPlan, check_dtypes_on_device, check_job_inputs, check_registered_names
+from mindrlhf.trainer.plan import (
+    JobPlan,
+    check_dtypes_on_device,
+    check_job_inputs,
+    check_registered_names,
+    check_write_targets,
+)
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -78,6 +84,11 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         return 2
     if job.plan:
         return print_memory_plan(config, job, tokenizer)
+    try:
+        check_write_targets(job)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     ms.set_context(mode=ms.GRAPH_MODE)
     world_size, rank = init_communication(job.use_parallel)
     set_up_host(job, world_size, rank)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -132,6 +133,24 @@ def check_files(job: JobOptions) -> None:
         path = getattr(job, flag)
         if path and not os.path.exists(path):
             raise ConfigError(f"{path}: --{flag} not found")
+
+
+def check_write_targets(job: JobOptions) -> None:
+    """Every folder the job writes into (`--output_dir`, the checkpoints, TensorBoard's, the experience files') is
+    created and written to once (a file made and removed), so that a folder that cannot be written stops the job
+    at start-up, not at its first checkpoint after a step's work."""
+    targets = {"output_dir": job.output_dir, "save_ckpt_dir": job.checkpoint_dir,
+               "tensorboard_dir": job.tensorboard_dir,
+               "save_data_file": os.path.dirname(os.path.abspath(job.save_data_file)) if job.save_data_file else ""}
+    for flag, folder in targets.items():
+        if not folder:
+            continue
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+                pass
+        except OSError as err:
+            raise ConfigError(f"{folder}: --{flag} cannot be written ({err.strerror or err})") from None
 
 
 # ---------------------------------------------------------------------- model YAMLs and layouts

@@ -14,7 +14,13 @@ from mindrlhf.configs.grpo_configs import GRPOConfig
 from mindrlhf.configs.job import JobOptions
 from mindrlhf.models.tokenizer import load_tokenizer
 from mindrlhf.parallel.layout import LayoutError
-from mindrlhf.trainer.plan import JobPlan, check_job_inputs, check_registered_names, resolve_token_ids
+from mindrlhf.trainer.plan import (
+    JobPlan,
+    check_job_inputs,
+    check_registered_names,
+    check_write_targets,
+    resolve_token_ids,
+)
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +145,24 @@ def test_flags_and_input_files(files, tokenizer, changes, message):
         check_job_inputs(job_of(files, **changes))
     with pytest.raises(ConfigError, match=message):
         build(files, tokenizer, **changes)
+
+
+def test_every_write_target_is_written_once_at_start_up(files):
+    """A folder the job would write only at its first checkpoint (or event file, or experience file) is tried at
+    start-up: a path that cannot be a folder stops the job there, naming the flag; good targets are made and left
+    empty."""
+    blocker = files.tmp / "a_file"
+    blocker.write_text("")
+    out = files.tmp / "out"
+    check_write_targets(job_of(files, output_dir=str(out), tensorboard_dir=str(out / "tb"),
+                               save_data_file=str(out / "exp" / "grpo")))
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "exp", "tb"]
+    assert [p for p in out.rglob("*") if p.is_file()] == []
+    for flag in ("output_dir", "save_ckpt_dir", "tensorboard_dir"):
+        with pytest.raises(ConfigError, match=rf"^{blocker}/sub: --{flag} cannot be written \(Not a directory\)$"):
+            check_write_targets(job_of(files, **{"output_dir": str(out), flag: str(blocker / "sub")}))
+    with pytest.raises(ConfigError, match=rf"^{blocker}: --save_data_file cannot be written"):
+        check_write_targets(job_of(files, output_dir=str(out), save_data_file=str(blocker / "grpo")))
 
 
 def test_the_policy_yamls_and_layouts(files, tokenizer):
