@@ -187,6 +187,21 @@ def test_expected_shapes_follow_names_and_parameter_count():
         assert sum(int(np.prod(s)) for s in shapes.values()) == cfg.num_parameters()
 
 
+def test_a_model_of_another_architecture_is_refused_even_with_a_yaml(hf_model, tmp_path):
+    """A folder whose config.json names GPT-2 is not converted as Qwen2 because a YAML gives the shapes."""
+    folder, _ = hf_model("llama")
+    Qwen2Config.from_hf(folder).to_yaml(tmp_path / "model.yaml")
+    other = tmp_path / "gpt2"
+    shutil.copytree(folder, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "gpt2",
+                                                   "architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ConversionError, match=r"config.json: model_type='gpt2' \(architectures=\['GPT2LMHeadModel'\]\) "
+                                              r"is not supported"):
+        convert_hf_to_ms(other, tmp_path / "m.ckpt", config_path=tmp_path / "model.yaml")
+    assert not (tmp_path / "m.ckpt").exists()
+
+
 def test_config_path_checks_shapes_and_sets_dtype(hf_model, tmp_path):
     folder, model = hf_model("llama")
     cfg = dataclasses.replace(Qwen2Config.from_hf(folder), param_init_type="bfloat16")

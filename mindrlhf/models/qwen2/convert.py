@@ -384,9 +384,14 @@ def hf_value_head(hf_dir: str) -> bool:
 
 # --------------------------------------------------------------------------- configs
 def _load_config(hf_dir: str, config_path: str | os.PathLike | None) -> tuple[Qwen2Config, str]:
-    """The config and the file it came from: the YAML if given, else the folder's config.json."""
-    source = os.fspath(config_path) if config_path is not None else os.path.join(hf_dir, "config.json")
+    """The config and the file it came from: the YAML if given, else the folder's config.json. A folder's
+    config.json is read either way: a model mindrlhf does not implement (its architecture, activation or rotary
+    scaling) is refused even when a YAML gives the shapes."""
+    hf_config = os.path.join(hf_dir, "config.json")
+    source = os.fspath(config_path) if config_path is not None else hf_config
     try:
+        if config_path is not None and os.path.isfile(hf_config):
+            Qwen2Config.from_hf(hf_config)
         cfg = Qwen2Config.from_yaml(source) if config_path is not None else Qwen2Config.from_hf(source)
     except ConfigError as err:
         raise ConversionError(str(err)) from None
