@@ -20,6 +20,7 @@ folder must be on a file system all nodes share (as MindSpore's own distributed 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,6 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mindrlhf.utils.checkpoint_file import write_checkpoint
+
+logger = logging.getLogger(__name__)
 
 META = "meta.json"
 TRAIN_CKPT = "train.ckpt"
@@ -154,14 +157,19 @@ def is_optimizer_state(name: str) -> bool:
     return name.split(".", 1)[0].endswith(("adam_m", "adam_v", "adam_step", "learning_rate"))
 
 
-def find_resume_checkpoint(resume: str, save_dir: str | None) -> str | None:
-    """The folder to resume from: `resume` = 'auto' (newest complete one in `save_dir`, None if there is
-    none) or a path to a `step_*` folder."""
+def find_resume_checkpoint(resume: str, save_dir: str | None, announce: bool = True) -> str | None:
+    """The folder to resume from: `resume` = 'auto' (newest complete one in `save_dir`; None if there is none,
+    which is logged unless `announce` is False: the run starts from step 0) or a path to a `step_*` folder."""
     if resume == "auto":
         if not save_dir:
             raise CheckpointError("--resume auto needs --save_ckpt_dir (where the checkpoints are)")
         found = complete_checkpoints(save_dir)
+        if not found and announce:
+            logger.warning("--resume: no complete checkpoint in %s; starting from step 0", save_dir)
         return found[-1] if found else None
+    if not os.path.exists(resume):
+        raise CheckpointError(f"{resume}: no such folder (--resume takes a step_* folder written by the trainer, or "
+                              "auto)")
     if not os.path.isfile(os.path.join(resume, META)):
         raise CheckpointError(f"{resume}: not a complete checkpoint (no {META}); expected a step_* folder "
                               "written by the trainer")

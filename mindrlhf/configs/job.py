@@ -74,8 +74,9 @@ class JobOptions:
             "(merged, then split); default: the starting policy's backbone with a zero head (verl's default).")
     save_data_file: str = _flag("", "Write each step's experience as MindRecord <path>.step_<N>.mindrecord.")
     tensorboard_dir: str = _flag("", "Write TensorBoard event files here.")
-    resume: str = _flag("", "'auto' (newest complete checkpoint in save_ckpt_dir, if any) or a step folder; "
-                            "--resume alone means auto.", nargs="?", const="auto")
+    resume: str = _flag("", "'auto' (newest complete checkpoint in save_ckpt_dir; with none there the run starts "
+                            "from step 0 and logs so) or a step folder; --resume alone means auto.", nargs="?",
+                        const="auto")
     use_parallel: str = _flag("auto", "Initialise MindSpore communication (auto: when launched by msrun).",
                               choices=["auto", "true", "false"])
     only_save_strategy: bool = _flag(False, "Build the nets, write their strategy files and stop.")

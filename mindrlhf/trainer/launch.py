@@ -218,7 +218,7 @@ def compile_cache_path(job: JobOptions, config: GRPOConfig, world_size: int, ran
 
     from mindrlhf.checkpoint.step import find_resume_checkpoint
 
-    resume_dir = find_resume_checkpoint(job.resume, job.checkpoint_dir) if job.resume else None
+    resume_dir = find_resume_checkpoint(job.resume, job.checkpoint_dir, announce=False) if job.resume else None
     data = job.mind_dataset_dir
     stat = os.stat(data) if data and os.path.isfile(data) else None
     data_stat = [stat.st_size, stat.st_mtime_ns] if stat else None

@@ -1,5 +1,6 @@
 """Host-side pieces of the trainer: experience packing, phases and swap plans, checkpoint picking, host set-up."""
 import json
+import logging
 import os
 import resource
 
@@ -155,7 +156,7 @@ def write_fake_checkpoint(tmp_path, step, world=2, config=None):
     return writer.save(step, rank_files, lambda folder: None, meta, keep_last=2)
 
 
-def test_only_complete_checkpoints_are_picked_and_old_ones_pruned(tmp_path):
+def test_only_complete_checkpoints_are_picked_and_old_ones_pruned(tmp_path, caplog):
     for step in (1, 2, 3):
         write_fake_checkpoint(tmp_path, step)
     assert [os.path.basename(p) for p in complete_checkpoints(str(tmp_path))] == ["step_000002", "step_000003"]
@@ -165,7 +166,12 @@ def test_only_complete_checkpoints_are_picked_and_old_ones_pruned(tmp_path):
     assert find_resume_checkpoint("auto", str(tmp_path)).endswith("step_000003")
     with pytest.raises(CheckpointError, match="step_000009: not a complete checkpoint"):
         find_resume_checkpoint(str(tmp_path / "step_000009"), None)
-    assert find_resume_checkpoint("auto", str(tmp_path / "empty")) is None
+    with pytest.raises(CheckpointError, match=r"nowhere: no such folder \(--resume takes a step_\* folder"):
+        find_resume_checkpoint(str(tmp_path / "nowhere"), None)
+    # nothing to resume: the run starts from step 0, and says so
+    with caplog.at_level(logging.WARNING, logger="mindrlhf.checkpoint.step"):
+        assert find_resume_checkpoint("auto", str(tmp_path / "empty")) is None
+    assert caplog.messages == [f"--resume: no complete checkpoint in {tmp_path / 'empty'}; starting from step 0"]
 
 
 def test_a_checkpoint_that_cannot_be_written_is_one_error_and_keeps_the_last_one(tmp_path):
