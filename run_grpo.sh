@@ -22,7 +22,9 @@
 # same MASTER_ADDR/MASTER_PORT/WORKER_NUM, its own NODE_RANK and LOCAL_WORKER_NUM, and an OUTPUT on a shared disk:
 # each node then converts the checkpoint and prompts into its own $OUTPUT/node_<NODE_RANK> (and tees msrun's
 # output there), so that no two nodes write the same file; on one node they go to $OUTPUT itself.
-# DRY_RUN=1 prints the commands (bootstrap, conversions, msrun) instead of running them.
+# DRY_RUN=1 prints the commands (bootstrap, conversions, msrun) instead of running them. A signal to this script
+# (SIGTERM, SIGINT, SIGHUP) stops the whole job, workers included, and exits 128 + its number; a rerun into the same
+# OUTPUT keeps the earlier msrun.out and msrun_log/ (renamed after their time).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -111,13 +113,34 @@ if [ -n "$EVAL_DATA" ]; then
       --max_prompt_length "$MAX_PROMPT_LENGTH"
   EVAL_ARGS=(--eval_dataset_file "$NODE_DIR/heldout.mindrecord")
 fi
+MSRUN=(msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR"
+    --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True
+    examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML"
+    --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$NODE_DIR/prompts.mindrecord" "${JOB_ARGS[@]}"
+    --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard"
+    "${EVAL_ARGS[@]}" "$@")
+if [ -n "$DRY_RUN" ]; then run "${MSRUN[@]}"; exit 0; fi
+# an earlier run's logs in this OUTPUT are kept, renamed after their time
+for previous in "$LOG_DIR" "$NODE_DIR/msrun.out"; do
+  if [ -e "$previous" ]; then mv "$previous" "$previous.$(date -r "$previous" +%Y%m%d-%H%M%S)"; fi
+done
+# this script owns the job: a signal to it (kill, timeout, a scheduler, Ctrl-C) stops msrun, its scheduler and every
+# worker (each in a process group of its own), and the script exits 128 + the signal's number
+stop_the_job() {
+  echo "run_grpo.sh: stopped by SIG$1; stopping msrun and its workers; the complete checkpoints in" \
+       "$OUTPUT/checkpoints resume with --resume" >&2
+  "$PY" -m mindrlhf.utils.jobs stop "$JOB_PID" || true
+  exit $((128 + $2))
+}
 status=0
-run msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR" \
-    --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True \
-    examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML" \
-    --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$NODE_DIR/prompts.mindrecord" "${JOB_ARGS[@]}" \
-    --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard" \
-    "${EVAL_ARGS[@]}" "$@" 2>&1 | tee "$NODE_DIR/msrun.out" || status=${PIPESTATUS[0]}
+"${MSRUN[@]}" > >(tee "$NODE_DIR/msrun.out") 2>&1 &
+JOB_PID=$!
+trap 'stop_the_job INT 2' INT
+trap 'stop_the_job TERM 15' TERM
+trap 'stop_the_job HUP 1' HUP
+wait "$JOB_PID" || status=$?
+wait || true  # tee, to its last line
+trap - INT TERM HUP
 [ -f "$OUTPUT/progress.png" ] && echo "plot: $OUTPUT/progress.png  metrics: $OUTPUT/metrics.jsonl  TensorBoard: $OUTPUT/tensorboard"
 grep -h -o "held-out accuracy: before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true
 if [ "$status" -ne 0 ]; then

@@ -70,25 +70,48 @@ def run_job_command(cmd: list[str], env: dict | None = None, timeout: float | No
 def stop_job(proc: subprocess.Popen, grace: float = 15.0) -> None:
     """Stops a job started in a session of its own and everything it started: SIGINT to its process group first
     (msrun then stops its workers), SIGKILL after `grace` seconds to every process of its tree still running."""
-    import psutil
-
-    try:
-        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = []
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-        proc.wait(timeout=grace)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    _, alive = psutil.wait_procs(tree, timeout=0 if proc.poll() is None else grace)
-    for process in alive:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
+    stop_process_tree(proc.pid, grace, whole_group=True)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def stop_process_tree(pid: int, grace: float = 15.0, whole_group: bool = False) -> list[int]:
+    """Stops process `pid` and every process it started, whatever their process groups (msrun puts each worker in
+    one of its own): SIGINT to `pid` (or its process group), so that msrun stops its workers and scheduler, then
+    SIGKILL to whatever of the tree (as seen before the signal) still runs after `grace` seconds. Returns the pids
+    that had to be killed."""
+    import psutil
+
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    try:
+        (os.killpg if whole_group else os.kill)(pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+    _, alive = psutil.wait_procs(tree, timeout=grace)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)
+    return [process.pid for process in alive]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mindrlhf.utils.jobs stop PID [GRACE]`: `stop_process_tree` for a shell script (run_grpo.sh)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (2, 3) or args[0] != "stop" or not args[1].isdigit():
+        print("usage: python -m mindrlhf.utils.jobs stop PID [GRACE_SECONDS]", file=sys.stderr)
+        return 2
+    stop_process_tree(int(args[1]), float(args[2]) if len(args) == 3 else 15.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
