@@ -70,7 +70,9 @@ class AdamW(nn.Cell):
         self.fused_update = ops.AdamWeightDecay()
 
     def set_learning_rate(self, value: float) -> None:
-        self.learning_rate.set_data(Tensor(float(value), ms.float32))
+        # written in place: in the trainer's processes `set_data` gave the Parameter a new tensor that graphs compiled
+        # earlier did not read (each kept the rate of its first call: warmup and decay were lost)
+        ops.assign(self.learning_rate, Tensor(float(value), ms.float32))
 
     def _state_shape(self, param) -> tuple:
         """Shape of a parameter's moments."""

@@ -4,6 +4,7 @@ checkpoint converts back to a Hugging Face folder that `transformers` loads and 
 import json
 import os
 import re
+import shutil
 import sys
 
 import mindspore as ms
@@ -25,6 +26,7 @@ HELDOUT = TUTORIAL_DATA / "arithmetic_heldout.jsonl"
 pytestmark = pytest.mark.msrun
 
 STEPS = 10
+RESUME_FROM = 5  # the straight run's checkpoint a resumed run starts from
 
 
 
@@ -50,9 +52,36 @@ def run(tmp_path_factory):
     port = free_port()
     env = dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(port), GLOG_v="3", PYTHONPATH=str(rewards))
     proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0",
-                        *REWARD_FLAGS], env, timeout=1200)
+                        "--save_interval", str(RESUME_FROM), *REWARD_FLAGS], env, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout, port
+
+
+def test_a_resume_continues_the_bundled_job_exactly(run, tmp_path):
+    """The bundled job's own settings (lr warmup over its first 5 updates, num_iterations 1, 4 updates a step,
+    response buckets, the inference net the train net): its step-5 checkpoint, resumed for one step, gives the
+    straight run's step 6, every metric bit for bit (each graph once kept the learning rate of its first call, so
+    a resumed run, compiling anew, updated with other rates)."""
+    from support.jobs import without_timing
+
+    out, _, _ = run
+    resumed = tmp_path / "out"
+    step = f"step_{RESUME_FROM:06d}"
+    shutil.copytree(out / "checkpoints" / step, resumed / "checkpoints" / step)
+    rewards = tmp_path / "my_rewards"
+    rewards.mkdir()
+    (rewards / "my_rewards.py").write_text(MY_REWARDS)
+    env = dict(os.environ, OUTPUT=str(resumed), EVAL_DATA="", MASTER_PORT=str(free_port()), GLOG_v="3",
+               PYTHONPATH=str(rewards))
+    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(RESUME_FROM + 1), "--eval_interval", "0",
+                        "--save_interval", str(RESUME_FROM), "--resume", *REWARD_FLAGS], env, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    straight = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    again = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in again] == [RESUME_FROM + 1]
+    expected = without_timing(next(r for r in straight if r["step"] == RESUME_FROM + 1))
+    assert expected["actor/lr"] == 1e-4 and expected["actor/ppo_kl"] != 0.0
+    assert without_timing(again[0]) == expected
 
 
 def test_default_run_learns_and_ends_with_the_accuracy_line(run):
