@@ -119,7 +119,7 @@ MSRUN=(msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" -
     --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$NODE_DIR/prompts.mindrecord" "${JOB_ARGS[@]}"
     --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard"
     "${EVAL_ARGS[@]}" "$@")
-if [ -n "$DRY_RUN" ]; then run "${MSRUN[@]}"; exit 0; fi
+if [ -n "$DRY_RUN" ]; then run "${MSRUN[@]}" | tee "$NODE_DIR/msrun.out"; exit 0; fi
 # an earlier run's logs in this OUTPUT are kept, renamed after their time
 for previous in "$LOG_DIR" "$NODE_DIR/msrun.out"; do
   if [ -e "$previous" ]; then mv "$previous" "$previous.$(date -r "$previous" +%Y%m%d-%H%M%S)"; fi

@@ -8,6 +8,7 @@ field; the checks run in a fixed order, so the first problem of a job is always 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import os
 import tempfile
@@ -137,20 +138,30 @@ def check_files(job: JobOptions) -> None:
 
 def check_write_targets(job: JobOptions) -> None:
     """Every folder the job writes into (`--output_dir`, the checkpoints, TensorBoard's, the experience files') is
-    created and written to once (a file made and removed), so that a folder that cannot be written stops the job
-    at start-up, not at its first checkpoint after a step's work."""
+    tried at start-up (`try_writing_into`), so that a folder that cannot be written stops the job before any work, not
+    at its first checkpoint after a step's."""
     targets = {"output_dir": job.output_dir, "save_ckpt_dir": job.checkpoint_dir,
                "tensorboard_dir": job.tensorboard_dir,
                "save_data_file": os.path.dirname(os.path.abspath(job.save_data_file)) if job.save_data_file else ""}
     for flag, folder in targets.items():
-        if not folder:
-            continue
-        try:
-            os.makedirs(folder, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
-                pass
-        except OSError as err:
-            raise ConfigError(f"{folder}: --{flag} cannot be written ({err.strerror or err})") from None
+        if folder:
+            try:
+                try_writing_into(folder)
+            except OSError as err:
+                raise ConfigError(f"{folder}: --{flag} cannot be written ({err.strerror or err})") from None
+
+
+def try_writing_into(folder: str) -> None:
+    """Writes and removes a file of a unique name in `folder`, or, while it does not exist yet, in the nearest folder
+    above it that does (where it would be made); OSError when that cannot be done or a file stands in the way.
+    Nothing is left behind, and ranks trying the same folder at once do not disturb each other."""
+    path = os.path.abspath(folder)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".write-check-"):
+        pass
 
 
 # ---------------------------------------------------------------------- model YAMLs and layouts

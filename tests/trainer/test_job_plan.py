@@ -149,15 +149,17 @@ def test_flags_and_input_files(files, tokenizer, changes, message):
 
 def test_every_write_target_is_written_once_at_start_up(files):
     """A folder the job would write only at its first checkpoint (or event file, or experience file) is tried at
-    start-up: a path that cannot be a folder stops the job there, naming the flag; good targets are made and left
-    empty."""
+    start-up: a path that cannot be a folder stops the job there, naming the flag; good targets leave nothing
+    behind (a job refused later writes nothing)."""
     blocker = files.tmp / "a_file"
     blocker.write_text("")
     out = files.tmp / "out"
     check_write_targets(job_of(files, output_dir=str(out), tensorboard_dir=str(out / "tb"),
                                save_data_file=str(out / "exp" / "grpo")))
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "exp", "tb"]
-    assert [p for p in out.rglob("*") if p.is_file()] == []
+    assert not out.exists()
+    out.mkdir()
+    check_write_targets(job_of(files, output_dir=str(out)))
+    assert list(out.iterdir()) == []  # an existing folder stays, without the checkpoint folder or the probe
     for flag in ("output_dir", "save_ckpt_dir", "tensorboard_dir"):
         with pytest.raises(ConfigError, match=rf"^{blocker}/sub: --{flag} cannot be written \(Not a directory\)$"):
             check_write_targets(job_of(files, **{"output_dir": str(out), flag: str(blocker / "sub")}))
