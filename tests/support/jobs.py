@@ -14,6 +14,7 @@ import pytest
 
 from support.msrun import run_worker
 from support.paths import GRPO_SCRIPT, TINY, TINY_SFT_CKPT, TOKENIZER
+from support.processes import job_slot
 
 
 # ---------------------------------------------------------------- in this process
@@ -116,10 +117,11 @@ def started_job(cmd, output: Path, env=None):
     tree, workers included). Wait for it with a timeout (`wait(timeout=...)`)."""
     from mindrlhf.utils.jobs import stop_job
 
-    with open(output, "w") as sink:
-        proc = subprocess.Popen([str(part) for part in cmd], env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-    try:
-        yield proc
-    finally:
-        stop_job(proc)
+    with job_slot():
+        with open(output, "w") as sink:
+            proc = subprocess.Popen([str(part) for part in cmd], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            stop_job(proc)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from support.msrun import free_port, run_command
 from support.paths import ROOT, RUN_GRPO, TOOLS
+from support.processes import job_slot
 
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"  # where run_grpo.sh fetches it (git-ignored)
 pytestmark = pytest.mark.msrun
@@ -72,9 +73,10 @@ def test_one_greedy_grpo_step_of_smollm2_matches_transformers(model_dir, tmp_pat
     out = tmp_path / "out"
     env = dict(os.environ, MODEL="smollm2", DATA=str(data), EVAL_DATA="", OUTPUT=str(out),
                MASTER_PORT=str(free_port()), GLOG_v="3")
-    proc = run_command(["bash", str(RUN_GRPO), "--steps", "1", "--batch_size", "4", "--num_generations",
-                        "2", "--top_k", "1", "--max_new_tokens", str(MAX_NEW_TOKENS), "--save_interval", "0",
-                        "--save_data_file", str(tmp_path / "exp" / "grpo")], env, timeout=900)
+    with job_slot(alone=True):  # its two ranks take most of the machine's memory: no other job beside them
+        proc = run_command(["bash", str(RUN_GRPO), "--steps", "1", "--batch_size", "4", "--num_generations",
+                            "2", "--top_k", "1", "--max_new_tokens", str(MAX_NEW_TOKENS), "--save_interval", "0",
+                            "--save_data_file", str(tmp_path / "exp" / "grpo")], env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     # the prompts are the model's own chat template, as transformers renders and tokenises it
