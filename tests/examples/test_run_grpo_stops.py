@@ -7,27 +7,16 @@ import signal
 import time
 import uuid
 
-import psutil
 import pytest
 from support.jobs import started_job
 from support.msrun import free_port
 from support.paths import RUN_GRPO
+from support.processes import described, tagged_processes
 
 from mindrlhf.checkpoint.step import complete_checkpoints
 
 pytestmark = pytest.mark.msrun
 JOB_TAG = "MINDRLHF_TEST_JOB"  # every process of one launch inherits it
-
-
-def processes_tagged(tag: str) -> list[str]:
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            if process.info["status"] != psutil.STATUS_ZOMBIE and process.environ().get(JOB_TAG) == tag:
-                found.append(f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:160]}")
-        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-            continue
-    return found
 
 
 def stop_when(out, log, extra_args, ready, stop) -> tuple[int, str, float]:
@@ -46,7 +35,8 @@ def stop_when(out, log, extra_args, ready, stop) -> tuple[int, str, float]:
         code = job.wait(timeout=120)
         took = time.time() - stopped_at
         time.sleep(1.0)
-        assert processes_tagged(tag) == [], "processes of the stopped job still running"
+        left = [described(p) for p in tagged_processes(JOB_TAG, tag)]
+        assert left == [], f"processes of the stopped job still running: {left}"
     return code, log.read_text(errors="replace"), took
 
 

@@ -46,21 +46,29 @@ def job_slot(alone: bool = False):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def leftover_processes() -> list:
-    """The tagged processes still running, other than this one (psutil.Process objects)."""
+def tagged_processes(name: str, value: str) -> list:
+    """The running processes (psutil.Process objects, zombies left out) whose environment has `name`=`value`."""
     import psutil
 
-    tag, mine = os.environ.get(SESSION_TAG), os.getpid()
     found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        if process.pid == mine or is_xdist_worker(process):
-            continue
+    for process in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
-            if process.environ().get(SESSION_TAG) == tag:
+            if process.info["status"] != psutil.STATUS_ZOMBIE and process.environ().get(name) == value:
                 found.append(process)
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
     return found
+
+
+def described(process, width: int = 200) -> str:
+    """'pid: command line' (cut to `width`), for a report."""
+    return f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:width]}"
+
+
+def leftover_processes() -> list:
+    """The tagged processes still running, other than this one and xdist's workers (psutil.Process objects)."""
+    return [process for process in tagged_processes(SESSION_TAG, os.environ.get(SESSION_TAG))
+            if process.pid != os.getpid() and not is_xdist_worker(process)]
 
 
 def is_xdist_worker(process) -> bool:
@@ -79,7 +87,7 @@ def stop_leftovers() -> list[str]:
     import psutil
 
     found = leftover_processes()
-    lines = [f"{p.pid}: {' '.join(p.info['cmdline'] or [])[:200]}" for p in found]
+    lines = [described(p) for p in found]
     for process in found:
         try:
             process.kill()
