@@ -1,21 +1,27 @@
 """`bash run_grpo.sh`, the README's first command, shortened: the bundled policy through the converter, the data
 tool and msrun (train dp=2, infer dp=2); the reward rises, the run ends with the held-out accuracy line, and its
-checkpoint converts back to a Hugging Face folder that `transformers` loads and that answers like the policy."""
+checkpoint converts back to a Hugging Face folder that `transformers` loads and that answers like the policy; the
+script owns its job (a signal stops every process of it, in one line) and a stopped job resumes exactly."""
 import json
 import os
 import re
-import shutil
+import signal
 import sys
+import time
+import uuid
 
 import mindspore as ms
 import numpy as np
 import pytest
 import torch
+from support.jobs import started_job
 from support.msrun import free_port, run_command
 from support.paths import ARITH, README, RUN_GRPO, TOOLS, TUTORIAL_DATA
 from support.policies import greedy_completions
+from support.processes import described, tagged_processes
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mindrlhf.checkpoint.step import complete_checkpoints
 from mindrlhf.checkpoint.weights import read_weights
 from mindrlhf.data.mindrecord import read_problems
 from mindrlhf.data.templates import build_prompt
@@ -26,9 +32,7 @@ HELDOUT = TUTORIAL_DATA / "arithmetic_heldout.jsonl"
 pytestmark = pytest.mark.msrun
 
 STEPS = 10
-RESUME_FROM = 5  # the straight run's checkpoint a resumed run starts from
-
-
+JOB_TAG = "MINDRLHF_TEST_JOB"  # every process of one launch inherits it
 
 
 def readme_reward_example() -> tuple[str, list[str]]:
@@ -42,50 +46,98 @@ def readme_reward_example() -> tuple[str, list[str]]:
 
 
 MY_REWARDS, REWARD_FLAGS = readme_reward_example()
+STRAIGHT_FLAGS = ["--steps", str(STEPS), "--eval_interval", "0", *REWARD_FLAGS]
+
+
+def job_env(out, rewards, **extra) -> dict:
+    """The environment of a run_grpo.sh launch into `out` with the README's reward module on PYTHONPATH."""
+    return dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3", PYTHONPATH=str(rewards),
+                **extra)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    """The straight run: (its OUTPUT, its stdout, its master port, the folder of the README's reward module)."""
     out = tmp_path_factory.mktemp("grpo") / "out"
     rewards = tmp_path_factory.mktemp("my_rewards")
     (rewards / "my_rewards.py").write_text(MY_REWARDS)
-    port = free_port()
-    env = dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(port), GLOG_v="3", PYTHONPATH=str(rewards))
-    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0",
-                        "--save_interval", str(RESUME_FROM), *REWARD_FLAGS], env, timeout=1200)
+    env = job_env(out, rewards)
+    proc = run_command(["bash", str(RUN_GRPO), *STRAIGHT_FLAGS, "--save_interval", str(STEPS // 2)], env,
+                       timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, proc.stdout, port
+    return out, proc.stdout, int(env["MASTER_PORT"]), rewards
 
 
-def test_a_resume_continues_the_bundled_job_exactly(run, tmp_path):
-    """The bundled job's own settings (lr warmup over its first 5 updates, num_iterations 1, 4 updates a step,
-    response buckets, the inference net the train net): its step-5 checkpoint, resumed for one step, gives the
-    straight run's step 6, every metric bit for bit (each graph once kept the learning rate of its first call, so
-    a resumed run, compiling anew, updated with other rates)."""
+def stop_when(cmd, env, log, ready, stop) -> tuple[int, str, float]:
+    """Launches `cmd` with its output into the file `log`; once `ready()`, `stop(pid)` signals the script; returns
+    (its exit code, its output, the seconds it took to end), after checking no process of the launch is left."""
+    tag = uuid.uuid4().hex
+    with started_job(cmd, log, dict(env, **{JOB_TAG: tag})) as job:
+        deadline = time.time() + 600
+        while not ready():
+            assert job.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        stopped_at = time.time()
+        stop(job.pid)
+        code = job.wait(timeout=120)
+        took = time.time() - stopped_at
+        time.sleep(1.0)
+        left = [described(p) for p in tagged_processes(JOB_TAG, tag)]
+        assert left == [], f"processes of the stopped job still running: {left}"
+    return code, log.read_text(errors="replace"), took
+
+
+def metrics_of_step(path, step: int) -> dict | None:
+    """The complete JSONL line of `step` in `path`, if written yet."""
+    if not path.is_file():
+        return None
+    lines = [line for line in path.read_text().split("\n")[:-1] if line.strip()]  # the last one may be unfinished
+    return next((record for record in map(json.loads, lines) if record["step"] == step), None)
+
+
+def test_a_signal_stops_the_whole_job_which_then_resumes_exactly_from_its_last_checkpoint(run, tmp_path):
+    """`kill <pid>` (SIGTERM to the script alone: msrun and each worker are in other process groups) stops the
+    bundled job, workers included, with one line and exit 143. A run with --resume from its last checkpoint, the
+    job's own settings (lr warmup over the first 5 updates, num_iterations 1, 4 updates a step, response buckets, the
+    inference net the train net), gives the straight run's next step, every metric bit for bit (each graph once kept
+    the learning rate of its first call, so a resumed run, compiling anew, updated with other rates); Ctrl-C
+    (SIGINT to the script's process group) then stops it with exit 130; the first run's logs are kept."""
     from support.jobs import without_timing
 
-    out, _, _ = run
-    resumed = tmp_path / "out"
-    step = f"step_{RESUME_FROM:06d}"
-    shutil.copytree(out / "checkpoints" / step, resumed / "checkpoints" / step)
-    rewards = tmp_path / "my_rewards"
-    rewards.mkdir()
-    (rewards / "my_rewards.py").write_text(MY_REWARDS)
-    env = dict(os.environ, OUTPUT=str(resumed), EVAL_DATA="", MASTER_PORT=str(free_port()), GLOG_v="3",
-               PYTHONPATH=str(rewards))
-    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(RESUME_FROM + 1), "--eval_interval", "0",
-                        "--save_interval", str(RESUME_FROM), "--resume", *REWARD_FLAGS], env, timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    straight = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    again = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in again] == [RESUME_FROM + 1]
-    expected = without_timing(next(r for r in straight if r["step"] == RESUME_FROM + 1))
-    assert expected["actor/lr"] == 1e-4 and expected["actor/ppo_kl"] != 0.0
-    assert without_timing(again[0]) == expected
+    straight_out, _, _, rewards = run
+    out = tmp_path / "out"
+    checkpoints = str(out / "checkpoints")
+    env = job_env(out, rewards, EVAL_DATA="")
+    cmd = ["bash", RUN_GRPO, *STRAIGHT_FLAGS, "--save_interval", "1", "--keep_last", "3"]
+    code, output, took = stop_when(cmd, env, tmp_path / "first.out",
+                                   lambda: len(complete_checkpoints(checkpoints)) > 0,
+                                   lambda pid: (time.sleep(1.0), os.kill(pid, signal.SIGTERM)))
+    assert code == 143 and took < 60, (code, took, output[-3000:])
+    assert "run_grpo.sh: stopped by SIGTERM; stopping msrun and its workers" in output, output[-3000:]
+    last = complete_checkpoints(checkpoints)[-1]
+    step = json.loads((out / "checkpoints" / os.path.basename(last) / "meta.json").read_text())["step"]
+    assert step < STEPS
+
+    second = tmp_path / "second.out"
+    code, output, took = stop_when(
+        cmd + ["--resume"], dict(env, MASTER_PORT=str(free_port())), second,
+        lambda: f"step {step + 1}/{STEPS} |" in second.read_text(errors="replace")
+        and metrics_of_step(out / "metrics.jsonl", step + 1) is not None,
+        lambda pid: os.killpg(pid, signal.SIGINT))
+    assert code == 130 and took < 60, (code, took, output[-3000:])
+    assert "run_grpo.sh: stopped by SIGINT" in output, output[-3000:]
+    log = (out / "msrun_log" / "worker_0.log").read_text(errors="replace")
+    assert f"resumed from {last} (step {step})" in log
+    expected = without_timing(metrics_of_step(straight_out / "metrics.jsonl", step + 1))
+    assert expected["actor/ppo_kl"] != 0.0 and expected["actor/lr"] > 0
+    assert without_timing(metrics_of_step(out / "metrics.jsonl", step + 1)) == expected
+    # the first run's logs were kept, renamed after their time
+    assert len(list(out.glob("msrun_log.*"))) == 1 and len(list(out.glob("msrun.out.*"))) == 1
+    assert f"step 1/{STEPS}" in next(out.glob("msrun.out.*")).read_text(errors="replace")
 
 
 def test_default_run_learns_and_ends_with_the_accuracy_line(run):
-    out, stdout, run_port = run
+    out, stdout, run_port, _ = run
     last = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"held-out accuracy: before=\d+\.\d% after=\d+\.\d%", last), last
     for step in (1, STEPS):  # each step line shown once (live from msrun, not repeated from the worker log)
@@ -120,7 +172,7 @@ def test_default_run_learns_and_ends_with_the_accuracy_line(run):
 
 
 def test_trained_checkpoint_reverses_to_a_transformers_model_that_answers_alike(run, graph_mode, tmp_path):
-    out, _, _ = run
+    out, _, _, _ = run
     step_dir = out / "checkpoints" / f"step_{STEPS:06d}"
     hf_dir = tmp_path / "hf"
     done = run_command([sys.executable, TOOLS / "convert_weight.py", "--reverse", "--mindspore_ckpt_path", step_dir,

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from support.jobs import (
     grpo_msrun_command,
-    job_args,
     ppo_args,
     run_job,
     started_job,
@@ -94,36 +93,6 @@ def test_checkpoints_are_complete_and_readable_by_mindspore(straight_run):
         assert (step / f"rank_{rank}" / "train.ckpt").stat().st_mode & 0o644 == 0o644
 
 
-def test_resume_from_step_2_equals_the_straight_run(straight_run, tmp_path, monkeypatch, mindrecord):
-    import mindspore as ms
-
-    from mindrlhf.checkpoint.step import is_optimizer_state
-    straight_dir, straight = straight_run
-    out = tmp_path / "out"
-    (out / "checkpoints").mkdir(parents=True)
-    shutil.copytree(straight_dir / "out" / "checkpoints" / "step_000002", out / "checkpoints" / "step_000002")
-    ranks = run_job(tmp_path, monkeypatch, "resumed", [*straight_args(mindrecord, out), "--resume"])
-    assert [s["step"] for s in ranks[0]["steps"]] == [3, 4] and [s["step"] for s in straight[0]["steps"][2:]] == [3, 4]
-    for a, b in zip(ranks[0]["steps"], straight[0]["steps"][2:]):
-        assert without_timing(a["metrics"]) == pytest.approx(without_timing(b["metrics"]), rel=1e-6, abs=1e-9)
-    for rank in range(2):
-        resumed = ms.load_checkpoint(str(out / "checkpoints" / "step_000004" / f"rank_{rank}" / "train.ckpt"))
-        reference = ms.load_checkpoint(
-            str(straight_dir / "out" / "checkpoints" / "step_000004" / f"rank_{rank}" / "train.ckpt"))
-        assert resumed.keys() == reference.keys()
-        resumed, reference = ({k: v.asnumpy() for k, v in c.items()} for c in (resumed, reference))
-        weights = [name for name in reference if not is_optimizer_state(name)]
-        # weights after 8 AdamW updates since step 2 (2 steps x 4, lr 1e-3 in tiny/grpo.yaml): Adam turns float noise
-        # in near-zero gradients into a fraction of lr, so they are compared in lr units (tests/support/tolerances.py)
-        assert_weights_close_after_adam({n: resumed[n] for n in weights}, {n: reference[n] for n in weights},
-                                        lr=1e-3, updates=8, what=f"rank {rank} resumed vs straight")
-        # AdamW moments (gradient averages: no Adam normalisation), step count and lr stay tight: the resume replays
-        # the same kernels on the same inputs, no float sum changes order (bit-identical in practice)
-        for name in reference:
-            if name not in weights:
-                np.testing.assert_allclose(resumed[name], reference[name], rtol=1e-6, atol=1e-7, err_msg=name)
-
-
 def test_two_nodes_of_one_worker_each_compute_the_straight_runs_first_step(straight_run, tmp_path, mindrecord):
     """The straight run's flags for 1 step, launched as a user launches two machines (an msrun per node, one worker
     each): both workers complete the step and its checkpoint, and the step's metrics are the straight run's step 1
@@ -156,14 +125,25 @@ def test_two_nodes_of_one_worker_each_compute_the_straight_runs_first_step(strai
     assert without_timing(lines[0]) == pytest.approx(without_timing(straight_first), rel=1e-6, abs=1e-9)
 
 
-def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path, mindrecord):
+def test_a_killed_worker_ends_the_job_whose_last_checkpoint_resumes_exactly(straight_run, tmp_path, mindrecord):
+    """The straight run's job (grpo_one_stage.py under msrun, as a user launches it) loses rank 1 to SIGKILL in
+    step 3: the job ends within a minute and the postmortem names that rank first. Its last complete checkpoint
+    (step 2) resumed gives the straight run's steps 3 and 4: the same metrics, the same weights, AdamW moments and
+    step count at step 4. The compile cache is on, as a user may have it: the resumed run must not load the killed
+    run's graphs."""
     import signal
 
+    import mindspore as ms
     import psutil
+
+    from mindrlhf.checkpoint.step import complete_checkpoints, is_optimizer_state
+    from mindrlhf.trainer.postmortem import first_failed_worker
+
+    straight_dir, _ = straight_run
     out = tmp_path / "out"
-    # with the compile cache on, as a user may have it: the resumed run must not load the killed run's graphs
-    args = job_args(mindrecord, out, 50, ["--save_interval", "1", "--num_iterations", "1", "--mini_batch_size", "0",
-                                          "--enable_compile_cache", "True"])
+    cache = ["--enable_compile_cache", "True"]
+    # 50 steps: the straight run's first 4 steps whatever the count (support.jobs.straight_args)
+    args = [*straight_args(mindrecord, out, steps=50), *cache]
     msrun_out = tmp_path / "msrun.out"
     with started_job(grpo_msrun_command(tmp_path / "logs", free_port(), args), msrun_out, msrun_env()) as job:
         deadline = time.time() + 600
@@ -183,23 +163,37 @@ def test_a_killed_worker_ends_the_job_and_leaves_a_resumable_checkpoint(tmp_path
     assert took < 60, f"the job took {took:.0f} s to end after a worker was killed"
     # MindSpore's scheduler names whichever heartbeat it missed first (often rank 0, which msrun killed after
     # rank 1 died); the postmortem goes by the pid msrun saw exit first
-    from mindrlhf.trainer.postmortem import first_failed_worker
     report = first_failed_worker(msrun_output, str(tmp_path / "logs"))
     assert report is not None and report.startswith(f"rank 1 (pid {victim.pid}) failed first: killed by SIGKILL"), \
         (report, msrun_output[-2000:])
-    from mindrlhf.checkpoint.step import complete_checkpoints
     last = complete_checkpoints(str(out / "checkpoints"))[-1]
-    step = json.loads((Path(last) / "meta.json").read_text())["step"]
-    assert step >= 2
-    # the last complete checkpoint resumes and trains one more step
-    resume_args = job_args(mindrecord, out, step + 1, ["--save_interval", "1", "--num_iterations", "1",
-                                                       "--mini_batch_size", "0", "--resume",
-                                                       "--enable_compile_cache", "True"])
-    resumed = run_command(grpo_msrun_command(tmp_path / "resume_logs", free_port(), resume_args), msrun_env(),
-                          timeout=600)
+    assert json.loads((Path(last) / "meta.json").read_text())["step"] == 2, last
+
+    resumed = run_command(grpo_msrun_command(tmp_path / "resume_logs", free_port(),
+                                             [*straight_args(mindrecord, out), *cache, "--resume"]),
+                          msrun_env(), timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert len(list((out / "compile_cache").iterdir())) == 2  # the killed run's cache and the resumed run's
-    assert (out / "checkpoints" / f"step_{step + 1:06d}" / "meta.json").is_file()
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    straight = [json.loads(line) for line in (straight_dir / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [line["step"] for line in straight] == [1, 2, 3, 4]
+    for a, b in zip(lines[2:], straight[2:]):
+        assert without_timing(a) == pytest.approx(without_timing(b), rel=1e-6, abs=1e-9)
+    for rank in range(2):
+        resumed, reference = ({k: v.asnumpy() for k, v in ms.load_checkpoint(
+            str(folder / "checkpoints" / "step_000004" / f"rank_{rank}" / "train.ckpt")).items()}
+            for folder in (out, straight_dir / "out"))
+        assert resumed.keys() == reference.keys()
+        weights = [name for name in reference if not is_optimizer_state(name)]
+        # weights after 8 AdamW updates since step 2 (2 steps x 4, lr 1e-3 in tiny/grpo.yaml): Adam turns float noise
+        # in near-zero gradients into a fraction of lr, so they are compared in lr units (tests/support/tolerances.py)
+        assert_weights_close_after_adam({n: resumed[n] for n in weights}, {n: reference[n] for n in weights},
+                                        lr=1e-3, updates=8, what=f"rank {rank} resumed vs straight")
+        # AdamW moments (gradient averages: no Adam normalisation), step count and lr stay tight: the resume replays
+        # the same kernels on the same inputs, no float sum changes order (bit-identical in practice)
+        for name in reference:
+            if name not in weights:
+                np.testing.assert_allclose(resumed[name], reference[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_ppo_on_two_workers_with_a_tensor_parallel_critic_resumes_exactly(tp_critic_ppo_run, tmp_path, mindrecord,
