@@ -8,10 +8,9 @@ import pytest
 # any of them is imported)
 pytest.register_assert_rewrite("support")
 
-from support.processes import share_job_lock, stop_leftovers, tag_this_session  # noqa: E402
+from support.processes import stop_leftovers, tag_this_session  # noqa: E402
 
 tag_this_session()
-share_job_lock()
 
 # msrun jobs of the tests run on this one host: workers retry connecting to the scheduler every 0-1 s instead of
 # MindSpore's default 3-5 s (which a 2-worker job otherwise waits out on every launch, ~5 s each)

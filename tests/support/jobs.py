@@ -14,7 +14,6 @@ import pytest
 
 from support.msrun import run_worker
 from support.paths import GRPO_SCRIPT, TINY, TINY_SFT_CKPT, TOKENIZER
-from support.processes import job_slot
 
 
 # ---------------------------------------------------------------- in this process
@@ -53,9 +52,10 @@ def job_args(mindrecord, out_dir, steps, extra=()):
 
 def straight_args(mindrecord, out_dir, steps=4):
     """The GRPO straight run's flags (tests/conftest.py's `straight_run`, 4 steps: train tp=2, infer dp=2,
-    checkpoints at steps 2 and 4). Its steps 1..k are the same with `steps=k` (constant lr, data order and sampling
-    seeds independent of the number of steps), which the tests that compare a job to it rely on."""
-    return job_args(mindrecord, out_dir, steps)
+    checkpoints at steps 2 and 4; prompts in two buckets, 128 and 256 tokens: its second step switches to the
+    larger). Its steps 1..k are the same with `steps=k` (constant lr, data order and sampling seeds independent of
+    the number of steps), which the tests that compare a job to it rely on."""
+    return job_args(mindrecord, out_dir, steps, ["--prompt_buckets", "128", "256"])
 
 
 def memory_features_yaml(folder):
@@ -117,11 +117,10 @@ def started_job(cmd, output: Path, env=None):
     tree, workers included). Wait for it with a timeout (`wait(timeout=...)`)."""
     from mindrlhf.utils.jobs import stop_job
 
-    with job_slot():
-        with open(output, "w") as sink:
-            proc = subprocess.Popen([str(part) for part in cmd], env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                    text=True, start_new_session=True)
-        try:
-            yield proc
-        finally:
-            stop_job(proc)
+    with open(output, "w") as sink:
+        proc = subprocess.Popen([str(part) for part in cmd], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        stop_job(proc)

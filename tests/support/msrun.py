@@ -8,7 +8,6 @@ import numpy as np
 
 from mindrlhf.utils.jobs import free_port, msrun_command, msrun_env, run_job_command, worker_log_tails
 from support.paths import WORKERS_DIR
-from support.processes import job_slot
 
 __all__ = ["free_port", "load_ranks", "msrun_command", "msrun_env", "run_command", "run_worker"]
 
@@ -41,9 +40,8 @@ def run_command(cmd: list[str], env: dict | None = None, timeout: float = 600,
                 cwd: str | None = None) -> subprocess.CompletedProcess:
     """Every subprocess of the tests: `subprocess.run(cmd, capture_output=True, text=True)` in a session of its own,
     stopped whole (its process tree) past `timeout` seconds (`subprocess.TimeoutExpired`) or when the test is
-    interrupted (pytest-timeout, Ctrl-C). Holds the session's job lock shared (`support.processes.job_slot`)."""
-    with job_slot():
-        return run_job_command([str(part) for part in cmd], env, timeout, cwd)
+    interrupted (pytest-timeout, Ctrl-C)."""
+    return run_job_command([str(part) for part in cmd], env, timeout, cwd)
 
 
 def load_ranks(out_dir: Path, world: int) -> list[dict]:
