@@ -72,7 +72,7 @@ def test_the_plan_of_the_tiny_job(files, tokenizer):
     assert plan.critic_cfg is None and plan.critic_layout is None and plan.reward_model_cfg is None
     # eos / pad come from the tokenizer; everything else is the config's
     assert plan.generation.eos_token_ids == [702, 700] and plan.generation.pad_token_id == 700
-    assert plan.generation.max_new_tokens == 96 and plan.generation.prompt_buckets == [128, 256]
+    assert plan.generation.max_new_tokens == 96 and plan.generation.prompt_buckets == [256]
     assert plan.eval_batch_size == 4 // 2 * 4  # the rollout's rows per inference rank
     assert build(files, tokenizer, config_of(eval={"eval_batch_size": 3})).eval_batch_size == 3
     with pytest.raises(dataclasses.FrozenInstanceError):
