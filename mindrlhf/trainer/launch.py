@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -27,6 +28,7 @@ from mindrlhf.trainer.plan import (
     check_job_inputs,
     check_registered_names,
     check_write_targets,
+    yaml_world_size,
 )
 
 logger = logging.getLogger("mindrlhf.trainer")
@@ -34,6 +36,11 @@ logger = logging.getLogger("mindrlhf.trainer")
 _LAUNCHED_BY_MSRUN = ("MS_WORKER_NUM", "MS_ROLE")
 # the line each rank logs last; `mindrlhf.trainer.postmortem` reads it to tell a crash after the work from a failure
 FINISHED = "rank %d finished with exit %d"
+# after a failed rank has unregistered from MindSpore's scheduler, the seconds it waits before exiting: msrun kills
+# every other worker as soon as one exits non-zero, and the scheduler then waits ~30 s for the heartbeats of those
+# it killed before they unregistered; a rank that fails usually fails on every rank at once (a bad flag, a checkpoint
+# of another model), and in this time the peers unregister too, so that the job ends in seconds
+PEER_GRACE_S = 3.0
 
 
 def load_config(job: JobOptions, args: argparse.Namespace) -> GRPOConfig:
@@ -79,6 +86,9 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         config = load_config(job, args)
         check_job_inputs(job)
         tokenizer = load_job_tokenizer(job)
+        if job.check_flags:
+            JobPlan.build(config, job, tokenizer, yaml_world_size(job), 0)
+            return 0
     except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -123,7 +133,8 @@ def end_process(code: int) -> NoReturn:
     """Ends the process with `code`, the same way on every rank: after a successful job the ranks wait for each
     other (a barrier over the world), each logs `FINISHED`, the exit handlers run (MindSpore's cluster finalise,
     shared memory, logging) and the process leaves without the interpreter's teardown, in which MindSpore's threads
-    and C++ objects were destroyed in no fixed order (a SIGSEGV after complete jobs, now and then)."""
+    and C++ objects were destroyed in no fixed order (a SIGSEGV after complete jobs, now and then). A failed rank of
+    a multi-rank job waits `PEER_GRACE_S` after the exit handlers, for its peers to unregister too."""
     from mindspore.communication import GlobalComm
 
     world_size, rank = 1, 0
@@ -137,6 +148,8 @@ def end_process(code: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     atexit._run_exitfuncs()
+    if code != 0 and world_size > 1:
+        time.sleep(PEER_GRACE_S)
     os._exit(code)
 
 

@@ -144,7 +144,9 @@ def test_resume_with_stages_equals_the_straight_run(pipeline_run, tmp_path, monk
 
 @pytest.mark.msrun
 def test_resume_with_other_stages_is_a_one_line_error(pipeline_run, tmp_path, mindrecord):
-    """The pipeline checkpoint resumed by a job whose train net has no stages: refused, naming both layouts."""
+    """The pipeline checkpoint resumed by a job whose train net has no stages: refused, naming both layouts, and the
+    job ends without MindSpore's scheduler waiting out a rank's heartbeats (each failed rank unregisters before msrun
+    kills the others: `launch.PEER_GRACE_S`)."""
 
     straight_dir, _ = pipeline_run
     out = tmp_path / "out"
@@ -155,6 +157,8 @@ def test_resume_with_other_stages_is_a_one_line_error(pipeline_run, tmp_path, mi
     log = (tmp_path / "logs" / "worker_0.log").read_text(errors="replace")
     assert "train layout dp=1 x tp=1 x pp=2 differs from this job's dp=1 x tp=2" in log
     assert "Traceback" not in log
+    scheduler = (tmp_path / "logs" / "scheduler.log").read_text(errors="replace")
+    assert "timed out" not in scheduler and "abnormal" not in scheduler, scheduler[-2000:]
 
 
 @pytest.mark.msrun

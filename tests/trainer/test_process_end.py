@@ -2,10 +2,11 @@
 is reported (`mindrlhf.trainer.postmortem`)."""
 import sys
 
-from support.msrun import run_command
+import pytest
+from support.msrun import msrun_command, msrun_env, run_command
 from support.paths import ROOT
 
-from mindrlhf.trainer.launch import FINISHED
+from mindrlhf.trainer.launch import FINISHED, PEER_GRACE_S
 from mindrlhf.trainer.postmortem import first_failed_worker
 
 
@@ -55,3 +56,30 @@ def test_a_script_ends_with_mains_code_after_its_exit_handlers_and_logs_its_end(
     assert marker.read_text() == "yes"
     assert "rank 0 finished with exit 3" in done.stderr
     assert "interpreter teardown ran" not in done.stdout
+
+
+@pytest.mark.msrun
+def test_ranks_that_fail_alike_end_the_job_without_a_heartbeat_wait(tmp_path):
+    """Both ranks of an msrun job fail once the cluster formed (as a bad flag or checkpoint fails every rank): msrun
+    kills every worker when the first exits non-zero, so a failed rank waits `PEER_GRACE_S` after unregistering from
+    MindSpore's scheduler, in which time its peer unregisters too; the scheduler then ends with the job instead of
+    waiting ~30 s for a killed rank's heartbeats and failing with a C++ stack."""
+    assert PEER_GRACE_S > 1
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from mindrlhf.trainer.launch import run_script\n"
+        "def main():\n"
+        "    from mindspore.communication import init\n"
+        "    init()\n"
+        "    print('error: a bad input', file=sys.stderr, flush=True)\n"
+        "    return 2\n"
+        "run_script(main)\n")
+    logs = tmp_path / "logs"
+    done = run_command(msrun_command(script, [], 2, logs), msrun_env(), timeout=300)
+    assert done.returncode != 0
+    for rank in (0, 1):
+        assert "error: a bad input" in (logs / f"worker_{rank}.log").read_text(errors="replace")
+    scheduler = (logs / "scheduler.log").read_text(errors="replace")
+    assert "timed out" not in scheduler and "abnormal" not in scheduler, scheduler[-3000:]
