@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GRPO on the bundled default, end to end and without downloads, the way a real run is launched:
 #   1. checks that MASTER_PORT is free (on node 0: msrun would otherwise wait minutes before failing), sets up
-#      .venv (first run only),
+#      .venv (first run only), checks the flags and YAMLs (grpo_one_stage.py --check_flags: seconds, not after the
+#      conversions),
 #   2. converts the policy's Hugging Face folder (MODEL_DIR: config.json + model.safetensors + tokenizer) to a
 #      MindSpore checkpoint with tools/convert_weight.py,
 #   3. converts the training problems and the held-out split to prompt MindRecords (rlhf_data.py),
@@ -101,31 +102,35 @@ mkdir -p "$NODE_DIR"
 if [ "$MODEL" = smollm2 ] && [ "$MODEL_DIR" = "$DEFAULT_MODEL_DIR" ]; then
   run "$PY" tools/fetch_smollm2.py --output_dir "$MODEL_DIR"
 fi
+EVAL_ARGS=()
+if [ -n "$EVAL_DATA" ]; then EVAL_ARGS=(--eval_dataset_file "$NODE_DIR/heldout.mindrecord"); fi
+JOB=(examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML"
+    --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$NODE_DIR/prompts.mindrecord" "${JOB_ARGS[@]}"
+    --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard"
+    "${EVAL_ARGS[@]}" "$@")
+# the flags and YAMLs, checked before the conversions (the files those write need not exist yet)
+run "$PY" "${JOB[@]}" --check_flags
 run "$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$NODE_DIR/policy.ckpt" \
     --config_path "$TRAIN_YAML"
 run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$DATA" \
     --output_path "$NODE_DIR/prompts.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
     --max_prompt_length "$MAX_PROMPT_LENGTH"
-EVAL_ARGS=()
 if [ -n "$EVAL_DATA" ]; then
   run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$EVAL_DATA" \
       --output_path "$NODE_DIR/heldout.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
       --max_prompt_length "$MAX_PROMPT_LENGTH"
-  EVAL_ARGS=(--eval_dataset_file "$NODE_DIR/heldout.mindrecord")
 fi
 MSRUN=(msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR"
-    --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True
-    examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML"
-    --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$NODE_DIR/prompts.mindrecord" "${JOB_ARGS[@]}"
-    --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard"
-    "${EVAL_ARGS[@]}" "$@")
+    --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True "${JOB[@]}")
 if [ -n "$DRY_RUN" ]; then run "${MSRUN[@]}" | tee "$NODE_DIR/msrun.out"; exit 0; fi
 # an earlier run's logs in this OUTPUT are kept, renamed after their time
 for previous in "$LOG_DIR" "$NODE_DIR/msrun.out"; do
   if [ -e "$previous" ]; then mv "$previous" "$previous.$(date -r "$previous" +%Y%m%d-%H%M%S)"; fi
 done
 # this script owns the job: a signal to it (kill, timeout, a scheduler, Ctrl-C) stops msrun, its scheduler and every
-# worker (each in a process group of its own), and the script exits 128 + the signal's number
+# worker (each in a process group of its own), and the script exits 128 + the signal's number. msrun runs in a session
+# of its own: Ctrl-C reaches this script alone (msrun's own SIGINT handler would stop the workers and exit 0, racing
+# this script's trap)
 stop_the_job() {
   echo "run_grpo.sh: stopped by SIG$1; stopping msrun and its workers; the complete checkpoints in" \
        "$OUTPUT/checkpoints resume with --resume" >&2
@@ -133,7 +138,7 @@ stop_the_job() {
   exit $((128 + $2))
 }
 status=0
-"${MSRUN[@]}" > >(tee "$NODE_DIR/msrun.out") 2>&1 &
+setsid --wait "${MSRUN[@]}" > >(tee "$NODE_DIR/msrun.out") 2>&1 &
 JOB_PID=$!
 trap 'stop_the_job INT 2' INT
 trap 'stop_the_job TERM 15' TERM
@@ -145,7 +150,7 @@ trap - INT TERM HUP
 grep -h -o "held-out accuracy: before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true
 if [ "$status" -ne 0 ]; then
   echo "run_grpo.sh: the job failed (exit $status); logs: $LOG_DIR/worker_*.log" >&2
-  grep -h "^error:" "$LOG_DIR"/worker_*.log 2>/dev/null | sort -u >&2 || true
+  grep -h -E "^([^ ]+: )?error:" "$LOG_DIR"/worker_*.log 2>/dev/null | sort -u >&2 || true
   # msrun names the first failed worker by pid (its scheduler may blame a rank msrun killed afterwards)
   "$PY" -m mindrlhf.trainer.postmortem "$NODE_DIR/msrun.out" "$LOG_DIR" >&2 || true
 fi

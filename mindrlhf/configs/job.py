@@ -103,6 +103,10 @@ class JobOptions:
                               "devices (the world size comes from the YAML layouts).")
     device_memory_gib: float = _flag(0.0, "With --plan: memory of one device, GiB (0 = this host's memory divided by "
                                           "the job's ranks, as on CPU).")
+    check_flags: bool = _flag(False, "Check the flags and the YAMLs (the config, the model YAMLs, their layouts and "
+                                     "batch splits, the tokenizer) and exit: 0, or 2 with a one-line error. The files "
+                                     "the job reads need not exist yet: run_grpo.sh runs it before converting the "
+                                     "policy and the prompts. Needs no msrun (the world size comes from the YAMLs).")
 
     @property
     def checkpoint_dir(self) -> str:

@@ -219,12 +219,11 @@ def plan_report(config, job, tokenizer, device: str | None = None) -> str:
     import os
 
     from mindrlhf.configs.base import ConfigError
-    from mindrlhf.models.qwen2.config import Qwen2Config
-    from mindrlhf.trainer.plan import JobPlan
+    from mindrlhf.trainer.plan import JobPlan, yaml_world_size
 
     if job.device_memory_gib < 0:
         raise ConfigError(f"--device_memory_gib must be >= 0 (0 = host memory / ranks), got {job.device_memory_gib}")
-    world = Qwen2Config.from_yaml(job.sft_path_train).parallel_config.world_size
+    world = yaml_world_size(job)
     plan = JobPlan.build(config, job, tokenizer, world, 0)
     device = device or device_kind(plan)
     device_gib = job.device_memory_gib or \

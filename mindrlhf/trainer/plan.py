@@ -115,11 +115,20 @@ def _sourced(config: GRPOConfig, section: str, fields: tuple[str, ...], message:
     return ConfigError(f"{source}: {section}: {message}" if source else message)
 
 
+def yaml_world_size(job: JobOptions) -> int:
+    """The ranks the train YAML's layout spans (`--plan` and `--check_flags` run without msrun)."""
+    from mindrlhf.models.qwen2.config import Qwen2Config
+
+    return Qwen2Config.from_yaml(job.sft_path_train).parallel_config.world_size
+
+
 def check_job_inputs(job: JobOptions) -> None:
-    """The launch flags that need no model: --cpu_threads, then the input files (`check_files`)."""
+    """The launch flags that need no model: --cpu_threads, then the input files (`check_files`; not with
+    `--check_flags`, which runs before they are written)."""
     if job.cpu_threads < 0:
         raise ConfigError(f"--cpu_threads must be >= 0 (0 = cores / ranks on this host), got {job.cpu_threads}")
-    check_files(job)
+    if not job.check_flags:
+        check_files(job)
 
 
 def check_files(job: JobOptions) -> None:

@@ -1,5 +1,6 @@
-"""run_grpo.sh before any work: a MASTER_PORT another process holds fails at once (msrun would wait minutes), and on
-several nodes each node converts into a folder of its own (DRY_RUN=1 shows the commands without running them)."""
+"""run_grpo.sh before any work: a MASTER_PORT another process holds fails at once (msrun would wait minutes), bad
+flags and YAML values fail before the conversions, and on several nodes each node converts into a folder of its own
+(DRY_RUN=1 shows the commands without running them)."""
 import os
 import shlex
 import socket
@@ -51,6 +52,20 @@ def test_run_grpo_fails_at_once_when_the_master_port_is_taken(tmp_path):
     assert proc.stderr.startswith(message) and proc.stderr.rstrip().endswith(" bash run_grpo.sh)"), proc.stderr
     assert not out.exists()  # failed before bootstrap and conversion
     assert "[bootstrap]" not in proc.stdout
+
+
+def test_bad_flags_and_values_stop_the_script_before_the_conversions(tmp_path):
+    """grpo_one_stage.py --check_flags runs before the policy and the prompts are converted: an unknown flag and a
+    value the config refuses each end the script with exit 2 and the job's one line, and nothing converted."""
+    port = str(free_port_near("127.0.0.1", 20200))
+    cases = {"unknown": (["--nosuch_flag", "1"], "grpo_one_stage.py: error: unrecognized arguments: --nosuch_flag 1"),
+             "refused": (["--num_generations", "0"], "error: command line: generation: generation.num_generations "
+                                                     "must be an integer >= 1, got 0")}
+    for name, (flags, message) in cases.items():
+        out = tmp_path / name
+        proc = run_script({"OUTPUT": str(out), "MASTER_PORT": port}, *flags)
+        assert proc.returncode == 2 and proc.stderr.startswith(message), (name, proc.stderr[-2000:])
+        assert not (out / "policy.ckpt").exists() and not (out / "prompts.mindrecord").exists(), name
 
 
 def commands(stdout: str) -> dict[str, list[str]]:
