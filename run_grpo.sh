@@ -60,6 +60,8 @@ MODEL_DIR="${MODEL_DIR:-$DEFAULT_MODEL_DIR}"   # the policy to train: a Hugging 
 TOKENIZER_DIR="${TOKENIZER_DIR:-$MODEL_DIR}"
 TEMPLATE="${TEMPLATE:-$DEFAULT_TEMPLATE}"       # rlhf_data.py --template: how a question becomes the prompt
 INSTRUCTION="${INSTRUCTION:-}"                  # rlhf_data.py --instruction: text after each question
+PROMPT_KEY="${PROMPT_KEY:-question}"            # rlhf_data.py --prompt_key / --answer_key: the data's fields (columns)
+ANSWER_KEY="${ANSWER_KEY:-answer}"
 DATA="${DATA:-$ROOT/examples/qwen_grpo_tutorial/data/arithmetic_train.jsonl}"
 EVAL_DATA="${EVAL_DATA-$ROOT/examples/qwen_grpo_tutorial/data/arithmetic_heldout.jsonl}"  # empty: no evaluation
 TRAIN_YAML="${TRAIN_YAML:-$CONFIGS/train.yaml}"
@@ -114,11 +116,11 @@ run "$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt
     --config_path "$TRAIN_YAML"
 run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$DATA" \
     --output_path "$NODE_DIR/prompts.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
-    --max_prompt_length "$MAX_PROMPT_LENGTH"
+    --max_prompt_length "$MAX_PROMPT_LENGTH" --prompt_key "$PROMPT_KEY" --answer_key "$ANSWER_KEY"
 if [ -n "$EVAL_DATA" ]; then
   run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$EVAL_DATA" \
       --output_path "$NODE_DIR/heldout.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
-      --max_prompt_length "$MAX_PROMPT_LENGTH"
+      --max_prompt_length "$MAX_PROMPT_LENGTH" --prompt_key "$PROMPT_KEY" --answer_key "$ANSWER_KEY"
 fi
 MSRUN=(msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR"
     --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True "${JOB[@]}")

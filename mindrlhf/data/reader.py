@@ -33,6 +33,16 @@ def pad_rows(rows: Sequence[Sequence[int]], width: int, pad_token_id: int,
     return ids, mask
 
 
+def pipeline_error(err: Exception) -> str:
+    """The line of MindSpore's dataset error report that says what went wrong (its 'Dataset Pipeline Error Message'
+    section, without the `[ERROR] [Internal ERROR]` tags), else the report's first line."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for at, line in enumerate(lines):
+        if line.startswith("- Dataset Pipeline Error Message") and at + 2 < len(lines):
+            return lines[at + 2].replace("[ERROR]", "").replace("[Internal ERROR]", "").strip()
+    return lines[0] if lines else type(err).__name__
+
+
 def read_prompt_records(mindrecord_path: str | os.PathLike, with_columns: bool = False) -> tuple:
     """All (prompt_ids, solution) of a MindRecord written by `convert_to_mindrecord`, in file order; with
     `with_columns` also each record's other dataset fields (a dict; empty in files written before they were
@@ -49,8 +59,9 @@ def read_prompt_records(mindrecord_path: str | os.PathLike, with_columns: bool =
     try:
         reader = FileReader(mindrecord_path, num_consumer=1)
     except Exception as err:  # MindSpore raises RuntimeError with a multi-line pipeline report
-        first_line = next((ln for ln in str(err).splitlines() if ln.strip()), type(err).__name__)
-        raise DataError(f"{mindrecord_path}: cannot read MindRecord file: {first_line}") from None
+        raise DataError(f"{mindrecord_path}: cannot read MindRecord file ({pipeline_error(err)}): it is damaged or "
+                        "cut short (a write or copy that did not finish?); write it again with "
+                        "examples/qwen_grpo_tutorial/rlhf_data.py") from None
     try:
         schema = reader.schema()
         missing = [name for name in REQUIRED_FIELDS if name not in schema]

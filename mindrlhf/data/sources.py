@@ -166,7 +166,8 @@ def _parquet_rows(path: str, required_columns: Sequence[str]) -> Iterator[tuple[
     if missing:
         parquet.close()
         raise DataError(f"{path}: no column {', '.join(repr(name) for name in missing)} (columns present: "
-                        f"{columns}); choose them with --prompt_key / --answer_key")
+                        f"{columns}); choose them with --prompt_key / --answer_key (run_grpo.sh: PROMPT_KEY / "
+                        "ANSWER_KEY)")
 
     def rows() -> Iterator[tuple[int, object]]:
         row = 0

@@ -177,6 +177,19 @@ def test_a_file_size_limit_is_one_line_and_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path / "out") == []
 
 
+def test_a_mindrecord_cut_short_is_one_line_with_the_cause(tmp_path, tokenizer):
+    """A prompt file whose write or copy did not finish: MindSpore's reader fails with a multi-line report ending in
+    a C++ stack; the error names the file, MindSpore's own message and the likely cause."""
+    path = make_mindrecord(tmp_path, tokenizer, 2)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(DataError) as info:
+        read_prompt_records(path)
+    assert str(info.value) == (f"{path}: cannot read MindRecord file (Failed to read file.): it is damaged or cut "
+                               "short (a write or copy that did not finish?); write it again with "
+                               "examples/qwen_grpo_tutorial/rlhf_data.py")
+
+
 def test_long_prompts_are_dropped_not_truncated(tmp_path, tokenizer):
     source = write_jsonl(tmp_path / "d.jsonl", PROBLEMS)
     lengths = [len(tokenizer.encode(p["question"])) for p in PROBLEMS]
@@ -354,7 +367,8 @@ def test_input_folder_and_parquet_errors_name_the_file(tmp_path, tokenizer):
 
     math = write_parquet(tmp_path / "math.parquet", [{"problem": "1+1?", "solution": "\\boxed{2}"}])
     with pytest.raises(DataError, match=rf"^{re.escape(math)}: no column 'question', 'answer' "
-                                        r"\(columns present: \['problem', 'solution'\]\)"):
+                                        r"\(columns present: \['problem', 'solution'\]\); choose them with "
+                                        r"--prompt_key / --answer_key \(run_grpo.sh: PROMPT_KEY / ANSWER_KEY\)$"):
         list(read_problems(math, skip_bad_lines=True))  # a whole file without the column: always fatal
 
     nulls = write_parquet(tmp_path / "nulls.parquet", [PROBLEMS[0], {"question": "q?", "answer": None}])

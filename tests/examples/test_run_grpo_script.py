@@ -81,9 +81,15 @@ def commands(stdout: str) -> dict[str, list[str]]:
 
 def test_one_node_converts_into_output_and_several_nodes_each_into_their_own(tmp_path):
     out = tmp_path / "out"
-    single = run_script({"DRY_RUN": "1", "OUTPUT": str(out), "MASTER_PORT": str(free_port_near("127.0.0.1", 20000))})
+    single = run_script({"DRY_RUN": "1", "OUTPUT": str(out), "MASTER_PORT": str(free_port_near("127.0.0.1", 20000)),
+                         "PROMPT_KEY": "problem", "ANSWER_KEY": "solution"})
     assert single.returncode == 0, single.stderr
     found = commands(single.stdout)
+    data_steps = [shlex.split(line) for line in single.stdout.splitlines() if "rlhf_data.py" in line]
+    assert len(data_steps) == 2  # the prompts and the held-out split, each with the data's own field names
+    for words in data_steps:
+        assert words[words.index("--prompt_key") + 1] == "problem" and words[words.index("--answer_key") + 1] == \
+            "solution"
     assert set(found) == {"bootstrap.sh", "convert_weight.py", "rlhf_data.py", "msrun"}, single.stdout
     assert str(out / "policy.ckpt") in found["convert_weight.py"]
     assert {str(out / "prompts.mindrecord"), str(out / "heldout.mindrecord")} <= set(found["rlhf_data.py"])
