@@ -79,6 +79,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
 
     from mindrlhf.checkpoint.step import CheckpointError
     from mindrlhf.engine.train import NonFiniteUpdates
+    from mindrlhf.trainer.metrics import MetricsError
     from mindrlhf.trainer.rl_trainer import RLTrainer
 
     job = JobOptions.from_args(args)
@@ -116,7 +117,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         return 0
     try:
         trainer.fit()
-    except (NonFiniteUpdates, CheckpointError) as err:
+    except (NonFiniteUpdates, CheckpointError, MetricsError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

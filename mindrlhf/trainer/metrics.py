@@ -101,6 +101,10 @@ def critic_metrics(values: np.ndarray, returns: np.ndarray, advantages: np.ndarr
     return metrics
 
 
+class MetricsError(ValueError):
+    """A step's metrics could not be written (a full disk, a file size limit): the job stops with one line."""
+
+
 class MetricsWriter:
     """Writes each step's metrics; only the rank that owns it (rank 0) writes anything."""
 
@@ -130,8 +134,7 @@ class MetricsWriter:
         if not self.enabled:
             return
         if self.jsonl_path:
-            with open(self.jsonl_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": step, **_plain(metrics)}) + "\n")
+            _append_line(self.jsonl_path, json.dumps({"step": step, **_plain(metrics)}) + "\n")
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
@@ -141,6 +144,22 @@ class MetricsWriter:
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+
+
+def _append_line(path: str, line: str) -> None:
+    """Appends `line` whole or not at all: a write that fails (a full disk, a file size limit) is cut back off and
+    raised as `MetricsError`."""
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line)
+    except OSError as err:
+        try:
+            os.truncate(path, size)
+        except OSError:
+            pass
+        raise MetricsError(f"{path}: cannot write this step's metrics ({err.strerror or err}); the lines before it "
+                           "and the checkpoints are intact") from None
 
 
 def _plain(metrics: Mapping[str, float]) -> dict:

@@ -17,6 +17,7 @@ from mindrlhf.checkpoint.step import (
     check_resumable,
     complete_checkpoints,
     find_resume_checkpoint,
+    save_parameters,
 )
 from mindrlhf.parallel.swap import SwapError, SwapManager
 from mindrlhf.trainer.experience import Experience, concat_experiences
@@ -189,6 +190,24 @@ def test_a_checkpoint_that_cannot_be_written_is_one_error_and_keeps_the_last_one
     assert not os.path.exists(tmp_path / ".step_000002.partial" / "rank_0")  # its space is given back
 
 
+def test_a_checkpoint_past_the_file_size_limit_is_one_error_and_leaves_no_rank_file(tmp_path):
+    """The streamed `.ckpt` writer under a real file size limit (ulimit -f): the same one error, and the rank's files
+    of the step are gone (the limit, not a simulated OSError)."""
+    params = [ms.Parameter(ms.Tensor(np.ones((64, 64), np.float32)), name=f"w{i}") for i in range(4)]
+    writer = CheckpointWriter(str(tmp_path), rank=0, world_size=1, barrier=lambda: None)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))  # a quarter of the 64 KiB of weights
+    try:
+        with pytest.raises(CheckpointError, match=r"step_000001: cannot write this checkpoint \(File too large\); "
+                                                  r"the last complete one \(none\) is untouched"):
+            writer.save(1, lambda folder: save_parameters(params, os.path.join(folder, "train.ckpt")),
+                        lambda folder: None, {"step": 1}, keep_last=2)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert complete_checkpoints(str(tmp_path)) == []
+    assert not os.path.exists(tmp_path / ".step_000001.partial" / "rank_0")
+
+
 def test_saved_parameters_load_as_mindspore_saves_them_in_any_chunking(tmp_path, monkeypatch):
     from mindspore import Parameter, Tensor
 
@@ -234,6 +253,26 @@ def test_resume_refuses_another_world_size_layout_or_config(tmp_path):
     os.remove(os.path.join(path, "rank_1", "train.ckpt"))
     with pytest.raises(CheckpointError, match="rank_1/train.ckpt: missing"):
         check_resumable(path, meta, 2, layouts, meta["config"])
+
+
+def test_metrics_that_cannot_be_written_are_one_error_and_leave_only_whole_lines(tmp_path):
+    """A file size limit (or a full disk) while appending a step's line: one error naming the file and the cause,
+    and the part of the line that was written is cut back off (the file still parses line by line)."""
+    import re
+
+    from mindrlhf.trainer.metrics import MetricsError, MetricsWriter
+    writer = MetricsWriter(str(tmp_path))
+    writer.record(1, {"actor/pg_loss": 0.5})
+    path = tmp_path / "metrics.jsonl"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 10, hard))  # room for part of the next line
+    try:
+        with pytest.raises(MetricsError, match=rf"^{re.escape(str(path))}: cannot write this step's metrics \(File "
+                                               r"too large\); the lines before it and the checkpoints are intact$"):
+            writer.record(2, {"actor/pg_loss": 0.25, "actor/kl_loss": 0.125})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1]
 
 
 def test_metrics_jsonl_is_cut_back_to_the_resumed_step(tmp_path):
