@@ -77,6 +77,7 @@ def stop_when(cmd, env, log, ready, stop) -> tuple[int, str, float]:
         while not ready():
             assert job.poll() is None and time.time() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
+        dispositions = signal_dispositions(job.pid)
         stopped_at = time.time()
         stop(job.pid)
         code = job.wait(timeout=120)
@@ -84,7 +85,14 @@ def stop_when(cmd, env, log, ready, stop) -> tuple[int, str, float]:
         time.sleep(1.0)
         left = [described(p) for p in tagged_processes(JOB_TAG, tag)]
         assert left == [], f"processes of the stopped job still running: {left}"
-    return code, log.read_text(errors="replace"), took
+    return code, f"{log.read_text(errors='replace')}\n[the script's signals when stopped: {dispositions}]", took
+
+
+def signal_dispositions(pid: int) -> str:
+    """The SigBlk / SigIgn / SigCgt masks of process `pid` (what it blocks, ignores and catches), for a failure
+    message."""
+    with open(f"/proc/{pid}/status") as status:
+        return " ".join(line.strip() for line in status if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
 
 
 def metrics_of_step(path, step: int) -> dict | None:

@@ -11,7 +11,6 @@ TOL = 1e-5  # logits, losses, gradients and grad norms: no Adam normalisation in
 
 # the parallel runs the tests read, by name: (dp, tp, kv heads, the dp sums' route, further flags)
 PARALLEL = {"tp2": (1, 2, 4, "native", ()), "dp2": (2, 1, 4, "native", ()),
-            "tp2-sequence-parallel": (1, 2, 4, "native", ("--seq_parallel",)),
             "dp2xtp2-shared-memory-sums-sequence-parallel": (2, 2, 4, "auto", ("--seq_parallel",)),
             "tp4-over-2-kv-heads": (1, 4, 2, "native", ())}
 
@@ -128,15 +127,15 @@ def test_parallel_run_matches_single_process(runs, run):
 
 
 @waits_for(2)
-@pytest.mark.parametrize("run", ["dp2", "tp2", "tp2-sequence-parallel"])
+@pytest.mark.parametrize("run", ["dp2", "tp2", "dp2xtp2-shared-memory-sums-sequence-parallel"])
 def test_grpo_and_value_losses_are_normalised_over_the_global_batch(runs, run):
     """dp=2 with 18 response tokens on rank 0 and 4 on rank 1: the ranks' shares of loss, KL, clip fraction
     and entropy add up to the one-process values, and the summed gradients equal the one-process ones, for
     `token-mean` and `seq-mean-token-mean` (a per-rank mean would weigh rank 1's tokens 4.5x more). With
     tp=2 the vocabulary-parallel entropy and log-probs equal the one-process ones. The PPO critic on the same
     responses (critic dp=2 or tp=2): its values, value-loss shares and gradients equal the one-process ones.
-    With sequence parallel (tp2-sequence-parallel) the [prompt | response] rows of 15 positions are cut into two
-    parts of 8 (one padded) between the blocks: the same values, losses and gradients."""
+    With dp=2 x tp=2 and sequence parallel the [prompt | response] rows of 15 positions are cut into two parts of 8
+    (one padded) over each tp pair between the blocks: the same values, losses and gradients."""
     ranks, reference, dp, tp = results(runs, run)
     assert PARALLEL[run][2] == 4  # the reference model's kv heads
     for name in ("token-mean", "seq-mean-token-mean"):

@@ -6,6 +6,7 @@ metrics."""
 import contextlib
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,18 @@ def grpo_msrun_command(log_dir, port, args, worker_num=2, local_worker_num=2, no
             f"--node_rank={node_rank}", "--join=True", f"--log_dir={log_dir}", str(GRPO_SCRIPT), *args]
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _default_stop_signals() -> None:
+    """In a started job's process, before its program: the signals that stop a job acted on as from a terminal,
+    whatever this test process inherited (a shell started with SIGINT ignored cannot trap it: a job started from a
+    pytest-xdist worker once ran on through a Ctrl-C the test sent)."""
+    for number in STOP_SIGNALS:
+        signal.signal(number, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))
+
+
 @contextlib.contextmanager
 def started_job(cmd, output: Path, env=None):
     """A launched job (msrun) that runs while the test acts: the Popen, in a session of its own, its stdout and
@@ -119,7 +132,7 @@ def started_job(cmd, output: Path, env=None):
 
     with open(output, "w") as sink:
         proc = subprocess.Popen([str(part) for part in cmd], env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True, preexec_fn=_default_stop_signals)
     try:
         yield proc
     finally:
