@@ -114,14 +114,14 @@ JOB=(examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML
 run "$PY" "${JOB[@]}" --check_flags
 run "$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$NODE_DIR/policy.ckpt" \
     --config_path "$TRAIN_YAML"
-run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$DATA" \
-    --output_path "$NODE_DIR/prompts.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
-    --max_prompt_length "$MAX_PROMPT_LENGTH" --prompt_key "$PROMPT_KEY" --answer_key "$ANSWER_KEY"
-if [ -n "$EVAL_DATA" ]; then
-  run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$EVAL_DATA" \
-      --output_path "$NODE_DIR/heldout.mindrecord" --template "$TEMPLATE" --instruction "$INSTRUCTION" \
-      --max_prompt_length "$MAX_PROMPT_LENGTH" --prompt_key "$PROMPT_KEY" --answer_key "$ANSWER_KEY"
-fi
+# prompts FILE OUTPUT: the problems of FILE as a prompt MindRecord
+prompts() {
+  run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$1" \
+      --output_path "$2" --template "$TEMPLATE" --instruction "$INSTRUCTION" --max_prompt_length "$MAX_PROMPT_LENGTH" \
+      --prompt_key "$PROMPT_KEY" --answer_key "$ANSWER_KEY"
+}
+prompts "$DATA" "$NODE_DIR/prompts.mindrecord"
+if [ -n "$EVAL_DATA" ]; then prompts "$EVAL_DATA" "$NODE_DIR/heldout.mindrecord"; fi
 MSRUN=(msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR"
     --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True "${JOB[@]}")
 if [ -n "$DRY_RUN" ]; then run "${MSRUN[@]}" | tee "$NODE_DIR/msrun.out"; exit 0; fi
