@@ -1,4 +1,6 @@
 """Tensor and data parallel runs of a tiny Qwen2 equal the one-process run (msrun, CPU)."""
+import math
+
 import numpy as np
 import pytest
 from support.cases import Run, Runs, selected, waits_for
@@ -158,14 +160,15 @@ def test_grpo_and_value_losses_are_normalised_over_the_global_batch(runs, run):
         np.testing.assert_allclose(assemble(ranks, dp, tp, key), reference[key], atol=TOL, err_msg=key)
 
 
-def test_graphs_over_every_parameter_compile_for_a_real_models_parameter_count(tmp_path):
-    """315 parameters (more than SmolLM2-135M's 272 or Qwen2.5-0.5B's 290) at dp=2: micro-batched updates (gradients
-    accumulated, summed over dp in place, clipped inside AdamW) equal the whole-batch fused step, and the reshard
-    into tp=2 gives the train weights bit for bit. Graph mode unrolls the loops over parameters; a
-    loop that nests a call per parameter failed only at a real model's size (call depth limit)."""
+def test_graphs_over_every_parameter_compile_within_a_real_models_call_depth_budget(tmp_path):
+    """At dp=2: micro-batched updates (gradients accumulated, summed over dp in place, clipped inside AdamW) equal
+    the whole-batch fused step, and the reshard into tp=2 gives the train weights bit for bit, all compiled under a
+    call depth limit of 1000 / 315 per parameter (the default limit at 315 parameters, more than SmolLM2-135M's 272
+    or Qwen2.5-0.5B's 290). Graph mode unrolls the loops over parameters into nested calls; a loop that nests one
+    call more per parameter failed only at a real model's size (tests/workers/many_params_worker.py)."""
     run_worker("many_params_worker.py", ["--out", str(tmp_path)], 2, tmp_path / "log")
     ranks = load_ranks(tmp_path, 2)
-    assert int(ranks[0]["num_params"]) > 300
+    assert int(ranks[0]["num_params"]) == 75 and int(ranks[0]["max_call_depth"]) == math.ceil(75 * 1000 / 315)
     whole = {k.split("/", 1)[1]: v for k, v in ranks[0].items() if k.startswith("whole/")}
     assert len(whole) == int(ranks[0]["num_params"])
     for rank in ranks:
