@@ -171,9 +171,9 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path, tied)
 # the pipelined runs test_pipeline_train_step_equals_the_whole_model reads, by name: (pp, tp, micro-batches, tied,
 # further flags); the runs of one world size go in one launch, after the one-piece runs of their model (untied and
 # tied), both in one plain Python process
-PIPELINED = {"pp2-mb1": (2, 1, 1, False, ()), "pp2-mb2-selective-recompute": (2, 1, 2, False, ("--recompute",
-                                                                                                "selective")),
-             "pp2-mb4": (2, 1, 4, False, ()), "pp2xtp2-mb2-full-recompute": (2, 2, 2, False, ("--recompute", "full")),
+PIPELINED = {"pp2-mb1": (2, 1, 1, False, ()),
+             "pp2-mb4-selective-recompute": (2, 1, 4, False, ("--recompute", "selective")),
+             "pp2xtp2-mb2-full-recompute": (2, 2, 2, False, ("--recompute", "full")),
              "pp2xtp2-mb2-tied-sequence-parallel": (2, 2, 2, True, ("--seq_parallel",)),
              "pp4-mb4-tied": (4, 1, 4, True, ())}
 
