@@ -173,8 +173,8 @@ def test_stage_strategy_files_merge_and_transform_like_mindspore(tmp_path, tied)
 # tied), both in one plain Python process
 PIPELINED = {"pp2-mb1": (2, 1, 1, False, ()),
              "pp2-mb4-selective-recompute": (2, 1, 4, False, ("--recompute", "selective")),
-             "pp2xtp2-mb2-full-recompute": (2, 2, 2, False, ("--recompute", "full")),
-             "pp2xtp2-mb2-tied-sequence-parallel": (2, 2, 2, True, ("--seq_parallel",)),
+             "pp2xtp2-mb2-tied-sequence-parallel-full-recompute": (2, 2, 2, True, ("--seq_parallel", "--recompute",
+                                                                                    "full")),
              "pp4-mb4-tied": (4, 1, 4, True, ())}
 
 
@@ -209,9 +209,9 @@ def test_pipeline_train_step_equals_the_whole_model(pipelined, run):
     stage's embedding and the last stage's head) gets both end stages' gradients, so its two copies stay equal;
     the stages between hold no copy and pass activations and gradients both ways. The 1F1B schedule runs every
     kind of its steps: pp2-mb1 only warm-up and cool-down, pp4-mb4 steady-state exchanges on the middle stages.
-    Two variants recompute the stages' layers in the backward pass (full layers with tp collectives inside, and the
-    attention only), one cuts the stages' residual stream along the sequence over tp (sequence parallel; the
-    stages exchange whole activations): neither may change a value."""
+    Two variants recompute the stages' layers in the backward pass (the attention only, and full layers with tp
+    collectives inside, the latter with the stages' residual stream cut along the sequence over tp: sequence
+    parallel, the stages exchanging whole activations): neither may change a value."""
     pp, tp, _, tied, _ = PIPELINED[run]
     world = pp * tp
     (whole,) = load_ranks(pipelined(one_piece(tied)), 1)  # the one-piece run's outputs, norms and weights
