@@ -1,10 +1,11 @@
 """`bash run_grpo.sh`, the README's first command, shortened: the bundled policy through the converter, the data
 tool and msrun (train dp=2, infer dp=2); the reward rises, the run ends with the held-out accuracy line, and its
 checkpoint converts back to a Hugging Face folder that `transformers` loads and that answers like the policy; the
-script owns its job (a signal stops every process of it, in one line) and a stopped job resumes exactly."""
+script owns its job (a signal stops every process of it, in one line) and a resumed job continues exactly."""
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import time
@@ -32,6 +33,7 @@ HELDOUT = TUTORIAL_DATA / "arithmetic_heldout.jsonl"
 pytestmark = pytest.mark.msrun
 
 STEPS = 10
+SAVED = STEPS // 2  # the straight run's first checkpoint
 JOB_TAG = "MINDRLHF_TEST_JOB"  # every process of one launch inherits it
 
 
@@ -62,7 +64,7 @@ def run(tmp_path_factory):
     rewards = tmp_path_factory.mktemp("my_rewards")
     (rewards / "my_rewards.py").write_text(MY_REWARDS)
     env = job_env(out, rewards)
-    proc = run_command(["bash", str(RUN_GRPO), *STRAIGHT_FLAGS, "--save_interval", str(STEPS // 2)], env,
+    proc = run_command(["bash", str(RUN_GRPO), *STRAIGHT_FLAGS, "--save_interval", str(SAVED)], env,
                        timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout, int(env["MASTER_PORT"]), rewards
@@ -103,45 +105,49 @@ def metrics_of_step(path, step: int) -> dict | None:
     return next((record for record in map(json.loads, lines) if record["step"] == step), None)
 
 
-def test_a_signal_stops_the_whole_job_which_then_resumes_exactly_from_its_last_checkpoint(run, tmp_path):
-    """`kill <pid>` (SIGTERM to the script alone: msrun and each worker are in other process groups) stops the
-    bundled job, workers included, with one line and exit 143. A run with --resume from its last checkpoint, the
-    job's own settings (lr warmup over the first 5 updates, num_iterations 1, 4 updates a step, response buckets, the
-    inference net the train net), gives the straight run's next step, every metric bit for bit (each graph once kept
-    the learning rate of its first call, so a resumed run, compiling anew, updated with other rates); Ctrl-C
-    (SIGINT to the script's process group) then stops it with exit 130; the first run's logs are kept."""
+def test_a_resumed_job_continues_exactly_and_a_signal_stops_the_whole_job(run, tmp_path):
+    """A run with --resume from the straight run's first checkpoint (step 5), the job's own settings (lr warmup over
+    the first 5 updates, num_iterations 1, 4 updates a step, response buckets, the inference net the train net),
+    gives the straight run's next step, every metric bit for bit (each graph once kept the learning rate of its
+    first call, so a resumed run, compiling anew, updated with other rates). `kill <pid>` (SIGTERM to the script
+    alone: msrun and each worker are in other process groups) then stops it, workers included, with one line and
+    exit 143; the checkpoint it wrote resumes, and Ctrl-C (SIGINT to the script's process group) stops that run
+    with exit 130; the first run's logs are kept."""
     from support.jobs import without_timing
 
     straight_out, _, _, rewards = run
     out = tmp_path / "out"
-    checkpoints = str(out / "checkpoints")
+    checkpoints = out / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    saved, resumed = f"step_{SAVED:06d}", SAVED + 1
+    shutil.copytree(straight_out / "checkpoints" / saved, checkpoints / saved)
     env = job_env(out, rewards, EVAL_DATA="")
-    cmd = ["bash", RUN_GRPO, *STRAIGHT_FLAGS, "--save_interval", "1", "--keep_last", "3"]
+    cmd = ["bash", RUN_GRPO, *STRAIGHT_FLAGS, "--save_interval", "1", "--keep_last", "3", "--resume"]
     code, output, took = stop_when(cmd, env, tmp_path / "first.out",
-                                   lambda: len(complete_checkpoints(checkpoints)) > 0,
-                                   lambda pid: (time.sleep(1.0), os.kill(pid, signal.SIGTERM)))
+                                   lambda: len(complete_checkpoints(str(checkpoints))) > 1
+                                   and metrics_of_step(out / "metrics.jsonl", resumed) is not None,
+                                   lambda pid: os.kill(pid, signal.SIGTERM))
     assert code == 143 and took < 60, (code, took, output[-3000:])
     assert "run_grpo.sh: stopped by SIGTERM; stopping msrun and its workers" in output, output[-3000:]
-    last = complete_checkpoints(checkpoints)[-1]
-    step = json.loads((out / "checkpoints" / os.path.basename(last) / "meta.json").read_text())["step"]
-    assert step < STEPS
+    log = (out / "msrun_log" / "worker_0.log").read_text(errors="replace")
+    assert f"resumed from {checkpoints / saved} (step {SAVED})" in log
+    expected = without_timing(metrics_of_step(straight_out / "metrics.jsonl", resumed))
+    assert expected["actor/ppo_kl"] != 0.0 and expected["actor/lr"] > 0
+    assert without_timing(metrics_of_step(out / "metrics.jsonl", resumed)) == expected
+    last = complete_checkpoints(str(checkpoints))[-1]
+    step = json.loads((checkpoints / os.path.basename(last) / "meta.json").read_text())["step"]
+    assert step >= resumed
 
-    second = tmp_path / "second.out"
+    log_path = out / "msrun_log" / "worker_0.log"
     code, output, took = stop_when(
-        cmd + ["--resume"], dict(env, MASTER_PORT=str(free_port())), second,
-        lambda: f"step {step + 1}/{STEPS} |" in second.read_text(errors="replace")
-        and metrics_of_step(out / "metrics.jsonl", step + 1) is not None,
+        cmd, dict(env, MASTER_PORT=str(free_port())), tmp_path / "second.out",
+        lambda: log_path.is_file() and f"resumed from {last} (step {step})" in log_path.read_text(errors="replace"),
         lambda pid: os.killpg(pid, signal.SIGINT))
     assert code == 130 and took < 60, (code, took, output[-3000:])
     assert "run_grpo.sh: stopped by SIGINT" in output, output[-3000:]
-    log = (out / "msrun_log" / "worker_0.log").read_text(errors="replace")
-    assert f"resumed from {last} (step {step})" in log
-    expected = without_timing(metrics_of_step(straight_out / "metrics.jsonl", step + 1))
-    assert expected["actor/ppo_kl"] != 0.0 and expected["actor/lr"] > 0
-    assert without_timing(metrics_of_step(out / "metrics.jsonl", step + 1)) == expected
     # the first run's logs were kept, renamed after their time
     assert len(list(out.glob("msrun_log.*"))) == 1 and len(list(out.glob("msrun.out.*"))) == 1
-    assert f"step 1/{STEPS}" in next(out.glob("msrun.out.*")).read_text(errors="replace")
+    assert f"step {resumed}/{STEPS}" in next(out.glob("msrun.out.*")).read_text(errors="replace")
 
 
 def test_default_run_learns_and_ends_with_the_accuracy_line(run):
