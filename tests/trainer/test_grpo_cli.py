@@ -296,16 +296,18 @@ def whole_step(shared_run):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant,flags", [
-    ("micro-batches", ["--micro_batch_size_per_device", "2", "--log_prob_micro_batch_size_per_device", "2"]),
+    ("micro-batches reading every response position", ["--micro_batch_size_per_device", "2",
+                                                       "--log_prob_micro_batch_size_per_device", "2",
+                                                       "--response_buckets", "1"]),
     ("each response with its own prompt", ["--share_prompts", "false"]),
-    ("every response position read", ["--response_buckets", "1"]),
 ])
 def test_micro_batches_and_unshared_prompts_train_like_whole_mini_batches(variant, flags, tmp_path, mindrecord,
                                                                            whole_step):
     """--micro_batch_size_per_device (gradient accumulation) and --log_prob_micro_batch_size_per_device (ref
-    log-probs a few rows at a time, each prompt read once for the 2 responses of a call), every response read
-    with its own copy of its prompt (--share_prompts false), or every one of the max_new_tokens positions read
-    (--response_buckets 1): the same step as `whole_step`."""
+    log-probs a few rows at a time, each prompt read once for the 2 responses of a call) with every one of the
+    max_new_tokens positions read (--response_buckets 1), or every response read with its own copy of its prompt
+    (--share_prompts false): the same step as `whole_step` (whole mini-batches, each prompt read once for its
+    responses, responses cut to their buckets)."""
     whole, whole_weights, whole_widths = whole_step
     other, other_weights, widths = one_step_run(mindrecord, tmp_path / "out", flags)
     assert whole_widths and any(w < r for w, r in whole_widths)  # the default cut the responses' padding
