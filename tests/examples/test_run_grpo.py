@@ -226,13 +226,18 @@ def _bundled_policy():
     return model
 
 
+# every pass at max_new_tokens: one graph per pass instead of one per response width (a PPO step has four passes
+# that learn or score), the same values (tests/trainer/test_grpo_cli.py's micro-batch variant)
+ONE_WIDTH = ["--response_buckets", "1"]
+
+
 def test_ppo_run_learns_with_a_critic(tmp_path):
     """`ALGORITHM=ppo bash run_grpo.sh`: the same job with GAE advantages from a critic (tensor parallel over the
     2 ranks, started from the policy with a zero head); the held-out accuracy rises and the critic's values
     follow the returns."""
     out = tmp_path / "ppo"
     env = dict(os.environ, ALGORITHM="ppo", OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3")
-    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0"], env,
+    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0", *ONE_WIDTH], env,
                        timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
