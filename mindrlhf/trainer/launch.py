@@ -41,6 +41,27 @@ FINISHED = "rank %d finished with exit %d"
 # it killed before they unregistered; a rank that fails usually fails on every rank at once (a bad flag, a checkpoint
 # of another model), and in this time the peers unregister too, so that the job ends in seconds
 PEER_GRACE_S = 3.0
+# MindSpore's CPU collectives give up on a peer that has not joined a call within ~30-45 s (`MS_CPU_COMM_OP_TIMEOUT`);
+# ranks compile different graphs before their first exchanges (pipeline stages: the last one's loss and backward),
+# which on a loaded CPU can take minutes, so a rank may wait that long for a healthy peer (a dead one ends the job
+# through msrun and the scheduler's heartbeats instead)
+CPU_COLLECTIVE_TIMEOUT_S = 1800
+
+
+def collective_environment(environ) -> dict[str, str]:
+    """The variables `start_communication` sets before MindSpore's `init()`: `MS_CPU_COMM_OP_TIMEOUT` unless the
+    user set it."""
+    return {} if environ.get("MS_CPU_COMM_OP_TIMEOUT") else {"MS_CPU_COMM_OP_TIMEOUT": str(CPU_COLLECTIVE_TIMEOUT_S)}
+
+
+def start_communication() -> tuple[int, int]:
+    """MindSpore communication initialised for this msrun worker (`collective_environment` first): (world size,
+    rank)."""
+    from mindspore.communication import get_group_size, get_rank, init
+
+    os.environ.update(collective_environment(os.environ))
+    init()
+    return get_group_size(), get_rank()
 
 
 def load_config(job: JobOptions, args: argparse.Namespace) -> GRPOConfig:
@@ -68,9 +89,7 @@ def init_communication(use_parallel: str) -> tuple[int, int]:
     launched = any(os.environ.get(name) for name in _LAUNCHED_BY_MSRUN)
     if use_parallel == "false" or (use_parallel == "auto" and not launched):
         return 1, 0
-    from mindspore.communication import get_group_size, get_rank, init
-    init()
-    return get_group_size(), get_rank()
+    return start_communication()
 
 
 def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -> int:

@@ -6,7 +6,7 @@ import pytest
 from support.msrun import msrun_command, msrun_env, run_command
 from support.paths import ROOT
 
-from mindrlhf.trainer.launch import FINISHED, PEER_GRACE_S
+from mindrlhf.trainer.launch import CPU_COLLECTIVE_TIMEOUT_S, FINISHED, PEER_GRACE_S, collective_environment
 from mindrlhf.trainer.postmortem import first_failed_worker
 
 
@@ -83,3 +83,49 @@ def test_ranks_that_fail_alike_end_the_job_without_a_heartbeat_wait(tmp_path):
         assert "error: a bad input" in (logs / f"worker_{rank}.log").read_text(errors="replace")
     scheduler = (logs / "scheduler.log").read_text(errors="replace")
     assert "timed out" not in scheduler and "abnormal" not in scheduler, scheduler[-3000:]
+
+
+@pytest.mark.msrun
+def test_a_rank_waits_for_a_late_peer_as_long_as_the_collective_timeout_allows(tmp_path):
+    """MindSpore's CPU collectives give up on a peer that joins a call later than `MS_CPU_COMM_OP_TIMEOUT` seconds
+    (their own default, 30-45 s, failed a 4-stage pipeline job on a loaded CPU: the first stage waited in its first
+    exchange while the last one compiled its loss and backward): with 2 s, rank 0 fails waiting 6 s for rank 1;
+    without it, `start_communication` (every rank of a job) sets `CPU_COLLECTIVE_TIMEOUT_S`, and rank 0 waits."""
+    assert collective_environment({}) == {"MS_CPU_COMM_OP_TIMEOUT": str(CPU_COLLECTIVE_TIMEOUT_S)}
+    assert CPU_COLLECTIVE_TIMEOUT_S >= 600 and collective_environment({"MS_CPU_COMM_OP_TIMEOUT": "60"}) == {}
+    script = tmp_path / "job.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from mindrlhf.trainer.launch import run_script, start_communication\n"
+        "def main():\n"
+        "    import mindspore as ms, numpy as np\n"
+        "    from mindspore import nn, ops\n"
+        "    ms.set_context(mode=ms.GRAPH_MODE, device_target='CPU')\n"
+        "    _, rank = start_communication()\n"
+        "    class Sum(nn.Cell):\n"
+        "        def __init__(self):\n"
+        "            super().__init__()\n"
+        "            self.all_reduce = ops.AllReduce()\n"
+        "        def construct(self, x):\n"
+        "            return self.all_reduce(x)\n"
+        "    total = Sum()\n"
+        "    x = ms.Tensor(np.ones(4096, np.float32))\n"
+        "    total(x)  # compiled and joined by both\n"
+        "    if rank == 1:\n"
+        "        time.sleep(6)\n"
+        "    started = time.time()\n"
+        "    assert float(total(x).asnumpy()[0]) == 2.0\n"
+        "    print(f'rank {rank} waited {time.time() - started:.0f} s', flush=True)\n"
+        "    return 0\n"
+        "run_script(main)\n")
+    env = {k: v for k, v in msrun_env().items() if k != "MS_CPU_COMM_OP_TIMEOUT"}
+    for name, extra in (("short", {"MS_CPU_COMM_OP_TIMEOUT": "2"}), ("default", {})):
+        done = run_command(msrun_command(script, [], 2, tmp_path / name), dict(env, **extra), timeout=300)
+        log = (tmp_path / name / "worker_0.log").read_text(errors="replace")
+        if name == "short":
+            assert done.returncode != 0 and "wait receiving" in log, log[-3000:]
+        else:
+            assert done.returncode == 0, log[-3000:]
+            assert int(log.split("rank 0 waited ")[1].split(" s")[0]) >= 5
+

@@ -63,7 +63,7 @@ def main():
     world, rank = worker_setup.init_communication()
     layout = Layout.for_world(world, 1, world, rank).init_groups()
     num_params = len(Qwen2ForCausalLM(Qwen2Config(**CONFIG), layout).trainable_params())
-    ms.set_context(max_call_depth=math.ceil(CALL_DEPTH_PER_PARAMETER * num_params))
+    worker_setup.set_max_call_depth(math.ceil(CALL_DEPTH_PER_PARAMETER * num_params))
     # the dp sums through shared memory, as the trainer's on one CPU host: in the fused step's graph, chained over
     # every gradient, and in place on the micro-batches' buffers
     dp_sums = share_data_parallel_sums("auto", [layout], world, rank)

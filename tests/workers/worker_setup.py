@@ -23,12 +23,18 @@ def graph_mode_on_cpu() -> None:
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 
 
-def init_communication() -> tuple[int, int]:
-    """Communication initialised (the process was launched by msrun): (world size, this rank)."""
-    from mindspore.communication import get_group_size, get_rank, init
+def set_max_call_depth(depth: int) -> None:
+    """Graph mode's call depth limit (MindSpore's default 1000): the graphs compiled next must stay within it."""
+    import mindspore as ms
 
-    init()
-    return get_group_size(), get_rank()
+    ms.set_context(max_call_depth=depth)
+
+
+def init_communication() -> tuple[int, int]:
+    """Communication initialised as the trainer's (the process was launched by msrun): (world size, this rank)."""
+    from mindrlhf.trainer.launch import start_communication
+
+    return start_communication()
 
 
 def save_rank_results(out: str, rank: int, results: dict) -> None:
