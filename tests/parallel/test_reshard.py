@@ -2,11 +2,11 @@
 (tp2 <-> dp2, pp2 -> dp2) and on 4 (tp4 <-> dp2 x tp2, pipeline stages -> dp2 x tp2).
 
 tp4 -> dp2 x tp2 crosses the whole world (AllGather path) and lands on half-shards; dp2 x tp2 -> tp4
-moves within each tp pair (AllReduce path on sub-groups). The packing threshold is shrunk so that both
-paths pack small moves into one collective call and send larger ones alone. Each of those runs also fills a
-second destination net: bfloat16 (oracle: the float32 transform result cast to bfloat16 by MindSpore; on
-CPU it travels as float32 and is written with set_data, CPU having no bfloat16 collective or Assign kernel)
-or float16 (travels as float16).
+moves within each tp pair (AllReduce path on sub-groups); both with 2 kv heads, each shared by two tp4 ranks.
+The packing threshold is shrunk so that both paths pack small moves into one collective call and send larger
+ones alone. Each of those runs also fills a second destination net: bfloat16 (oracle: the float32 transform
+result cast to bfloat16 by MindSpore; on CPU it travels as float32 and is written with set_data, CPU having no
+bfloat16 collective or Assign kernel) or float16 (travels as float16).
 
 The msrun runs (tests/workers/reshard_worker.py) go in one launch per world size, each run in its own folder; every
 test compares its run with its own `transform_checkpoints` oracle.
@@ -122,12 +122,10 @@ RUNS = {
     "pp2->dp2": Run(2, ["--src", "1,1,2", "--dst", "2,1", *STAGED]),
     "pp2->dp2-tied-fp16": Run(2, ["--src", "1,1,2", "--dst", "2,1", *STAGED, "--tied", "--dst_dtype", "float16"]),
     # 4 workers
-    "tp4->dp2xtp2(+bf16)": Run(4, ["--src", "1,4", "--dst", "2,2", "--dst_dtype", "float32,bfloat16",
-                                   "--pack_below_bytes", "256"]),
-    "dp2xtp2->tp4(+fp16)": Run(4, ["--src", "2,2", "--dst", "1,4", "--dst_dtype", "float32,float16",
-                                   "--pack_below_bytes", "256"]),
-    "tp4-kv2->dp2xtp2": Run(4, ["--src", "1,4", "--dst", "2,2", "--n_kv_heads", "2"]),
-    "dp2xtp2->tp4-kv2": Run(4, ["--src", "2,2", "--dst", "1,4", "--n_kv_heads", "2"]),
+    "tp4-kv2->dp2xtp2(+bf16)": Run(4, ["--src", "1,4", "--dst", "2,2", "--dst_dtype", "float32,bfloat16",
+                                       "--pack_below_bytes", "256", "--n_kv_heads", "2"]),
+    "dp2xtp2->tp4-kv2(+fp16)": Run(4, ["--src", "2,2", "--dst", "1,4", "--dst_dtype", "float32,float16",
+                                       "--pack_below_bytes", "256", "--n_kv_heads", "2"]),
     "pp2xtp2->dp2xtp2": Run(4, ["--src", "1,2,2", "--dst", "2,2", *STAGED]),
     "pp4->dp2xtp2-tied": Run(4, ["--src", "1,1,4", "--dst", "2,2", *STAGED, "--tied"]),
 }
@@ -181,23 +179,32 @@ def as_dtype_like_mindspore(values: np.ndarray, dtype: str) -> np.ndarray:
 
 
 # elements a rank sends per element of its destination shard of a split parameter: tp4 -> dp2 x tp2
-# gathers quarters to rebuild halves; dp2 x tp2 -> tp4 sums a zero-padded half within the tp pair
-SENT_PER_DST_ELEMENT = {"gather": 0.5, "reduce": 2}
+# gathers quarters to rebuild halves; dp2 x tp2 -> tp4 sums a zero-padded half within the tp pair. A kv head shared
+# by two tp4 ranks (2 kv heads) has a source group of two ranks (the module's docstring): either way they sum the
+# half one of them needs and the other holds, a zero-padded AllReduce of one destination shard.
+SENT_PER_DST_ELEMENT = {"gather": 0.5, "reduce": 2, "kv head shared by tp peers": 1}
 WIRE_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 4}  # CPU has no bfloat16 collectives
 
 
 @pytest.mark.msrun
 @waits_for(1)
-@pytest.mark.parametrize("run,dtypes,path", [("tp4->dp2xtp2(+bf16)", "float32,bfloat16", "gather"),
-                                             ("dp2xtp2->tp4(+fp16)", "float32,float16", "reduce")],
-                         ids=["tp4->dp2xtp2(+bf16)", "dp2xtp2->tp4(+fp16)"])
+@pytest.mark.parametrize("run,dtypes,path", [("tp4-kv2->dp2xtp2(+bf16)", "float32,bfloat16", "gather"),
+                                             ("dp2xtp2->tp4-kv2(+fp16)", "float32,float16", "reduce")],
+                         ids=["tp4-kv2->dp2xtp2(+bf16)", "dp2xtp2->tp4-kv2(+fp16)"])
 def test_online_reshard_4workers_equals_transform_checkpoints(runs, tmp_path, run, dtypes, path):
+    """2 kv heads at tp=4: each rank holds its query heads' kv head, shared with its tp neighbour; resharded to
+    and from dp2 x tp2 (one kv head per rank), into float32 and a narrower dtype, bit-equal with
+    `transform_checkpoints`, sending what the layouts say."""
     workers = 4
     out = runs(run)
     dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))
-    oracle_dir = transform_oracle(out, str(out / "src_strategy" / "strategy_0.ckpt"), dst_strategy, tmp_path)
+    src_strategy = out / "src_strategy" / "strategy_0.ckpt"
+    tp4_strategy = src_strategy if path == "gather" else dst_strategy  # the names without infer.
+    shared = {n for n, lay in read_strategy_file(str(tp4_strategy)).items() if len(lay.dev_matrix) == 3}
+    assert len(shared) == 8  # wk/wv weight and bias of 2 layers
+    oracle_dir = transform_oracle(out, str(src_strategy), dst_strategy, tmp_path)
     split = {n for n, lay in read_strategy_file(dst_strategy).items() if not lay.is_replicated}
-    assert split
+    assert split > shared
     for i, dtype in enumerate(dtypes.split(",")):
         for rank in range(workers):
             got = dict(np.load(out / (f"dst_rank_{rank}.npz" if i == 0 else f"dst_{dtype}_rank_{rank}.npz")))
@@ -211,33 +218,10 @@ def test_online_reshard_4workers_equals_transform_checkpoints(runs, tmp_path, ru
                 np.testing.assert_array_equal(got[name], want, err_msg=f"{dtype} rank {rank} {name}")
                 if dtype == "bfloat16" and fp32.size > 1:
                     assert not np.array_equal(got[name], fp32), f"{name} was not rounded to bfloat16"
-            want_sent = SENT_PER_DST_ELEMENT[path] * sum(expected[n].size for n in split) * WIRE_ITEMSIZE[dtype]
+            want_sent = sum(SENT_PER_DST_ELEMENT["kv head shared by tp peers" if n in shared else path]
+                            * expected[n].size for n in split) * WIRE_ITEMSIZE[dtype]
             assert int(got["__bytes_sent"]) == want_sent, f"rank {rank}"
             assert int(got["__buckets"]) > 1  # the 4 KiB bucket bound splits the move
-
-
-@pytest.mark.msrun
-@waits_for(1)
-@pytest.mark.parametrize("run,src", [("tp4-kv2->dp2xtp2", "1,4"), ("dp2xtp2->tp4-kv2", "2,2")],
-                         ids=["tp4-kv2->dp2xtp2", "dp2xtp2->tp4-kv2"])
-def test_online_reshard_of_kv_heads_shared_by_tp_peers(runs, tmp_path, run, src):
-    """2 kv heads at tp=4: each rank holds its query heads' kv head, shared with its tp neighbour; resharded to
-    and from dp2 x tp2 (one kv head per rank) bit-equal with `transform_checkpoints`."""
-    workers = 4
-    out = runs(run)
-    dst_strategy = rename_strategy(out / "dst_strategy_0.ckpt", "infer.", str(tmp_path / "dst_renamed.ckpt"))
-    src_strategy = out / "src_strategy" / "strategy_0.ckpt"
-    tp4_strategy = src_strategy if src == "1,4" else out / "dst_strategy_0.ckpt"
-    shared = {n for n, lay in read_strategy_file(str(tp4_strategy)).items() if len(lay.dev_matrix) == 3}
-    assert len(shared) == 8  # wk/wv weight and bias of 2 layers
-    oracle_dir = transform_oracle(out, str(src_strategy), dst_strategy, tmp_path)
-    for rank in range(workers):
-        got = dict(np.load(out / f"dst_rank_{rank}.npz"))
-        expected = oracle_tensors(oracle_dir, rank)
-        names = [k for k in got if not k.startswith("__")]
-        assert len(names) == len(expected) > 20
-        for name in names:
-            np.testing.assert_array_equal(got[name], expected[name[len("infer."):]], err_msg=f"rank {rank} {name}")
 
 
 @pytest.mark.msrun
