@@ -19,8 +19,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
   echo "[bootstrap] installing dependencies${EXTRA:+ ($EXTRA)} into $VENV"
   REQ="$ROOT/requirements.txt"
   [ "$EXTRA" = "test" ] && REQ="$ROOT/requirements-test.txt"
-  # --no-compile: byte-compiling every module of the wheels took ~40 of ~80 s; Python compiles what it imports
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile -r "$REQ"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile --no-deps -e "$ROOT"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -e "$ROOT"
   echo "$HASH" > "$STAMP"
 fi
