@@ -26,6 +26,19 @@ def tagged_processes(name: str, value: str) -> list:
     return found
 
 
+def rank_process(launcher_pid: int, script: str, rank: int):
+    """The process of msrun rank `rank` running `script` among the descendants of `launcher_pid`, or None yet."""
+    import psutil
+
+    for process in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            if any(script in part for part in process.cmdline()) and process.environ().get("MS_NODE_ID") == str(rank):
+                return process
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
 def described(process, width: int = 200) -> str:
     """'pid: command line' (cut to `width`), for a report."""
     return f"{process.pid}: {' '.join(process.info['cmdline'] or [])[:width]}"

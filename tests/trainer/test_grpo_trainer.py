@@ -21,6 +21,7 @@ from support.jobs import (
 )
 from support.metrics_doc import assert_documented
 from support.msrun import free_port, msrun_env, run_command
+from support.processes import rank_process
 from support.tolerances import assert_weights_close_after_adam
 
 from mindrlhf.parallel.host_setup import cores_of_rank
@@ -134,7 +135,6 @@ def test_a_killed_worker_ends_the_job_whose_last_checkpoint_resumes_exactly(stra
     import signal
 
     import mindspore as ms
-    import psutil
 
     from mindrlhf.checkpoint.step import complete_checkpoints, is_optimizer_state
     from mindrlhf.trainer.postmortem import first_failed_worker
@@ -147,13 +147,14 @@ def test_a_killed_worker_ends_the_job_whose_last_checkpoint_resumes_exactly(stra
     msrun_out = tmp_path / "msrun.out"
     with started_job(grpo_msrun_command(tmp_path / "logs", free_port(), args), msrun_out, msrun_env()) as job:
         deadline = time.time() + 600
+        victim = None
+        # the kill follows the second checkpoint at once: a step of this job takes ~1 s once its graphs are compiled
         while not (out / "checkpoints" / "step_000002" / "meta.json").is_file():
             assert job.poll() is None and time.time() < deadline, "the job ended before its second checkpoint"
-            time.sleep(0.5)
-        time.sleep(1.0)  # into step 3
-        workers = [p for p in psutil.Process(job.pid).children(recursive=True)
-                   if any("grpo_one_stage.py" in part for part in p.cmdline())]
-        victim = next(p for p in workers if p.environ().get("MS_NODE_ID") == "1")
+            victim = victim or rank_process(job.pid, "grpo_one_stage.py", 1)
+            time.sleep(0.05)
+        victim = victim or rank_process(job.pid, "grpo_one_stage.py", 1)
+        assert victim is not None, "no rank 1 process found"
         killed_at = time.time()
         victim.send_signal(signal.SIGKILL)
         job.wait(timeout=120)
