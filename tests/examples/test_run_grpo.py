@@ -231,15 +231,26 @@ def _bundled_policy():
 ONE_WIDTH = ["--response_buckets", "1"]
 
 
-def test_ppo_run_learns_with_a_critic(tmp_path):
+def ppo_env(out, **extra) -> dict:
+    """The environment of an `ALGORITHM=ppo bash run_grpo.sh` launch into `out`."""
+    return dict(os.environ, ALGORITHM="ppo", OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3", **extra)
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory):
+    """`ALGORITHM=ppo bash run_grpo.sh`, STEPS steps with a checkpoint at step SAVED: its OUTPUT."""
+    out = tmp_path_factory.mktemp("ppo") / "ppo"
+    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0", "--save_interval",
+                        str(SAVED), *ONE_WIDTH], ppo_env(out), timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_ppo_run_learns_with_a_critic(ppo_run):
     """`ALGORITHM=ppo bash run_grpo.sh`: the same job with GAE advantages from a critic (tensor parallel over the
     2 ranks, started from the policy with a zero head); the held-out accuracy rises and the critic's values
     follow the returns."""
-    out = tmp_path / "ppo"
-    env = dict(os.environ, ALGORITHM="ppo", OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3")
-    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0", *ONE_WIDTH], env,
-                       timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = ppo_run
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0]
     assert len(steps) == STEPS
@@ -253,3 +264,22 @@ def test_ppo_run_learns_with_a_critic(tmp_path):
     # a baseline: the critic's mean value tracks the mean return (within the spread of the rewards)
     assert np.mean([abs(r["critic/values/mean"] - r["critic/returns/mean"]) for r in late]) < 0.3
     assert all(r["critic/updates"] == 4 for r in steps)
+
+
+def test_a_resumed_ppo_run_continues_exactly(ppo_run, tmp_path):
+    """The shipped PPO job (ppo.yaml over grpo.yaml: the critic at tp=2 with its own AdamW, the actor dp=2)
+    resumed from its step-5 checkpoint gives its step 6, every metric bit for bit: the critic's weights and
+    moments come back with the actor's."""
+    from support.jobs import without_timing
+
+    out = tmp_path / "ppo"
+    saved = f"step_{SAVED:06d}"
+    shutil.copytree(ppo_run / "checkpoints" / saved, out / "checkpoints" / saved)
+    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(SAVED + 1), "--eval_interval", "0", *ONE_WIDTH,
+                        "--resume"], ppo_env(out, EVAL_DATA=""), timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (out / "msrun_log" / "worker_0.log").read_text(errors="replace")
+    assert f"resumed from {out / 'checkpoints' / saved} (step {SAVED})" in log
+    expected = without_timing(metrics_of_step(ppo_run / "metrics.jsonl", SAVED + 1))
+    assert expected["critic/vf_loss"] > 0 and expected["actor/ppo_kl"] != 0.0
+    assert without_timing(metrics_of_step(out / "metrics.jsonl", SAVED + 1)) == expected
