@@ -3,6 +3,7 @@ and the next finite update is the one a run without the bad batch would take."""
 import mindspore as ms
 import numpy as np
 import pytest
+from mindspore import ops
 from support.configs import tiny_qwen2_config
 
 from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
@@ -30,36 +31,51 @@ def arrays(poison=None):
     return [prompt, np.ones_like(prompt), response, mask, old, ref, advantages, weights]
 
 
-def state(net, optimizer):
-    return {p.name: p.asnumpy().copy() for p in list(net.trainable_params()) + list(optimizer.get_parameters())}
+def parameters(net, optimizer) -> dict:
+    """Every Parameter of the step by name: the weights, the AdamW moments, its step count and learning rate."""
+    return {p.name: p for p in list(net.trainable_params()) + list(optimizer.get_parameters())}
 
 
-def make_step():
+def state(params: dict) -> dict:
+    return {name: p.asnumpy().copy() for name, p in params.items()}
+
+
+def restore(params: dict, saved: dict) -> None:
+    """Puts `saved` back in place (the compiled step reads these Parameters; `set_data` would give them new
+    tensors)."""
+    for name, p in params.items():
+        ops.assign(p, ms.Tensor(saved[name]))
+
+
+@pytest.mark.parametrize("micro", [4, 2])  # the fused one-call step and gradient accumulation
+def test_a_non_finite_batch_changes_nothing_and_the_next_update_is_unaffected(micro, graph_mode):
+    """One compiled step runs the clean sequence and, from the same start, each poisoned one (NaN, then inf)."""
     net = Qwen2ForCausalLM(tiny_qwen2_config(**ONE_LAYER))
     init_random_weights(net, seed=1)
     optimizer = AdamW(net.trainable_params(), learning_rate=1e-2)
     step = MicroBatchedTrainStep(GRPOLossNet(net, GRPOLossCell(beta=0.04)), optimizer, grad_reduction="sum",
                                  max_grad_norm=1.0)
-    return net, optimizer, step
+    params = parameters(net, optimizer)
+    start = state(params)
 
-
-@pytest.mark.parametrize("micro", [4, 2])  # the fused one-call step and gradient accumulation
-@pytest.mark.parametrize("poison", [np.nan, np.inf])
-def test_a_non_finite_batch_changes_nothing_and_the_next_update_is_unaffected(micro, poison, graph_mode):
     def run(batch_list):
-        net, optimizer, step = make_step()
+        restore(params, start)
         norms = []
         for batch in batch_list:
-            before = state(net, optimizer)
+            before = state(params)
             norms.append(step([[ms.Tensor(a[i:i + micro]) for a in batch] for i in range(0, 4, micro)])[1])
             if not np.isfinite(norms[-1]):
-                after = state(net, optimizer)
+                after = state(params)
                 assert all(np.array_equal(after[k], before[k], equal_nan=True) for k in before), "skip changed state"
-        return norms, state(net, optimizer)
+        return norms, state(params)
 
-    skipped_norms, skipped = run([arrays(), arrays(poison), arrays()])
     clean_norms, clean = run([arrays(), arrays()])
-    assert not np.isfinite(skipped_norms[1]) and all(np.isfinite(clean_norms))
-    assert skipped["adam_step"] == clean["adam_step"] == 2.0  # the bad batch did not count as an update
-    for name, value in clean.items():
-        np.testing.assert_array_equal(skipped[name], value, err_msg=name)
+    assert all(np.isfinite(clean_norms)) and clean["adam_step"] == 2.0
+    assert any(not np.array_equal(clean[k], start[k]) for k in start if k.startswith("model."))  # it learned
+    for poison in (np.nan, np.inf):
+        skipped_norms, skipped = run([arrays(), arrays(poison), arrays()])
+        assert not np.isfinite(skipped_norms[1]), poison
+        assert skipped["adam_step"] == 2.0  # the bad batch did not count as an update
+        assert skipped_norms[0] == clean_norms[0] and skipped_norms[2] == clean_norms[1], poison
+        for name, value in clean.items():
+            np.testing.assert_array_equal(skipped[name], value, err_msg=f"{poison}: {name}")
