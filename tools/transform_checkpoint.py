@@ -59,7 +59,7 @@ from mindrlhf.parallel.strategy import (
     world_size_of,
     write_strategy_file,
 )
-from mindrlhf.utils.checkpoint_file import write_checkpoint
+from mindrlhf.utils.checkpoint_file import read_checkpoint, write_checkpoint
 
 _LISTED = 20
 
@@ -204,9 +204,8 @@ def rank_checkpoints(src_dir: str, world_size: int, strategy_file: str) -> dict[
 
 def check_checkpoint_matches(ckpt_file: str, layouts: dict[str, ParamLayout], strategy_file: str) -> list[str]:
     """Errors if strategy parameters are absent or of another rank; returns checkpoint-only names."""
-    import mindspore as ms
 
-    shapes = {name: tuple(param.shape) for name, param in ms.load_checkpoint(ckpt_file).items()}
+    shapes = {name: tuple(param.shape) for name, param in read_checkpoint(ckpt_file).items()}
     absent = sorted(set(layouts) - set(shapes))
     if absent:
         raise TransformError(f"{strategy_file} names parameters missing from {ckpt_file}: {_listing(absent)}")
@@ -245,10 +244,9 @@ def _warn_copied(names: list[str], where: str) -> None:
 # ---------------------------------------------------------------- a whole checkpoint into shards
 def read_whole_checkpoint(path: str) -> dict:
     """name -> numpy array of a whole `.ckpt`, in the file's order; an error names the file."""
-    import mindspore as ms
 
     try:
-        params = ms.load_checkpoint(path)
+        params = read_checkpoint(path)
     except (RuntimeError, ValueError) as err:
         raise TransformError(f"--src_checkpoint {path}: not a readable MindSpore checkpoint "
                              f"({str(err).splitlines()[0]})") from None

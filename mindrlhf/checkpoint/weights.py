@@ -25,6 +25,7 @@ from mindrlhf.checkpoint.step import (
     rank_dir,
 )
 from mindrlhf.configs.base import ConfigError
+from mindrlhf.utils.checkpoint_file import read_checkpoint
 
 VALUE_HEAD = "score.weight"
 VALUE_HEAD_BIAS = "score.bias"
@@ -35,7 +36,6 @@ def read_weights(path: str, net: str = "actor") -> dict:
     the actor's or the critic's rank shards merged through its strategy file, names without the net's prefix) or of
     a folder of per-rank shards with its `strategy.ckpt` (merged through it); optimizer entries are dropped. Errors
     name the file."""
-    import mindspore as ms
 
     if is_shard_folder(path):
         state = merge_shard_folder(path)
@@ -45,7 +45,7 @@ def read_weights(path: str, net: str = "actor") -> dict:
         raise not_a_checkpoint_folder(path)
     elif os.path.isfile(path):
         try:
-            state = {name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()}
+            state = {name: p.asnumpy() for name, p in read_checkpoint(path).items()}
         except (RuntimeError, ValueError) as err:
             raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") \
                 from None
@@ -59,7 +59,6 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
     """The full weights (name -> numpy array) of one net of a trainer checkpoint folder (`STEP_NETS`): every
     rank's file merged through the net's strategy file, the net's name prefix removed; optimizer entries are
     dropped."""
-    import mindspore as ms
 
     from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
 
@@ -75,7 +74,7 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
             path = os.path.join(rank_dir(step_dir, rank), rank_file)
             if not os.path.isfile(path):
                 raise CheckpointError(f"{path}: missing ({strategy_path} describes {world} ranks)")
-            shards.append({name: p.asnumpy() for name, p in ms.load_checkpoint(path).items()
+            shards.append({name: p.asnumpy() for name, p in read_checkpoint(path).items()
                            if not is_optimizer_state(name)})
         merged = merge_shards(shards, layouts, step_dir, stages)
         return {name[len(prefix):] if name.startswith(prefix) else name: value for name, value in merged.items()}
@@ -137,10 +136,9 @@ def with_zero_value_head(state: dict, hidden_size: int, bias: bool) -> dict:
 def load_rank_params(params, path: str) -> None:
     """Sets `params` from this rank's checkpoint file `path` (a trainer step's), names as they are (net prefix,
     optimizer state); every one must be there with its shape. Nothing is set unless all are."""
-    import mindspore as ms
 
     try:
-        state = ms.load_checkpoint(path)
+        state = read_checkpoint(path)
     except (RuntimeError, ValueError) as err:
         raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") from None
     pairs, problems = match_params(params, state)

@@ -31,7 +31,7 @@ from mindrlhf.configs.base import ConfigError
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.models.qwen2.names import hf_to_ms_name, ms_to_hf_name
 from mindrlhf.utils.atomic import atomic_output
-from mindrlhf.utils.checkpoint_file import write_checkpoint
+from mindrlhf.utils.checkpoint_file import read_checkpoint, write_checkpoint
 
 
 class ConversionError(ValueError):
@@ -495,7 +495,7 @@ def read_ms_checkpoint(ckpt_path: str | os.PathLike) -> dict[str, np.ndarray]:
     if not os.path.isfile(ckpt_path):
         raise ConversionError(f"{ckpt_path}: MindSpore checkpoint not found")
     try:
-        params = ms.load_checkpoint(ckpt_path)
+        params = read_checkpoint(ckpt_path)
     except Exception as err:  # MindSpore raises ValueError/RuntimeError for corrupt files
         raise ConversionError(f"{ckpt_path}: cannot read MindSpore checkpoint: {err}") from None
     return {name: p.asnumpy() for name, p in params.items()}
