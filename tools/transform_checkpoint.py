@@ -204,7 +204,6 @@ def rank_checkpoints(src_dir: str, world_size: int, strategy_file: str) -> dict[
 
 def check_checkpoint_matches(ckpt_file: str, layouts: dict[str, ParamLayout], strategy_file: str) -> list[str]:
     """Errors if strategy parameters are absent or of another rank; returns checkpoint-only names."""
-
     shapes = {name: tuple(param.shape) for name, param in read_checkpoint(ckpt_file).items()}
     absent = sorted(set(layouts) - set(shapes))
     if absent:
@@ -244,7 +243,6 @@ def _warn_copied(names: list[str], where: str) -> None:
 # ---------------------------------------------------------------- a whole checkpoint into shards
 def read_whole_checkpoint(path: str) -> dict:
     """name -> numpy array of a whole `.ckpt`, in the file's order; an error names the file."""
-
     try:
         params = read_checkpoint(path)
     except (RuntimeError, ValueError) as err:

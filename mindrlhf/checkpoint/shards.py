@@ -56,7 +56,6 @@ def not_a_checkpoint_folder(folder: str) -> CheckpointError:
 
 def read_shard(path: str) -> dict:
     """name -> numpy array of one rank's checkpoint file, names without a net prefix, optimizer entries dropped."""
-
     try:
         params = read_checkpoint(path)
     except (RuntimeError, ValueError) as err:

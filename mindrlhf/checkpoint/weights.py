@@ -36,7 +36,6 @@ def read_weights(path: str, net: str = "actor") -> dict:
     the actor's or the critic's rank shards merged through its strategy file, names without the net's prefix) or of
     a folder of per-rank shards with its `strategy.ckpt` (merged through it); optimizer entries are dropped. Errors
     name the file."""
-
     if is_shard_folder(path):
         state = merge_shard_folder(path)
     elif is_step_folder(path):
@@ -59,7 +58,6 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
     """The full weights (name -> numpy array) of one net of a trainer checkpoint folder (`STEP_NETS`): every
     rank's file merged through the net's strategy file, the net's name prefix removed; optimizer entries are
     dropped."""
-
     from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
 
     rank_file, strategy_file, prefix = STEP_NETS[net]
@@ -136,7 +134,6 @@ def with_zero_value_head(state: dict, hidden_size: int, bias: bool) -> dict:
 def load_rank_params(params, path: str) -> None:
     """Sets `params` from this rank's checkpoint file `path` (a trainer step's), names as they are (net prefix,
     optimizer state); every one must be there with its shape. Nothing is set unless all are."""
-
     try:
         state = read_checkpoint(path)
     except (RuntimeError, ValueError) as err:
