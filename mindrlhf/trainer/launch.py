@@ -108,6 +108,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         tokenizer = load_job_tokenizer(job)
         if job.check_flags:
             JobPlan.build(config, job, tokenizer, yaml_world_size(job), 0)
+            check_write_targets(job)
             return 0
     except (ConfigError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

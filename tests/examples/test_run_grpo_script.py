@@ -55,12 +55,17 @@ def test_run_grpo_fails_at_once_when_the_master_port_is_taken(tmp_path):
 
 
 def test_bad_flags_and_values_stop_the_script_before_the_conversions(tmp_path):
-    """grpo_one_stage.py --check_flags runs before the policy and the prompts are converted: an unknown flag and a
-    value the config refuses each end the script with exit 2 and the job's one line, and nothing converted."""
+    """grpo_one_stage.py --check_flags runs before the policy and the prompts are converted: an unknown flag, a
+    value the config refuses and a checkpoint folder that cannot be written each end the script with exit 2 and the
+    job's one line (no msrun), and nothing converted."""
     port = str(free_port_near("127.0.0.1", 20200))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
     cases = {"unknown": (["--nosuch_flag", "1"], "grpo_one_stage.py: error: unrecognized arguments: --nosuch_flag 1"),
              "refused": (["--num_generations", "0"], "error: command line: generation: generation.num_generations "
-                                                     "must be an integer >= 1, got 0")}
+                                                     "must be an integer >= 1, got 0"),
+             "unwritable": (["--save_ckpt_dir", str(blocker / "ckpt")],
+                            f"error: {blocker / 'ckpt'}: --save_ckpt_dir cannot be written (Not a directory)")}
     for name, (flags, message) in cases.items():
         out = tmp_path / name
         proc = run_script({"OUTPUT": str(out), "MASTER_PORT": port}, *flags)
