@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from mindrlhf.data.answers import extract_gold_answer
-from mindrlhf.data.sources import DataError, is_parquet, list_input_files, location, read_records
+from mindrlhf.data.sources import CHOOSE_KEYS, DataError, is_parquet, list_input_files, location, read_records
 from mindrlhf.data.templates import TEMPLATE_NAMES, build_prompt
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def _check_record(record: object, prompt_key: str, answer_key: str, numeric_answ
     values = []
     for key in (prompt_key, answer_key):
         if key not in record:
-            raise ValueError(f"missing key {key!r} (keys present: {sorted(record)})")
+            raise ValueError(f"missing key {key!r} (keys present: {sorted(record)}); {CHOOSE_KEYS}")
         value = record[key]
         if not isinstance(value, str):
             raise ValueError(f"{key!r} must be a string, got {type(value).__name__}")

@@ -14,6 +14,9 @@ import json
 import os
 from collections.abc import Iterator, Sequence
 
+# what a message about the data's field names advises, in the tool's and in run_grpo.sh's terms
+CHOOSE_KEYS = "choose them with --prompt_key / --answer_key (run_grpo.sh: PROMPT_KEY / ANSWER_KEY)"
+
 INPUT_EXTENSIONS = (".json", ".jsonl", ".parquet")
 PYARROW_REQUIREMENT = "pyarrow==25.0.1"
 PARQUET_BATCH_ROWS = 1024
@@ -166,8 +169,7 @@ def _parquet_rows(path: str, required_columns: Sequence[str]) -> Iterator[tuple[
     if missing:
         parquet.close()
         raise DataError(f"{path}: no column {', '.join(repr(name) for name in missing)} (columns present: "
-                        f"{columns}); choose them with --prompt_key / --answer_key (run_grpo.sh: PROMPT_KEY / "
-                        "ANSWER_KEY)")
+                        f"{columns}); {CHOOSE_KEYS}")
 
     def rows() -> Iterator[tuple[int, object]]:
         row = 0

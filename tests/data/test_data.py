@@ -209,7 +209,8 @@ def test_long_prompts_are_dropped_not_truncated(tmp_path, tokenizer):
 BAD_LINES = [
     (PROBLEMS[0], None),
     ("{not json", "invalid JSON"),
-    ({"prompt": "x", "answer": "#### 1"}, "missing key 'question'"),
+    ({"prompt": "x", "answer": "#### 1"}, "missing key 'question' (keys present: ['answer', 'prompt']); choose them "
+                                           "with --prompt_key / --answer_key (run_grpo.sh: PROMPT_KEY / ANSWER_KEY)"),
     ({"question": 5, "answer": "#### 5"}, "'question' must be a string, got int"),
     ({"question": "q", "answer": ["#### 5"]}, "'answer' must be a string, got list"),
     ('["a list"]', "expected a JSON object, got list"),
