@@ -27,6 +27,7 @@ import numpy as np
 
 from mindrlhf.checkpoint.step import (
     RANK_STATE,
+    CheckpointError,
     CheckpointWriter,
     check_resumable,
     find_resume_checkpoint,
@@ -201,10 +202,24 @@ class RLTrainer:
         check_resumable(step_dir, meta, self.world_size, self._layouts_meta(), self.config.to_dict(),
                         [*rank_files, RANK_STATE])
         folder = rank_dir(step_dir, self.rank)
-        for name, params in rank_files.items():
-            load_rank_params(params, os.path.join(folder, name))
-        with open(os.path.join(folder, RANK_STATE), encoding="utf-8") as f:
-            state = json.load(f)
+        failure = None
+        try:
+            for name, params in rank_files.items():
+                load_rank_params(params, os.path.join(folder, name))
+            with open(os.path.join(folder, RANK_STATE), encoding="utf-8") as f:
+                state = json.load(f)
+        except (OSError, ValueError) as err:  # CheckpointError is a ValueError
+            failure = err if isinstance(err, CheckpointError) else \
+                CheckpointError(f"{folder}: not readable ({err})")
+        # every rank reads its own files: the ranks agree on the outcome before going on, so that one rank's damaged
+        # file ends every rank here at once (a rank that went on would wait in the first step's collectives for a
+        # peer that is gone, and MindSpore's scheduler would wait out its heartbeat)
+        failed = int(self.comm.world_sum(np.array([failure is not None], np.float32))[0])
+        if failure is not None:
+            raise failure
+        if failed:
+            raise CheckpointError(f"{step_dir}: {failed} other rank(s) could not read their files of this checkpoint "
+                                  "(their logs name them)")
         for role in self.roles:
             role.load_rank_state(state)
         self.dataset.load_state_dict(meta["data"])
