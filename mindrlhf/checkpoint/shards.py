@@ -21,8 +21,7 @@ import logging
 import os
 import re
 
-from mindrlhf.checkpoint.step import CheckpointError, is_optimizer_state, is_step_folder, plain_name
-from mindrlhf.utils.checkpoint_file import read_checkpoint
+from mindrlhf.checkpoint.step import CheckpointError, is_optimizer_state, is_step_folder, plain_name, read_parameters
 
 SHARD_STRATEGY = "strategy.ckpt"
 RANK_DIR = re.compile(r"^rank_(\d+)$")  # a rank folder of a shard folder
@@ -56,10 +55,7 @@ def not_a_checkpoint_folder(folder: str) -> CheckpointError:
 
 def read_shard(path: str) -> dict:
     """name -> numpy array of one rank's checkpoint file, names without a net prefix, optimizer entries dropped."""
-    try:
-        params = read_checkpoint(path)
-    except (RuntimeError, ValueError) as err:
-        raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") from None
+    params = read_parameters(path)
     return {plain_name(name): param.asnumpy() for name, param in params.items() if not is_optimizer_state(name)}
 
 

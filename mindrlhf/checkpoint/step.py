@@ -27,7 +27,7 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from mindrlhf.utils.checkpoint_file import write_checkpoint
+from mindrlhf.utils.checkpoint_file import read_checkpoint, write_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,15 @@ def rank_dir(step_dir: str, rank: int) -> str:
 def save_parameters(params: Iterable, path: str) -> None:
     """Writes parameters as a MindSpore `.ckpt` under their names (`write_checkpoint`: streamed, atomic)."""
     write_checkpoint(((param.name, param) for param in params), path)
+
+
+def read_parameters(path: str) -> dict:
+    """name -> Parameter of a MindSpore `.ckpt` (`read_checkpoint`); a file MindSpore cannot read is a
+    CheckpointError naming it."""
+    try:
+        return read_checkpoint(path)
+    except (RuntimeError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") from None
 
 
 @dataclass

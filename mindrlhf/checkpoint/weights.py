@@ -23,6 +23,7 @@ from mindrlhf.checkpoint.step import (
     is_step_folder,
     plain_name,
     rank_dir,
+    read_parameters,
 )
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.utils.checkpoint_file import read_checkpoint
@@ -43,11 +44,7 @@ def read_weights(path: str, net: str = "actor") -> dict:
     elif os.path.isdir(path):
         raise not_a_checkpoint_folder(path)
     elif os.path.isfile(path):
-        try:
-            state = {name: p.asnumpy() for name, p in read_checkpoint(path).items()}
-        except (RuntimeError, ValueError) as err:
-            raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") \
-                from None
+        state = {name: p.asnumpy() for name, p in read_parameters(path).items()}
     else:
         raise CheckpointError(f"{path}: checkpoint not found (expected a .ckpt file, a trainer step folder or a "
                               "folder of rank_<r>/*.ckpt shards)")
@@ -134,10 +131,7 @@ def with_zero_value_head(state: dict, hidden_size: int, bias: bool) -> dict:
 def load_rank_params(params, path: str) -> None:
     """Sets `params` from this rank's checkpoint file `path` (a trainer step's), names as they are (net prefix,
     optimizer state); every one must be there with its shape. Nothing is set unless all are."""
-    try:
-        state = read_checkpoint(path)
-    except (RuntimeError, ValueError) as err:
-        raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") from None
+    state = read_parameters(path)
     pairs, problems = match_params(params, state)
     if problems:
         # moments sharded over dp are flat slices (`mindrlhf.optim.ShardedAdamW`), whole ones are not
