@@ -51,10 +51,9 @@ MY_REWARDS, REWARD_FLAGS = readme_reward_example()
 STRAIGHT_FLAGS = ["--steps", str(STEPS), "--eval_interval", "0", *REWARD_FLAGS]
 
 
-def job_env(out, rewards, **extra) -> dict:
-    """The environment of a run_grpo.sh launch into `out` with the README's reward module on PYTHONPATH."""
-    return dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3", PYTHONPATH=str(rewards),
-                **extra)
+def job_env(out, **extra) -> dict:
+    """The environment of a run_grpo.sh launch into `out` (a free port, MindSpore's errors only), with `extra`."""
+    return dict(os.environ, OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3", **extra)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +62,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("grpo") / "out"
     rewards = tmp_path_factory.mktemp("my_rewards")
     (rewards / "my_rewards.py").write_text(MY_REWARDS)
-    env = job_env(out, rewards)
+    env = job_env(out, PYTHONPATH=str(rewards))
     proc = run_command(["bash", str(RUN_GRPO), *STRAIGHT_FLAGS, "--save_interval", str(SAVED)], env,
                        timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -121,7 +120,7 @@ def test_a_resumed_job_continues_exactly_and_a_signal_stops_the_whole_job(run, t
     checkpoints.mkdir(parents=True)
     saved, resumed = f"step_{SAVED:06d}", SAVED + 1
     shutil.copytree(straight_out / "checkpoints" / saved, checkpoints / saved)
-    env = job_env(out, rewards, EVAL_DATA="")
+    env = job_env(out, PYTHONPATH=str(rewards), EVAL_DATA="")
     cmd = ["bash", RUN_GRPO, *STRAIGHT_FLAGS, "--save_interval", "1", "--keep_last", "3", "--resume"]
     code, output, took = stop_when(cmd, env, tmp_path / "first.out",
                                    lambda: len(complete_checkpoints(str(checkpoints))) > 1
@@ -231,17 +230,12 @@ def _bundled_policy():
 ONE_WIDTH = ["--response_buckets", "1"]
 
 
-def ppo_env(out, **extra) -> dict:
-    """The environment of an `ALGORITHM=ppo bash run_grpo.sh` launch into `out`."""
-    return dict(os.environ, ALGORITHM="ppo", OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3", **extra)
-
-
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory):
     """`ALGORITHM=ppo bash run_grpo.sh`, STEPS steps with a checkpoint at step SAVED: its OUTPUT."""
     out = tmp_path_factory.mktemp("ppo") / "ppo"
     proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0", "--save_interval",
-                        str(SAVED), *ONE_WIDTH], ppo_env(out), timeout=1200)
+                        str(SAVED), *ONE_WIDTH], job_env(out, ALGORITHM="ppo"), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -276,7 +270,7 @@ def test_a_resumed_ppo_run_continues_exactly(ppo_run, tmp_path):
     saved = f"step_{SAVED:06d}"
     shutil.copytree(ppo_run / "checkpoints" / saved, out / "checkpoints" / saved)
     proc = run_command(["bash", str(RUN_GRPO), "--steps", str(SAVED + 1), "--eval_interval", "0", *ONE_WIDTH,
-                        "--resume"], ppo_env(out, EVAL_DATA=""), timeout=1200)
+                        "--resume"], job_env(out, ALGORITHM="ppo", EVAL_DATA=""), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (out / "msrun_log" / "worker_0.log").read_text(errors="replace")
     assert f"resumed from {out / 'checkpoints' / saved} (step {SAVED})" in log
