@@ -140,13 +140,14 @@ stop_the_job() {
   exit $((128 + $2))
 }
 status=0
-setsid --wait "${MSRUN[@]}" > >(tee "$NODE_DIR/msrun.out") 2>&1 &
+# the console leaves out msrun's own traceback and MindSpore's INFO lines at exit; msrun.out keeps all
+setsid --wait "${MSRUN[@]}" > >(tee -i "$NODE_DIR/msrun.out" | "$PY" -m mindrlhf.trainer.postmortem --console) 2>&1 &
 JOB_PID=$!
 trap 'stop_the_job INT 2' INT
 trap 'stop_the_job TERM 15' TERM
 trap 'stop_the_job HUP 1' HUP
 wait "$JOB_PID" || status=$?
-wait || true  # tee, to its last line
+wait || true  # tee and the console, to their last line
 trap - INT TERM HUP
 [ -f "$OUTPUT/progress.png" ] && echo "plot: $OUTPUT/progress.png  metrics: $OUTPUT/metrics.jsonl  TensorBoard: $OUTPUT/tensorboard"
 grep -h -o "held-out accuracy: before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true

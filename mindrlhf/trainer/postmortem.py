@@ -6,7 +6,13 @@ msrun killed, not the one that died. Each worker logs its pid at start-up (`run_
 maps back to a rank and its log file. A rank that crashes after every rank logged its successful end
 (`launch.FINISHED`) is named as such: the job's work is complete.
 
+The console shows msrun's output without what repeats the workers' own words in a less useful form: msrun's own
+Python traceback ending in `RuntimeError: Distributed job exited with exception` (the failure is the workers'
+`error:` lines and the rank named here), and MindSpore's INFO lines that its network threads print at exit
+whatever `GLOG_v` says. `msrun.out` keeps everything.
+
     python -m mindrlhf.trainer.postmortem MSRUN_OUTPUT LOG_DIR
+    msrun ... | python -m mindrlhf.trainer.postmortem --console
 """
 from __future__ import annotations
 
@@ -15,10 +21,15 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Iterable, Iterator
 
 WORKER_EXIT = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
 WORKER_PID = re.compile(r"\[rank (\d+)\] .*started as pid (\d+)")
 RANK_FINISHED = re.compile(r"rank (\d+) finished with exit (-?\d+)")  # launch.FINISHED
+MINDSPORE_INFO = re.compile(r"^\[(INFO|DEBUG)\] [A-Z_]+\(\d+,")
+TRACEBACK = "Traceback (most recent call last):"
+MSRUN_FRAME = re.compile(r'^  File ".*[/\\]msrun", line \d+')
+MSRUN_FAILED = "RuntimeError: Distributed job exited with exception"
 
 
 def describe_exit_code(code: int) -> str:
@@ -51,6 +62,30 @@ def first_failed_worker(msrun_output: str, log_dir: str) -> str | None:
     return None  # it failed before logging its pid (a bad flag or config: its `error:` line says why)
 
 
+def console_lines(lines: Iterable[str]) -> Iterator[str]:
+    """msrun's output as the console shows it: msrun's own traceback (first frame in `msrun`, last line
+    `MSRUN_FAILED`) and MindSpore's INFO lines left out, every other line passed on as it comes."""
+    held: list[str] = []  # a traceback not yet known to be msrun's own or another's
+    for line in lines:
+        if held:
+            if len(held) == 1 and not MSRUN_FRAME.match(line):
+                yield held.pop()  # another program's traceback: shown whole, as it comes
+            elif line.startswith((" ", "\t")):
+                held.append(line)
+                continue
+            else:
+                if line.startswith(MSRUN_FAILED):
+                    held = []
+                    continue
+                yield from held  # msrun failed otherwise: its traceback is the news
+                held = []
+        if line.rstrip("\n") == TRACEBACK:
+            held = [line]
+        elif not MINDSPORE_INFO.match(line):
+            yield line
+    yield from held
+
+
 def _read(path: str) -> str:
     with open(path, errors="replace") as f:
         return f.read()
@@ -64,8 +99,14 @@ def _every_rank_succeeded(log_texts) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--console"]:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the job; the console shows its last lines
+        for line in console_lines(iter(sys.stdin.readline, "")):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        return 0
     if len(argv) != 2:
-        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        print("\n".join(line.strip() for line in __doc__.strip().splitlines()[-2:]), file=sys.stderr)
         return 2
     with open(argv[0], errors="replace") as f:
         report = first_failed_worker(f.read(), argv[1])

@@ -149,6 +149,34 @@ def test_a_resumed_job_continues_exactly_and_a_signal_stops_the_whole_job(run, t
     assert f"step {resumed}/{STEPS}" in next(out.glob("msrun.out.*")).read_text(errors="replace")
 
 
+def test_a_checkpoint_damaged_on_one_rank_ends_the_job_at_once_in_its_own_words(run, tmp_path):
+    """The straight run's first checkpoint with rank 1's file cut short, resumed through run_grpo.sh: rank 1 cannot
+    read it, rank 0 can; the ranks agree on the outcome after reading, so both leave at once, each with one line
+    (without the agreement rank 0 went on into the first step's collectives and the job ended in MindSpore's
+    scheduler's heartbeat timeout, with a C++ stack). The console shows the workers' lines and the closing summary,
+    not msrun's own traceback or MindSpore's INFO lines at exit (msrun.out keeps them)."""
+    straight_out, _, _, rewards = run
+    out = tmp_path / "out"
+    step = out / "checkpoints" / f"step_{SAVED:06d}"
+    shutil.copytree(straight_out / "checkpoints" / step.name, step)
+    damaged = step / "rank_1" / "train.ckpt"
+    with open(damaged, "r+b") as f:
+        f.truncate(1000)
+    proc = run_command(["bash", RUN_GRPO, *STRAIGHT_FLAGS, "--resume"],
+                       job_env(out, PYTHONPATH=str(rewards), EVAL_DATA=""), timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = proc.stderr[proc.stderr.index("run_grpo.sh: the job failed (exit 1)"):]
+    assert f"error: {damaged}: not a readable MindSpore checkpoint" in summary, summary
+    assert f"error: {step}: 1 other rank(s) could not read their files of this checkpoint" in summary, summary
+    console = proc.stdout + proc.stderr
+    for noise in ("Traceback", "C++ Call Stack", "[INFO] DISTRIBUTED"):
+        assert noise not in console, console[-3000:]
+    msrun_out = (out / "msrun.out").read_text(errors="replace")
+    assert "RuntimeError: Distributed job exited with exception" in msrun_out, msrun_out[-3000:]
+    scheduler = (out / "msrun_log" / "scheduler.log").read_text(errors="replace")
+    assert "timed out" not in scheduler and "abnormal" not in scheduler, scheduler[-3000:]
+
+
 def test_default_run_learns_and_ends_with_the_accuracy_line(run):
     out, stdout, run_port, _ = run
     last = stdout.strip().splitlines()[-1]

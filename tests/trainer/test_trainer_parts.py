@@ -3,6 +3,8 @@ import json
 import logging
 import os
 import resource
+import subprocess
+import sys
 
 import mindspore as ms
 import numpy as np
@@ -409,6 +411,57 @@ def test_postmortem_maps_the_pid_msrun_saw_fail_first_to_its_rank(tmp_path):
     assert first_failed_worker("All workers successfully exit!", str(tmp_path)) is None
     (tmp_path / "msrun.out").write_text(msrun_output)
     assert main([str(tmp_path / "msrun.out"), str(tmp_path)]) == 0
+
+
+MSRUN_TRACEBACK = """Traceback (most recent call last):
+  File "/venv/bin/msrun", line 8, in <module>
+    sys.exit(main())
+             ^^^^^^
+  File "/venv/lib/python3.11/site-packages/mindspore/parallel/cluster/process_entity/_api.py", line 389, in join
+    raise RuntimeError("Distributed job exited with exception. Please check logs in "
+"""
+
+
+def test_the_console_leaves_out_msruns_own_traceback_and_mindspores_info_lines():
+    from mindrlhf.trainer.postmortem import console_lines
+
+    worker_traceback = ('Traceback (most recent call last):\n  File "/job/grpo_one_stage.py", line 3, in <module>\n'
+                        "    main()\nValueError: bad\n")
+    output = ("12:00:00 [rank 0] INFO mindrlhf.trainer: step 1/2\n"
+              "[INFO] DISTRIBUTED(5354,7ff2e77fe6c0,python):2026-11-28 [tcp_client.cc:367] Start] Event base "
+              "dispatch success!\n"
+              + worker_traceback +
+              "[ERROR] ME(5345:1,MainProcess):2026 [_api.py:365] Worker process 5352 exit with exception. Error "
+              "code: 2.\n"
+              + MSRUN_TRACEBACK +
+              "RuntimeError: Distributed job exited with exception. Please check logs in directory: /o/msrun_log.\n"
+              "run_grpo.sh: the job failed (exit 1)\n")
+    shown = "".join(console_lines(output.splitlines(keepends=True)))
+    assert shown == ("12:00:00 [rank 0] INFO mindrlhf.trainer: step 1/2\n" + worker_traceback +
+                     "[ERROR] ME(5345:1,MainProcess):2026 [_api.py:365] Worker process 5352 exit with exception. "
+                     "Error code: 2.\nrun_grpo.sh: the job failed (exit 1)\n")
+    # msrun failing otherwise (another exception, or its output cut short) is shown whole
+    other = MSRUN_TRACEBACK + "KeyError: 'RANK_ID'\n"
+    assert "".join(console_lines(other.splitlines(keepends=True))) == other
+    assert "".join(console_lines(MSRUN_TRACEBACK.splitlines(keepends=True))) == MSRUN_TRACEBACK
+
+
+def test_the_console_filter_passes_each_line_on_as_it_comes():
+    """`--console` runs behind msrun for the whole job: a line must reach the console before the next one is
+    written, not when the job ends."""
+
+    console = subprocess.Popen([sys.executable, "-m", "mindrlhf.trainer.postmortem", "--console"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for line in ("step 1/2\n", "[INFO] DISTRIBUTED(1,2,python): noise\n", "step 2/2\n"):
+            console.stdin.write(line)
+            console.stdin.flush()
+            if not line.startswith("[INFO]"):
+                assert console.stdout.readline() == line
+        console.stdin.close()
+        assert console.stdout.read() == "" and console.wait(timeout=10) == 0
+    finally:
+        console.kill()
 
 
 def test_cpu_threads_share_the_host_cores_between_its_ranks():
