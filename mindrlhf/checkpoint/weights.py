@@ -26,7 +26,6 @@ from mindrlhf.checkpoint.step import (
     read_parameters,
 )
 from mindrlhf.configs.base import ConfigError
-from mindrlhf.utils.checkpoint_file import read_checkpoint
 
 VALUE_HEAD = "score.weight"
 VALUE_HEAD_BIAS = "score.bias"
@@ -69,7 +68,7 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
             path = os.path.join(rank_dir(step_dir, rank), rank_file)
             if not os.path.isfile(path):
                 raise CheckpointError(f"{path}: missing ({strategy_path} describes {world} ranks)")
-            shards.append({name: p.asnumpy() for name, p in read_checkpoint(path).items()
+            shards.append({name: p.asnumpy() for name, p in read_parameters(path).items()
                            if not is_optimizer_state(name)})
         merged = merge_shards(shards, layouts, step_dir, stages)
         return {name[len(prefix):] if name.startswith(prefix) else name: value for name, value in merged.items()}

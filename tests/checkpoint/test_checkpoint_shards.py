@@ -219,6 +219,11 @@ def test_a_trainer_step_folder_is_not_taken_for_a_shard_folder(folders, expected
         net, layout = build("dp2", rank)
         load_weights(net, layout, str(step), PREFIX)
         assert_same_weights(weights(net), expected("dp2", rank), f"rank {rank}")
+    damaged = step / "rank_1" / "train.ckpt"
+    with open(damaged, "r+b") as f:
+        f.truncate(200)
+    with pytest.raises(CheckpointError, match=rf"^{damaged}: not a readable MindSpore checkpoint \("):
+        read_weights(str(step), "actor")
 
 
 # ---------------------------------------------------------------- msrun: the tutorial's flow at tiny size
