@@ -1,9 +1,13 @@
 """The shape of the library (docs/architecture.md): packages import only packages below them, no two modules import
-each other (imports inside functions count), and no function runs longer than a screen. And the shape of tests/:
+each other (imports inside functions count), no function runs longer than a screen, the modules of
+`MINDSPORE_FREE` import without MindSpore and an import sits inside a function only for that (or a reason in
+`DEFERRED_IMPORTS`). And the shape of tests/:
 each test module in the folder of what it tests, shared helpers in `support` (no test module imports another), the
 repository's paths derived in one place, the worker scripts on one set-up."""
 import ast
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -12,8 +16,33 @@ from support.paths import LIBRARY, TESTS, WORKERS_DIR
 
 # bottom to top; a package may import itself and those before it
 LAYERS = ["utils", "optim", "configs", "parallel", "models", "data", "reward", "algorithms", "generation",
-          "checkpoint", "engine", "trainer"]
+          "checkpoint", "engine", "trainer", "cli"]
 MAX_FUNCTION_LINES = 60
+# Modules that import without loading MindSpore (2-3 s), so that what they serve answers at once: the configs and
+# the job's checks (`mindrlhf-train --help` and a bad flag import trainer.launch), the memory plan, the numpy math,
+# the data and tokenizer tools, postmortem ("pkg.*": the package and every module in it). They import MindSpore, or
+# a library module that loads it, inside the function that needs it; every other import sits at the top of its
+# module unless DEFERRED_IMPORTS gives a reason (docs/architecture.md, "Imports").
+MINDSPORE_FREE = [
+    "mindrlhf.configs.*", "mindrlhf.utils.*", "mindrlhf.data.*", "mindrlhf.reward.*",
+    "mindrlhf.algorithms", "mindrlhf.algorithms.advantages", "mindrlhf.algorithms.aggregation",
+    "mindrlhf.algorithms.kl", "mindrlhf.algorithms.policy_loss", "mindrlhf.algorithms.ppo",
+    "mindrlhf.models.qwen2", "mindrlhf.models.qwen2.config", "mindrlhf.models.qwen2.tokenizer",
+    "mindrlhf.models.tokenizer", "mindrlhf.models.tokenizer_base",
+    "mindrlhf.parallel.layout", "mindrlhf.parallel.shared_memory", "mindrlhf.parallel.host_setup",
+    "mindrlhf.engine.batches", "mindrlhf.engine.memory_budget", "mindrlhf.engine.memory_plan", "mindrlhf.engine.sizing",
+    "mindrlhf.checkpoint.step",
+    "mindrlhf.trainer.plan", "mindrlhf.trainer.launch", "mindrlhf.trainer.metrics", "mindrlhf.trainer.postmortem",
+]
+# the other imports that stay inside a function: (importing module, imported module) -> why
+DEFERRED_IMPORTS = {
+    ("mindrlhf.data.sources", "pyarrow"): "optional: only Parquet input needs it (its absence is a DataError)",
+    ("mindrlhf.data.sources", "pyarrow.parquet"): "optional: only Parquet input needs it",
+    ("mindrlhf.models.qwen2.convert", "torch"): "a test-only dependency: only PyTorch .bin weights need it",
+    ("mindrlhf.trainer.metrics", "tensorboardX"): "1.5 s to import, only for --tensorboard_dir",
+    ("mindrlhf.trainer.plot", "matplotlib"): "only the progress plot needs it; its backend is set before pyplot loads",
+    ("mindrlhf.trainer.plot", "matplotlib.pyplot"): "only the progress plot needs it",
+}
 
 
 def module_name(path: Path) -> str:
@@ -25,16 +54,20 @@ def modules() -> dict[str, ast.Module]:
     return {module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(LIBRARY.rglob("*.py"))}
 
 
+def named_modules(node: ast.Import | ast.ImportFrom, known) -> list[str]:
+    """The modules an import statement names: `from a import b` names a, and a.b when that is in `known`."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if node.level or not node.module:
+        return []
+    return [node.module] + [f"{node.module}.{alias.name}" for alias in node.names
+                            if f"{node.module}.{alias.name}" in known]
+
+
 def imported(tree: ast.Module, known: set[str]) -> set[str]:
     """The library modules `tree` imports, at any level (`from pkg import mod` names the module)."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-            found.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return {name for name in found if name in known}
+    return {name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+            for name in named_modules(node, known) if name in known}
 
 
 def package_of(module: str) -> str:
@@ -88,6 +121,116 @@ def test_functions_fit_a_screen(package):
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(LIBRARY.parent)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "functions longer than a screen: " + ", ".join(long)
+
+
+# ---------------------------------------------------------------------------------------- imports inside functions
+def library_files() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(LIBRARY.rglob("*.py"))}
+
+
+def function_local_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The imports inside function bodies (each once, however deeply nested), in line order."""
+    inside = {node for function in ast.walk(tree) if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for node in ast.walk(function) if isinstance(node, (ast.Import, ast.ImportFrom))}
+    return sorted(inside, key=lambda node: node.lineno)
+
+
+def module_level_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The imports that run when the module is imported: outside functions and `if TYPE_CHECKING:` blocks."""
+    skipped = set(function_local_imports(tree))
+    for block in ast.walk(tree):
+        if isinstance(block, ast.If) and ast.unparse(block.test).endswith("TYPE_CHECKING"):
+            skipped.update(node for node in ast.walk(block) if isinstance(node, (ast.Import, ast.ImportFrom)))
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom)) and node not in skipped]
+
+
+def module_level_graph() -> dict[str, set[str]]:
+    """Library module -> the modules importing it imports too: its package and what its module level imports."""
+    files = library_files()
+    graph = {}
+    for module, path in files.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        graph[module] = {name for node in module_level_imports(tree) for name in named_modules(node, files)}
+        graph[module] |= {module.rsplit(".", 1)[0]} if "." in module else set()
+    return graph
+
+
+def mindspore_chain(module: str, graph: dict[str, set[str]]) -> list[str] | None:
+    """The shortest chain of module-level imports by which importing `module` loads MindSpore (`module`, ...,
+    `mindspore...`), or None. Modules outside the library count as free (the subprocess test checks them)."""
+    came_from, queue = {module: ""}, [module]
+    for name in queue:
+        if name.split(".")[0] == "mindspore":
+            chain = [name]
+            while came_from[chain[-1]]:
+                chain.append(came_from[chain[-1]])
+            return chain[::-1]
+        for target in sorted(graph.get(name, ())):
+            if target not in came_from:
+                came_from[target] = name
+                queue.append(target)
+    return None
+
+
+def mindspore_free_modules(known) -> list[str]:
+    """`MINDSPORE_FREE` with each "pkg.*" spelled out."""
+    found = [m for m in known if any(m == entry or (entry.endswith(".*") and (m + ".").startswith(entry[:-1]))
+                                     for entry in MINDSPORE_FREE)]
+    assert {entry for entry in MINDSPORE_FREE if entry.removesuffix(".*") in known} == set(MINDSPORE_FREE), \
+        "MINDSPORE_FREE names a module that does not exist"
+    return found
+
+
+def test_mindspore_free_modules_import_no_mindspore_at_module_level():
+    graph = module_level_graph()
+    chains = [" -> ".join(chain) for module in mindspore_free_modules(graph)
+              if (chain := mindspore_chain(module, graph))]
+    assert not chains, "MINDSPORE_FREE modules that load MindSpore when imported (import it inside the function " \
+                       "that needs it):\n" + "\n".join(chains)
+
+
+def test_mindspore_free_modules_import_without_loading_it():
+    """All of them imported in one fresh interpreter (if together they load no MindSpore, none does), one by one,
+    naming the first after which MindSpore is loaded."""
+    script = ("import importlib, sys\n"
+              "for name in sys.argv[1:]:\n"
+              "    importlib.import_module(name)\n"
+              "    if 'mindspore' in sys.modules:\n"
+              "        print(name)\n"
+              "        break\n")
+    names = mindspore_free_modules(library_files())
+    done = subprocess.run([sys.executable, "-c", script, *names], cwd=LIBRARY.parent, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not done.stdout.strip(), f"importing {done.stdout.strip()} loads MindSpore (see MINDSPORE_FREE)"
+
+
+def import_problem(module: str, node, free: set[str], graph: dict[str, set[str]]) -> str | None:
+    """Why a function-local import should sit at the top of its module, or None when it may stay: the module is
+    MindSpore-free and the import loads MindSpore, or `DEFERRED_IMPORTS` gives the reason."""
+    names = named_modules(node, graph)
+    if all((module, name) in DEFERRED_IMPORTS for name in names):
+        return None
+    if module not in free:
+        return f"{module} is not in MINDSPORE_FREE"
+    if not any(mindspore_chain(name, graph) for name in names):
+        return "it loads no MindSpore"
+    return None
+
+
+def test_imports_inside_functions_are_needed():
+    """An import sits at the top of its module unless the module is MindSpore-free and the import loads MindSpore,
+    or `DEFERRED_IMPORTS` says why (an optional or slow dependency of one function)."""
+    graph, files = module_level_graph(), library_files()
+    free = set(mindspore_free_modules(files))
+    free |= {m for m in files if any(f.startswith(m + ".") for f in free)}  # their packages load with them
+    misplaced = []
+    for module, path in files.items():
+        for node in function_local_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            problem = import_problem(module, node, free, graph)
+            if problem:
+                misplaced.append(f"{path.relative_to(LIBRARY.parent)}:{node.lineno} {ast.unparse(node)} ({problem})")
+    assert not misplaced, "imports inside functions that belong at the top of their module:\n" + "\n".join(misplaced)
 
 
 # ---------------------------------------------------------------------------------------------- the tests' layout

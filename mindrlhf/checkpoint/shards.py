@@ -21,7 +21,18 @@ import logging
 import os
 import re
 
+from mindspore import Tensor
+
 from mindrlhf.checkpoint.step import CheckpointError, is_optimizer_state, is_step_folder, plain_name, read_parameters
+from mindrlhf.parallel.layers import load_full_state
+from mindrlhf.parallel.strategy import (
+    ParamLayout,
+    StrategyError,
+    merge_shards,
+    net_layouts,
+    read_staged_strategy_file,
+    staged_world_size,
+)
 
 SHARD_STRATEGY = "strategy.ckpt"
 RANK_DIR = re.compile(r"^rank_(\d+)$")  # a rank folder of a shard folder
@@ -62,8 +73,6 @@ def read_shard(path: str) -> dict:
 def read_folder_strategy(folder: str) -> tuple[dict, dict] | None:
     """(layouts, parameter -> pipeline stage) of `folder/strategy.ckpt`, names without a net prefix; None when the
     folder has no strategy file."""
-    from mindrlhf.parallel.strategy import ParamLayout, StrategyError, read_staged_strategy_file
-
     path = os.path.join(folder, SHARD_STRATEGY)
     if not os.path.isfile(path):
         return None
@@ -88,8 +97,6 @@ def merge_shard_folder(folder: str) -> dict:
 
 
 def _merge(folder: str, strategy: tuple[dict, dict]) -> dict:
-    from mindrlhf.parallel.strategy import StrategyError, merge_shards, staged_world_size
-
     layouts, stages = strategy
     path = os.path.join(folder, SHARD_STRATEGY)
     try:
@@ -108,8 +115,6 @@ def load_shards(net, layout, folder: str, prefix: str = "") -> None:
     """Loads the shard folder `folder` into `net` (this rank's part of a net in `layout`; its parameter names are
     `prefix` + the plain model names): its own rank file when the folder's strategy is the net's layout or absent,
     else resharded on load (see the module's docstring). Errors name the folder or file and what was expected."""
-    from mindrlhf.parallel.strategy import net_layouts
-
     files = _checked_rank_files(folder, layout.world_size)
     strategy = read_folder_strategy(folder)
     if strategy is None:
@@ -142,8 +147,6 @@ def _checked_rank_files(folder: str, world_size: int) -> dict[int, str]:
 
 
 def _check_world_size(folder: str, strategy: tuple[dict, dict], world_size: int) -> None:
-    from mindrlhf.parallel.strategy import StrategyError, staged_world_size
-
     path = os.path.join(folder, SHARD_STRATEGY)
     try:
         world = staged_world_size(*strategy, path)
@@ -195,8 +198,6 @@ def listed(problems: list[str]) -> str:
 def load_rank_shard(net, layout, path: str, prefix: str = "") -> None:
     """Sets every parameter of `net` from `path`, the shards of this rank (`layout.rank`); each must be there under
     its plain name with the net's local shape. Nothing is set unless all are."""
-    from mindspore import Tensor
-
     pairs, problems = match_params(net.get_parameters(), read_shard(path), lambda name: _unprefixed(name, prefix))
     if problems:
         raise CheckpointError(f"{path}: not the shards of rank {layout.rank} of a net in layout {layout}: "
@@ -206,8 +207,6 @@ def load_rank_shard(net, layout, path: str, prefix: str = "") -> None:
 
 
 def _load_full(net, layout, folder: str, full: dict, prefix: str) -> None:
-    from mindrlhf.parallel.layers import load_full_state
-
     try:
         load_full_state(net, {prefix + name: value for name, value in full.items()}, layout)
     except ValueError as err:

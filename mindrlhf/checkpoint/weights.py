@@ -26,6 +26,8 @@ from mindrlhf.checkpoint.step import (
     read_parameters,
 )
 from mindrlhf.configs.base import ConfigError
+from mindrlhf.parallel.layers import load_full_state
+from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
 
 VALUE_HEAD = "score.weight"
 VALUE_HEAD_BIAS = "score.bias"
@@ -54,8 +56,6 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
     """The full weights (name -> numpy array) of one net of a trainer checkpoint folder (`STEP_NETS`): every
     rank's file merged through the net's strategy file, the net's name prefix removed; optimizer entries are
     dropped."""
-    from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
-
     rank_file, strategy_file, prefix = STEP_NETS[net]
     strategy_path = os.path.join(step_dir, strategy_file)
     if not os.path.isfile(strategy_path):
@@ -83,8 +83,6 @@ def load_weights(net, layout, path: str, prefix: str = "") -> None:
     Names in the files are the plain model names (as `tools/convert_weight.py` writes them; a net prefix in them
     is dropped); the net's own names may carry `prefix`. Optimizer entries are ignored. Errors name the file.
     """
-    from mindrlhf.parallel.layers import load_full_state
-
     if is_shard_folder(path):
         load_shards(net, layout, path, prefix)
         return
@@ -99,8 +97,6 @@ def load_weights(net, layout, path: str, prefix: str = "") -> None:
 def load_value_model(net, layout, state: dict, source: str, prefix: str, yaml_path: str) -> None:
     """Loads the backbone and value head of `state` (from `source`) into the value model `net` (names with
     `prefix`); the head's bias must be there exactly when `yaml_path` declares `value_head_bias`."""
-    from mindrlhf.parallel.layers import load_full_state
-
     if VALUE_HEAD not in state:
         raise ConfigError(f"{source}: no value head '{VALUE_HEAD}' (expected a critic or a reward model converted by "
                           "tools/convert_weight.py)")

@@ -9,6 +9,7 @@ import typing
 from dataclasses import dataclass
 
 from mindrlhf.configs.base import help_field
+from mindrlhf.configs.cli import DeprecatedFlag, flag_help, parse_bool, type_metavar
 
 
 def _flag(default, help: str, required: bool = False, **argparse_kwargs):
@@ -116,8 +117,6 @@ class JobOptions:
     def add_flags(cls, parser) -> None:
         """One `--<field>` flag per field (booleans: `--flag` alone is true, or `--flag true|false`, MindRLHF's
         `--flag True`)."""
-        from mindrlhf.configs.cli import DeprecatedFlag, flag_help, parse_bool, type_metavar
-
         hints, defaults = typing.get_type_hints(cls), cls()
         for field in dataclasses.fields(cls):
             extra = dict(field.metadata.get("argparse", {}))

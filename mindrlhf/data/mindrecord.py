@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -187,8 +188,6 @@ def mindrecord_room_problem(data_bytes: int, free_bytes: int, file_size_limit: i
 
 def file_size_limit() -> int | None:
     """This process's file size limit in bytes (`ulimit -f`), None when unlimited."""
-    import resource
-
     soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
     return None if soft == resource.RLIM_INFINITY else soft
 

@@ -6,7 +6,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from mindrlhf.algorithms.policy_cells import ResponseHidden, response_hidden_shape, response_values_shape
 from mindrlhf.engine.sizing import RESPONSE_COLUMNS, MicroBatchSizer
+from mindrlhf.parallel.layers import to_ms_dtype
+from mindrlhf.parallel.pipeline import PipelineForward
 
 
 def check_response_cell(cell) -> None:
@@ -50,10 +53,6 @@ class ForwardEngine:
 
 def _pipeline_forward(cell, net, layout, model_config):
     """`PipelineForward` of `cell` (a per-token output, [rows, R]) on the last stage of `net`'s stages."""
-    from mindrlhf.algorithms.policy_cells import ResponseHidden, response_hidden_shape, response_values_shape
-    from mindrlhf.parallel.layers import to_ms_dtype
-    from mindrlhf.parallel.pipeline import PipelineForward
-
     last = layout.stage == layout.pp - 1
     return PipelineForward(cell if last else ResponseHidden(net), layout,
                            response_hidden_shape(model_config.hidden_size), to_ms_dtype(model_config.compute_dtype),

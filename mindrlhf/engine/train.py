@@ -8,9 +8,15 @@ import math
 
 import numpy as np
 
+from mindrlhf.algorithms import aggregation_weights
+from mindrlhf.algorithms.policy_cells import ResponseHidden, response_hidden_shape
 from mindrlhf.engine.batches import rows_of_rank, update_chunks
 from mindrlhf.engine.forward import check_response_cell
 from mindrlhf.engine.sizing import MicroBatchSizer
+from mindrlhf.optim import learning_rate_at
+from mindrlhf.parallel.layers import to_ms_dtype
+from mindrlhf.parallel.pipeline import PipelineTrainStep, gather_stage_layouts
+from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -38,8 +44,6 @@ class LearningRateSchedule:
     min_ratio: float = 0.0
 
     def at(self, update: int) -> float:
-        from mindrlhf.optim import learning_rate_at
-
         return learning_rate_at(update, self.peak, self.warmup_steps, self.total_updates, self.kind, self.min_ratio)
 
 
@@ -82,16 +86,10 @@ class TrainEngine:
         if layout.pp > 1:
             self.step = self._pipeline_step(model_config, stage_shared, dp_sums)
         else:
-            from mindrlhf.parallel.spmd import MicroBatchedTrainStep
-
             self.step = MicroBatchedTrainStep(loss_net, optimizer, layout, grad_reduction="sum",
                                               max_grad_norm=policy.max_grad_norm, dp_sums=dp_sums)
 
     def _pipeline_step(self, model_config, stage_shared, dp_sums):
-        from mindrlhf.algorithms.policy_cells import ResponseHidden, response_hidden_shape
-        from mindrlhf.parallel.layers import to_ms_dtype
-        from mindrlhf.parallel.pipeline import PipelineTrainStep, gather_stage_layouts
-
         layout = self.layout
         self.stages = gather_stage_layouts(self.strategy, {p.name: p.dtype for p in self.net.get_parameters()},
                                            layout)
@@ -147,8 +145,6 @@ class TrainEngine:
     def _update_once(self, part, lr: float) -> tuple[np.ndarray | None, float]:
         """One optimizer update on the rows of `part`: (its statistics summed over the data-parallel group, or None
         when it was skipped; the gradient norm)."""
-        from mindrlhf.algorithms import aggregation_weights
-
         layout = self.layout
         self.optimizer.set_learning_rate(lr)
         weights = aggregation_weights(part.response_mask, self.policy.aggregation).astype(np.float32)

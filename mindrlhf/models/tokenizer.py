@@ -12,6 +12,9 @@ import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+from jinja2 import TemplateError
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from mindrlhf.models.qwen2.tokenizer import Qwen2Tokenizer
@@ -54,10 +57,6 @@ def _chat_template_of(folder: str, config: dict, config_path: str) -> str | None
 
 def compile_chat_template(template: str, source: str):
     """Compiles a Jinja chat template the way transformers does (sandboxed, trim/lstrip blocks, loop controls)."""
-    from jinja2 import TemplateError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     def raise_exception(message):
         raise TemplateError(message)
 
@@ -113,8 +112,6 @@ class HFTokenizer(TokenizersBackend):
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                             tokenize: bool = False) -> str | list[int]:
         """Renders `messages` with the folder's chat template (as transformers does); its ids if `tokenize`."""
-        from jinja2 import TemplateError
-
         if self._chat_template is None:
             raise ValueError(f"{self.folder}: the tokenizer has no chat template (tokenizer_config.json "
                              "'chat_template' or chat_template.jinja); use the 'raw' prompt template")

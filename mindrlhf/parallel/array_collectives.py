@@ -5,8 +5,11 @@ over sub-groups, the collectives every backend has. With one rank every call is 
 """
 from __future__ import annotations
 
+import mindspore as ms
 import numpy as np
+from mindspore.communication import GlobalComm
 
+from mindrlhf.parallel.comm import GroupSum, WorldAllGather
 from mindrlhf.parallel.layout import Layout
 
 
@@ -24,9 +27,6 @@ class ArrayCollectives:
         array = np.ascontiguousarray(array)
         if self.world_size == 1:
             return array
-        import mindspore as ms
-
-        from mindrlhf.parallel.comm import WorldAllGather
         if self._gather is None:
             self._gather = WorldAllGather()
         return self._gather(ms.Tensor(array)).asnumpy()
@@ -36,15 +36,11 @@ class ArrayCollectives:
         array = np.asarray(array, dtype=np.float32)
         if group is None or self.world_size == 1:
             return array
-        import mindspore as ms
-
-        from mindrlhf.parallel.comm import GroupSum
         if group not in self._sums:
             self._sums[group] = GroupSum(group)
         return self._sums[group](ms.Tensor(array)).asnumpy()
 
     def world_sum(self, array: np.ndarray) -> np.ndarray:
-        from mindspore.communication import GlobalComm
         return self.group_sum(array, GlobalComm.WORLD_COMM_GROUP if self.world_size > 1 else None)
 
     def barrier(self) -> None:

@@ -11,6 +11,9 @@ import os
 
 from mindrlhf.parallel.shared_memory import SharedMemoryGroup, available, open_groups
 
+# MindSpore is imported by the functions that apply the rules: `mindrlhf.trainer.launch` imports this module and
+# is MindSpore-free (MINDSPORE_FREE in tests/test_architecture.py)
+
 
 def threads_per_rank(cores: int, ranks_on_host: int, requested: int = 0) -> int:
     """CPU kernel threads for one rank: `requested`, or (0) this host's cores shared evenly by its ranks.

@@ -6,6 +6,8 @@ network-wide view is :func:`param_split_axes`, from which strategy files are wri
 """
 from __future__ import annotations
 
+import zlib
+
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
@@ -357,8 +359,6 @@ def random_full_state(net: nn.Cell, layout: Layout | None = None, seed: int = 0)
     or the set of parameters. Norm weights ~ 1 + 0.1 N(0, 1), biases ~ 0.1 N(0, 1), matrices
     ~ N(0, 1) / sqrt(fan_in): logits then have a spread of a few nats, as in a trained model.
     """
-    import zlib
-
     layout = layout or Layout()
     axes, shards = param_split_axes(net), param_split_shards(net, layout.tp)
     state = {}

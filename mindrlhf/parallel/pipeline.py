@@ -13,27 +13,26 @@ The loss net's statistics reach every stage once per step.
 """
 from __future__ import annotations
 
+import json
+
 import mindspore as ms
 import numpy as np
 from mindspore import ParameterTuple, Tensor, nn, ops
 
+from mindrlhf.parallel.array_collectives import ArrayCollectives
 from mindrlhf.parallel.comm import AllReduceInPlace
+from mindrlhf.parallel.layers import to_ms_dtype
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.schedule import SCHEDULES
 from mindrlhf.parallel.shared_memory import SharedMemoryGroup
 from mindrlhf.parallel.spmd import ApplyGradients, GradientBuffers, add_to_buffers
+from mindrlhf.parallel.strategy import ParamLayout
 
 
 def gather_stage_layouts(local: dict, dtypes: dict, layout: Layout) -> tuple[dict, dict[str, int], dict]:
     """Every stage's parameter layouts of a net in pipeline stages, learnt from the other ranks (each knows its own
     stage's `local` layouts, with full shapes, and the parameters' `dtypes`): (layouts, name -> stage, name ->
     dtype). A world gather on the host; every rank must call it."""
-    import json
-
-    from mindrlhf.parallel.array_collectives import ArrayCollectives
-    from mindrlhf.parallel.layers import to_ms_dtype
-    from mindrlhf.parallel.strategy import ParamLayout
-
     mine = json.dumps({name: [list(lay.dev_matrix), list(lay.tensor_map), list(lay.full_shape),
                               str(dtypes[name]).lower(), layout.stage] for name, lay in local.items()})
     comm = ArrayCollectives(layout.world_size, layout.rank)

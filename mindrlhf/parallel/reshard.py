@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops
+from mindspore.communication import get_rank
 
 from mindrlhf.parallel.layout import NOT_SPLIT, ensure_group
+from mindrlhf.parallel.pipeline import gather_stage_layouts
 from mindrlhf.parallel.strategy import ParamLayout, StrategyError, read_strategy_file, validate_pair
 
 logger = logging.getLogger(__name__)
@@ -509,8 +511,6 @@ class Resharder:
         world = next(iter(src_layouts.values())).world_size
         stages = 1
         if src_pipeline is not None and src_pipeline.pp > 1:
-            from mindrlhf.parallel.pipeline import gather_stage_layouts
-
             src_layouts, stage_of, dtypes = src_stage_layouts or gather_stage_layouts(src_layouts, self.src_dtypes,
                                                                                       src_pipeline)
             src_stages = {name: (stage, src_pipeline.stage_size) for name, stage in stage_of.items()}
@@ -521,7 +521,6 @@ class Resharder:
         if rank is None:
             rank = 0
             if world > 1:
-                from mindspore.communication import get_rank
                 rank = get_rank()
         self.rank = rank
         self.world_size = world

@@ -16,6 +16,7 @@ Nothing is registered here: whoever builds a cell that sums through a group is h
 """
 from __future__ import annotations
 
+import atexit
 import mmap
 import os
 import select
@@ -220,8 +221,6 @@ def open_groups(members: Mapping[str, list[int]], rank: int, barrier, key: str |
     `rank`, a member of each), connected and ready; a group of one rank is left out. Every rank of the job calls it
     at the same point, with the groups it is a member of; `barrier()` waits for every rank of the job. The groups
     are closed when the process ends (or by their `close()`)."""
-    import atexit
-
     groups = {name: SharedMemoryGroup(name, ranks, rank, key) for name, ranks in members.items() if len(ranks) > 1}
     if not groups:
         return groups

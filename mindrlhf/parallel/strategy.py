@@ -18,7 +18,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from google.protobuf.message import DecodeError
+from mindspore.train import node_strategy_pb2
 
+from mindrlhf.parallel.layers import param_split_axes, param_split_shards
 from mindrlhf.parallel.layout import NOT_SPLIT, TP_AXIS, Layout
 from mindrlhf.utils.atomic import atomic_output
 
@@ -224,8 +227,6 @@ def write_strategy_file(path: str | os.PathLike, layouts: Mapping[str, ParamLayo
     `mindspore.parallel.merge_pipeline_strategys` writes it (names `<stage>-<name>`, each with its stage's
     device matrix), which `transform_checkpoints` reads as the whole net's strategy.
     """
-    from mindspore.train import node_strategy_pb2
-
     path = os.fspath(path)
     if path.endswith(".json"):
         raise StrategyError(f"{path}: MindSpore reads '.json' strategy files as JSON; this writer writes protobuf, "
@@ -360,9 +361,6 @@ def staged_world_size(layouts: Mapping[str, ParamLayout], stages: Mapping[str, i
 
 
 def _parse_strategy_map(path: str):
-    from google.protobuf.message import DecodeError
-    from mindspore.train import node_strategy_pb2
-
     if not os.path.isfile(path):
         raise StrategyError(f"{path}: strategy file not found")
     if path.endswith(".json"):
@@ -474,8 +472,6 @@ def _shape_problem(src: ParamLayout, dst: ParamLayout, src_desc: str, dst_desc: 
 
 def net_layouts(net, layout: Layout) -> dict[str, ParamLayout]:
     """Layouts of every parameter of a network built from the tensor-parallel layers, under `layout`."""
-    from mindrlhf.parallel.layers import param_split_axes, param_split_shards
-
     axes, shards = param_split_axes(net), param_split_shards(net, layout.tp)
     local = {p.name: tuple(p.shape) for p in net.get_parameters()}
     return layouts_for(layout, axes, full_shapes_from_local(layout, axes, local, shards), shards)

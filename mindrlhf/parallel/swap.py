@@ -17,6 +17,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter
+
 logger = logging.getLogger(__name__)
 
 _OFFLOAD, _LOAD = "offload", "load"
@@ -92,8 +96,6 @@ class SwapManager:
         return nbytes
 
     def _check_new_params(self, group: str, params: tuple) -> None:
-        from mindspore import Parameter
-
         seen: dict[str, int] = {}
         for index, param in enumerate(params):
             if not isinstance(param, Parameter):
@@ -129,7 +131,6 @@ class SwapManager:
     @property
     def device_target(self) -> str:
         if self._device_target is None:
-            import mindspore as ms
             return ms.get_context("device_target")
         return self._device_target
 
@@ -252,8 +253,5 @@ class SwapManager:
 
 def _poison(param) -> None:
     """Fills a float parameter with NaN (debug stand-in for device memory that is gone)."""
-    import mindspore as ms
-    import numpy as np
-
     if param.dtype in ms.common.dtype.float_type:
         param.set_data(ms.Tensor(np.full(param.shape, np.nan, dtype=np.float32), dtype=param.dtype))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from mindrlhf.reward.rules import accuracy_reward
+
 
 def score_greedy(generator, tokenizer, prompts: Sequence[Sequence[int]], solutions: Sequence[str], batch_size: int,
                  scorers: Mapping[str, Callable], progress: bool = False) -> dict[str, float]:
@@ -28,7 +30,5 @@ def score_greedy(generator, tokenizer, prompts: Sequence[Sequence[int]], solutio
 def count_correct(generator, tokenizer, prompts: Sequence[Sequence[int]], solutions: Sequence[str],
                   batch_size: int, progress: bool = False) -> float:
     """Sum of the accuracy reward of `generator`'s greedy answers to `prompts` (see `score_greedy`)."""
-    from mindrlhf.reward.rules import accuracy_reward
-
     return score_greedy(generator, tokenizer, prompts, solutions, batch_size, {"accuracy": accuracy_reward},
                         progress)["accuracy"]

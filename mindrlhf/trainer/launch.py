@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import dataclasses
 import faulthandler
+import hashlib
+import json
 import logging
 import os
 import socket
@@ -12,16 +15,21 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
+import numpy as np
+
+from mindrlhf.checkpoint.step import CheckpointError, find_resume_checkpoint
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.cli import config_overrides
 from mindrlhf.configs.grpo_configs import GRPOConfig
 from mindrlhf.configs.job import JobOptions
+from mindrlhf.models.tokenizer import load_tokenizer
 from mindrlhf.parallel.host_setup import (
     configure_cpu_memory_pool,
     configure_cpu_threads,
     pin_cpu_cores,
     share_data_parallel_sums,
 )
+from mindrlhf.trainer.metrics import MetricsError
 from mindrlhf.trainer.plan import (
     JobPlan,
     check_dtypes_on_device,
@@ -30,7 +38,10 @@ from mindrlhf.trainer.plan import (
     check_write_targets,
     yaml_world_size,
 )
+from mindrlhf.utils.logging import setup_logging
 
+# MindSpore, and the modules that load it, are imported by the functions that need them: `mindrlhf-train --help` and
+# a bad flag import this module and answer without loading it (MINDSPORE_FREE in tests/test_architecture.py)
 logger = logging.getLogger("mindrlhf.trainer")
 
 _LAUNCHED_BY_MSRUN = ("MS_WORKER_NUM", "MS_ROLE")
@@ -76,8 +87,6 @@ def load_config(job: JobOptions, args: argparse.Namespace) -> GRPOConfig:
 
 
 def load_job_tokenizer(job: JobOptions):
-    from mindrlhf.models.tokenizer import load_tokenizer
-
     if not job.tokenizer_dir and not (job.vocab_path and job.merges_file_path):
         raise ConfigError("tokenizer: give --tokenizer_dir, or --vocab_path and --merges_file_path")
     return load_tokenizer(tokenizer_dir=job.tokenizer_dir or None, vocab_path=job.vocab_path or None,
@@ -96,9 +105,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     """Runs the job; returns the process exit code. Bad input prints `error: <where>: <problem>` and gives 2."""
     import mindspore as ms
 
-    from mindrlhf.checkpoint.step import CheckpointError
     from mindrlhf.engine.train import NonFiniteUpdates
-    from mindrlhf.trainer.metrics import MetricsError
     from mindrlhf.trainer.rl_trainer import RLTrainer
 
     job = JobOptions.from_args(args)
@@ -177,7 +184,6 @@ def end_process(code: int) -> NoReturn:
 def world_barrier() -> None:
     """Returns once every rank of the job has called it (an AllReduce of one number over the world group)."""
     import mindspore as ms
-    import numpy as np
     from mindspore import ops
 
     ops.AllReduce()(ms.Tensor(np.ones(1, np.float32))).asnumpy()
@@ -198,8 +204,6 @@ def print_memory_plan(config: GRPOConfig, job: JobOptions, tokenizer) -> int:
 
 def set_up_host(job: JobOptions, world_size: int, rank: int) -> None:
     """Logging, this rank's CPU threads and cores, and the CPU memory pool (each logged when set)."""
-    from mindrlhf.utils.logging import setup_logging
-
     setup_logging(rank=rank)
     threads = configure_cpu_threads(job.cpu_threads, world_size)
     if threads:
@@ -246,12 +250,6 @@ def compile_cache_path(job: JobOptions, config: GRPOConfig, world_size: int, ran
     sampled lengths need them; so a cache serves only a run that repeats the same job from the same start: the
     key hashes the flags, the config, the dataset file's size and time, the world size and the checkpoint
     resumed from (a resumed run gets a cache of its own)."""
-    import dataclasses
-    import hashlib
-    import json
-
-    from mindrlhf.checkpoint.step import find_resume_checkpoint
-
     resume_dir = find_resume_checkpoint(job.resume, job.checkpoint_dir, announce=False) if job.resume else None
     data = job.mind_dataset_dir
     stat = os.stat(data) if data and os.path.isfile(data) else None

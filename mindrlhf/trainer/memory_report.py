@@ -8,10 +8,13 @@ in no swap group: once made they stay for the rest of the job.
 """
 from __future__ import annotations
 
+import os
 from types import SimpleNamespace
 
+import mindspore as ms
 import numpy as np
 
+from mindrlhf.configs.base import ConfigError
 from mindrlhf.engine.memory_plan import (
     GIB,
     GRAPH_BYTES_PER_LAYER,
@@ -30,6 +33,7 @@ from mindrlhf.engine.memory_plan import (
 )
 from mindrlhf.engine.sizing import MicroBatchSizer
 from mindrlhf.parallel.layout import Layout
+from mindrlhf.trainer.plan import JobPlan, yaml_world_size
 from mindrlhf.trainer.roles import (
     CRITIC_MOMENTS,
     CRITIC_WEIGHTS,
@@ -206,8 +210,6 @@ def format_report(plans: list[RankMemory], header: str, device_gib: float) -> st
 def device_kind(plan) -> str:
     """The memory model of the job's devices: "ascend" when MindSpore's device target is one or a net computes in
     bfloat16 (no CPU kernels: the YAMLs are for Ascend), else "cpu" (nothing offloads)."""
-    import mindspore as ms
-
     bf16 = any(cfg is not None and cfg.compute_dtype == "bfloat16"
                for cfg in (plan.train_cfg, plan.infer_cfg, plan.critic_cfg, plan.reward_model_cfg))
     return "cpu" if ms.get_context("device_target").upper() == "CPU" and not bf16 else "ascend"
@@ -216,11 +218,6 @@ def device_kind(plan) -> str:
 def plan_report(config, job, tokenizer, device: str | None = None) -> str:
     """`--plan`: the `JobPlan` of the YAMLs' world (their layouts' ranks, not the launcher's) and its memory table
     with the fits line. A ConfigError (`--device_memory_gib` < 0) or the plan's checks' errors name the field."""
-    import os
-
-    from mindrlhf.configs.base import ConfigError
-    from mindrlhf.trainer.plan import JobPlan, yaml_world_size
-
     if job.device_memory_gib < 0:
         raise ConfigError(f"--device_memory_gib must be >= 0 (0 = host memory / ranks), got {job.device_memory_gib}")
     world = yaml_world_size(job)

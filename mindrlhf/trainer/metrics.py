@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from mindrlhf.algorithms import dynamic_sampling_mask, explained_variance
 from mindrlhf.utils.logging import format_metrics
 
 logger = logging.getLogger("mindrlhf.trainer")
@@ -44,8 +45,6 @@ def score_metrics(scores: np.ndarray, terms: Mapping[str, np.ndarray], group_siz
     """`critic/score/{mean,std,max,min}` of the responses' sequence scores (each the weighted sum of its reward
     terms, before any KL penalty), each term's mean `reward/<fn>` (NaN where the function had no opinion on any
     response) and `reward/frac_zero_std`, the share of prompt groups whose responses all scored the same."""
-    from mindrlhf.algorithms import dynamic_sampling_mask
-
     scores = np.asarray(scores, np.float64)
     metrics = {"critic/score/mean": float(scores.mean()), "critic/score/std": float(scores.std()),
                "critic/score/max": float(scores.max()), "critic/score/min": float(scores.min())}
@@ -89,8 +88,6 @@ def critic_metrics(values: np.ndarray, returns: np.ndarray, advantages: np.ndarr
                    response_mask: np.ndarray) -> dict:
     """PPO: `critic/{values,returns,advantages}/{mean,max,min}` over the response tokens and
     `critic/vf_explained_var`."""
-    from mindrlhf.algorithms import explained_variance
-
     valid = response_mask > 0
     metrics = {}
     for name, array in (("values", values), ("returns", returns), ("advantages", advantages)):
@@ -119,7 +116,7 @@ class MetricsWriter:
             os.makedirs(output_dir, exist_ok=True)
             _truncate_after_step(self.jsonl_path, resume_step)
         if tensorboard_dir:
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # 1.5 s to import: only with --tensorboard_dir
             self._tb = SummaryWriter(tensorboard_dir, purge_step=resume_step + 1 if resume_step else None)
 
     def write(self, step: int, total_steps: int, metrics: Mapping[str, float]) -> None:

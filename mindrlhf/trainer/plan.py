@@ -14,17 +14,16 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from mindrlhf.algorithms import ADVANTAGE_ESTIMATORS, check_loss_hyperparameters
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.configs.grpo_configs import GRPOConfig, ScheduleConfig
 from mindrlhf.configs.job import JobOptions
 from mindrlhf.engine.batches import group_unit
-from mindrlhf.parallel.layout import Layout
-
-if TYPE_CHECKING:  # importing the models package loads MindSpore: the functions that read YAMLs import it
-    from mindrlhf.models.qwen2.config import Qwen2Config
+from mindrlhf.models.qwen2.config import Qwen2Config
+from mindrlhf.parallel.layout import Layout, tensor_parallel_refusal, tensor_parallel_sizes
+from mindrlhf.reward import get_reward_function
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -89,9 +88,6 @@ def check_registered_names(config: GRPOConfig) -> None:
     reward.reward_funcs (registered names or importable `package.module:function`s).
 
     An error names the YAML file (or "command line") that gave the value, as when the config was loaded."""
-    from mindrlhf.algorithms import ADVANTAGE_ESTIMATORS, check_loss_hyperparameters
-    from mindrlhf.reward import get_reward_function
-
     algo, loss = config.algorithm, config.loss
     try:
         ADVANTAGE_ESTIMATORS.get(algo.adv_estimator)
@@ -117,8 +113,6 @@ def _sourced(config: GRPOConfig, section: str, fields: tuple[str, ...], message:
 
 def yaml_world_size(job: JobOptions) -> int:
     """The ranks the train YAML's layout spans (`--plan` and `--check_flags` run without msrun)."""
-    from mindrlhf.models.qwen2.config import Qwen2Config
-
     return Qwen2Config.from_yaml(job.sft_path_train).parallel_config.world_size
 
 
@@ -196,9 +190,7 @@ def check_model_configs(train_cfg, infer_cfg, train_path: str, infer_path: str) 
 def check_tensor_parallel(cfg, tp: int, path: str) -> None:
     """The model's widths split over `tp`; the kv heads may also be fewer (a divisor of tp: each is replicated).
     Flash attention is refused off CPU (on CPU the YAML's reader warned about it)."""
-    import mindspore as ms
-
-    from mindrlhf.parallel.layout import tensor_parallel_refusal, tensor_parallel_sizes
+    import mindspore as ms  # for the device only: importing the plan loads no MindSpore (MINDSPORE_FREE)
 
     device = ms.get_context("device_target")
     if cfg.use_flash_attention and device != "CPU":
@@ -239,8 +231,6 @@ def check_pipeline(cfg, layout, sched: ScheduleConfig, rows_per_rank: int, path:
 
 def _policy_nets(sched: ScheduleConfig, gen: GenerationConfig, job: JobOptions, world_size: int, rank: int):
     """(train_cfg, infer_cfg, train_layout, infer_layout) of the policy's two YAMLs, checked together."""
-    from mindrlhf.models.qwen2.config import Qwen2Config
-
     G = gen.num_generations
     train_cfg = Qwen2Config.from_yaml(job.sft_path_train)
     infer_cfg = Qwen2Config.from_yaml(job.sft_path_infer)
@@ -339,7 +329,6 @@ def _critic(config: GRPOConfig, job: JobOptions, train_cfg, world_size: int, ran
                           f"{algo.adv_estimator!r}")
     if not job.sft_path_critic:
         return None, None
-    from mindrlhf.models.qwen2.config import Qwen2Config
 
     path = job.sft_path_critic
     critic_cfg = Qwen2Config.from_yaml(path)
@@ -366,8 +355,6 @@ def _critic(config: GRPOConfig, job: JobOptions, train_cfg, world_size: int, ran
 def reward_model_config(job: JobOptions, infer_cfg, infer_layout: Layout):
     """The reward model's architecture (--sft_path_reward, default the inference YAML), checked against the
     policy's tokens and the inference layout it runs in."""
-    from mindrlhf.models.qwen2.config import Qwen2Config
-
     path = job.sft_path_reward
     if not path:
         return infer_cfg

@@ -31,7 +31,7 @@ def read_metrics(path: str) -> list[dict]:
 def plot_progress(metrics_path: str, png_path: str) -> None:
     """Writes `png_path`: the training score (and its accuracy term) per step, held-out scores per evaluation,
     each labelled with its metric name."""
-    import matplotlib
+    import matplotlib  # only this plot needs it; the backend is chosen before pyplot is imported
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -18,6 +18,7 @@ One step (each block is a phase, see :mod:`mindrlhf.trainer.phases`)::
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -25,6 +26,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from mindrlhf.algorithms import (
+    build_kl_controller,
+    dynamic_sampling_mask,
+    expand_group_mask,
+    get_advantage_estimator,
+    kl_penalty,
+    token_level_rewards,
+)
 from mindrlhf.checkpoint.step import (
     RANK_STATE,
     CheckpointError,
@@ -37,9 +46,16 @@ from mindrlhf.checkpoint.step import (
 )
 from mindrlhf.checkpoint.weights import load_rank_params
 from mindrlhf.configs.base import ConfigError
+from mindrlhf.data.mindrecord import write_mindrecord_atomically
+from mindrlhf.data.reader import PromptDataset, read_prompt_records
 from mindrlhf.engine.batches import group_unit
 from mindrlhf.engine.sizing import RESPONSE_COLUMNS
+from mindrlhf.parallel.array_collectives import ArrayCollectives
+from mindrlhf.parallel.strategy import strategy_file_name, write_strategy_file
+from mindrlhf.parallel.swap import SwapManager
 from mindrlhf.reward import columns_per_completion
+from mindrlhf.reward.rules import accuracy_reward
+from mindrlhf.trainer.evaluation import score_greedy
 from mindrlhf.trainer.experience import Experience, concat_experiences
 from mindrlhf.trainer.metrics import (
     MetricsWriter,
@@ -50,6 +66,7 @@ from mindrlhf.trainer.metrics import (
 )
 from mindrlhf.trainer.phases import PHASES, Phases, peak_rss_gib
 from mindrlhf.trainer.plan import JobPlan
+from mindrlhf.trainer.plot import plot_progress
 from mindrlhf.trainer.roles import REF_WEIGHTS, Actor, Critic, Reference, Reward, Role, phase_plan
 
 logger = logging.getLogger("mindrlhf.trainer")
@@ -66,8 +83,6 @@ class RLTrainer:
 
     def __init__(self, plan: JobPlan, config, job, tokenizer, host_sums: dict | None = None,
                  callbacks: list[Callable] | None = None):
-        from mindrlhf.algorithms import build_kl_controller, get_advantage_estimator
-
         self.plan, self.config, self.job, self.tokenizer = plan, config, job, tokenizer
         self.world_size, self.rank = plan.world_size, plan.rank
         self.callbacks = list(callbacks or [])
@@ -94,8 +109,6 @@ class RLTrainer:
         self._log_job()
 
     def _load_data(self) -> None:
-        from mindrlhf.data.reader import PromptDataset
-
         sched, gen, layout = self.config.schedule, self.generation, self.infer_layout
         self.dataset = PromptDataset(self.job.mind_dataset_dir, sched.batch_size // layout.dp, gen.pad_token_id,
                                      dp_rank=layout.dp_rank, dp_size=layout.dp, seed=sched.seed,
@@ -115,9 +128,6 @@ class RLTrainer:
 
     def _build_roles(self, host_sums: dict) -> None:
         """Weights, engines and reshards of every role, then the swap plan of the phases."""
-        from mindrlhf.parallel.array_collectives import ArrayCollectives
-        from mindrlhf.parallel.swap import SwapManager
-
         self.comm = ArrayCollectives(self.world_size, self.rank)
         self.actor.build(self.comm, host_sums.get(self.train_layout.dp_group))
         self.reference.build(self.actor)
@@ -144,8 +154,6 @@ class RLTrainer:
     # ------------------------------------------------------------------ state
     def save_strategies(self, folder: str) -> dict[str, str]:
         """Writes the strategy file of each net for this rank under `folder/<net>/`; returns the paths."""
-        from mindrlhf.parallel.strategy import strategy_file_name, write_strategy_file
-
         paths = {}
         for role in self.roles:
             for net, layouts in role.strategies().items():
@@ -168,8 +176,6 @@ class RLTrainer:
     def save_checkpoint(self) -> str:
         """Writes a checkpoint of the current step (every rank must call it): each role's rank files, shared
         strategy files and rank state, and the job's meta."""
-        from mindrlhf.parallel.strategy import write_strategy_file
-
         def rank_files(folder: str) -> None:
             for name, params in self._rank_files().items():
                 save_parameters(params, os.path.join(folder, name))
@@ -195,8 +201,6 @@ class RLTrainer:
         return path
 
     def _resume(self, step_dir: str) -> None:
-        import json
-
         meta = read_meta(step_dir)
         rank_files = self._rank_files()
         check_resumable(step_dir, meta, self.world_size, self._layouts_meta(), self.config.to_dict(),
@@ -261,8 +265,6 @@ class RLTrainer:
     def _score_tokens(self, exp: Experience) -> Experience:
         """With a critic: the `values` of every response token and the `token_rewards` GAE reads (the sequence
         reward on the last token, minus kl_coef * KL(policy || ref) per token with algorithm.use_kl_in_reward)."""
-        from mindrlhf.algorithms import kl_penalty, token_level_rewards
-
         if self.critic is None:
             return exp
         with self.phases("values"):
@@ -281,8 +283,6 @@ class RLTrainer:
 
     def _collect_experience(self) -> tuple[Experience, Experience, dict]:
         """(all generated rows, the rows to train on, sampling stats), on every rank, with advantages."""
-        from mindrlhf.algorithms import dynamic_sampling_mask, expand_group_mask
-
         algo, G = self.config.algorithm, self.num_generations
         batch_size = self.config.schedule.batch_size
         rounds, kept_parts, all_parts = 0, [], []
@@ -351,8 +351,6 @@ class RLTrainer:
     def _update_kl_controller(self, exp: Experience) -> dict:
         """Feeds the step's KL (per response, summed over its tokens, averaged over the batch) to the KL-in-reward
         controller, as verl does; returns the coefficient used this step and the KL."""
-        from mindrlhf.algorithms import kl_penalty
-
         mask = exp.response_mask.astype(np.float64)
         kl = float((kl_penalty(exp.old_logp, exp.ref_logp, "k1") * mask).sum(axis=1).mean())
         used = self.kl_ctrl.value
@@ -384,9 +382,6 @@ class RLTrainer:
         """Greedy scores on every held-out prompt (`--eval_dataset_file`), split over the infer dp ranks: the
         accuracy, and the share of answers each other rule reward of the job (`fn(completions, solutions)`, e.g.
         `format`, `hash_format`) gives."""
-        from mindrlhf.reward.rules import accuracy_reward
-        from mindrlhf.trainer.evaluation import score_greedy
-
         prompts, solutions = self.eval_set
         layout = self.infer_layout
         mine = np.array_split(np.arange(len(prompts)), layout.dp)[layout.dp_rank]
@@ -443,8 +438,6 @@ class RLTrainer:
                 self.save_checkpoint()
         self.metrics_writer.close()
         if self.metrics_writer.enabled and self.metrics_writer.jsonl_path:
-            from mindrlhf.trainer.plot import plot_progress
-
             png = os.path.join(os.path.dirname(self.metrics_writer.jsonl_path), "progress.png")
             plot_progress(self.metrics_writer.jsonl_path, png)
             logger.info("plot of reward and held-out accuracy: %s", png)
@@ -457,8 +450,6 @@ class RLTrainer:
 
 def load_eval_set(path: str, prompt_buckets) -> tuple[list[list[int]], list[str]]:
     """(prompt ids, solutions) of a held-out prompt MindRecord; errors name the file."""
-    from mindrlhf.data.reader import read_prompt_records
-
     try:
         ids, solutions = read_prompt_records(path)
     except (OSError, RuntimeError, ValueError) as err:
@@ -473,7 +464,6 @@ def load_eval_set(path: str, prompt_buckets) -> tuple[list[list[int]], list[str]
 
 
 def _write_json(path: str, data: dict) -> None:
-    import json
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f)
 
@@ -488,8 +478,6 @@ EXPERIENCE_SCHEMA = {
 
 def write_experience(path: str, exp: Experience) -> None:
     """One step's experience as MindRecord (real prompt tokens only; responses padded to the step's width)."""
-    from mindrlhf.data.mindrecord import write_mindrecord_atomically
-
     records = []
     for i in range(exp.num_rows):
         record = {"prompt_ids": exp.prompt_ids[i][exp.prompt_mask[i].astype(bool)].astype(np.int32),

@@ -21,6 +21,8 @@ import logging
 
 import numpy as np
 
+from mindrlhf.algorithms import GRPOLossCell, ValueLossCell
+from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs, ResponseScores, ResponseValues, ValueLossNet
 from mindrlhf.checkpoint.step import (
     CRITIC_CKPT,
     CRITIC_PREFIX,
@@ -39,9 +41,18 @@ from mindrlhf.checkpoint.weights import (
     read_weights,
     with_zero_value_head,
 )
+from mindrlhf.configs.recompute import RecomputeConfig
+from mindrlhf.engine.batches import rows_of_rank
 from mindrlhf.engine.forward import ForwardEngine
 from mindrlhf.engine.sizing import MicroBatchSizer
 from mindrlhf.engine.train import LearningRateSchedule, TrainEngine, UpdatePolicy, total_updates
+from mindrlhf.generation import Generator
+from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
+from mindrlhf.optim import AdamW, ShardedAdamW
+from mindrlhf.parallel.layers import init_random_weights, random_full_state
+from mindrlhf.parallel.reshard import Resharder
+from mindrlhf.parallel.strategy import net_layouts
+from mindrlhf.reward import build_reward_fn
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -125,8 +136,6 @@ def shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout, infer
     """Whether the inference net can be the train net itself: the same architecture, dtypes and layout (the
     same shards on every rank), and no inference checkpoint of its own. Recompute acts in backward passes only,
     so it may differ."""
-    from mindrlhf.configs.recompute import RecomputeConfig
-
     same_model = dataclasses.replace(train_cfg, parallel_config=None, recompute=RecomputeConfig()) == \
         dataclasses.replace(infer_cfg, parallel_config=None, recompute=RecomputeConfig())
     own_weights = bool(infer_checkpoint) and infer_checkpoint != train_checkpoint
@@ -144,8 +153,6 @@ def update_policy(config, learning_rate: float, warmup_steps: int, max_grad_norm
 def adamw(config, params, model_config, layout, state_prefix: str = "", learning_rate: float | None = None):
     """The job's AdamW (`optimizer` section) over `params`; its moments sharded over `layout`'s data-parallel
     group (`ShardedAdamW`) when `model_config.parallel_config.optimizer_shard` is set and dp > 1."""
-    from mindrlhf.optim import AdamW, ShardedAdamW
-
     opt = config.optimizer
     kwargs = dict(learning_rate=opt.learning_rate if learning_rate is None else learning_rate, beta1=opt.beta1,
                   beta2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay, state_prefix=state_prefix)
@@ -166,9 +173,6 @@ class Actor(Role):
     resident_in = actor_residency(INFER_WEIGHTS)
 
     def __init__(self, config, job, train_cfg, infer_cfg, train_layout, infer_layout, generation, rank: int):
-        from mindrlhf.models.qwen2 import Qwen2ForCausalLM
-        from mindrlhf.parallel.strategy import net_layouts
-
         self.config, self.job, self.rank = config, job, rank
         self.train_cfg, self.infer_cfg = train_cfg, infer_cfg
         self.train_layout, self.infer_layout = train_layout, infer_layout
@@ -192,10 +196,6 @@ class Actor(Role):
         """Weights, the training engine, resharder, forward engine and generators (skipped by
         --only_save_strategy). `comm` sums metrics over ranks; `dp_sums`: the train dp group's shared-memory
         gradient sums, if any."""
-        from mindrlhf.algorithms import GRPOLossCell
-        from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
-        from mindrlhf.parallel.layers import init_random_weights
-
         cfg, job, gen = self.config, self.job, self.generation
         if job.load_sft_checkpoint_train:
             load_weights(self.train_net, self.train_layout, job.load_sft_checkpoint_train)
@@ -225,8 +225,6 @@ class Actor(Role):
             self.to_infer.run()
 
     def _build_generators(self) -> None:
-        from mindrlhf.generation import Generator
-
         gen, cfg = self.generation, self.config
         self.generator = Generator(self.infer_net, gen)
         self.generator.rng = np.random.default_rng([gen.seed, self.infer_layout.dp_rank])
@@ -239,8 +237,6 @@ class Actor(Role):
     def resharder_to(self, net, strategy: dict, prefix: str):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
         net's names), from every pipeline stage when the train net has them."""
-        from mindrlhf.parallel.reshard import Resharder
-
         names = {name[len(prefix):]: name for name in strategy}
         return Resharder(self.train_net, net, self.train_strategy, strategy, names, rank=self.rank,
                          src_pipeline=self.train_layout, src_stage_layouts=self.engine.stages)
@@ -314,9 +310,6 @@ class Reference(Role):
     resident_in = {"ref": (REF_WEIGHTS,)}
 
     def __init__(self, config, job, infer_cfg, infer_layout, temperature: float, rank: int):
-        from mindrlhf.models.qwen2 import Qwen2ForCausalLM
-        from mindrlhf.parallel.strategy import net_layouts
-
         self.config, self.job, self.rank = config, job, rank
         self.infer_cfg, self.layout, self.temperature = infer_cfg, infer_layout, temperature
         self.net = Qwen2ForCausalLM(infer_cfg, infer_layout)
@@ -324,8 +317,6 @@ class Reference(Role):
         self.strategy = net_layouts(self.net, infer_layout)
 
     def build(self, actor: Actor) -> None:
-        from mindrlhf.algorithms.policy_cells import ResponseLogProbs
-
         self.from_actor = actor.resharder_to(self.net, self.strategy, REF_PREFIX)
         # the actor's sizer: both passes read the same rows in the same layout
         self.engine = ForwardEngine(ResponseLogProbs(self.net, self.temperature), actor.old_log_probs.sizer)
@@ -366,9 +357,6 @@ class Critic(Role):
     resident_in = {"values": (CRITIC_WEIGHTS,), "update_critic": (CRITIC_WEIGHTS, CRITIC_MOMENTS)}
 
     def __init__(self, config, job, critic_cfg, layout, rank: int):
-        from mindrlhf.models.qwen2 import Qwen2ForValue
-        from mindrlhf.parallel.strategy import net_layouts
-
         self.config, self.job, self.rank = config, job, rank
         self.model_config, self.layout = critic_cfg, layout
         self.net = Qwen2ForValue(critic_cfg, layout)
@@ -379,9 +367,6 @@ class Critic(Role):
     def build(self, actor: Actor, comm, dp_sums=None) -> None:
         """Weights (a critic checkpoint, or the starting policy's backbone with a zero head), the training engine
         and the values' forward engine."""
-        from mindrlhf.algorithms import ValueLossCell
-        from mindrlhf.algorithms.policy_cells import ResponseValues, ValueLossNet
-
         cfg, critic, group = self.config, self.config.critic, self.config.generation.num_generations
         self._load_weights(actor)
         self.comm = comm
@@ -398,8 +383,6 @@ class Critic(Role):
             self.net, self.layout, self.model_config)
 
     def _load_weights(self, actor: Actor) -> None:
-        from mindrlhf.parallel.layers import random_full_state
-
         job = self.job
         if job.load_critic_checkpoint:
             source = job.load_critic_checkpoint
@@ -431,8 +414,6 @@ class Critic(Role):
     def values(self, exp) -> np.ndarray:
         """Values of every row of `exp` [N, R] (0 on padding): each critic dp rank scores its share of the rows,
         then the shares are gathered."""
-        from mindrlhf.engine.batches import rows_of_rank
-
         self.require((CRITIC_WEIGHTS,), "values")
         mine = rows_of_rank(exp.num_rows, self.layout.dp, self.layout.dp_rank)
         local = self.values_engine.run(exp.rows(mine), first_row=mine.start).astype(np.float32)
@@ -455,16 +436,11 @@ class Reward(Role):
     name = "reward"
 
     def __init__(self, config, job, tokenizer, model_cfg=None, layout=None, rank: int = 0):
-        from mindrlhf.reward import build_reward_fn
-
         reward = config.reward
         self.config, self.job, self.tokenizer, self.rank = config, job, tokenizer, rank
         self.rules = build_reward_fn(reward.reward_funcs, reward.reward_weights) if reward.reward_funcs else None
         self.net = None
         if reward.reward_model_path:
-            from mindrlhf.models.qwen2 import Qwen2ForValue
-            from mindrlhf.parallel.strategy import net_layouts
-
             self.model_config, self.layout = model_cfg, layout
             self.net = Qwen2ForValue(model_cfg, layout)
             self.net.update_parameters_name(REWARD_MODEL_PREFIX)
@@ -473,8 +449,6 @@ class Reward(Role):
 
     def build(self) -> None:
         """Loads the reward model (a checkpoint with a value head) and its scoring engine."""
-        from mindrlhf.algorithms.policy_cells import ResponseScores
-
         if self.net is None:
             return
         path = self.config.reward.reward_model_path

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 from mindrlhf.utils.atomic import atomic_output
+
+# MindSpore is imported by the functions that write and read: utils is MindSpore-free (tests/test_architecture.py)
 
 CHECKPOINT_CHUNK_BYTES = 64 << 20
 
@@ -19,7 +23,6 @@ def _bytes_and_dtype(value):
     """(uint8 view of the data, MindSpore's dtype name) of a Tensor/Parameter or a numpy array (including
     MindSpore's numpy bfloat16), without copying a contiguous array."""
     import mindspore as ms
-    import numpy as np
 
     if isinstance(value, np.ndarray):
         # MindSpore's name of the numpy dtype, from a one-element tensor

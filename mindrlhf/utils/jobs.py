@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 
 def free_port() -> int:
     """A TCP port of this machine that is free now (for msrun's `--master_port`)."""
@@ -83,8 +85,6 @@ def stop_process_tree(pid: int, grace: float = 15.0, whole_group: bool = False) 
     one of its own): SIGINT to `pid` (or its process group), so that msrun stops its workers and scheduler, then
     SIGKILL to whatever of the tree (as seen before the signal) still runs after `grace` seconds. Returns the pids
     that had to be killed."""
-    import psutil
-
     try:
         tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
     except psutil.NoSuchProcess:

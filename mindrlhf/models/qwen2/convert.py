@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 
 import mindspore as ms
 import numpy as np
+from safetensors.numpy import save_file
 
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.models.qwen2.config import Qwen2Config
@@ -171,7 +172,7 @@ def _read_safetensors_tensor(f, path: str, name: str, spec, base: int, size: int
 
 def read_torch_bin(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """Reads a PyTorch `.bin` state dict (imports torch); bf16 comes back as exact float32."""
-    import torch
+    import torch  # a test-only dependency (requirements-test.txt): only .bin weights need it
 
     path = os.fspath(path)
     try:
@@ -447,8 +448,6 @@ def save_ms_checkpoint(tensors: dict[str, np.ndarray], ckpt_path: str) -> None:
 
 
 def _save_safetensors(tensors: dict[str, np.ndarray], path: str) -> None:
-    from safetensors.numpy import save_file
-
     with atomic_output(path, ".safetensors") as tmp:
         save_file({n: np.ascontiguousarray(a) for n, a in tensors.items()}, tmp, metadata={"format": "pt"})
 
