@@ -22,4 +22,10 @@ setup(
     package_data={"mindrlhf": ["py.typed"]},
     install_requires=_requirements("requirements.txt"),
     extras_require={"test": _requirements("requirements-test.txt")},
+    entry_points={"console_scripts": [
+        "mindrlhf-train = mindrlhf.cli.train:run",
+        "mindrlhf-prepare-data = mindrlhf.cli.prepare_data:main",
+        "mindrlhf-convert-weight = mindrlhf.cli.convert_weight:main",
+        "mindrlhf-transform-checkpoint = mindrlhf.cli.transform_checkpoint:main",
+    ]},
 )

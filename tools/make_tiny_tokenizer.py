@@ -15,16 +15,12 @@ import argparse
 import json
 import logging
 import os
-import sys
 
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 from tokenizers.models import BPE
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from mindrlhf.data.templates import R1_THINK_SYSTEM_PROMPT  # noqa: E402
-from mindrlhf.models.qwen2.tokenizer import (  # noqa: E402
+from mindrlhf.data.templates import R1_THINK_SYSTEM_PROMPT
+from mindrlhf.models.qwen2.tokenizer import (
     ENDOFTEXT,
     IM_END,
     QWEN25_DEFAULT_SYSTEM_PROMPT,
@@ -32,6 +28,7 @@ from mindrlhf.models.qwen2.tokenizer import (  # noqa: E402
     qwen2_pre_tokenizer,
 )
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_DATA = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data", "gsm8k_sample.jsonl")
 DEFAULT_OUTPUT = os.path.join(ROOT, "model_configs", "tiny", "tokenizer")
 MERGES_HEADER = "#version: 0.2"

@@ -22,28 +22,25 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-import sys
 import time
 from pathlib import Path
 
 import mindspore as ms
 import numpy as np
 
+from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
+from mindrlhf.data.mindrecord import read_problems
+from mindrlhf.data.reader import pad_rows
+from mindrlhf.data.templates import build_prompt
+from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.models.tokenizer import load_tokenizer
+from mindrlhf.optim import AdamW, learning_rate_at
+from mindrlhf.parallel.layers import init_random_weights
+from mindrlhf.parallel.spmd import SPMDTrainStep
+from mindrlhf.utils.atomic import atomic_output
+from mindrlhf.utils.logging import setup_logging
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from mindrlhf.algorithms.policy_cells import ResponseNLLLoss  # noqa: E402
-from mindrlhf.data.mindrecord import read_problems  # noqa: E402
-from mindrlhf.data.reader import pad_rows  # noqa: E402
-from mindrlhf.data.templates import build_prompt  # noqa: E402
-from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
-from mindrlhf.models.tokenizer import load_tokenizer  # noqa: E402
-from mindrlhf.optim import AdamW, learning_rate_at  # noqa: E402
-from mindrlhf.parallel.layers import init_random_weights  # noqa: E402
-from mindrlhf.parallel.spmd import SPMDTrainStep  # noqa: E402
-from mindrlhf.utils.atomic import atomic_output  # noqa: E402
-from mindrlhf.utils.logging import setup_logging  # noqa: E402
-
 logger = logging.getLogger("mindrlhf.tools.sft_policy")
 TINY = ROOT / "model_configs" / "tiny"
 DATA = ROOT / "examples" / "qwen_grpo_tutorial" / "data"

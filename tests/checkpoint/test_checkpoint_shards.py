@@ -19,11 +19,11 @@ from support.checkpoints import NET_LAYOUTS, mindspore_split, tiny_strategy
 from support.jobs import grpo_msrun_command
 from support.msrun import free_port, msrun_env, run_command
 from support.paths import GSM8K_SAMPLE, TINY, TINY_SFT_CKPT, TOKENIZER
-from support.tools import transform_checkpoint_tool
 
 from mindrlhf.checkpoint import shards as shards_module
 from mindrlhf.checkpoint.step import CheckpointError
 from mindrlhf.checkpoint.weights import load_weights, read_weights
+from mindrlhf.cli import transform_checkpoint
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.trainer.metrics import MACHINE_METRICS
 
@@ -54,7 +54,7 @@ def folders(tmp_path_factory):
     for key in NET_LAYOUTS:
         strategy_dir, plain = tiny_strategy(str(root / key), key)
         found[key] = str(root / key / "shards")
-        assert transform_checkpoint_tool().main([f"--src_checkpoint={WHOLE}", f"--dst_checkpoint={found[key]}",
+        assert transform_checkpoint.main([f"--src_checkpoint={WHOLE}", f"--dst_checkpoint={found[key]}",
                                     f"--dst_strategy={strategy_dir}"]) == 0
         if key == "tp2":
             found["ms_tp2"] = mindspore_split(str(root / key), plain)
@@ -278,7 +278,7 @@ def test_the_tutorials_shards_train_like_the_whole_checkpoint(tmp_path):
                                                   yamls=yamls))
     shards = {}
     # the tool's main() on the tutorial's command line, in this process (test_transform_checkpoint.py runs the script)
-    tool = transform_checkpoint_tool()
+    tool = transform_checkpoint
     for net in ("train", "infer", "ref"):
         shards[net] = tmp_path / f"ckpt_{net}"
         assert tool.main([f"--src_checkpoint={WHOLE}", f"--dst_checkpoint={shards[net]}",

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from support import paths
 from support.msrun import run_command
-from support.tools import script_module
 
+from mindrlhf.cli import prepare_data
 from mindrlhf.configs.generation import bucket_length
 from mindrlhf.data.answers import extract_gold_answer
 from mindrlhf.data.mindrecord import (
@@ -121,15 +121,10 @@ def test_conversion_round_trip(tmp_path, tokenizer, template, layout):
     assert sorted(os.listdir(tmp_path / "out")) == ["prompts.mindrecord", "prompts.mindrecord.db"]
 
 
-def rlhf_data_script():
-    return script_module(os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "rlhf_data.py"), "rlhf_data")
-
-
 def test_the_instruction_follows_each_question_inside_the_user_turn(tmp_path, tokenizer):
     from mindrlhf.data.templates import GSM8K_INSTRUCTION
-    rlhf_data = rlhf_data_script()
     output = str(tmp_path / "p.mindrecord")
-    assert rlhf_data.main(["--vocab_path", os.path.join(TINY_DIR, "vocab.json"), "--merges_file_path",
+    assert prepare_data.main(["--vocab_path", os.path.join(TINY_DIR, "vocab.json"), "--merges_file_path",
                            os.path.join(TINY_DIR, "merges.txt"), "--file_path",
                            write_jsonl(tmp_path / "d.jsonl", PROBLEMS), "--output_path", output,
                            "--template", "qwen_chat", "--instruction", "gsm8k"]) == 0
@@ -142,7 +137,7 @@ def test_the_instruction_follows_each_question_inside_the_user_turn(tmp_path, to
 def test_a_flag_prefix_is_refused_in_one_line(capsys):
     """Flags are matched exactly: `--file` is not taken for `--file_path`."""
     with pytest.raises(SystemExit) as stop:
-        rlhf_data_script().build_parser().parse_args(["--file", "x.jsonl", "--output_path", "o"])
+        prepare_data.build_parser().parse_args(["--file", "x.jsonl", "--output_path", "o"])
     assert stop.value.code == 2
     error, see = capsys.readouterr().err.splitlines()  # prog: error: ..., see prog --help (prog: argv[0])
     assert error.endswith(": error: the following arguments are required: --file_path") and see.endswith(" --help")

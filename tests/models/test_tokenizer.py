@@ -2,7 +2,6 @@
 template, file errors, and the tiny bundled tokenizer."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -12,6 +11,7 @@ import unicodedata
 import pytest
 from support import paths
 from support.tokenizer_texts import CONVERSATIONS, PARITY_TEXTS
+from support.tools import tool_module
 
 from mindrlhf.models.qwen2.tokenizer import QWEN25_DEFAULT_SYSTEM_PROMPT, Qwen2Tokenizer, load_merges, render_qwen_chat
 
@@ -267,10 +267,7 @@ def test_tiny_tokenizer_compresses_the_sample_prompts(tiny):
     ("gsm8k_sample.jsonl", 1000, TINY_DIR),
     ("arithmetic_train.jsonl", 600, os.path.join(ROOT, "model_configs", "arith", "policy"))])
 def test_bundled_tokenizer_files_are_reproducible(tmp_path, data, vocab_size, folder):
-    spec = importlib.util.spec_from_file_location("make_tiny_tokenizer",
-                                                  os.path.join(ROOT, "tools", "make_tiny_tokenizer.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = tool_module("make_tiny_tokenizer")
     data_path = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data", data)
     vocab, merges = module.train_tiny_bpe(module.corpus_texts(data_path), vocab_size)
     module.write_tokenizer_files(vocab, merges, str(tmp_path))

@@ -1,10 +1,8 @@
-"""The tutorial's GRPO job (`examples/qwen_grpo_tutorial/grpo_one_stage.py`) on the tiny model: in this process
-(`load_script`, `base_args`, `yaml_with`) or under msrun (`job_args`, `run_job` through `workers/grpo_worker.py`,
-`module_run`, `grpo_msrun_command` for msrun itself, `started_job` for one that runs while the test acts), the
-flags of the jobs several tests share (`straight_args`, `ppo_args`), and `without_timing` to compare their
-metrics."""
+"""The RL job (`mindrlhf.cli.train`, the tutorial's grpo_one_stage.py) on the tiny model: in this process (its
+`main` with `base_args`, `yaml_with`) or under msrun (`job_args`, `run_job` through `workers/grpo_worker.py`,
+`module_run`, `grpo_msrun_command` for msrun itself, `started_job` for one that runs while the test acts), the flags
+of the jobs several tests share (`straight_args`, `ppo_args`), and `without_timing` to compare their metrics."""
 import contextlib
-import importlib.util
 import json
 import signal
 import subprocess
@@ -17,14 +15,7 @@ from support.msrun import run_worker
 from support.paths import GRPO_SCRIPT, TINY, TINY_SFT_CKPT, TOKENIZER
 
 
-# ---------------------------------------------------------------- in this process
-def load_script():
-    spec = importlib.util.spec_from_file_location("grpo_one_stage", GRPO_SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
+# ---------------------------------------------------------------- in this process (`mindrlhf.cli.train.main`)
 def base_args(mindrecord, out_dir, model_yaml=TINY / "model.yaml"):
     return ["--sft_path_train", str(model_yaml), "--sft_path_infer", str(model_yaml), "--tokenizer_dir",
             str(TOKENIZER), "--mind_dataset_dir", str(mindrecord), "--config", str(TINY / "grpo.yaml"),

@@ -1,5 +1,7 @@
-"""The repository's tools/*.py scripts as the tests drive them: imported as a module (`main(argv)` in-process,
-cheaper) or run in a fresh interpreter."""
+"""The repository's scripts as the tests drive them: the commands' thin files (tools/convert_weight.py,
+tools/transform_checkpoint.py: in-process tests call `mindrlhf.cli.<command>.main` instead) run in a fresh
+interpreter, and the developer tools that are no package command (tools/sft_policy.py, make_tiny_tokenizer.py,
+fetch_smollm2.py) imported as modules."""
 import importlib.util
 import subprocess
 import sys
@@ -11,18 +13,14 @@ CONVERT_WEIGHT = TOOLS / "convert_weight.py"
 TRANSFORM_CHECKPOINT = TOOLS / "transform_checkpoint.py"
 
 
-def script_module(path, name: str):
-    """The script at `path` imported as module `name` (its `main`, `build_parser`, ... callable in-process)."""
+def tool_module(name: str):
+    """tools/<name>.py imported as module `name` (its functions callable in-process)."""
+    path = TOOLS / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # a dataclass of the script looks its module up
     spec.loader.exec_module(module)
     return module
-
-
-def transform_checkpoint_tool():
-    """tools/transform_checkpoint.py as a module."""
-    return script_module(TRANSFORM_CHECKPOINT, "transform_checkpoint_tool")
 
 
 def run_convert_weight(*args) -> subprocess.CompletedProcess:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -16,9 +15,10 @@ from safetensors.torch import save_file as torch_save_safetensors
 from support.checkpoints import write_trainer_checkpoint
 from support.hf_fixtures import hf_logits, make_hf_model_dir, safetensors_bytes
 from support.paths import TOKENIZER
-from support.tools import CONVERT_WEIGHT, run_convert_weight, script_module
+from support.tools import run_convert_weight
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from mindrlhf.cli import convert_weight
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.models.qwen2.convert import (
     ConversionError,
@@ -100,16 +100,6 @@ def _files(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()}
 
 
-def _load_cli_module():
-    spec = importlib.util.spec_from_file_location("convert_weight_cli", CONVERT_WEIGHT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CLI_MODULE = _load_cli_module()
-
-
 # ----------------------------------------------------------------------------------- HF -> MindSpore
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "llama_attention_bias"])
 def test_hf_to_ms_exact(hf_model, tmp_path, variant):
@@ -145,7 +135,7 @@ def test_hf_to_ms_low_precision_is_correctly_rounded(hf_model, tmp_path, dtype, 
 def test_a_flag_prefix_is_refused_in_one_line(capsys):
     """Flags are matched exactly: `--torch_ckpt` is not taken for `--torch_ckpt_dir`."""
     with pytest.raises(SystemExit) as stop:
-        script_module(CONVERT_WEIGHT, "convert_weight").build_parser().parse_args(
+        convert_weight.build_parser().parse_args(
             ["--torch_ckpt", "hf", "--mindspore_ckpt_path", "x.ckpt"])
     assert stop.value.code == 2
     error, see = capsys.readouterr().err.splitlines()  # prog: error: ..., see prog --help (prog: argv[0])
@@ -375,7 +365,7 @@ def test_cli_bad_input(hf_model, tmp_path, capsys, case):
     out_dir.mkdir()
     args = ["--torch_ckpt_dir", hf_dir, "--mindspore_ckpt_path", out_dir / "m.ckpt",
             "--output_yaml", out_dir / "m.yaml", *extra_args]
-    returncode = CLI_MODULE.main([str(a) for a in args])
+    returncode = convert_weight.main([str(a) for a in args])
     _check_error_output(returncode, capsys.readouterr().err, expected)
     assert _files(out_dir) == set()
 
@@ -393,7 +383,7 @@ def test_cli_bad_input_subprocess(hf_model, tmp_path, case):
 
 def test_cli_reverse_requires_config(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
-        CLI_MODULE.main(["--reverse", "--mindspore_ckpt_path", str(tmp_path / "m.ckpt"),
+        convert_weight.main(["--reverse", "--mindspore_ckpt_path", str(tmp_path / "m.ckpt"),
                          "--torch_ckpt_dir", str(tmp_path / "hf")])
     assert exc.value.code == 2
     assert "--reverse needs --config_path" in capsys.readouterr().err
@@ -464,10 +454,10 @@ def test_cli_reverse_of_a_broken_trainer_checkpoint(hf_model, tmp_path, capsys):
     shutil.rmtree(step_dir / "rank_1")
     args = ["--reverse", "--mindspore_ckpt_path", str(step_dir), "--torch_ckpt_dir", str(tmp_path / "back"),
             "--config_path", str(tmp_path / "m.yaml")]
-    _check_error_output(CLI_MODULE.main(args), capsys.readouterr().err,
+    _check_error_output(convert_weight.main(args), capsys.readouterr().err,
                         [str(step_dir / "rank_1" / "train.ckpt"), "missing", "describes 2 ranks"])
     assert not (tmp_path / "back").exists()
     args[-1:] = [str(tmp_path / "m.yaml"), "--tokenizer_dir", str(tmp_path)]
-    _check_error_output(CLI_MODULE.main(args[:1] + ["--mindspore_ckpt_path", str(tmp_path / "m.ckpt")] + args[3:]),
+    _check_error_output(convert_weight.main(args[:1] + ["--mindspore_ckpt_path", str(tmp_path / "m.ckpt")] + args[3:]),
                         capsys.readouterr().err, [str(tmp_path), "no tokenizer files"])
     assert not (tmp_path / "back").exists()

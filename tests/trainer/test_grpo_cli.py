@@ -11,11 +11,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from support.jobs import base_args, load_script, yaml_with
+from support.jobs import base_args, yaml_with
 from support.metrics_doc import assert_documented
 from support.msrun import run_command
 from support.paths import GRPO_SCRIPT, GSM8K_SAMPLE, TINY, TINY_SFT_CKPT, TOKENIZER
 from support.tolerances import assert_weights_close_after_adam
+
+from mindrlhf.cli import train
 
 
 def bad_checkpoint(tmp_path):
@@ -74,7 +76,7 @@ def _write(path, text):
 def test_bad_input_is_one_line_and_writes_nothing(case, tmp_path, mindrecord, capsys, graph_mode):
     make_args, message = CASES[case]
     out_dir = tmp_path / "out"
-    code = load_script().main(base_args(mindrecord, out_dir) + make_args(tmp_path, mindrecord))
+    code = train.main(base_args(mindrecord, out_dir) + make_args(tmp_path, mindrecord))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert err and err[-1].startswith("error: "), err
@@ -95,7 +97,7 @@ def logged_run(data, out, extra, callbacks=None) -> str:
     """A run of the tiny job on `data` from the bundled checkpoint with `extra` flags; returns its log (stderr)."""
     log = io.StringIO()
     with contextlib.redirect_stderr(log):
-        code = load_script().main(base_args(data, out) + ["--load_sft_checkpoint_train", str(TINY_SFT_CKPT)] + extra,
+        code = train.main(base_args(data, out) + ["--load_sft_checkpoint_train", str(TINY_SFT_CKPT)] + extra,
                                   callbacks=callbacks)
     assert code == 0, log.getvalue()[-3000:]
     return log.getvalue()
@@ -107,7 +109,7 @@ def metrics_lines(out) -> list[dict]:
 
 def test_only_save_strategy_writes_strategy_files_mindspore_reads(tmp_path, mindrecord, graph_mode):
     import mindspore as ms
-    code = load_script().main(base_args(mindrecord, tmp_path / "out") + ["--only_save_strategy"])
+    code = train.main(base_args(mindrecord, tmp_path / "out") + ["--only_save_strategy"])
     assert code == 0
     # one model YAML for both nets: the inference net is the train net, its names unprefixed
     for net, prefix in (("train", ""), ("infer", ""), ("ref", "ref.")):
@@ -150,7 +152,7 @@ def test_updates_that_keep_going_non_finite_stop_the_job_with_one_line(tmp_path,
     """A learning rate of 1e30 blows the weights up after the first update: later updates have a NaN loss, are
     skipped, and two in a row stop the job with a one-line error and no checkpoint of the broken state."""
     out = tmp_path / "out"
-    code = load_script().main(base_args(mindrecord, out) + [
+    code = train.main(base_args(mindrecord, out) + [
         "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "2", "--learning_rate", "1e30",
         "--warmup_steps", "0", "--max_consecutive_skips", "2", "--save_interval", "1"])
     err = capsys.readouterr().err.strip().splitlines()

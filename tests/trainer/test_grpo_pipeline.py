@@ -20,7 +20,8 @@ from support.jobs import (
 from support.msrun import free_port, msrun_env, run_command
 from support.paths import TINY, TINY_SFT_CKPT
 from support.tolerances import assert_weights_close_after_adam
-from support.tools import transform_checkpoint_tool
+
+from mindrlhf.cli import transform_checkpoint
 
 PIPELINE_YAML = TINY / "train_pp2.yaml"
 
@@ -108,7 +109,7 @@ def test_stage_checkpoint_merges_into_the_whole_net(pipeline_run, tmp_path):
     for rank in range(2):
         (ckpt / f"rank_{rank}").mkdir(parents=True)
         shutil.copy(step / f"rank_{rank}" / "train.ckpt", ckpt / f"rank_{rank}" / "train.ckpt")
-    tool = transform_checkpoint_tool()
+    tool = transform_checkpoint
     assert tool.main(["--src_checkpoint", str(ckpt), "--src_strategy", str(step / "train_strategy.ckpt"),
                       "--dst_checkpoint", str(tmp_path / "full")]) == 0  # our CLI over MindSpore's transform
     (name,) = [p.name for p in (tmp_path / "full" / "rank_0").iterdir()]

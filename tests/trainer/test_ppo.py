@@ -4,10 +4,11 @@ import json
 
 import numpy as np
 import pytest
-from support.jobs import base_args, load_script, yaml_with
+from support.jobs import base_args, yaml_with
 from support.metrics_doc import assert_documented
 from support.paths import TINY, TINY_SFT_CKPT
 
+from mindrlhf.cli import train
 from mindrlhf.trainer.roles import CRITIC_MOMENTS, CRITIC_WEIGHTS
 
 pytestmark = pytest.mark.usefixtures("graph_mode")
@@ -31,7 +32,7 @@ def test_ppo_steps_score_tokens_train_the_critic_and_keep_it_offloaded_elsewhere
         seen.append((step, list(trainer.swap.phase_plan), trainer.critic.net.score.weight.asnumpy().copy()))
 
     out = tmp_path / "out"
-    code = load_script().main(ppo_args(mindrecord, out, "--steps", "2", "--save_data_file",
+    code = train.main(ppo_args(mindrecord, out, "--steps", "2", "--save_data_file",
                                        str(tmp_path / "exp" / "ppo")), callbacks=[check])
     assert code == 0
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -74,7 +75,7 @@ def test_bad_ppo_input_is_one_line(extra, message, tmp_path, mindrecord, capsys)
     extra = tuple(str(yaml_with(tmp_path, "deeper.yaml", [("num_layers: 2", "num_layers: 3")])) if e == "DEEPER"
                   else e for e in extra)
     out = tmp_path / "out"
-    code = load_script().main(ppo_args(mindrecord, out, *extra))
+    code = train.main(ppo_args(mindrecord, out, *extra))
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: "), err
     assert __import__("re").search(message, err[-1]), err[-1]
@@ -131,7 +132,7 @@ def test_the_critic_can_start_from_a_value_model_checkpoint(tmp_path, mindrecord
     ckpt = tmp_path / "rm.ckpt"
     ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in weights.items()], str(ckpt))
     out = tmp_path / "out"
-    code = load_script().main(ppo_args(mindrecord, out, "--steps", "1", "--load_critic_checkpoint", str(ckpt),
+    code = train.main(ppo_args(mindrecord, out, "--steps", "1", "--load_critic_checkpoint", str(ckpt),
                                        "--save_data_file", str(tmp_path / "exp" / "ppo")))
     assert code == 0
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])

@@ -5,9 +5,10 @@ import re
 
 import numpy as np
 import pytest
-from support.jobs import base_args, load_script, yaml_with
+from support.jobs import base_args, yaml_with
 from support.paths import TINY, TINY_SFT_CKPT, TOKENIZER
 
+from mindrlhf.cli import train
 from mindrlhf.trainer.roles import REWARD_MODEL_WEIGHTS
 
 pytestmark = pytest.mark.usefixtures("graph_mode")
@@ -61,7 +62,7 @@ def test_the_reward_model_scores_the_last_token_and_adds_to_the_rule_rewards(tmp
     ckpt, weights = reward_model_ckpt
     plans = []
     out = tmp_path / "out"
-    code = load_script().main(base_args(mindrecord, out) + [
+    code = train.main(base_args(mindrecord, out) + [
         "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1",
         "--reward_funcs", "format", "--reward_weights", "0.5", "--reward_model_path", str(ckpt),
         "--reward_model_weight", "2.0", "--save_data_file", str(tmp_path / "exp" / "rm")],
@@ -99,7 +100,7 @@ def test_bad_reward_model_input_is_one_line(extra, message, tmp_path, mindrecord
              "WIDER": str(yaml_with(tmp_path, "wider.yaml", [("hidden_size: ", "hidden_size: 2")])),
              "TP2": str(yaml_with(tmp_path, "tp2.yaml", [("model_parallel: 1", "model_parallel: 2")]))}
     out = tmp_path / "out"
-    code = load_script().main(base_args(mindrecord, out) + ["--steps", "1", *(swaps.get(e, e) for e in extra)])
+    code = train.main(base_args(mindrecord, out) + ["--steps", "1", *(swaps.get(e, e) for e in extra)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: "), err
     assert re.search(message, err[-1]), err[-1]

@@ -1,6 +1,6 @@
-"""Worker: `grpo_one_stage.py` with a callback that checks, after every step on every rank, that the inference
-net holds exactly the train net's weights (its pipeline stage's, when the train net has stages) and that each phase
-ran with its swap plan; writes rank_<r>.json."""
+"""Worker: the RL job (`mindrlhf.cli.train`, the tutorial's grpo_one_stage.py) with a callback that checks, after
+every step on every rank, that the inference net holds exactly the train net's weights (its pipeline stage's, when
+the train net has stages) and that each phase ran with its swap plan; writes rank_<r>.json."""
 import json
 import os
 import sys
@@ -8,12 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import worker_setup
-from support.paths import TUTORIAL
 
-sys.path.insert(0, str(TUTORIAL))
-
-import grpo_one_stage
-
+from mindrlhf.cli import train
 from mindrlhf.trainer.roles import REF_WEIGHTS
 
 RESULTS = {"steps": []}
@@ -47,7 +43,7 @@ def check_step(trainer, step, metrics):
 
 def main():
     out = Path(os.environ["GRPO_WORKER_OUT"])
-    code = grpo_one_stage.main(sys.argv[1:], callbacks=[check_step])
+    code = train.main(sys.argv[1:], callbacks=[check_step])
     from mindspore.communication import get_rank
     rank = get_rank() if os.environ.get("MS_WORKER_NUM") else 0
     out.mkdir(parents=True, exist_ok=True)
