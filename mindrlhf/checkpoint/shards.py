@@ -122,8 +122,8 @@ def load_shards(net, layout, folder: str, prefix: str = "") -> None:
                     folder, SHARD_STRATEGY, layout)
     else:
         _check_world_size(folder, strategy, layout.world_size)
-        mine = {_unprefixed(name, prefix): lay for name, lay in net_layouts(net, layout).items()}
-        if not _same_layout(folder, strategy, mine, layout.stage):
+        by_plain_name = {_unprefixed(name, prefix): lay for name, lay in net_layouts(net, layout).items()}
+        if not _same_layout(folder, strategy, by_plain_name, layout.stage):
             logger.info("%s: the shards are in another layout than the net's (%s): merged through %s and split "
                         "onto the net's layout", folder, layout, SHARD_STRATEGY)
             _load_full(net, layout, folder, _merge(folder, strategy), prefix)
@@ -157,16 +157,16 @@ def _check_world_size(folder: str, strategy: tuple[dict, dict], world_size: int)
                               "shards for this job's strategy (tools/transform_checkpoint.py)")
 
 
-def _same_layout(folder: str, strategy: tuple[dict, dict], mine: dict, stage: int) -> bool:
-    """Whether every net parameter (`mine`: plain name -> its layout) is cut alike in the folder's strategy, at the
-    net's pipeline stage; a net parameter the strategy lacks is an error."""
+def _same_layout(folder: str, strategy: tuple[dict, dict], by_plain_name: dict, stage: int) -> bool:
+    """Whether every net parameter (`by_plain_name`: plain name -> its layout) is cut alike in the folder's strategy,
+    at the net's pipeline stage; a net parameter the strategy lacks is an error."""
     layouts, stages = strategy
-    absent = sorted(set(mine) - set(layouts))
+    absent = sorted(set(by_plain_name) - set(layouts))
     if absent:
         raise CheckpointError(f"{os.path.join(folder, SHARD_STRATEGY)}: no layout for the net's parameter(s) "
                               f"{', '.join(absent[:_MAX_LISTED])}{' ...' if len(absent) > _MAX_LISTED else ''}; "
                               "are these the shards of this model?")
-    return all(stages[name] == stage and layouts[name].same_split(lay) for name, lay in mine.items())
+    return all(stages[name] == stage and layouts[name].same_split(lay) for name, lay in by_plain_name.items())
 
 
 def _unprefixed(name: str, prefix: str) -> str:

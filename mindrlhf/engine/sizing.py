@@ -39,7 +39,7 @@ class MicroBatchSizer:
         self._logged: set[tuple] = set()
 
     @classmethod
-    def for_pass(cls, kind: str, schedule, model_config, layout, group_size: int, training: bool) -> MicroBatchSizer:
+    def for_pass(cls, kind: str, schedule, model_config, layout, group_size: int, *, training: bool) -> MicroBatchSizer:
         """The sizer of a net in `layout` whose rows come in groups of `group_size` responses to one prompt: for
         training its `micro_batch_num` micro-batches with pipeline stages, else
         `schedule.micro_batch_size_per_device`; for a forward pass `schedule.log_prob_micro_batch_size_per_device`

@@ -149,17 +149,17 @@ class TrainEngine:
         self.optimizer.set_learning_rate(lr)
         weights = aggregation_weights(part.response_mask, self.policy.aggregation).astype(np.float32)
         columns = part.with_columns(**{TOKEN_WEIGHTS: weights})
-        mine = rows_of_rank(part.num_rows, layout.dp, layout.dp_rank)
-        inputs = [columns[name][mine] for name in self.loss_net.INPUTS]
+        my_rows = rows_of_rank(part.num_rows, layout.dp, layout.dp_rank)
+        inputs = [columns[name][my_rows] for name in self.loss_net.INPUTS]
         # every dp rank reads the update's widest response, so that no rank waits for another
         width = self.sizer.width(part.response_mask)
-        shares, grad_norm = self.step(self.sizer.split(inputs, width, mine.start))
+        rank_statistics, grad_norm = self.step(self.sizer.split(inputs, width, my_rows.start))
         self.updates += 1
         if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)
             self._count_skip(grad_norm)
             return None, grad_norm
         self.consecutive_skips = 0
-        return self.comm.group_sum(shares.astype(np.float32), layout.dp_group), grad_norm
+        return self.comm.group_sum(rank_statistics.astype(np.float32), layout.dp_group), grad_norm
 
     def _count_skip(self, grad_norm: float) -> None:
         self.consecutive_skips += 1

@@ -100,12 +100,12 @@ def pin_cpu_cores(mode: str, world_size: int) -> list[int] | None:
     from mindspore.communication import get_local_rank
 
     cores = sorted(os.sched_getaffinity(0))
-    mine = cores_of_rank(cores, _ranks_on_host(world_size), get_local_rank())
-    if mine == cores:
+    my_cores = cores_of_rank(cores, _ranks_on_host(world_size), get_local_rank())
+    if my_cores == cores:
         return None
     for thread in os.listdir("/proc/self/task"):
         try:
-            os.sched_setaffinity(int(thread), mine)
+            os.sched_setaffinity(int(thread), my_cores)
         except OSError:  # a thread that ended meanwhile
             pass
     return sorted(os.sched_getaffinity(0))

@@ -33,10 +33,10 @@ def gather_stage_layouts(local: dict, dtypes: dict, layout: Layout) -> tuple[dic
     """Every stage's parameter layouts of a net in pipeline stages, learnt from the other ranks (each knows its own
     stage's `local` layouts, with full shapes, and the parameters' `dtypes`): (layouts, name -> stage, name ->
     dtype). A world gather on the host; every rank must call it."""
-    mine = json.dumps({name: [list(lay.dev_matrix), list(lay.tensor_map), list(lay.full_shape),
+    my_layouts = json.dumps({name: [list(lay.dev_matrix), list(lay.tensor_map), list(lay.full_shape),
                               str(dtypes[name]).lower(), layout.stage] for name, lay in local.items()})
     comm = ArrayCollectives(layout.world_size, layout.rank)
-    data = np.frombuffer(mine.encode(), np.uint8).astype(np.int32)  # CPU collectives carry no 8-bit integers
+    data = np.frombuffer(my_layouts.encode(), np.uint8).astype(np.int32)  # CPU collectives carry no 8-bit integers
     longest = int(comm.all_gather(np.array([data.size], np.int32)).max())
     rows = comm.all_gather(np.pad(data, (0, longest - data.size))[None]).reshape(layout.world_size, longest)
     layouts, stages, all_dtypes = {}, {}, {}

@@ -81,9 +81,10 @@ def region_shape(region: Region) -> tuple[int, ...]:
 def source_group(layout: ParamLayout, rank: int) -> tuple[int, ...]:
     """Ranks that, with `rank`, hold every shard of the parameter exactly once (same replica coordinates)."""
     split_axes = {layout._device_axis(m) for m in layout.tensor_map if m != NOT_SPLIT}  # pylint: disable=protected-access
-    mine = layout.device_coords(rank)
+    my_coords = layout.device_coords(rank)
     return tuple(r for r in range(layout.world_size)
-                 if all(c == m for i, (c, m) in enumerate(zip(layout.device_coords(r), mine)) if i not in split_axes))
+                 if all(c == m for i, (c, m) in enumerate(zip(layout.device_coords(r), my_coords))
+                        if i not in split_axes))
 
 
 @dataclass(frozen=True)
@@ -136,9 +137,9 @@ def _move_from_stage(src: ParamLayout, dst: ParamLayout, dst_name: str, rank: in
     holders = {stage * stage_size + r: src.slice_of(r) for r in source_group(src, 0)}
     group = tuple(range(world))
     buffer = bounding_box([dst.slice_of(m) for m in group])
-    mine = holders.get(rank)
+    my_region = holders.get(rank)
     return Move(src_name=src.name, dst_name=dst_name, group=group, buffer_region=buffer,
-                contribution=intersect(mine, buffer) if mine else None, src_region=mine or buffer,
+                contribution=intersect(my_region, buffer) if my_region else None, src_region=my_region or buffer,
                 dst_region=dst.slice_of(rank))
 
 

@@ -146,9 +146,9 @@ class SharedMemoryGroup:
         sequence, nbytes = self.sequence, flat.nbytes
         parity = sequence & 1  # a member reuses a slot two calls later, when every peer has read it
         header = np.array([sequence, nbytes, _DTYPES[flat.dtype], _MAGIC], np.int64)
-        mine = self._slot(self.index, parity, nbytes)
-        mine[:HEADER_BYTES] = header.tobytes().ljust(HEADER_BYTES, b"\0")
-        np.frombuffer(mine, flat.dtype, flat.size, HEADER_BYTES)[:] = flat
+        my_slot = self._slot(self.index, parity, nbytes)
+        my_slot[:HEADER_BYTES] = header.tobytes().ljust(HEADER_BYTES, b"\0")
+        np.frombuffer(my_slot, flat.dtype, flat.size, HEADER_BYTES)[:] = flat
         self._wait_for_peers()
         self._unlink_opened()
         self.sequence += 1

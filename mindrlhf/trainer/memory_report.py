@@ -62,7 +62,7 @@ def recompute_of(cfg, pp: int, stage: int) -> Recompute:
 def largest_call(kind: str, schedule, cfg, layout: Layout, group: int, rows: int, prompt_width: int,
                  response_width: int, training: bool) -> Call:
     """The graph call the trainer's sizer (`MicroBatchSizer.plan`) makes of `rows` full-width responses."""
-    sizer = MicroBatchSizer.for_pass(kind, schedule, cfg, layout, group, training)
+    sizer = MicroBatchSizer.for_pass(kind, schedule, cfg, layout, group, training=training)
     arrays = [np.zeros((rows, prompt_width), np.int32), np.ones((rows, prompt_width), np.int32),
               np.zeros((rows, response_width), np.int32), np.ones((rows, response_width), np.int32)]
     size, share, width = sizer.plan(arrays)

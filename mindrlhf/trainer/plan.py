@@ -59,7 +59,7 @@ class JobPlan:
                                                                         world_size, rank)
         eval_batch_size = _check_batches(config, job, train_layout, infer_layout)
         generation = _generation(config, tokenizer, job, train_cfg, infer_cfg)
-        critic_cfg, critic_layout = _critic(config, job, train_cfg, world_size, rank)
+        critic_cfg, critic_layout = _critic_config_and_layout(config, job, train_cfg, world_size, rank)
         reward_model_cfg = reward_model_config(job, infer_cfg, infer_layout) if config.reward.reward_model_path \
             else None
         return cls(world_size=world_size, rank=rank, train_cfg=train_cfg, infer_cfg=infer_cfg, critic_cfg=critic_cfg,
@@ -231,7 +231,7 @@ def check_pipeline(cfg, layout, sched: ScheduleConfig, rows_per_rank: int, path:
 
 def _policy_nets(sched: ScheduleConfig, gen: GenerationConfig, job: JobOptions, world_size: int, rank: int):
     """(train_cfg, infer_cfg, train_layout, infer_layout) of the policy's two YAMLs, checked together."""
-    G = gen.num_generations
+    group_size = gen.num_generations
     train_cfg = Qwen2Config.from_yaml(job.sft_path_train)
     infer_cfg = Qwen2Config.from_yaml(job.sft_path_infer)
     check_model_configs(train_cfg, infer_cfg, job.sft_path_train, job.sft_path_infer)
@@ -241,7 +241,7 @@ def _policy_nets(sched: ScheduleConfig, gen: GenerationConfig, job: JobOptions, 
                                       f"{job.sft_path_infer}: parallel_config")
     check_unstaged(infer_layout, job.sft_path_infer, "the inference net (and the reference and the reward model "
                                                      "in its layout)")
-    check_pipeline(train_cfg, train_layout, sched, sched.prompts_per_update * G // train_layout.dp,
+    check_pipeline(train_cfg, train_layout, sched, sched.prompts_per_update * group_size // train_layout.dp,
                    job.sft_path_train)
     check_tensor_parallel(train_cfg, train_layout.tp, job.sft_path_train)
     check_tensor_parallel(infer_cfg, infer_layout.tp, job.sft_path_infer)
@@ -259,24 +259,24 @@ def _check_micro_batch_size(sched: ScheduleConfig, field: str, rows: int, whose:
 def _check_batches(config: GRPOConfig, job: JobOptions, train_layout: Layout, infer_layout: Layout) -> int:
     """The step's prompts and responses split over the layouts' data-parallel ranks; returns the eval batch size
     (prompts per evaluation call on this rank: by default the rollout's rows, so the same graphs serve both)."""
-    sched, G = config.schedule, config.generation.num_generations
+    sched, group_size = config.schedule, config.generation.num_generations
     if sched.batch_size % infer_layout.dp:
         raise ConfigError(f"schedule.batch_size={sched.batch_size} is not divisible by the inference "
                           f"data_parallel={infer_layout.dp} ({job.sft_path_infer})")
-    eval_batch_size = config.eval.eval_batch_size or sched.batch_size // infer_layout.dp * G
-    unit = group_unit(G, train_layout.dp)
+    eval_batch_size = config.eval.eval_batch_size or sched.batch_size // infer_layout.dp * group_size
+    unit = group_unit(group_size, train_layout.dp)
     if sched.prompts_per_update % unit:
-        raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {G} generations "
+        raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {group_size} generations "
                           f"per update do not split evenly over the train data_parallel="
                           f"{train_layout.dp} ({job.sft_path_train})")
     _check_micro_batch_size(sched, "micro_batch_size_per_device",
-                            sched.prompts_per_update * G // train_layout.dp,
-                            f"each train rank gets per update ({sched.prompts_per_update} prompts x {G} "
+                            sched.prompts_per_update * group_size // train_layout.dp,
+                            f"each train rank gets per update ({sched.prompts_per_update} prompts x {group_size} "
                             f"generations / train data_parallel={train_layout.dp})")
     _check_micro_batch_size(sched, "log_prob_micro_batch_size_per_device",
-                            sched.batch_size // infer_layout.dp * G,
+                            sched.batch_size // infer_layout.dp * group_size,
                             f"each inference rank generates per round ({sched.batch_size} prompts / "
-                            f"inference data_parallel={infer_layout.dp} x {G} generations)")
+                            f"inference data_parallel={infer_layout.dp} x {group_size} generations)")
     return eval_batch_size
 
 
@@ -318,10 +318,10 @@ def _generation(config: GRPOConfig, tokenizer, job: JobOptions, train_cfg, infer
 
 
 # ---------------------------------------------------------------------- critic and reward model
-def _critic(config: GRPOConfig, job: JobOptions, train_cfg, world_size: int, rank: int):
+def _critic_config_and_layout(config: GRPOConfig, job: JobOptions, train_cfg, world_size: int, rank: int):
     """(critic_cfg, critic_layout) of --sft_path_critic, or (None, None): a critic exactly when the advantage
     estimator is gae, reading the policy's tokens, split like a train net."""
-    algo, sched, G = config.algorithm, config.schedule, config.generation.num_generations
+    algo, sched, group_size = config.algorithm, config.schedule, config.generation.num_generations
     if (algo.adv_estimator == "gae") != bool(job.sft_path_critic):
         raise ConfigError("algorithm.adv_estimator: 'gae' needs a critic (--sft_path_critic)"
                           if not job.sft_path_critic else
@@ -339,14 +339,14 @@ def _critic(config: GRPOConfig, job: JobOptions, train_cfg, world_size: int, ran
     else:  # the critic starts from the policy: the same network
         check_model_configs(train_cfg, critic_cfg, job.sft_path_train, path)
     critic_layout = Layout.from_config(critic_cfg.parallel_config, world_size, rank, f"{path}: parallel_config")
-    check_pipeline(critic_cfg, critic_layout, sched, sched.prompts_per_update * G // critic_layout.dp, path)
+    check_pipeline(critic_cfg, critic_layout, sched, sched.prompts_per_update * group_size // critic_layout.dp, path)
     check_tensor_parallel(critic_cfg, critic_layout.tp, path)
-    if sched.batch_size * G % critic_layout.dp:
-        raise ConfigError(f"{path}: the {sched.batch_size * G} responses of a step do not "
+    if sched.batch_size * group_size % critic_layout.dp:
+        raise ConfigError(f"{path}: the {sched.batch_size * group_size} responses of a step do not "
                           f"split over the critic's data_parallel={critic_layout.dp}")
-    unit = group_unit(G, critic_layout.dp)
+    unit = group_unit(group_size, critic_layout.dp)
     if sched.prompts_per_update % unit:
-        raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {G} generations "
+        raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {group_size} generations "
                           f"per update do not split evenly over the critic data_parallel="
                           f"{critic_layout.dp} ({path})")
     return critic_cfg, critic_layout
@@ -362,10 +362,11 @@ def reward_model_config(job: JobOptions, infer_cfg, infer_layout: Layout):
     if cfg.vocab_size != infer_cfg.vocab_size:
         raise ConfigError(f"{path}: model_config.vocab_size={cfg.vocab_size}, but the policy's is "
                           f"{infer_cfg.vocab_size}: the reward model must read the same tokens")
-    mine = (cfg.parallel_config.data_parallel, cfg.parallel_config.model_parallel)
+    reward_split = (cfg.parallel_config.data_parallel, cfg.parallel_config.model_parallel)
     infer = (infer_layout.dp, infer_layout.tp)
-    if mine != infer:
-        raise ConfigError(f"{path}: parallel_config data_parallel x model_parallel = {mine[0]} x {mine[1]}, "
+    if reward_split != infer:
+        raise ConfigError(f"{path}: parallel_config data_parallel x model_parallel = "
+                          f"{reward_split[0]} x {reward_split[1]}, "
                           f"but the reward model runs in the inference layout ({infer[0]} x {infer[1]}, "
                           f"{job.sft_path_infer})")
     check_tensor_parallel(cfg, infer_layout.tp, path)

@@ -96,10 +96,10 @@ class RLTrainer:
         self._load_data()
         self.eval_before: float | None = None
         resume_dir = find_resume_checkpoint(job.resume, job.checkpoint_dir) if job.resume else None
-        self._make_roles()
+        self._create_roles()
         if job.only_save_strategy:
             return
-        self._build_roles(host_sums or {})
+        self._build_engines(host_sums or {})
         self.step = 0
         if resume_dir:
             self._resume(resume_dir)
@@ -116,7 +116,7 @@ class RLTrainer:
         self.eval_set = load_eval_set(self.job.eval_dataset_file, gen.prompt_buckets) if self.job.eval_dataset_file \
             else None
 
-    def _make_roles(self) -> None:
+    def _create_roles(self) -> None:
         """The roles' nets (their strategy files need nothing else)."""
         plan, config, job, rank = self.plan, self.config, self.job, self.rank
         self.reward = Reward(config, job, self.tokenizer, plan.reward_model_cfg, plan.infer_layout, rank)
@@ -126,7 +126,7 @@ class RLTrainer:
         self.critic = Critic(config, job, plan.critic_cfg, plan.critic_layout, rank) if plan.critic_cfg else None
         self.roles: list[Role] = [self.actor, self.reference, self.reward] + ([self.critic] if self.critic else [])
 
-    def _build_roles(self, host_sums: dict) -> None:
+    def _build_engines(self, host_sums: dict) -> None:
         """Weights, engines and reshards of every role, then the swap plan of the phases."""
         self.comm = ArrayCollectives(self.world_size, self.rank)
         self.actor.build(self.comm, host_sums.get(self.train_layout.dp_group))
@@ -240,14 +240,14 @@ class RLTrainer:
     # ------------------------------------------------------------------ one step
     def _rollout(self) -> Experience:
         """One generation round for this rank's prompts, scored, with ref (and old) log-probs."""
-        G = self.num_generations
+        group_size = self.num_generations
         batch = self.dataset.next_batch()
         with self.phases("generate"):
             out = self.actor.generate(batch["prompt_ids"], batch["attention_mask"], progress=self.rank == 0)
         with self.phases("reward"):
-            solutions = [s for s in batch["solution"] for _ in range(G)]
+            solutions = [s for s in batch["solution"] for _ in range(group_size)]
             rewards, terms, _ = self.reward(out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,
-                                            solutions, columns_per_completion(batch["columns"], G))
+                                            solutions, columns_per_completion(batch["columns"], group_size))
         inputs = {name: getattr(out, name) for name in RESPONSE_COLUMNS}
         with self.phases("ref"):
             ref_logp = self.reference.log_probs(inputs)
@@ -283,7 +283,7 @@ class RLTrainer:
 
     def _collect_experience(self) -> tuple[Experience, Experience, dict]:
         """(all generated rows, the rows to train on, sampling stats), on every rank, with advantages."""
-        algo, G = self.config.algorithm, self.num_generations
+        algo, group_size = self.config.algorithm, self.num_generations
         batch_size = self.config.schedule.batch_size
         rounds, kept_parts, all_parts = 0, [], []
         kept_groups = 0
@@ -296,9 +296,9 @@ class RLTrainer:
             if not algo.dynamic_sampling:
                 kept_parts.append(round_exp)
                 break
-            keep = dynamic_sampling_mask(round_exp.rewards, G)
+            keep = dynamic_sampling_mask(round_exp.rewards, group_size)
             if keep.any():
-                kept_parts.append(round_exp.rows(expand_group_mask(keep, G)))
+                kept_parts.append(round_exp.rows(expand_group_mask(keep, group_size)))
                 kept_groups += int(keep.sum())
             if kept_groups >= batch_size or rounds > algo.max_sampling_retries:
                 break
@@ -310,9 +310,9 @@ class RLTrainer:
         if not kept_parts:
             return generated, generated.rows(slice(0, 0)), {**stats, "sampling/kept_groups": 0}
         train = concat_experiences(kept_parts, pad)
-        groups = min(train.num_rows // G, batch_size)
-        groups -= groups % group_unit(G, self.train_layout.dp)
-        train = self._with_advantages(train.rows(slice(0, groups * G))) if groups else train.rows(slice(0, 0))
+        groups = min(train.num_rows // group_size, batch_size)
+        groups -= groups % group_unit(group_size, self.train_layout.dp)
+        train = self._with_advantages(train.rows(slice(0, groups * group_size))) if groups else train.rows(slice(0, 0))
         if algo.dynamic_sampling:
             stats["sampling/kept_groups"] = groups
         return generated, train, stats
@@ -384,17 +384,17 @@ class RLTrainer:
         `format`, `hash_format`) gives."""
         prompts, solutions = self.eval_set
         layout = self.infer_layout
-        mine = np.array_split(np.arange(len(prompts)), layout.dp)[layout.dp_rank]
+        my_prompts = np.array_split(np.arange(len(prompts)), layout.dp)[layout.dp_rank]
         rules = self.reward.rules
         scorers = {"accuracy": accuracy_reward}
         if rules is not None:
             scorers.update((name, fn) for name, fn, trl_form in zip(rules.names, rules.functions, rules.trl_form)
                            if not trl_form and name not in scorers)
         with self.phases("eval"):
-            sums = score_greedy(self.actor.greedy_generator(), self.tokenizer, [prompts[i] for i in mine],
-                                [solutions[i] for i in mine], self.eval_batch_size, scorers,
+            sums = score_greedy(self.actor.greedy_generator(), self.tokenizer, [prompts[i] for i in my_prompts],
+                                [solutions[i] for i in my_prompts], self.eval_batch_size, scorers,
                                 progress=self.rank == 0)
-        totals = self.comm.group_sum(np.array([*sums.values(), len(mine)]), layout.dp_group)
+        totals = self.comm.group_sum(np.array([*sums.values(), len(my_prompts)]), layout.dp_group)
         return {name: float(total / totals[-1]) for name, total in zip(sums, totals)}
 
     def _eval_metrics(self) -> dict[str, float]:

@@ -79,7 +79,7 @@ class Role:
             swap.register(group, params)
         self.swap = swap
 
-    def require(self, groups: tuple[str, ...], operation: str) -> None:
+    def assert_resident(self, groups: tuple[str, ...], operation: str) -> None:
         """Raises `SwapError` when one of `groups` is offloaded (a phase plan that forgot a net)."""
         if self.swap is not None:
             self.swap.check_resident(groups, f"{self.name}.{operation}")
@@ -208,13 +208,14 @@ class Actor(Role):
             "actor", self.train_net, GRPOLossNet(self.train_net, loss_cell, gen.temperature),
             adamw(cfg, self.train_net.trainable_params(), self.train_cfg, self.train_layout),
             self.train_layout, self.train_cfg,
-            MicroBatchSizer.for_pass("train", sched, self.train_cfg, self.train_layout, gen.num_generations, True),
+            MicroBatchSizer.for_pass("train", sched, self.train_cfg, self.train_layout, gen.num_generations,
+                                     training=True),
             comm, update_policy(cfg, opt.learning_rate, opt.warmup_steps, opt.max_grad_norm), self.train_strategy,
             stage_shared=self.train_net.stage_shared_params, dp_sums=dp_sums)
         self.to_infer = None if self.shares_weights else \
             self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
         self.old_log_probs = ForwardEngine(ResponseLogProbs(self.infer_net, gen.temperature), MicroBatchSizer.for_pass(
-            "log_prob", sched, self.infer_cfg, self.infer_layout, gen.num_generations, False))
+            "log_prob", sched, self.infer_cfg, self.infer_layout, gen.num_generations, training=False))
         self._build_generators()
         if self.shares_weights:
             logger.info("actor: the inference net uses the train net's weights (same model and layout %s): no "
@@ -272,32 +273,32 @@ class Actor(Role):
     # ------------------------------------------------------------------ work
     def generate(self, prompt_ids, attention_mask, progress: bool = False):
         """`num_generations` samples per prompt with their log-probs (`GenerationOutput`)."""
-        self.require((self.infer_group,), "generate")
+        self.assert_resident((self.infer_group,), "generate")
         return self.generator.generate(prompt_ids, attention_mask, return_log_probs=True, progress=progress,
                                        min_prompt_width=prompt_ids.shape[1])
 
     def greedy_generator(self):
         """The greedy generator of held-out evaluation (after checking the inference net is resident)."""
-        self.require((self.infer_group,), "evaluate")
+        self.assert_resident((self.infer_group,), "evaluate")
         return self.eval_generator
 
     def log_probs(self, columns) -> np.ndarray:
         """Old-policy log-probs of the rows of `columns` (prompt and response ids and masks by name) under the
         inference net."""
-        self.require((self.infer_group,), "log_probs")
+        self.assert_resident((self.infer_group,), "log_probs")
         return self.old_log_probs.run(columns)
 
     def train(self, exp) -> dict:
         """`schedule.num_iterations` passes of mini-batch updates on the experience (every rank holds all of
         it and takes its data-parallel share); returns the `actor/*` metrics averaged over the updates."""
-        self.require((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "train")
+        self.assert_resident((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "train")
         sched = self.config.schedule
         return self.engine.update(exp, self.generation.num_generations, sched.prompts_per_update,
                                   sched.num_iterations)
 
     def sync_inference(self) -> None:
         """Reshards the train net's weights into the inference net (nothing to do when it is the train net)."""
-        self.require((TRAIN_WEIGHTS, self.infer_group), "sync_inference")
+        self.assert_resident((TRAIN_WEIGHTS, self.infer_group), "sync_inference")
         if self.to_infer is not None:
             self.to_infer.run()
 
@@ -339,12 +340,12 @@ class Reference(Role):
 
     def log_probs(self, columns) -> np.ndarray:
         """Reference log-probs of the rows of `columns` (prompt and response ids and masks by name)."""
-        self.require((REF_WEIGHTS,), "log_probs")
+        self.assert_resident((REF_WEIGHTS,), "log_probs")
         return self.engine.run(columns)
 
     def sync_from_actor(self) -> None:
         """Reshards the actor's train weights into the reference net."""
-        self.require((TRAIN_WEIGHTS, REF_WEIGHTS), "sync_from_actor")
+        self.assert_resident((TRAIN_WEIGHTS, REF_WEIGHTS), "sync_from_actor")
         self.from_actor.run()
 
 
@@ -374,12 +375,13 @@ class Critic(Role):
             "critic", self.net, ValueLossNet(self.net, ValueLossCell(critic.cliprange_value)),
             adamw(cfg, self.net.trainable_params(), self.model_config, self.layout, "critic_", critic.learning_rate),
             self.layout, self.model_config,
-            MicroBatchSizer.for_pass("critic train", cfg.schedule, self.model_config, self.layout, group, True),
+            MicroBatchSizer.for_pass("critic train", cfg.schedule, self.model_config, self.layout, group,
+                                     training=True),
             comm, update_policy(cfg, critic.learning_rate, critic.lr_warmup_steps, critic.grad_clip), self.strategy,
             dp_sums=dp_sums)
         self.values_engine = ForwardEngine(
             ResponseValues(self.net),
-            MicroBatchSizer.for_pass("values", cfg.schedule, self.model_config, self.layout, group, False),
+            MicroBatchSizer.for_pass("values", cfg.schedule, self.model_config, self.layout, group, training=False),
             self.net, self.layout, self.model_config)
 
     def _load_weights(self, actor: Actor) -> None:
@@ -414,15 +416,15 @@ class Critic(Role):
     def values(self, exp) -> np.ndarray:
         """Values of every row of `exp` [N, R] (0 on padding): each critic dp rank scores its share of the rows,
         then the shares are gathered."""
-        self.require((CRITIC_WEIGHTS,), "values")
-        mine = rows_of_rank(exp.num_rows, self.layout.dp, self.layout.dp_rank)
-        local = self.values_engine.run(exp.rows(mine), first_row=mine.start).astype(np.float32)
+        self.assert_resident((CRITIC_WEIGHTS,), "values")
+        my_rows = rows_of_rank(exp.num_rows, self.layout.dp, self.layout.dp_rank)
+        local = self.values_engine.run(exp.rows(my_rows), first_row=my_rows.start).astype(np.float32)
         values = self.comm.gather_data_parallel_rows(local, self.layout) if self.layout.world_size > 1 else local
         return values * exp.response_mask.astype(np.float32)
 
     def train(self, exp) -> dict:
         """`schedule.num_iterations` passes of the actor's mini-batches on the value loss; `critic/*` metrics."""
-        self.require((CRITIC_WEIGHTS, CRITIC_MOMENTS), "train")
+        self.assert_resident((CRITIC_WEIGHTS, CRITIC_MOMENTS), "train")
         sched = self.config.schedule
         return self.engine.update(exp, self.config.generation.num_generations, sched.prompts_per_update,
                                   sched.num_iterations)
@@ -457,7 +459,7 @@ class Reward(Role):
                          f"reward model {self.job.sft_path_reward or self.job.sft_path_infer}")
         self.engine = ForwardEngine(ResponseScores(self.net), MicroBatchSizer.for_pass(
             "reward model", self.config.schedule, self.model_config, self.layout,
-            self.config.generation.num_generations, False))
+            self.config.generation.num_generations, training=False))
         logger.info("reward model %s (weight %g)%s", path, self.config.reward.reward_model_weight,
                     f" + rule rewards {self.rules}" if self.rules else "")
 
@@ -469,7 +471,7 @@ class Reward(Role):
 
     def model_scores(self, columns) -> np.ndarray:
         """The reward model's score of each row of `columns` (prompt and response ids and masks by name)."""
-        self.require((REWARD_MODEL_WEIGHTS,), "model_scores")
+        self.assert_resident((REWARD_MODEL_WEIGHTS,), "model_scores")
         return self.engine.run(columns).astype(np.float32)
 
     def __call__(self, prompt_ids, prompt_mask, response_ids, response_mask, solutions, columns=None):

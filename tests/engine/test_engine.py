@@ -88,7 +88,7 @@ def test_the_sizer_plans_calls_prompt_reads_and_width(configured, share_prompts,
 
     cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
     sched = ScheduleConfig(micro_batch_size_per_device=configured, share_prompts=share_prompts)
-    sizer = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, True)
+    sizer = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, training=True)
     ids, mask = grouped_rows(2, 8, prompt_width=160)
     response, response_mask = responses_of_length(16, longest)
     per_token, per_row = np.ones((16, 48), np.float32), np.arange(16, dtype=np.float32)
@@ -107,7 +107,7 @@ def test_the_sizer_shares_a_prompt_only_within_the_group_the_rows_start_in():
     from mindrlhf.models.qwen2 import Qwen2Config
 
     cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
-    sizer = MicroBatchSizer.for_pass("train", ScheduleConfig(), cfg, Layout(), 8, True)
+    sizer = MicroBatchSizer.for_pass("train", ScheduleConfig(), cfg, Layout(), 8, training=True)
     ids, mask = grouped_rows(2, 8, prompt_width=16)
     arrays = [ids, mask, *responses_of_length(16, 16)]
     assert sizer.plan(arrays)[:2] == (16, 8)
@@ -130,7 +130,7 @@ def test_a_pass_reads_the_narrowest_width_that_holds_its_responses_and_pads_its_
 
     cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
     sizer = MicroBatchSizer.for_pass("log_prob", ScheduleConfig(log_prob_micro_batch_size_per_device=4), cfg,
-                                     Layout(), 8, False)
+                                     Layout(), 8, training=False)
     ids, prompt_mask = grouped_rows(1, 8, prompt_width=12)
     response, response_mask = responses_of_length(8, 11)  # 16 of 48 positions hold every response
     seen = []
@@ -161,7 +161,7 @@ def test_the_auto_size_counts_a_shared_prompt_once():
     for share in (True, False):
         # a budget that holds the prompt once with 8 responses but not 8 copies of it
         sched = ScheduleConfig(share_prompts=share, activation_memory_gib=0.09)
-        plans[share] = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, True).plan(arrays)
+        plans[share] = MicroBatchSizer.for_pass("train", sched, cfg, Layout(), 8, training=True).plan(arrays)
     assert plans[True] == (8, 8, 48) and plans[False] == (2, 1, 48)
 
 
@@ -232,6 +232,6 @@ def test_recomputed_layers_let_the_sizer_take_larger_calls(recompute, budget, si
     cfg = dataclasses.replace(Qwen2Config.from_yaml(MODEL_CONFIGS / "qwen2_5" / "qwen2_5_0_5b.yaml"),
                               recompute=RecomputeConfig(**recompute))
     sizer = MicroBatchSizer.for_pass("train", ScheduleConfig(activation_memory_gib=budget, share_prompts=True), cfg,
-                                     Layout(), 8, True)
+                                     Layout(), 8, training=True)
     ids, response = np.ones((8, 256), np.int32), np.ones((8, 64), np.int32)
     assert sizer.plan([ids, ids, response, response]) == (size, size, 64)

@@ -106,12 +106,12 @@ def test_a_role_refuses_to_run_a_net_whose_group_is_offloaded():
         name = "probe"
 
     role = Probe()
-    role.require((REF_WEIGHTS,), "log_probs")  # not attached: nothing to check
+    role.assert_resident((REF_WEIGHTS,), "log_probs")  # not attached: nothing to check
     role.attach(swap)
-    role.require((REF_WEIGHTS, INFER_WEIGHTS), "log_probs")
+    role.assert_resident((REF_WEIGHTS, INFER_WEIGHTS), "log_probs")
     swap.offload(REF_WEIGHTS, "train")
     with pytest.raises(SwapError, match="'probe.log_probs' uses offloaded swap group\\(s\\) ref_weights"):
-        role.require((REF_WEIGHTS,), "log_probs")
+        role.assert_resident((REF_WEIGHTS,), "log_probs")
 
 
 def test_phases_apply_their_swap_plan_and_time_themselves():
