@@ -11,7 +11,8 @@ Layout of one checkpoint::
                                 `optimizer_shard` the moments are this dp rank's flat slice of each weight's
                                 (`mindrlhf.optim.ShardedAdamW`), the weights stay whole
         rank_<r>/ref.ckpt       reference-net shards (inference layout)
-        rank_<r>/state.json     this rank's random streams
+        rank_<r>/state.json     each role's state on this rank (`Role.state_dict`: the training engines'
+                                update counts, the sampling stream), by role name
 
 Every rank writes into `.step_000004.partial/`; after a barrier rank 0 writes `meta.json` and renames the
 folder, so a checkpoint cut off mid-write is never a `step_*` folder with a meta and is never picked. The
@@ -134,6 +135,19 @@ def complete_checkpoints(save_dir: str) -> list[str]:
         if match and os.path.isfile(os.path.join(path, META)):
             found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found)]
+
+
+def role_states(rank_state: dict, meta: dict) -> dict[str, dict]:
+    """Role name -> its saved state, from a rank's `RANK_STATE` and the step's meta. Checkpoints written before
+    2026-11-28 kept a flat rank state (the actor's `generator_rng`) and the engines' update counts in the meta
+    (`updates`, `critic_updates`): they read as the roles' states of today."""
+    if "generator_rng" not in rank_state:
+        return rank_state
+    states = {"actor": {"generator_rng": rank_state["generator_rng"],
+                        "engine": {"updates": meta["updates"], "consecutive_skips": 0}}}
+    if "critic_updates" in meta:
+        states["critic"] = {"engine": {"updates": meta["critic_updates"], "consecutive_skips": 0}}
+    return states
 
 
 def read_meta(step_dir: str) -> dict:

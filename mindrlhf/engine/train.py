@@ -89,6 +89,14 @@ class TrainEngine:
             self.step = MicroBatchedTrainStep(loss_net, optimizer, layout, grad_reduction="sum",
                                               max_grad_norm=policy.max_grad_norm, dp_sums=dp_sums)
 
+    def state_dict(self) -> dict:
+        """The counters a resume restores (the weights and moments are `weights()` + `optimizer_state()`, saved in
+        the rank's file): the learning-rate schedule's position and the current run of skipped updates."""
+        return {"updates": self.updates, "consecutive_skips": self.consecutive_skips}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.updates, self.consecutive_skips = int(state["updates"]), int(state["consecutive_skips"])
+
     def _pipeline_step(self, model_config, stage_shared, dp_sums):
         layout = self.layout
         self.stages = gather_stage_layouts(self.strategy, {p.name: p.dtype for p in self.net.get_parameters()},

@@ -42,6 +42,7 @@ from mindrlhf.checkpoint.step import (
     find_resume_checkpoint,
     rank_dir,
     read_meta,
+    role_states,
     save_parameters,
 )
 from mindrlhf.checkpoint.weights import load_rank_params
@@ -179,21 +180,15 @@ class RLTrainer:
         def rank_files(folder: str) -> None:
             for name, params in self._rank_files().items():
                 save_parameters(params, os.path.join(folder, name))
-            state = {}
-            for role in self.roles:
-                state.update(role.rank_state())
-            _write_json(os.path.join(folder, RANK_STATE), state)
+            _write_json(os.path.join(folder, RANK_STATE), {role.name: role.state_dict() for role in self.roles})
 
         def shared_files(folder: str) -> None:
             for role in self.roles:
                 for name, (layouts, stages) in role.shared_files().items():
                     write_strategy_file(os.path.join(folder, name), layouts, stages=stages)
 
-        meta = {"step": self.step, "updates": self.actor.engine.updates, "world_size": self.world_size,
-                "layouts": self._layouts_meta(), "data": self.dataset.state_dict(), "config": self.config.to_dict(),
-                "eval_before": self.eval_before}
-        if self.critic:
-            meta["critic_updates"] = self.critic.engine.updates
+        meta = {"step": self.step, "world_size": self.world_size, "layouts": self._layouts_meta(),
+                "data": self.dataset.state_dict(), "config": self.config.to_dict(), "eval_before": self.eval_before}
         if self.kl_ctrl:
             meta["kl_ctrl"] = self.kl_ctrl.state_dict()
         path = self.ckpt_writer.save(self.step, rank_files, shared_files, meta, self.config.checkpoint.keep_last)
@@ -210,8 +205,7 @@ class RLTrainer:
         try:
             for name, params in rank_files.items():
                 load_rank_params(params, os.path.join(folder, name))
-            with open(os.path.join(folder, RANK_STATE), encoding="utf-8") as f:
-                state = json.load(f)
+            self._load_role_states(os.path.join(folder, RANK_STATE), meta)
         except (OSError, ValueError) as err:  # CheckpointError is a ValueError
             failure = err if isinstance(err, CheckpointError) else \
                 CheckpointError(f"{folder}: not readable ({err})")
@@ -224,18 +218,25 @@ class RLTrainer:
         if failed:
             raise CheckpointError(f"{step_dir}: {failed} other rank(s) could not read their files of this checkpoint "
                                   "(their logs name them)")
-        for role in self.roles:
-            role.load_rank_state(state)
         self.dataset.load_state_dict(meta["data"])
-        self.step, self.actor.engine.updates = int(meta["step"]), int(meta["updates"])
+        self.step = int(meta["step"])
         self.eval_before = meta.get("eval_before")
-        if self.critic:
-            self.critic.engine.updates = int(meta["critic_updates"])
         if self.kl_ctrl:
             self.kl_ctrl.load_state_dict(meta["kl_ctrl"])
         for role in self.roles:
             role.after_resume()
         logger.info("resumed from %s (step %d)", step_dir, self.step)
+
+    def _load_role_states(self, path: str, meta: dict) -> None:
+        """Each role's state from this rank's `RANK_STATE` file."""
+        with open(path, encoding="utf-8") as f:
+            states = role_states(json.load(f), meta)
+        try:
+            for role in self.roles:
+                role.load_state_dict(states.get(role.name, {}))
+        except (KeyError, TypeError) as err:
+            raise CheckpointError(f"{path}: not the state this job saves (no {err} for its roles "
+                                  f"{[role.name for role in self.roles]})") from None
 
     # ------------------------------------------------------------------ one step
     def _rollout(self) -> Experience:

@@ -12,7 +12,8 @@ A role declares what the job does with its nets:
     strategies()       net name -> per-parameter layouts (`--only_save_strategy` writes them; a net in
                        pipeline stages: this rank's stage, `strategy_stage`)
     rank_files()       rank file name -> parameters; shared_files(): strategy file name -> (layouts, stages)
-    rank_state()       JSON-able per-rank state (random streams), restored by `load_rank_state`
+    state_dict()       JSON-able per-rank state (its engines' counters, random streams), restored by
+                       `load_state_dict`; the trainer saves `{role.name: role.state_dict()}`
 """
 from __future__ import annotations
 
@@ -104,10 +105,10 @@ class Role:
         del net
         return 0
 
-    def rank_state(self) -> dict:
+    def state_dict(self) -> dict:
         return {}
 
-    def load_rank_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         del state
 
     def after_resume(self) -> None:
@@ -261,10 +262,11 @@ class Actor(Role):
     def strategy_stage(self, net: str) -> int:
         return self.train_layout.stage if net == "train" else 0
 
-    def rank_state(self) -> dict:
-        return {"generator_rng": self.generator.rng.bit_generator.state}
+    def state_dict(self) -> dict:
+        return {"engine": self.engine.state_dict(), "generator_rng": self.generator.rng.bit_generator.state}
 
-    def load_rank_state(self, state: dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
+        self.engine.load_state_dict(state["engine"])
         self.generator.rng.bit_generator.state = state["generator_rng"]
 
     def after_resume(self) -> None:
@@ -412,6 +414,12 @@ class Critic(Role):
 
     def strategy_stage(self, net: str) -> int:
         return self.layout.stage if net == "critic" else 0
+
+    def state_dict(self) -> dict:
+        return {"engine": self.engine.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.engine.load_state_dict(state["engine"])
 
     def values(self, exp) -> np.ndarray:
         """Values of every row of `exp` [N, R] (0 on padding): each critic dp rank scores its share of the rows,

@@ -178,6 +178,13 @@ def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when
     # the finite updates only
     assert metrics[f"{name}/grad_norm"] == 1.0 and metrics[f"{name}/{outputs[0]}"] == 1.0
     assert role.engine.updates == 4 and role.engine.consecutive_skips == 1
+    state = role.engine.state_dict()  # what a checkpoint keeps: a resumed run counts the skip before it
+    assert state == {"updates": 4, "consecutive_skips": 1}
+    resumed = role_with_engine(role_class, name, [np.nan, 1.0, 1.0, 1.0], 2, inputs, outputs)
+    resumed.engine.load_state_dict(state)
+    with pytest.raises(NonFiniteUpdates, match=f"2 {name} updates in a row had a non-finite loss or gradient"):
+        resumed.train(exp)
+    assert resumed.engine.updates == 5  # the learning-rate schedule goes on from the checkpoint's position
     role = role_with_engine(role_class, name, [0.5, np.nan, np.nan, 1.0], 2, inputs, outputs)
     with pytest.raises(NonFiniteUpdates, match=f"2 {name} updates in a row had a non-finite loss or gradient"):
         role.train(exp)

@@ -85,7 +85,12 @@ def test_checkpoints_are_complete_and_readable_by_mindspore(straight_run):
     assert sorted(p.name for p in ckpt_dir.iterdir()) == ["step_000002", "step_000004"]
     step = ckpt_dir / "step_000004"
     meta = json.loads((step / "meta.json").read_text())
-    assert meta["step"] == 4 and meta["world_size"] == 2 and meta["updates"] == 16
+    assert meta["step"] == 4 and meta["world_size"] == 2
+    for rank in range(2):  # each role's state: the engines' counters (16 actor updates), the sampling stream
+        state = json.loads((step / f"rank_{rank}" / "state.json").read_text())
+        assert set(state) == {"actor", "reference", "reward"} and state["reference"] == state["reward"] == {}
+        assert state["actor"]["engine"] == {"updates": 16, "consecutive_skips": 0}
+        assert state["actor"]["generator_rng"]["bit_generator"] == "PCG64"
     strategy = ms.build_searched_strategy(str(step / "train_strategy.ckpt"))
     assert "model.layers.0.attention.wq.weight" in strategy
     for rank in range(2):
