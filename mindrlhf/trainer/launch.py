@@ -32,7 +32,6 @@ from mindrlhf.parallel.host_setup import (
 from mindrlhf.trainer.metrics import MetricsError
 from mindrlhf.trainer.plan import (
     JobPlan,
-    check_dtypes_on_device,
     check_job_inputs,
     check_registered_names,
     check_write_targets,
@@ -76,7 +75,8 @@ def start_communication() -> tuple[int, int]:
 
 
 def load_config(job: JobOptions, args: argparse.Namespace) -> GRPOConfig:
-    """`--config` YAML (or the defaults) with the command-line overrides of `args` applied, validated."""
+    """`--config` YAML (or the defaults) with the command-line overrides of `args` applied, validated (before the
+    cluster forms: `JobPlan.build` needs the world, which MindSpore's communication gives)."""
     config = GRPOConfig.from_yaml(*job.config) if job.config else GRPOConfig()
     overrides = config_overrides(args)
     if overrides:
@@ -114,7 +114,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         check_job_inputs(job)
         tokenizer = load_job_tokenizer(job)
         if job.check_flags:
-            JobPlan.build(config, job, tokenizer, yaml_world_size(job), 0)
+            JobPlan.build(config, job, tokenizer, yaml_world_size(job), 0, ms.get_context("device_target"))
             check_write_targets(job)
             return 0
     except (ConfigError, ValueError, OSError) as err:
@@ -131,8 +131,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     world_size, rank = init_communication(job.use_parallel)
     set_up_host(job, world_size, rank)
     try:
-        plan = JobPlan.build(config, job, tokenizer, world_size, rank)
-        check_dtypes_on_device(plan, job, ms.get_context("device_target"))
+        plan = JobPlan.build(config, job, tokenizer, world_size, rank, ms.get_context("device_target"))
         host_sums = set_up_communication(plan, job, config)
         trainer = RLTrainer(plan, config, job, tokenizer, host_sums, callbacks)
     except ValueError as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError

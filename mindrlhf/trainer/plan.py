@@ -48,10 +48,13 @@ class JobPlan:
     eval_batch_size: int  # prompts per evaluation call on each inference data-parallel rank
 
     @classmethod
-    def build(cls, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int = 1, rank: int = 0) -> JobPlan:
+    def build(cls, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int = 1, rank: int = 0,
+              device: str | None = None) -> JobPlan:
         """Checks the whole job, in the order: config (`config.validate`, `check_registered_names`), flags and
         input files (`check_job_inputs`), the policy's YAMLs and layouts, batch splits, tokenizer and generation
-        lengths, critic, reward model. Reads only the YAMLs; builds nothing."""
+        lengths, critic, reward model, and with `device` (MindSpore's device_target) the nets' dtypes on it
+        (`check_dtypes_on_device`; `--plan` passes none: it reads Ascend recipes on CPU). Reads only the YAMLs;
+        builds nothing."""
         config.validate()
         check_registered_names(config)
         check_job_inputs(job)
@@ -62,14 +65,16 @@ class JobPlan:
         critic_cfg, critic_layout = _critic_config_and_layout(config, job, train_cfg, world_size, rank)
         reward_model_cfg = reward_model_config(job, infer_cfg, infer_layout) if config.reward.reward_model_path \
             else None
-        return cls(world_size=world_size, rank=rank, train_cfg=train_cfg, infer_cfg=infer_cfg, critic_cfg=critic_cfg,
+        plan = cls(world_size=world_size, rank=rank, train_cfg=train_cfg, infer_cfg=infer_cfg, critic_cfg=critic_cfg,
                    reward_model_cfg=reward_model_cfg, train_layout=train_layout, infer_layout=infer_layout,
                    critic_layout=critic_layout, generation=generation, eval_batch_size=eval_batch_size)
+        if device is not None:
+            check_dtypes_on_device(plan, job, device)
+        return plan
 
 
 def check_dtypes_on_device(plan: JobPlan, job: JobOptions, device: str) -> None:
-    """Every net's dtypes have kernels on `device` (MindSpore's device_target): CPU has none for bfloat16. Not part
-    of `JobPlan.build`, which `--plan` runs on CPU for Ascend recipes."""
+    """Every net's dtypes have kernels on `device` (MindSpore's device_target): CPU has none for bfloat16."""
     if device != "CPU":
         return
     nets = ((plan.train_cfg, job.sft_path_train), (plan.infer_cfg, job.sft_path_infer),

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 from support.msrun import run_command
-from support.paths import MODEL_CONFIGS, RUN_GRPO
+from support.paths import ARITH, MODEL_CONFIGS, RUN_GRPO
 
 from mindrlhf.utils.ports import IN_USE, free_port_near, main, port_in_use
 
@@ -56,19 +56,23 @@ def test_run_grpo_fails_at_once_when_the_master_port_is_taken(tmp_path):
 
 def test_bad_flags_and_values_stop_the_script_before_the_conversions(tmp_path):
     """grpo_one_stage.py --check_flags runs before the policy and the prompts are converted: an unknown flag, a
-    value the config refuses and a checkpoint folder that cannot be written each end the script with exit 2 and the
-    job's one line (no msrun), and nothing converted."""
+    value the config refuses, a checkpoint folder that cannot be written and a bfloat16 model on this CPU each end
+    the script with exit 2 and the job's one line (no msrun), and nothing converted."""
     port = str(free_port_near("127.0.0.1", 20200))
     blocker = tmp_path / "a_file"
     blocker.write_text("")
+    bf16 = tmp_path / "train_bf16.yaml"
+    bf16.write_text((ARITH / "train.yaml").read_text().replace("compute_dtype: float32", "compute_dtype: bfloat16"))
     cases = {"unknown": (["--nosuch_flag", "1"], "grpo_one_stage.py: error: unrecognized arguments: --nosuch_flag 1"),
              "refused": (["--num_generations", "0"], "error: command line: generation: generation.num_generations "
                                                      "must be an integer >= 1, got 0"),
              "unwritable": (["--save_ckpt_dir", str(blocker / "ckpt")],
-                            f"error: {blocker / 'ckpt'}: --save_ckpt_dir cannot be written (Not a directory)")}
+                            f"error: {blocker / 'ckpt'}: --save_ckpt_dir cannot be written (Not a directory)"),
+             "bfloat16": ([], f"error: {bf16}: model_config.compute_dtype: bfloat16 has no CPU kernels")}
     for name, (flags, message) in cases.items():
         out = tmp_path / name
-        proc = run_script({"OUTPUT": str(out), "MASTER_PORT": port}, *flags)
+        env = {"OUTPUT": str(out), "MASTER_PORT": port, **({"TRAIN_YAML": str(bf16)} if name == "bfloat16" else {})}
+        proc = run_script(env, *flags)
         assert proc.returncode == 2 and proc.stderr.startswith(message), (name, proc.stderr[-2000:])
         assert not (out / "policy.ckpt").exists() and not (out / "prompts.mindrecord").exists(), name
 

@@ -301,14 +301,12 @@ def test_the_reward_model_reads_the_policys_tokens_in_the_inference_layout(files
 
 
 def test_bfloat16_is_refused_on_cpu_only(files, tokenizer):
-    from mindrlhf.trainer.plan import check_dtypes_on_device
-
     bf16 = model_yaml(files.tmp, "bf16_infer.yaml", "infer.yaml", **{"model.compute_dtype": "bfloat16"})
     train_bf16 = model_yaml(files.tmp, "bf16_train.yaml", **{"model.compute_dtype": "bfloat16"})
     job = job_of(files, sft_path_infer=bf16, sft_path_train=train_bf16)
-    plan = JobPlan.build(config_of(), job, tokenizer, 2, 0)  # --plan reads an Ascend recipe on CPU: no error
-    check_dtypes_on_device(plan, job, "Ascend")
+    JobPlan.build(config_of(), job, tokenizer, 2, 0)  # --plan reads an Ascend recipe on CPU: no device, no error
+    JobPlan.build(config_of(), job, tokenizer, 2, 0, device="Ascend")
     with pytest.raises(ConfigError, match=re.escape(f"{train_bf16}: model_config.compute_dtype: bfloat16 has no "
                                                     "CPU kernels; set float32 (or float16) to run on CPU")):
-        check_dtypes_on_device(plan, job, "CPU")
-    check_dtypes_on_device(build(files, tokenizer), job_of(files), "CPU")  # the tiny fp32 YAMLs
+        JobPlan.build(config_of(), job, tokenizer, 2, 0, device="CPU")
+    JobPlan.build(config_of(), job_of(files), tokenizer, 2, 0, device="CPU")  # the tiny fp32 YAMLs
