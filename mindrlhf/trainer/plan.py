@@ -20,6 +20,7 @@ from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.configs.grpo_configs import GRPOConfig, ScheduleConfig
 from mindrlhf.configs.job import JobOptions
+from mindrlhf.data.reader import read_prompt_records
 from mindrlhf.engine.batches import group_unit
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.layout import Layout, tensor_parallel_refusal, tensor_parallel_sizes
@@ -46,15 +47,16 @@ class JobPlan:
     critic_layout: Layout | None
     generation: GenerationConfig  # config.generation with the stop and pad ids of `resolve_token_ids`
     eval_batch_size: int  # prompts per evaluation call on each inference data-parallel rank
+    eval_set: tuple[list[list[int]], list[str]] | None  # the held-out (prompt ids, solutions), if any
 
     @classmethod
     def build(cls, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int = 1, rank: int = 0,
               device: str | None = None) -> JobPlan:
         """Checks the whole job, in the order: config (`config.validate`, `check_registered_names`), flags and
         input files (`check_job_inputs`), the policy's YAMLs and layouts, batch splits, tokenizer and generation
-        lengths, critic, reward model, and with `device` (MindSpore's device_target) the nets' dtypes on it
-        (`check_dtypes_on_device`; `--plan` passes none: it reads Ascend recipes on CPU). Reads only the YAMLs;
-        builds nothing."""
+        lengths, critic, reward model, the held-out set (`load_eval_set`), and with `device` (MindSpore's
+        device_target) the nets' dtypes on it (`check_dtypes_on_device`; `--plan` passes none: it reads Ascend
+        recipes on CPU). Reads the YAMLs and the held-out prompts; builds nothing."""
         config.validate()
         check_registered_names(config)
         check_job_inputs(job)
@@ -65,12 +67,30 @@ class JobPlan:
         critic_cfg, critic_layout = _critic_config_and_layout(config, job, train_cfg, world_size, rank)
         reward_model_cfg = reward_model_config(job, infer_cfg, infer_layout) if config.reward.reward_model_path \
             else None
+        eval_set = load_eval_set(job.eval_dataset_file, generation.prompt_buckets) \
+            if job.eval_dataset_file and not job.check_flags else None  # --check_flags: not written yet
         plan = cls(world_size=world_size, rank=rank, train_cfg=train_cfg, infer_cfg=infer_cfg, critic_cfg=critic_cfg,
                    reward_model_cfg=reward_model_cfg, train_layout=train_layout, infer_layout=infer_layout,
-                   critic_layout=critic_layout, generation=generation, eval_batch_size=eval_batch_size)
+                   critic_layout=critic_layout, generation=generation, eval_batch_size=eval_batch_size,
+                   eval_set=eval_set)
         if device is not None:
             check_dtypes_on_device(plan, job, device)
         return plan
+
+
+def load_eval_set(path: str, prompt_buckets) -> tuple[list[list[int]], list[str]]:
+    """(prompt ids, solutions) of a held-out prompt MindRecord; errors name the file."""
+    try:
+        ids, solutions = read_prompt_records(path)
+    except (OSError, RuntimeError, ValueError) as err:
+        raise ConfigError(f"{path}: cannot read the eval MindRecord ({str(err).splitlines()[0]})") from None
+    if not ids:
+        raise ConfigError(f"{path}: the eval MindRecord holds no prompt")
+    longest = max(len(row) for row in ids)
+    if prompt_buckets and longest > max(prompt_buckets):
+        raise ConfigError(f"{path}: an eval prompt has {longest} tokens, more than the largest prompt bucket "
+                          f"{max(prompt_buckets)} (generation.prompt_buckets)")
+    return [row.tolist() for row in ids], solutions
 
 
 def check_dtypes_on_device(plan: JobPlan, job: JobOptions, device: str) -> None:

@@ -46,9 +46,8 @@ from mindrlhf.checkpoint.step import (
     save_parameters,
 )
 from mindrlhf.checkpoint.weights import load_rank_params
-from mindrlhf.configs.base import ConfigError
 from mindrlhf.data.mindrecord import write_mindrecord_atomically
-from mindrlhf.data.reader import PromptDataset, read_prompt_records
+from mindrlhf.data.reader import PromptDataset
 from mindrlhf.engine.batches import group_unit
 from mindrlhf.engine.sizing import RESPONSE_COLUMNS
 from mindrlhf.parallel.array_collectives import ArrayCollectives
@@ -114,8 +113,7 @@ class RLTrainer:
         self.dataset = PromptDataset(self.job.mind_dataset_dir, sched.batch_size // layout.dp, gen.pad_token_id,
                                      dp_rank=layout.dp_rank, dp_size=layout.dp, seed=sched.seed,
                                      length_buckets=gen.prompt_buckets)
-        self.eval_set = load_eval_set(self.job.eval_dataset_file, gen.prompt_buckets) if self.job.eval_dataset_file \
-            else None
+        self.eval_set = self.plan.eval_set
 
     def _create_roles(self) -> None:
         """The roles' nets (their strategy files need nothing else)."""
@@ -447,21 +445,6 @@ class RLTrainer:
             logger.info("held-out accuracy: before=%.1f%% after=%.1f%%", 100 * self.eval_before,
                         100 * history[-1]["eval/accuracy"])
         return history
-
-
-def load_eval_set(path: str, prompt_buckets) -> tuple[list[list[int]], list[str]]:
-    """(prompt ids, solutions) of a held-out prompt MindRecord; errors name the file."""
-    try:
-        ids, solutions = read_prompt_records(path)
-    except (OSError, RuntimeError, ValueError) as err:
-        raise ConfigError(f"{path}: cannot read the eval MindRecord ({str(err).splitlines()[0]})") from None
-    if not ids:
-        raise ConfigError(f"{path}: the eval MindRecord holds no prompt")
-    longest = max(len(row) for row in ids)
-    if prompt_buckets and longest > max(prompt_buckets):
-        raise ConfigError(f"{path}: an eval prompt has {longest} tokens, more than the largest prompt bucket "
-                          f"{max(prompt_buckets)} (generation.prompt_buckets)")
-    return [row.tolist() for row in ids], solutions
 
 
 def _write_json(path: str, data: dict) -> None:

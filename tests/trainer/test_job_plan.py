@@ -310,3 +310,23 @@ def test_bfloat16_is_refused_on_cpu_only(files, tokenizer):
                                                     "CPU kernels; set float32 (or float16) to run on CPU")):
         JobPlan.build(config_of(), job, tokenizer, 2, 0, device="CPU")
     JobPlan.build(config_of(), job_of(files), tokenizer, 2, 0, device="CPU")  # the tiny fp32 YAMLs
+
+
+def test_the_held_out_set_is_read_and_checked_by_the_plan(files, tokenizer, mindrecord, tmp_path):
+    from mindrlhf.data.reader import read_prompt_records
+
+    plan = build(files, tokenizer, eval_dataset_file=str(mindrecord))
+    ids, solutions = read_prompt_records(str(mindrecord))
+    assert plan.eval_set == ([row.tolist() for row in ids], solutions) and len(solutions) > 1
+    assert build(files, tokenizer).eval_set is None
+    # --check_flags runs before run_grpo.sh writes the held-out MindRecord
+    assert build(files, tokenizer, eval_dataset_file=str(mindrecord), check_flags=True).eval_set is None
+    longest = max(len(row) for row in ids)
+    with pytest.raises(ConfigError, match=re.escape(f"{mindrecord}: an eval prompt has {longest} tokens, more than "
+                                                    f"the largest prompt bucket {longest - 1}")):
+        build(files, tokenizer, config_of(generation={"prompt_buckets": [longest - 1]}),
+              eval_dataset_file=str(mindrecord))
+    damaged = tmp_path / "damaged.mindrecord"
+    damaged.write_bytes(b"not a MindRecord")
+    with pytest.raises(ConfigError, match=re.escape(f"{damaged}: cannot read the eval MindRecord")):
+        build(files, tokenizer, eval_dataset_file=str(damaged))
