@@ -113,7 +113,6 @@ class RLTrainer:
         self.dataset = PromptDataset(self.job.mind_dataset_dir, sched.batch_size // layout.dp, gen.pad_token_id,
                                      dp_rank=layout.dp_rank, dp_size=layout.dp, seed=sched.seed,
                                      length_buckets=gen.prompt_buckets)
-        self.eval_set = self.plan.eval_set
 
     def _create_roles(self) -> None:
         """The roles' nets (their strategy files need nothing else)."""
@@ -228,8 +227,9 @@ class RLTrainer:
     def _load_role_states(self, path: str, meta: dict) -> None:
         """Each role's state from this rank's `RANK_STATE` file."""
         with open(path, encoding="utf-8") as f:
-            states = role_states(json.load(f), meta)
-        try:
+            saved = json.load(f)
+        try:  # an earlier form of the file takes its counts from the meta (`role_states`)
+            states = role_states(saved, meta)
             for role in self.roles:
                 role.load_state_dict(states.get(role.name, {}))
         except (KeyError, TypeError) as err:
@@ -381,7 +381,7 @@ class RLTrainer:
         """Greedy scores on every held-out prompt (`--eval_dataset_file`), split over the infer dp ranks: the
         accuracy, and the share of answers each other rule reward of the job (`fn(completions, solutions)`, e.g.
         `format`, `hash_format`) gives."""
-        prompts, solutions = self.eval_set
+        prompts, solutions = self.plan.eval_set
         layout = self.infer_layout
         my_prompts = np.array_split(np.arange(len(prompts)), layout.dp)[layout.dp_rank]
         rules = self.reward.rules
@@ -405,7 +405,7 @@ class RLTrainer:
 
     def _evaluate_now(self) -> bool:
         interval = self.config.eval.eval_interval
-        return self.eval_set is not None and (self.step == self.config.schedule.steps or
+        return self.plan.eval_set is not None and (self.step == self.config.schedule.steps or
                                               bool(interval and self.step % interval == 0))
 
     def fit(self) -> list[dict]:
@@ -415,14 +415,14 @@ class RLTrainer:
         last one (`eval/accuracy`), and a final line `held-out accuracy: before=.. after=..`."""
         sched, ckpt = self.config.schedule, self.config.checkpoint
         history = []
-        if self.eval_set is not None and self.step == 0:
+        if self.plan.eval_set is not None and self.step == 0:
             scores = self._eval_metrics()
             self.eval_before = scores["eval/accuracy"]
             self.metrics_writer.record(0, scores)
             others = "".join(f"; {name[len('eval/'):]} {100 * value:.1f}%" for name, value in scores.items()
                              if name.startswith("eval/") and name != "eval/accuracy")
             logger.info("held-out accuracy before training: %.1f%% (%d prompts%s)", 100 * self.eval_before,
-                        len(self.eval_set[0]), others)
+                        len(self.plan.eval_set[0]), others)
         if self.step >= sched.steps:
             logger.info("nothing to do: the checkpoint is at step %d of %d", self.step, sched.steps)
         while self.step < sched.steps:
