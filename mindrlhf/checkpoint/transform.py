@@ -140,9 +140,8 @@ def mindspore_strategy_file(strategy: Strategy, tmp_dir: str) -> str:
 
 # ---------------------------------------------------------------- checkpoints
 def rank_checkpoints(src_dir: str, world_size: int, strategy_file: str) -> dict[int, str]:
-    """rank -> the checkpoint file MindSpore will read; every rank of the strategy must have one."""
-    if not os.path.isdir(src_dir):
-        raise TransformError(f"--src_checkpoint {src_dir}: no such folder")
+    """rank -> the checkpoint file MindSpore will read from the folder `src_dir` (`transform` checked it exists);
+    every rank of the strategy must have one."""
     found = rank_files(src_dir)
     missing = [r for r in range(world_size) if r not in found]
     if missing:
@@ -271,6 +270,8 @@ def transform(src_checkpoint: str, dst_checkpoint: str, src_strategy: str | None
     """`src_checkpoint` (a whole `.ckpt`, or a folder of rank_<i>/*.ckpt with `src_strategy`, default its own
     strategy.ckpt) into the shards of `dst_strategy` in `dst_checkpoint` (without it: merged into one full
     checkpoint, `<dst_checkpoint>/rank_0/`); checks everything first, returns a one-line summary."""
+    if not os.path.exists(src_checkpoint):  # before a missing --src_strategy is blamed
+        raise TransformError(f"--src_checkpoint {src_checkpoint}: no such folder (or .ckpt file)")
     if os.path.isfile(src_checkpoint):
         return split_whole(src_checkpoint, dst_checkpoint, src_strategy, dst_strategy, prefix)
     src_strategy = src_strategy or _own_strategy(src_checkpoint)

@@ -106,6 +106,9 @@ def test_errors_before_transform(tmp_path, tp2_job, tensors, capsys):
     out = str(tmp_path / "out")
     assert "--src_checkpoint /nonexistent: no such folder" in _error(
         capsys, "--src_checkpoint", "/nonexistent", "--src_strategy", strategy_dir, "--dst_checkpoint", out)
+    # without --src_strategy too: the missing folder is the news, not the strategy it would have held
+    assert "--src_checkpoint /nonexistent: no such folder" in _error(
+        capsys, "--src_checkpoint", "/nonexistent", "--dst_checkpoint", out)
     assert "--src_strategy /nonexistent.ckpt: no such file or folder" in _error(
         capsys, "--src_checkpoint", src, "--src_strategy", "/nonexistent.ckpt", "--dst_checkpoint", out)
     junk = tmp_path / "junk.ckpt"
