@@ -40,6 +40,8 @@ class GRPOLossCell(nn.Cell):
     of the global value. Returns the 0-d float32 tensors `(loss, pg_loss, kl_loss, pg_clipfrac, ratio_mean,
     ppo_kl)` (`OUTPUTS`, the numpy reference's stats); the stats are wrapped in `stop_gradient`, so
     `mindspore.value_and_grad(cell, grad_position=0)` differentiates only the loss, with or without `has_aux=True`.
+    With `beta` 0 the KL term is neither computed nor returned (`self.OUTPUTS` lacks `kl_loss`) and `ref_logp` is
+    not read: the job runs no reference model (`mindrlhf.trainer.plan.needs_reference`).
 
     Gradient: where the clip is active the token's policy term is taken as a constant (it is, locally);
     elsewhere, including a ratio exactly on a clip boundary, the unclipped `ratio * A` is used. This is done
@@ -48,6 +50,7 @@ class GRPOLossCell(nn.Cell):
     """
 
     OUTPUTS = ("loss", "pg_loss", "kl_loss", "pg_clipfrac", "ratio_mean", "ppo_kl")
+    OUTPUTS_WITHOUT_KL = tuple(name for name in OUTPUTS if name != "kl_loss")
 
     def __init__(self, beta: float = 0.01, epsilon_low: float = 0.2, epsilon_high: float = 0.2,
                  kl_estimator: str = "k3"):
@@ -58,6 +61,8 @@ class GRPOLossCell(nn.Cell):
         self.kl = KL_CELL_ESTIMATORS.get(kl_estimator)
         self.clip_low = 1.0 - self.epsilon_low
         self.clip_high = 1.0 + self.epsilon_high
+        self.with_kl = self.beta > 0
+        self.OUTPUTS = self.OUTPUTS if self.with_kl else self.OUTPUTS_WITHOUT_KL
 
     def construct(self, logp: Tensor, old_logp: Tensor, ref_logp: Tensor, advantages: Tensor, mask: Tensor,
                   token_weights: Tensor):
@@ -67,7 +72,6 @@ class GRPOLossCell(nn.Cell):
         weights = ops.select(valid, ops.cast(token_weights, mstype.float32), zeros)
         logp = ops.select(valid, ops.cast(logp, mstype.float32), zeros)
         old_logp = ops.select(valid, ops.cast(old_logp, mstype.float32), zeros)
-        ref_logp = ops.select(valid, ops.cast(ref_logp, mstype.float32), zeros)
         advantages = ops.cast(advantages, mstype.float32)
         if advantages.ndim == 1:
             advantages = ops.expand_dims(advantages, 1)
@@ -79,12 +83,14 @@ class GRPOLossCell(nn.Cell):
         clipped = ops.stop_gradient(ops.clamp(ratio, self.clip_low, self.clip_high) * advantages)
         clip_active = clipped < unclipped
         pg_token = -ops.select(clip_active, clipped, unclipped)
-        kl_token = self.kl(logp, ref_logp)
-
-        loss = (weights * (pg_token + self.beta * kl_token)).sum()
         pg_loss = ops.stop_gradient((weights * pg_token).sum())
-        kl_loss = ops.stop_gradient((weights * kl_token).sum())
         pg_clipfrac = ops.stop_gradient((weights * ops.cast(clip_active, mstype.float32)).sum())
         ratio_mean = ops.stop_gradient((weights * ratio).sum())
         ppo_kl = ops.stop_gradient((weights * (old_logp - logp)).sum())  # k1 of KL(old policy || policy)
+        if not self.with_kl:
+            return (weights * pg_token).sum(), pg_loss, pg_clipfrac, ratio_mean, ppo_kl
+        ref_logp = ops.select(valid, ops.cast(ref_logp, mstype.float32), zeros)
+        kl_token = self.kl(logp, ref_logp)
+        loss = (weights * (pg_token + self.beta * kl_token)).sum()
+        kl_loss = ops.stop_gradient((weights * kl_token).sum())
         return loss, pg_loss, kl_loss, pg_clipfrac, ratio_mean, ppo_kl

@@ -139,6 +139,9 @@ class GRPOLossNet(nn.Cell):
         super().__init__(auto_prefix=False)
         self.response_log_probs = ResponseLogProbs(model, temperature, with_entropy=True)
         self.loss_cell = loss_cell
+        self.OUTPUTS = loss_cell.OUTPUTS + ("entropy",)
+        if not loss_cell.with_kl:  # the loss reads no reference log-probs: a job without a reference has none
+            self.INPUTS = tuple("old_logp" if name == "ref_logp" else name for name in self.INPUTS)
 
     def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, old_logp, ref_logp, advantages,
                   token_weights, hidden_in=None):

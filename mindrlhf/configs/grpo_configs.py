@@ -39,8 +39,9 @@ class LossConfig:
     algorithms' `check_loss_hyperparameters`, see `mindrlhf.trainer.plan.check_registered_names`)."""
 
     beta: float = help_field(
-        0.04, "KL coefficient. 0.04 is DeepSeekMath's GRPO value (Shao et al. 2024); 0 drops the reference model "
-              "from the loss (DAPO, Dr. GRPO), though its log-probs are still logged.")
+        0.04, "KL coefficient. 0.04 is DeepSeekMath's GRPO value (Shao et al. 2024); 0 (TRL's default; DAPO, "
+              "Dr. GRPO) drops the KL term, and then, unless algorithm.use_kl_in_reward, the reference model: no "
+              "reference net, no reference pass, no actor/kl_loss.")
     epsilon_low: float = help_field(
         0.2, "Lower clip range: ratios below 1 - epsilon_low stop pushing a negative-advantage token down "
              "(PPO's 0.2).")

@@ -83,7 +83,8 @@ def _groups(plan, config, job, rank: int) -> tuple[dict[str, int], bool]:
     infer_bytes = ins.stage_elements(infer.tp) * ins.param_bytes
     if not shared:
         groups[INFER_WEIGHTS] = infer_bytes
-    groups[REF_WEIGHTS] = infer_bytes
+    if plan.uses_reference:
+        groups[REF_WEIGHTS] = infer_bytes
     if plan.critic_cfg is not None:
         cs, cl = NetShape.of(plan.critic_cfg), Layout.from_config(plan.critic_cfg.parallel_config, world, rank)
         critic = cs.stage_elements(cl.tp, cl.pp, cl.stage) - (0 if cs.tied else cs.vocab * cs.hidden // cl.tp)
@@ -97,17 +98,20 @@ def _groups(plan, config, job, rank: int) -> tuple[dict[str, int], bool]:
 
 def _residency(plan, config, job, shared: bool) -> dict[str, tuple[str, ...]]:
     """Phase -> resident swap groups, from the roles' declarations (the phases this job runs)."""
-    roles = [SimpleNamespace(resident_in=actor_residency(TRAIN_WEIGHTS if shared else INFER_WEIGHTS)), Reference]
+    roles = [SimpleNamespace(resident_in=actor_residency(TRAIN_WEIGHTS if shared else INFER_WEIGHTS))]
+    if plan.uses_reference:
+        roles.append(Reference)
     if plan.critic_cfg is not None:
         roles.append(Critic)
     if plan.reward_model_cfg is not None:
         roles.append(SimpleNamespace(resident_in={"reward": (REWARD_MODEL_WEIGHTS,)}))
-    phases = ["generate"] + (["reward"] if plan.reward_model_cfg is not None else []) + ["ref"]
+    phases = ["generate"] + (["reward"] if plan.reward_model_cfg is not None else [])
+    phases += ["ref"] if plan.uses_reference else []
     phases += ["old"] if config.schedule.num_iterations > 1 else []
     phases += ["values", "update_critic"] if plan.critic_cfg is not None else []
     phases += ["train", "reshard"] + (["eval"] if job.eval_dataset_file else [])
     resident = phase_plan(roles, phases)
-    if config.schedule.ref_model_sync_steps:
+    if plan.uses_reference and config.schedule.ref_model_sync_steps:
         resident["reshard"] += (REF_WEIGHTS,)
     return {phase: resident[phase] for phase in phases}
 
@@ -118,7 +122,7 @@ def _graph_layers(plan, config) -> int:
     (and the old policy's) log-prob graph; a prefill graph per prompt bucket and the decode graph."""
     sched, gen = config.schedule, plan.generation
     train_layers = plan.train_cfg.num_layers // plan.train_cfg.parallel_config.pipeline_stage
-    forward = 1 + (1 if sched.num_iterations > 1 else 0)
+    forward = int(plan.uses_reference) + int(sched.num_iterations > 1)
     return sched.response_buckets * (2 * train_layers + forward * plan.infer_cfg.num_layers) + \
         (len(gen.prompt_buckets) + 1) * plan.infer_cfg.num_layers
 

@@ -48,6 +48,7 @@ class JobPlan:
     generation: GenerationConfig  # config.generation with the stop and pad ids of `resolve_token_ids`
     eval_batch_size: int  # prompts per evaluation call on each inference data-parallel rank
     eval_set: tuple[list[list[int]], list[str]] | None  # the held-out (prompt ids, solutions), if any
+    uses_reference: bool = True  # `needs_reference`: without it no reference net is built and no ref pass runs
 
     @classmethod
     def build(cls, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int = 1, rank: int = 0,
@@ -72,10 +73,25 @@ class JobPlan:
         plan = cls(world_size=world_size, rank=rank, train_cfg=train_cfg, infer_cfg=infer_cfg, critic_cfg=critic_cfg,
                    reward_model_cfg=reward_model_cfg, train_layout=train_layout, infer_layout=infer_layout,
                    critic_layout=critic_layout, generation=generation, eval_batch_size=eval_batch_size,
-                   eval_set=eval_set)
+                   eval_set=eval_set, uses_reference=needs_reference(config, job))
         if device is not None:
             check_dtypes_on_device(plan, job, device)
         return plan
+
+
+def needs_reference(config: GRPOConfig, job: JobOptions) -> bool:
+    """Whether the job reads reference log-probs: only a KL term does (`loss.beta` > 0, or
+    `algorithm.use_kl_in_reward`). Without one, as TRL does at its default beta 0, no reference net is built and no
+    reference pass runs; flags that would only feed it are said to be unused."""
+    if config.loss.beta > 0 or config.algorithm.use_kl_in_reward:
+        return True
+    unused = [flag for flag, value in (("--load_ref_checkpoint", job.load_ref_checkpoint),
+                                       ("schedule.ref_model_sync_steps", config.schedule.ref_model_sync_steps))
+              if value]
+    if unused:
+        logger.warning("%s: not used, the job has no reference model (loss.beta is 0 and "
+                       "algorithm.use_kl_in_reward is off)", ", ".join(unused))
+    return False
 
 
 def load_eval_set(path: str, prompt_buckets) -> tuple[list[list[int]], list[str]]:

@@ -5,7 +5,8 @@ One step (each block is a phase, see :mod:`mindrlhf.trainer.phases`)::
 
     generate  actor's infer net (infer layout): num_generations samples for this dp rank's prompts
     reward    rule rewards
-    ref       reference net (infer layout): log-probs of the sampled tokens
+    ref       reference net (infer layout): log-probs of the sampled tokens (only with a KL term: no reference
+              net at all when loss.beta is 0 and algorithm.use_kl_in_reward is off, `JobPlan.uses_reference`)
     old       actor's infer net: old-policy log-probs (only when num_iterations > 1)
     gather    experience gathered to every rank (no model resident)
     values    PPO: the critic's value of every response token (critic layout); token rewards (minus the KL
@@ -120,15 +121,17 @@ class RLTrainer:
         self.reward = Reward(config, job, self.tokenizer, plan.reward_model_cfg, plan.infer_layout, rank)
         self.actor = Actor(config, job, plan.train_cfg, plan.infer_cfg, plan.train_layout, plan.infer_layout,
                            self.generation, rank)
-        self.reference = Reference(config, job, plan.infer_cfg, plan.infer_layout, self.generation.temperature, rank)
+        self.reference = Reference(config, job, plan.infer_cfg, plan.infer_layout, self.generation.temperature,
+                                   rank) if plan.uses_reference else None
         self.critic = Critic(config, job, plan.critic_cfg, plan.critic_layout, rank) if plan.critic_cfg else None
-        self.roles: list[Role] = [self.actor, self.reference, self.reward] + ([self.critic] if self.critic else [])
+        self.roles: list[Role] = [role for role in (self.actor, self.reference, self.reward, self.critic) if role]
 
     def _build_engines(self, host_sums: dict) -> None:
         """Weights, engines and reshards of every role, then the swap plan of the phases."""
         self.comm = ArrayCollectives(self.world_size, self.rank)
         self.actor.build(self.comm, host_sums.get(self.train_layout.dp_group))
-        self.reference.build(self.actor)
+        if self.reference:
+            self.reference.build(self.actor)
         if self.critic:
             self.critic.build(self.actor, self.comm, host_sums.get(self.critic.layout.dp_group))
         self.reward.build()
@@ -248,16 +251,19 @@ class RLTrainer:
             rewards, terms, _ = self.reward(out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,
                                             solutions, columns_per_completion(batch["columns"], group_size))
         inputs = {name: getattr(out, name) for name in RESPONSE_COLUMNS}
-        with self.phases("ref"):
-            ref_logp = self.reference.log_probs(inputs)
+        ref_logp = None
+        if self.reference:
+            with self.phases("ref"):
+                ref_logp = self.reference.log_probs(inputs)
         old_logp = out.log_probs
         if self.config.schedule.num_iterations > 1:
             with self.phases("old"):
                 old_logp = self.actor.log_probs(inputs)
         mask = out.response_mask.astype(np.float32)
-        columns = {"prompt_ids": out.prompt_ids, "prompt_mask": out.prompt_mask, "response_ids": out.response_ids,
-                   "response_mask": out.response_mask, "old_logp": (old_logp * mask).astype(np.float32),
-                   "ref_logp": (ref_logp * mask).astype(np.float32), "rewards": rewards.astype(np.float32)}
+        columns = {**inputs, "old_logp": (old_logp * mask).astype(np.float32)}
+        if ref_logp is not None:
+            columns["ref_logp"] = (ref_logp * mask).astype(np.float32)
+        columns["rewards"] = rewards.astype(np.float32)
         columns.update({f"reward/{k}": np.asarray(v, np.float32) for k, v in terms.items()})
         return Experience(columns)
 
@@ -333,7 +339,7 @@ class RLTrainer:
         actor.update(critic)
         if self.kl_ctrl is not None:
             actor.update(self._update_kl_controller(generated))
-        sync_ref = bool(self.config.schedule.ref_model_sync_steps) and \
+        sync_ref = bool(self.reference and self.config.schedule.ref_model_sync_steps) and \
             self.step % self.config.schedule.ref_model_sync_steps == 0
         with self.phases("reshard", also_resident=(REF_WEIGHTS,) if sync_ref else ()):
             self.actor.sync_inference()
@@ -461,14 +467,18 @@ EXPERIENCE_SCHEMA = {
 
 
 def write_experience(path: str, exp: Experience) -> None:
-    """One step's experience as MindRecord (real prompt tokens only; responses padded to the step's width)."""
+    """One step's experience as MindRecord (real prompt tokens only; responses padded to the step's width; no
+    `ref_logp` in a job without a reference model)."""
+    per_token = [name for name in ("ref_logp", "old_logp", "advantages", "returns") if name in exp]
     records = []
     for i in range(exp.num_rows):
         record = {"prompt_ids": exp.prompt_ids[i][exp.prompt_mask[i].astype(bool)].astype(np.int32),
                   "reward": float(exp.rewards[i])}
         for name in ("response_ids", "response_mask"):
             record[name] = exp[name][i].astype(np.int32)
-        for name in ("ref_logp", "old_logp", "advantages", "returns"):
+        for name in per_token:
             record[name] = exp[name][i].astype(np.float32)
         records.append(record)
-    write_mindrecord_atomically(records, path, "mindrlhf experience", schema=EXPERIENCE_SCHEMA)
+    schema = {name: field for name, field in EXPERIENCE_SCHEMA.items()
+              if name in per_token or name in ("prompt_ids", "reward", "response_ids", "response_mask")}
+    write_mindrecord_atomically(records, path, "mindrlhf experience", schema=schema)

@@ -39,9 +39,10 @@ def fixed_batch(seed=0):
     return arrays
 
 
-def numpy_loss(logp, old_logp, ref_logp, advantages, mask, aggregation, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH):
+def numpy_loss(logp, old_logp, ref_logp, advantages, mask, aggregation, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH,
+               beta=BETA):
     return grpo_policy_loss(*(np.asarray(a, np.float64) for a in (logp, old_logp, ref_logp, advantages, mask)),
-                            beta=BETA, epsilon_low=epsilon_low, epsilon_high=epsilon_high, aggregation=aggregation)
+                            beta=beta, epsilon_low=epsilon_low, epsilon_high=epsilon_high, aggregation=aggregation)
 
 
 def finite_difference_grad(logp, old_logp, ref_logp, advantages, mask, aggregation, step=1e-6):
@@ -57,7 +58,7 @@ def finite_difference_grad(logp, old_logp, ref_logp, advantages, mask, aggregati
 
 
 def analytic_grad(logp, old_logp, ref_logp, advantages, mask, aggregation, epsilon_low=EPS_LOW,
-                  epsilon_high=EPS_HIGH):
+                  epsilon_high=EPS_HIGH, beta=BETA):
     """d loss / d logp = weight * (-A * ratio * [clip inactive] + beta * (1 - exp(ref - logp))) on masked tokens."""
     logp, old_logp, ref_logp, advantages, mask = (np.asarray(a, np.float64)
                                                   for a in (logp, old_logp, ref_logp, advantages, mask))
@@ -66,7 +67,7 @@ def analytic_grad(logp, old_logp, ref_logp, advantages, mask, aggregation, epsil
     ratio = np.exp(logp - old_logp)
     adv = advantages[:, None]
     clip_active = np.clip(ratio, 1 - epsilon_low, 1 + epsilon_high) * adv < ratio * adv
-    per_token = -adv * ratio * ~clip_active + BETA * (1.0 - np.exp(ref_logp - logp))
+    per_token = -adv * ratio * ~clip_active + beta * (1.0 - np.exp(ref_logp - logp))
     lengths = mask.sum(axis=1, keepdims=True)
     sequences = max((lengths > 0).sum(), 1)
     weight = {"seq-mean-token-mean": 1.0 / (np.maximum(lengths, 1) * sequences),
@@ -118,6 +119,25 @@ def test_token_level_advantages_match_numpy_and_broadcast_per_response_ones():
                                                     [logp, old_logp, ref_logp, advantages, mask], "token-mean")
     np.testing.assert_allclose(same, broadcast, atol=1e-6)
     np.testing.assert_allclose(same_grad, broadcast_grad, atol=1e-6)
+
+
+def test_at_beta_0_the_reference_is_not_read_and_no_kl_is_returned():
+    """A job at beta 0 has no reference model: the cell must give the policy-gradient loss, stats and gradient of
+    the numpy loss at beta 0 whatever stands in the reference's slot (NaN here), and no kl_loss."""
+    logp, old_logp, ref_logp, advantages, mask = fixed_batch(seed=4)
+    cell = GRPOLossCell(0.0, EPS_LOW, EPS_HIGH)
+    assert cell.OUTPUTS == ("loss", "pg_loss", "pg_clipfrac", "ratio_mean", "ppo_kl")
+    nan_ref = np.full_like(ref_logp, np.nan)
+    outputs, grad = cell_value_and_grad(cell, [logp, old_logp, nan_ref, advantages, mask], "seq-mean-token-mean")
+    expected_loss, expected_stats = numpy_loss(logp, old_logp, ref_logp, advantages, mask, "seq-mean-token-mean",
+                                               beta=0.0)
+    values = dict(zip(cell.OUTPUTS, outputs))
+    assert values["loss"] == pytest.approx(expected_loss, abs=1e-5) and expected_loss != 0.0
+    for name in cell.OUTPUTS[1:]:
+        assert values[name] == pytest.approx(expected_stats[name], abs=1e-5), name
+    np.testing.assert_allclose(grad, analytic_grad(logp, old_logp, ref_logp, advantages, mask, "seq-mean-token-mean",
+                                                   beta=0.0), atol=1e-5)
+    assert np.abs(grad).max() > 1e-3
 
 
 def test_gradient_ignores_stats_without_has_aux():

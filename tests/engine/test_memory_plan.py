@@ -158,6 +158,17 @@ def test_plan_flag_prints_the_table_without_msrun(tmp_path):
     gradients, moments = float(train[2]), float(train[3])
     assert gradients > 0 and moments > 0
     assert lines[-1].startswith("fits: the largest rank needs ")
+    # no KL term (beta 0) and one pass over the rollout: no reference net, no ref or old phase, fewer graphs
+    proc = subprocess.run(_plan_cmd(tmp_path, "--device_memory_gib", "8", "--beta", "0", "--num_iterations", "1"),
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "MS_WORKER_NUM": ""})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lean = proc.stdout.splitlines()
+    lean_peak = next(i for i, line in enumerate(lean) if line.startswith("  peak:"))
+    assert [line.split()[0] for line in lean[3:lean_peak]] == ["generate", "train", "reshard"]
+    lean_train = next(line.split() for line in lean if line.strip().startswith("train"))
+    # the reference's weights: the whole model on an infer rank (tp1), twice a train rank's tp2 share (= gradients)
+    assert float(lean_train[1]) == pytest.approx(float(train[1]) - 2 * gradients, abs=2e-3)
+    assert float(lean_train[7]) < float(train[7])  # runtime: the graphs of the two forward passes are not compiled
     proc = subprocess.run(_plan_cmd(tmp_path, "--device_memory_gib", "0.01"), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0

@@ -167,8 +167,9 @@ def user_rewards_run(tmp_path_factory, graph_mode):
     the data is written) and user reward functions: a TRL-form one (`trl_style_rewards:short_answers`, beside the
     built-in accuracy) and one that reads the field (`column_rewards:prompt_tokens`), the only one weighted, so each
     response's reward is what that function gave it; with a held-out evaluation (the sample's last 10 problems)
-    before and after the step. 48 new tokens: what the bundled policy's greedy answers need. The run of the
-    three tests below (rewards, TRL form, held-out accuracy)."""
+    before and after the step. 48 new tokens: what the bundled policy's greedy answers need. At loss.beta 0 (TRL's
+    default): no reference model. The run of the four tests below (rewards, TRL form, held-out accuracy, no
+    reference)."""
     from mindrlhf.data.mindrecord import convert_to_mindrecord
     from mindrlhf.data.templates import build_prompt
     from mindrlhf.models.qwen2 import Qwen2Tokenizer
@@ -199,7 +200,7 @@ def user_rewards_run(tmp_path_factory, graph_mode):
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.syspath_prepend(str(tmp))
         log = logged_run(data, out, [
-            "--steps", "1", "--max_new_tokens", "48", "--num_iterations", "1",
+            "--steps", "1", "--max_new_tokens", "48", "--num_iterations", "1", "--beta", "0",
             "--reward_funcs", "accuracy", "trl_style_rewards:short_answers", "column_rewards:prompt_tokens",
             "--reward_weights", "0", "0", "1", "--save_data_file", str(tmp / "exp" / "cols"),
             "--eval_dataset_file", str(eval_path), "--eval_batch_size", "4"])
@@ -230,6 +231,26 @@ def test_a_reward_function_written_for_trl_runs_unchanged(user_rewards_run):
     metrics = metrics_lines(user_rewards_run.out)[-1]
     expected = np.mean([float(len(i) < 10) for i in ids[::2]])  # the mean over the samples with an opinion
     assert metrics["reward/trl_style_rewards:short_answers"] == pytest.approx(expected)
+
+
+@pytest.mark.slow
+def test_a_job_without_a_kl_term_builds_no_reference_and_runs_no_reference_or_old_policy_pass(user_rewards_run):
+    """loss.beta 0 and no KL in the reward: no reference net (no swap group, no checkpoint file, no strategy), no
+    `ref` phase, no KL column or metric; with num_iterations 1 the rollout's own log-probs are the old policy's (no
+    `old` pass). (Its rewards are a prompt's own token count: equal within each group, so no gradient here.)"""
+    from mindspore.dataset import MindDataset
+
+    run = user_rewards_run
+    metrics = metrics_lines(run.out)[-1]
+    assert metrics["actor/updates"] > 0 and {"actor/pg_loss", "actor/entropy", "actor/grad_norm"} <= set(metrics)
+    assert "timing/generate" in metrics and "timing/train" in metrics
+    assert not {"timing/ref", "timing/old", "actor/kl_loss"} & set(metrics)
+    assert "roles: actor, reward;" in run.log
+    record = next(MindDataset(str(run.experience), shuffle=False).create_dict_iterator(output_numpy=True))
+    assert "ref_logp" not in record and record["old_logp"].shape == record["response_ids"].shape
+    step = run.out / "checkpoints" / "step_000001"
+    assert sorted(p.name for p in (step / "rank_0").iterdir()) == ["state.json", "train.ckpt"]
+    assert json.loads((step / "rank_0" / "state.json").read_text()).keys() == {"actor", "reward"}
 
 
 def response_widths(log: str) -> list[tuple[int, int]]:
