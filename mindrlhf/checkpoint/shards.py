@@ -53,9 +53,20 @@ def rank_files(folder: str) -> dict[int, str]:
     return found
 
 
-def is_shard_folder(path: str) -> bool:
-    """A folder of `rank_<r>/*.ckpt` shards that is not a trainer step folder."""
-    return os.path.isdir(path) and not is_step_folder(path) and bool(rank_files(path))
+def checkpoint_form(path: str) -> str:
+    """What `path` holds, decided once for every reader: "file" (a `.ckpt`), "step" (a trainer step folder:
+    `step.is_step_folder`) or "shards" (`rank_<r>/*.ckpt` without a step folder's files); anything else is a
+    CheckpointError naming the path and the forms expected."""
+    if os.path.isfile(path):
+        return "file"
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: checkpoint not found (expected a .ckpt file, a trainer step folder or a "
+                              "folder of rank_<r>/*.ckpt shards)")
+    if is_step_folder(path):
+        return "step"
+    if rank_files(path):
+        return "shards"
+    raise not_a_checkpoint_folder(path)
 
 
 def not_a_checkpoint_folder(folder: str) -> CheckpointError:

@@ -8,19 +8,11 @@ import os
 
 import numpy as np
 
-from mindrlhf.checkpoint.shards import (
-    is_shard_folder,
-    listed,
-    load_shards,
-    match_params,
-    merge_shard_folder,
-    not_a_checkpoint_folder,
-)
+from mindrlhf.checkpoint.shards import checkpoint_form, listed, load_shards, match_params, merge_shard_folder
 from mindrlhf.checkpoint.step import (
     STEP_NETS,
     CheckpointError,
     is_optimizer_state,
-    is_step_folder,
     plain_name,
     rank_dir,
     read_parameters,
@@ -38,17 +30,16 @@ def read_weights(path: str, net: str = "actor") -> dict:
     the actor's or the critic's rank shards merged through its strategy file, names without the net's prefix) or of
     a folder of per-rank shards with its `strategy.ckpt` (merged through it); optimizer entries are dropped. Errors
     name the file."""
-    if is_shard_folder(path):
+    return _read_form(path, checkpoint_form(path), net)
+
+
+def _read_form(path: str, form: str, net: str) -> dict:
+    if form == "shards":
         state = merge_shard_folder(path)
-    elif is_step_folder(path):
+    elif form == "step":
         state = merge_trainer_checkpoint(path, net)
-    elif os.path.isdir(path):
-        raise not_a_checkpoint_folder(path)
-    elif os.path.isfile(path):
-        state = {name: p.asnumpy() for name, p in read_parameters(path).items()}
     else:
-        raise CheckpointError(f"{path}: checkpoint not found (expected a .ckpt file, a trainer step folder or a "
-                              "folder of rank_<r>/*.ckpt shards)")
+        state = {name: p.asnumpy() for name, p in read_parameters(path).items()}
     return {name: value for name, value in state.items() if not is_optimizer_state(name)}
 
 
@@ -83,10 +74,11 @@ def load_weights(net, layout, path: str, prefix: str = "") -> None:
     Names in the files are the plain model names (as `tools/convert_weight.py` writes them; a net prefix in them
     is dropped); the net's own names may carry `prefix`. Optimizer entries are ignored. Errors name the file.
     """
-    if is_shard_folder(path):
+    form = checkpoint_form(path)
+    if form == "shards":
         load_shards(net, layout, path, prefix)
         return
-    state = read_weights(path)
+    state = _read_form(path, form, "actor")
     plain = {prefix + plain_name(name): value for name, value in state.items()}
     try:
         load_full_state(net, plain, layout)

@@ -226,6 +226,23 @@ def test_a_trainer_step_folder_is_not_taken_for_a_shard_folder(folders, expected
         read_weights(str(step), "actor")
 
 
+def test_a_path_is_one_form_of_checkpoint_decided_once(folders, tmp_path):
+    """Every reader asks `checkpoint_form`: a file, a step folder (meta.json or a net's strategy file, even with
+    rank shards beside), a shard folder; an empty folder or a missing path is one error naming it."""
+    from mindrlhf.checkpoint.shards import checkpoint_form
+
+    shards = copy_folder(folders, "tp2", tmp_path)
+    assert checkpoint_form(str(shards)) == "shards"
+    assert checkpoint_form(str(shards / "rank_0" / "checkpoint_0.ckpt")) == "file"
+    (shards / "meta.json").write_text("{}")
+    assert checkpoint_form(str(shards)) == "step"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path / 'empty'}: neither a trainer step folder"):
+        read_weights(str(tmp_path / "empty"))
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path / 'nowhere'}: checkpoint not found"):
+        load_weights(*build("tp2", 0), str(tmp_path / "nowhere"), PREFIX)
+
+
 # ---------------------------------------------------------------- msrun: the tutorial's flow at tiny size
 def mindrlhf_yaml(tmp_path, net: str) -> str:
     """The tiny model's YAML of `net` written as MindRLHF's Qwen2.5 YAMLs write a model: rotary_emb_base instead of
