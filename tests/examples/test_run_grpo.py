@@ -106,7 +106,7 @@ def metrics_of_step(path, step: int) -> dict | None:
 
 def test_a_resumed_job_continues_exactly_and_a_signal_stops_the_whole_job(run, tmp_path):
     """A run with --resume from the straight run's first checkpoint (step 5), the job's own settings (lr warmup over
-    the first 5 updates, num_iterations 1, 4 updates a step, response buckets, the inference net the train net),
+    the first 5 updates, num_iterations 1, 4 updates a step, the inference net the train net),
     gives the straight run's next step, every metric bit for bit (each graph once kept the learning rate of its
     first call, so a resumed run, compiling anew, updated with other rates). `kill <pid>` (SIGTERM to the script
     alone: msrun and each worker are in other process groups) then stops it, workers included, with one line and
@@ -253,17 +253,12 @@ def _bundled_policy():
     return model
 
 
-# every pass at max_new_tokens: one graph per pass instead of one per response width (a PPO step has four passes
-# that learn or score), the same values (tests/trainer/test_grpo_cli.py's micro-batch variant)
-ONE_WIDTH = ["--response_buckets", "1"]
-
-
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory):
     """`ALGORITHM=ppo bash run_grpo.sh`, STEPS steps with a checkpoint at step SAVED: its OUTPUT."""
     out = tmp_path_factory.mktemp("ppo") / "ppo"
     proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0", "--save_interval",
-                        str(SAVED), *ONE_WIDTH], job_env(out, ALGORITHM="ppo"), timeout=1200)
+                        str(SAVED)], job_env(out, ALGORITHM="ppo"), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -297,7 +292,7 @@ def test_a_resumed_ppo_run_continues_exactly(ppo_run, tmp_path):
     out = tmp_path / "ppo"
     saved = f"step_{SAVED:06d}"
     shutil.copytree(ppo_run / "checkpoints" / saved, out / "checkpoints" / saved)
-    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(SAVED + 1), "--eval_interval", "0", *ONE_WIDTH,
+    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(SAVED + 1), "--eval_interval", "0",
                         "--resume"], job_env(out, ALGORITHM="ppo", EVAL_DATA=""), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = (out / "msrun_log" / "worker_0.log").read_text(errors="replace")

@@ -4,7 +4,9 @@ tools/fetch_smollm2.py (GGUF -> Hugging Face folder), converted, and trained one
 `transformers` on the same folder: the chat template, the tokenizer, the weights and the EOS stop all agree. The step
 runs on one worker (the YAMLs' layouts at data_parallel 1): the bundled and tiny jobs prove the 2-rank paths, and
 tests/parallel/test_spmd_equivalence.py the graphs over a real model's parameter count at dp=2; one rank of the real
-model compiles half of what two do and leaves the other core to the rest of the suite."""
+model compiles half of what two do and leaves the other core to the rest of the suite. At loss.beta 0 (TRL's default)
+the step builds no reference net: one compiled 30-layer graph and one copy of the weights less (the reference pass
+is the tiny and bundled jobs')."""
 import json
 import math
 import os
@@ -80,7 +82,7 @@ def test_one_greedy_grpo_step_of_smollm2_matches_transformers(model_dir, tmp_pat
                TRAIN_YAML=str(yamls["train"]), INFER_YAML=str(yamls["infer"]), MASTER_PORT=str(free_port()),
                GLOG_v="3")
     proc = run_command(["bash", str(RUN_GRPO), "--steps", "1", "--batch_size", "4", "--num_generations", "2",
-                        "--top_k", "1", "--max_new_tokens", str(MAX_NEW_TOKENS), "--save_interval", "0",
+                        "--top_k", "1", "--max_new_tokens", str(MAX_NEW_TOKENS), "--save_interval", "0", "--beta", "0",
                         "--save_data_file", str(tmp_path / "exp" / "grpo")], env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
