@@ -246,7 +246,7 @@ def recipe_plan(recipe: tuple, workdir: str) -> dict:
     config = load_config(job, args)
     world = train[0] * train[1] * train[2]
     plan = JobPlan.build(config, job, load_job_tokenizer(job), world, 0)
-    ranks = job_memory(plan, config, job, device="ascend")
+    ranks = job_memory(plan, device="ascend")
     worst = max(ranks, key=lambda r: r.peak_phase().peak)
     top = worst.peak_phase()
     return {"recipe": name, "devices": world, "peak_gib": round(top.peak / GIB, 1), "phase": top.phase,

@@ -30,13 +30,7 @@ from mindrlhf.parallel.host_setup import (
     share_data_parallel_sums,
 )
 from mindrlhf.trainer.metrics import MetricsError
-from mindrlhf.trainer.plan import (
-    JobPlan,
-    check_job_inputs,
-    check_registered_names,
-    check_write_targets,
-    yaml_world_size,
-)
+from mindrlhf.trainer.plan import JobPlan, check_write_targets, yaml_world_size
 from mindrlhf.utils.logging import setup_logging
 
 # MindSpore, and the modules that load it, are imported by the functions that need them: `mindrlhf-train --help` and
@@ -75,15 +69,11 @@ def start_communication() -> tuple[int, int]:
 
 
 def load_config(job: JobOptions, args: argparse.Namespace) -> GRPOConfig:
-    """`--config` YAML (or the defaults) with the command-line overrides of `args` applied, validated (before the
-    cluster forms: `JobPlan.build` needs the world, which MindSpore's communication gives)."""
+    """`--config` YAML (or the defaults) with the command-line overrides of `args` applied (each YAML section's
+    fields are checked as it is read; the whole config by `JobPlan.build`)."""
     config = GRPOConfig.from_yaml(*job.config) if job.config else GRPOConfig()
     overrides = config_overrides(args)
-    if overrides:
-        config = config.replace(overrides)
-    config.validate()
-    check_registered_names(config)
-    return config
+    return config.replace(overrides) if overrides else config
 
 
 def load_job_tokenizer(job: JobOptions):
@@ -93,12 +83,27 @@ def load_job_tokenizer(job: JobOptions):
                           merges_file_path=job.merges_file_path or None)
 
 
+def parallel_run(use_parallel: str) -> bool:
+    """Whether this process is one rank of a job of several (launched by msrun, or `--use_parallel true`)."""
+    launched = any(os.environ.get(name) for name in _LAUNCHED_BY_MSRUN)
+    return use_parallel == "true" or (use_parallel == "auto" and launched)
+
+
+def planned_world_size(job: JobOptions) -> int | None:
+    """The ranks the job's plan is built for before MindSpore's communication forms the cluster: the train YAML's
+    layout with `--check_flags` (no msrun), 1 for a single process, msrun's worker count; None when only the
+    cluster can tell (`--use_parallel true` without msrun's variables)."""
+    if job.check_flags:
+        return yaml_world_size(job)
+    if not parallel_run(job.use_parallel):
+        return 1
+    workers = os.environ.get("MS_WORKER_NUM", "")
+    return int(workers) if workers.isdigit() else None
+
+
 def init_communication(use_parallel: str) -> tuple[int, int]:
     """(world size, rank); initialises MindSpore communication when running under msrun (or asked to)."""
-    launched = any(os.environ.get(name) for name in _LAUNCHED_BY_MSRUN)
-    if use_parallel == "false" or (use_parallel == "auto" and not launched):
-        return 1, 0
-    return start_communication()
+    return start_communication() if parallel_run(use_parallel) else (1, 0)
 
 
 def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -> int:
@@ -109,31 +114,29 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     from mindrlhf.trainer.rl_trainer import RLTrainer
 
     job = JobOptions.from_args(args)
+    plan = None
     try:
         config = load_config(job, args)
-        check_job_inputs(job)
         tokenizer = load_job_tokenizer(job)
-        if job.check_flags:
-            JobPlan.build(config, job, tokenizer, yaml_world_size(job), 0, ms.get_context("device_target"))
-            check_write_targets(job)
-            return 0
-    except (ConfigError, ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if job.plan:
-        return print_memory_plan(config, job, tokenizer)
-    try:
+        if job.plan:
+            return print_memory_plan(config, job, tokenizer)
+        # every check, once, before the cluster forms (a bad flag ends each rank in seconds); the rank comes after
+        world_size = planned_world_size(job)
+        if world_size is not None:
+            plan = JobPlan.build(config, job, tokenizer, world_size, 0, ms.get_context("device_target"))
         check_write_targets(job)
-    except ConfigError as err:
+        if job.check_flags:
+            return 0
+    except (ValueError, OSError) as err:  # ConfigError, LayoutError, DataError
         print(f"error: {err}", file=sys.stderr)
         return 2
     ms.set_context(mode=ms.GRAPH_MODE)
     world_size, rank = init_communication(job.use_parallel)
     set_up_host(job, world_size, rank)
     try:
-        plan = JobPlan.build(config, job, tokenizer, world_size, rank, ms.get_context("device_target"))
-        host_sums = set_up_communication(plan, job, config)
-        trainer = RLTrainer(plan, config, job, tokenizer, host_sums, callbacks)
+        plan = plan_for_rank(plan, config, job, tokenizer, world_size, rank)
+        host_sums = set_up_communication(plan)
+        trainer = RLTrainer(plan, tokenizer, host_sums, callbacks)
     except ValueError as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -188,6 +191,20 @@ def world_barrier() -> None:
     ops.AllReduce()(ms.Tensor(np.ones(1, np.float32))).asnumpy()
 
 
+def plan_for_rank(plan: JobPlan | None, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int,
+                  rank: int) -> JobPlan:
+    """The checked plan at this rank: the one built before the cluster formed, for the world the cluster has (or,
+    when the world size was not known before, built now)."""
+    import mindspore as ms
+
+    if plan is None:
+        return JobPlan.build(config, job, tokenizer, world_size, rank, ms.get_context("device_target"))
+    if plan.world_size != world_size:
+        raise ConfigError(f"msrun's MS_WORKER_NUM={plan.world_size}, but MindSpore's communication has {world_size} "
+                          "ranks")
+    return plan.for_rank(rank)
+
+
 def print_memory_plan(config: GRPOConfig, job: JobOptions, tokenizer) -> int:
     """`--plan`: prints the memory plan (`memory_report.plan_report`) and returns 0, or 2 with a one-line error;
     builds no net, needs no msrun."""
@@ -217,11 +234,12 @@ def set_up_host(job: JobOptions, world_size: int, rank: int) -> None:
     logger.info("rank %d of %d started as pid %d on %s", rank, world_size, os.getpid(), socket.gethostname())
 
 
-def set_up_communication(plan: JobPlan, job: JobOptions, config: GRPOConfig) -> dict:
+def set_up_communication(plan: JobPlan) -> dict:
     """The nets' communication groups, the data-parallel gradient sums through shared memory (CPU, every rank on
     one host; returned by dp group name) and MindSpore's compile cache (`--enable_compile_cache`)."""
     import mindspore as ms
 
+    job, config = plan.job, plan.config
     host_sums = {}
     layouts = (plan.train_layout, plan.infer_layout, plan.critic_layout)
     if plan.world_size > 1:

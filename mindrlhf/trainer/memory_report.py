@@ -46,7 +46,6 @@ from mindrlhf.trainer.roles import (
     Reference,
     actor_residency,
     phase_plan,
-    shares_train_weights,
 )
 
 MOMENT_GROUPS = (OPTIMIZER_MOMENTS, CRITIC_MOMENTS)
@@ -69,24 +68,21 @@ def largest_call(kind: str, schedule, cfg, layout: Layout, group: int, rows: int
     return Call(size // share, size, prompt_width, width)
 
 
-def _groups(plan, config, job, rank: int) -> tuple[dict[str, int], bool]:
-    """(swap group -> bytes on this rank, whether the inference net is the train net)."""
-    world = plan.world_size
-    train = Layout.from_config(plan.train_cfg.parallel_config, world, rank)
-    infer = Layout.from_config(plan.infer_cfg.parallel_config, world, rank)
+def _groups(plan) -> tuple[dict[str, int], bool]:
+    """(swap group -> bytes on the plan's rank, whether the inference net is the train net)."""
+    train, infer = plan.train_layout, plan.infer_layout
     ts, ins = NetShape.of(plan.train_cfg), NetShape.of(plan.infer_cfg)
     elements = ts.stage_elements(train.tp, train.pp, train.stage)
     shard = plan.train_cfg.parallel_config.optimizer_shard
     groups = {TRAIN_WEIGHTS: elements * ts.param_bytes, OPTIMIZER_MOMENTS: moment_bytes(elements, train.dp, shard)}
-    shared = shares_train_weights(plan.train_cfg, plan.infer_cfg, train, infer, job.load_sft_checkpoint_infer,
-                                  job.load_sft_checkpoint_train)
+    shared = plan.infer_shares_train_weights
     infer_bytes = ins.stage_elements(infer.tp) * ins.param_bytes
     if not shared:
         groups[INFER_WEIGHTS] = infer_bytes
     if plan.uses_reference:
         groups[REF_WEIGHTS] = infer_bytes
     if plan.critic_cfg is not None:
-        cs, cl = NetShape.of(plan.critic_cfg), Layout.from_config(plan.critic_cfg.parallel_config, world, rank)
+        cs, cl = NetShape.of(plan.critic_cfg), plan.critic_layout
         critic = cs.stage_elements(cl.tp, cl.pp, cl.stage) - (0 if cs.tied else cs.vocab * cs.hidden // cl.tp)
         groups[CRITIC_WEIGHTS] = critic * cs.param_bytes
         groups[CRITIC_MOMENTS] = moment_bytes(critic, cl.dp, plan.critic_cfg.parallel_config.optimizer_shard)
@@ -96,7 +92,7 @@ def _groups(plan, config, job, rank: int) -> tuple[dict[str, int], bool]:
     return groups, shared
 
 
-def _residency(plan, config, job, shared: bool) -> dict[str, tuple[str, ...]]:
+def _residency(plan, shared: bool) -> dict[str, tuple[str, ...]]:
     """Phase -> resident swap groups, from the roles' declarations (the phases this job runs)."""
     roles = [SimpleNamespace(resident_in=actor_residency(TRAIN_WEIGHTS if shared else INFER_WEIGHTS))]
     if plan.uses_reference:
@@ -107,32 +103,31 @@ def _residency(plan, config, job, shared: bool) -> dict[str, tuple[str, ...]]:
         roles.append(SimpleNamespace(resident_in={"reward": (REWARD_MODEL_WEIGHTS,)}))
     phases = ["generate"] + (["reward"] if plan.reward_model_cfg is not None else [])
     phases += ["ref"] if plan.uses_reference else []
-    phases += ["old"] if config.schedule.num_iterations > 1 else []
+    phases += ["old"] if plan.config.schedule.num_iterations > 1 else []
     phases += ["values", "update_critic"] if plan.critic_cfg is not None else []
-    phases += ["train", "reshard"] + (["eval"] if job.eval_dataset_file else [])
+    phases += ["train", "reshard"] + (["eval"] if plan.job.eval_dataset_file else [])
     resident = phase_plan(roles, phases)
-    if plan.uses_reference and config.schedule.ref_model_sync_steps:
+    if plan.uses_reference and plan.config.schedule.ref_model_sync_steps:
         resident["reshard"] += (REF_WEIGHTS,)
     return {phase: resident[phase] for phase in phases}
 
 
-def _graph_layers(plan, config) -> int:
+def _graph_layers(plan) -> int:
     """Decoder layers summed over the graphs a rank compiles (CPU: each holds its kernels' memory): per response
     width (`schedule.response_buckets`) the train graph (forward and backward: twice its layers) and the reference's
     (and the old policy's) log-prob graph; a prefill graph per prompt bucket and the decode graph."""
-    sched, gen = config.schedule, plan.generation
+    sched, gen = plan.config.schedule, plan.generation
     train_layers = plan.train_cfg.num_layers // plan.train_cfg.parallel_config.pipeline_stage
     forward = int(plan.uses_reference) + int(sched.num_iterations > 1)
     return sched.response_buckets * (2 * train_layers + forward * plan.infer_cfg.num_layers) + \
         (len(gen.prompt_buckets) + 1) * plan.infer_cfg.num_layers
 
 
-def _transients(plan, config, rank: int) -> dict[str, dict[str, int]]:
+def _transients(plan) -> dict[str, dict[str, int]]:
     """Phase -> the terms that exist only while it runs (activations, logits, one call's gradients)."""
-    sched, gen, G = config.schedule, plan.generation, plan.generation.num_generations
-    world, P, R = plan.world_size, max(gen.prompt_buckets), gen.max_new_tokens
-    train = Layout.from_config(plan.train_cfg.parallel_config, world, rank)
-    infer = Layout.from_config(plan.infer_cfg.parallel_config, world, rank)
+    sched, gen, G = plan.config.schedule, plan.generation, plan.generation.num_generations
+    P, R = max(gen.prompt_buckets), gen.max_new_tokens
+    train, infer = plan.train_layout, plan.infer_layout
     ts, ins = NetShape.of(plan.train_cfg), NetShape.of(plan.infer_cfg)
     prompts = sched.batch_size // infer.dp
     prefill, _ = forward_activation_bytes(ins, Call(prompts, 0, P, 0), infer.tp)
@@ -153,21 +148,20 @@ def _transients(plan, config, rank: int) -> dict[str, dict[str, int]]:
     return out
 
 
-def rank_memory(plan, config, job, rank: int, device: str = "cpu") -> list[PhaseMemory]:
+def rank_memory(plan, rank: int, device: str = "cpu") -> list[PhaseMemory]:
     """Every phase's bytes on `rank` of the job of `plan` (a `JobPlan`) on `device` ("cpu": nothing really
     offloads; "ascend": the swap plan's idle groups are on host)."""
-    groups, shared = _groups(plan, config, job, rank)
-    transients = _transients(plan, config, rank)
-    gen = plan.generation
-    infer = Layout.from_config(plan.infer_cfg.parallel_config, plan.world_size, rank)
-    kv_rows = config.schedule.batch_size // infer.dp * gen.num_generations
+    plan = plan.for_rank(rank)
+    groups, shared = _groups(plan)
+    transients = _transients(plan)
+    gen, sched, infer, train = plan.generation, plan.config.schedule, plan.infer_layout, plan.train_layout
+    kv_rows = sched.batch_size // infer.dp * gen.num_generations
     kv = NetShape.of(plan.infer_cfg).kv_cache_bytes(kv_rows, gen.cache_length, infer.tp)
-    train = Layout.from_config(plan.train_cfg.parallel_config, plan.world_size, rank)
-    recomputed = recompute_of(plan.train_cfg, train.pp, train.stage).full * config.schedule.response_buckets
-    runtime = int(RUNTIME_OVERHEAD_GIB[device] * GIB) + GRAPH_BYTES_PER_LAYER[device] * _graph_layers(plan, config) \
+    recomputed = recompute_of(plan.train_cfg, train.pp, train.stage).full * sched.response_buckets
+    runtime = int(RUNTIME_OVERHEAD_GIB[device] * GIB) + GRAPH_BYTES_PER_LAYER[device] * _graph_layers(plan) \
         + RECOMPUTE_GRAPH_BYTES_PER_LAYER[device] * recomputed
     phases = []
-    for phase, resident in _residency(plan, config, job, shared).items():
+    for phase, resident in _residency(plan, shared).items():
         on_device = groups if device == "cpu" else {g: b for g, b in groups.items() if g in resident}
         extra = transients.get(phase, {})
         terms = dict.fromkeys(TERMS, 0)
@@ -180,12 +174,12 @@ def rank_memory(plan, config, job, rank: int, device: str = "cpu") -> list[Phase
     return phases
 
 
-def job_memory(plan, config, job, device: str = "cpu") -> list[RankMemory]:
+def job_memory(plan, device: str = "cpu") -> list[RankMemory]:
     """Every rank's phases, ranks with the same figures grouped."""
     grouped: dict[tuple, list[int]] = {}
     figures: dict[tuple, list[PhaseMemory]] = {}
     for rank in range(plan.world_size):
-        phases = rank_memory(plan, config, job, rank, device)
+        phases = rank_memory(plan, rank, device)
         key = tuple((p.phase, tuple(p.terms.items()), p.host) for p in phases)
         grouped.setdefault(key, []).append(rank)
         figures[key] = phases
@@ -232,4 +226,4 @@ def plan_report(config, job, tokenizer, device: str | None = None) -> str:
     t, i = plan.train_layout, plan.infer_layout
     header = (f"memory plan: {world} rank(s), train dp{t.dp} x tp{t.tp} x pp{t.pp}, infer dp{i.dp} x tp{i.tp}, "
               f"device {device}")
-    return format_report(job_memory(plan, config, job, device), header, device_gib)
+    return format_report(job_memory(plan, device), header, device_gib)

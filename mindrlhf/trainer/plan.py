@@ -20,6 +20,7 @@ from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.configs.grpo_configs import GRPOConfig, ScheduleConfig
 from mindrlhf.configs.job import JobOptions
+from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.data.reader import read_prompt_records
 from mindrlhf.engine.batches import group_unit
 from mindrlhf.models.qwen2.config import Qwen2Config
@@ -36,6 +37,8 @@ _LOSS_FIELDS = ("beta", "epsilon_low", "epsilon_high", "aggregation", "kl_estima
 class JobPlan:
     """What the trainer builds a checked job from (`JobPlan.build`)."""
 
+    config: GRPOConfig  # validated
+    job: JobOptions  # its flags and input files checked
     world_size: int
     rank: int
     train_cfg: Qwen2Config
@@ -49,6 +52,7 @@ class JobPlan:
     eval_batch_size: int  # prompts per evaluation call on each inference data-parallel rank
     eval_set: tuple[list[list[int]], list[str]] | None  # the held-out (prompt ids, solutions), if any
     uses_reference: bool = True  # `needs_reference`: without it no reference net is built and no ref pass runs
+    infer_shares_train_weights: bool = False  # `shares_train_weights`: the inference net is the train net
 
     @classmethod
     def build(cls, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int = 1, rank: int = 0,
@@ -70,13 +74,38 @@ class JobPlan:
             else None
         eval_set = load_eval_set(job.eval_dataset_file, generation.prompt_buckets) \
             if job.eval_dataset_file and not job.check_flags else None  # --check_flags: not written yet
-        plan = cls(world_size=world_size, rank=rank, train_cfg=train_cfg, infer_cfg=infer_cfg, critic_cfg=critic_cfg,
+        plan = cls(config=config, job=job, world_size=world_size, rank=rank, train_cfg=train_cfg, infer_cfg=infer_cfg,
+                   critic_cfg=critic_cfg,
                    reward_model_cfg=reward_model_cfg, train_layout=train_layout, infer_layout=infer_layout,
                    critic_layout=critic_layout, generation=generation, eval_batch_size=eval_batch_size,
-                   eval_set=eval_set, uses_reference=needs_reference(config, job))
+                   eval_set=eval_set, uses_reference=needs_reference(config, job),
+                   infer_shares_train_weights=shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout,
+                                                                   job.load_sft_checkpoint_infer,
+                                                                   job.load_sft_checkpoint_train))
         if device is not None:
             check_dtypes_on_device(plan, job, device)
         return plan
+
+    def for_rank(self, rank: int) -> JobPlan:
+        """The same checked plan seen from `rank` (its place in each layout); nothing is checked again. The launch
+        builds the plan before the cluster forms, when only the world size is known, and asks for its rank after."""
+        def placed(layout: Layout | None, cfg) -> Layout | None:
+            return None if layout is None else Layout.from_config(cfg.parallel_config, self.world_size, rank)
+
+        return dataclasses.replace(self, rank=rank, train_layout=placed(self.train_layout, self.train_cfg),
+                                   infer_layout=placed(self.infer_layout, self.infer_cfg),
+                                   critic_layout=placed(self.critic_layout, self.critic_cfg))
+
+
+def shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout, infer_checkpoint: str,
+                         train_checkpoint: str) -> bool:
+    """Whether the inference net can be the train net itself: the same architecture, dtypes and layout (the
+    same shards on every rank), and no inference checkpoint of its own. Recompute acts in backward passes only,
+    so it may differ."""
+    same_model = dataclasses.replace(train_cfg, parallel_config=None, recompute=RecomputeConfig()) == \
+        dataclasses.replace(infer_cfg, parallel_config=None, recompute=RecomputeConfig())
+    own_weights = bool(infer_checkpoint) and infer_checkpoint != train_checkpoint
+    return same_model and train_layout == infer_layout and not own_weights
 
 
 def needs_reference(config: GRPOConfig, job: JobOptions) -> bool:

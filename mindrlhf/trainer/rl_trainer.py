@@ -82,15 +82,15 @@ class RLTrainer:
     (tests use them to check weights and the swap plan on every rank).
     """
 
-    def __init__(self, plan: JobPlan, config, job, tokenizer, host_sums: dict | None = None,
+    def __init__(self, plan: JobPlan, tokenizer, host_sums: dict | None = None,
                  callbacks: list[Callable] | None = None):
-        self.plan, self.config, self.job, self.tokenizer = plan, config, job, tokenizer
+        self.plan, self.config, self.job, self.tokenizer = plan, plan.config, plan.job, tokenizer
         self.world_size, self.rank = plan.world_size, plan.rank
         self.callbacks = list(callbacks or [])
-        self.num_generations = config.generation.num_generations
         self.generation, self.eval_batch_size = plan.generation, plan.eval_batch_size
+        self.num_generations = self.generation.num_generations
         self.train_layout, self.infer_layout = plan.train_layout, plan.infer_layout
-        algo = config.algorithm
+        algo, job = self.config.algorithm, self.job
         self.advantage_estimator = get_advantage_estimator(algo.adv_estimator)
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon) \
             if algo.use_kl_in_reward else None
@@ -117,13 +117,11 @@ class RLTrainer:
 
     def _create_roles(self) -> None:
         """The roles' nets (their strategy files need nothing else)."""
-        plan, config, job, rank = self.plan, self.config, self.job, self.rank
-        self.reward = Reward(config, job, self.tokenizer, plan.reward_model_cfg, plan.infer_layout, rank)
-        self.actor = Actor(config, job, plan.train_cfg, plan.infer_cfg, plan.train_layout, plan.infer_layout,
-                           self.generation, rank)
-        self.reference = Reference(config, job, plan.infer_cfg, plan.infer_layout, self.generation.temperature,
-                                   rank) if plan.uses_reference else None
-        self.critic = Critic(config, job, plan.critic_cfg, plan.critic_layout, rank) if plan.critic_cfg else None
+        plan = self.plan
+        self.reward = Reward(plan, self.tokenizer)
+        self.actor = Actor(plan)
+        self.reference = Reference(plan) if plan.uses_reference else None
+        self.critic = Critic(plan) if plan.critic_cfg else None
         self.roles: list[Role] = [role for role in (self.actor, self.reference, self.reward, self.critic) if role]
 
     def _build_engines(self, host_sums: dict) -> None:

@@ -42,7 +42,6 @@ from mindrlhf.checkpoint.weights import (
     read_weights,
     with_zero_value_head,
 )
-from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.engine.batches import rows_of_rank
 from mindrlhf.engine.forward import ForwardEngine
 from mindrlhf.engine.sizing import MicroBatchSizer
@@ -132,17 +131,6 @@ def actor_residency(infer_group: str) -> dict[str, tuple[str, ...]]:
             "reshard": tuple(dict.fromkeys((TRAIN_WEIGHTS, infer_group)))}
 
 
-def shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout, infer_checkpoint: str,
-                         train_checkpoint: str) -> bool:
-    """Whether the inference net can be the train net itself: the same architecture, dtypes and layout (the
-    same shards on every rank), and no inference checkpoint of its own. Recompute acts in backward passes only,
-    so it may differ."""
-    same_model = dataclasses.replace(train_cfg, parallel_config=None, recompute=RecomputeConfig()) == \
-        dataclasses.replace(infer_cfg, parallel_config=None, recompute=RecomputeConfig())
-    own_weights = bool(infer_checkpoint) and infer_checkpoint != train_checkpoint
-    return same_model and train_layout == infer_layout and not own_weights
-
-
 def update_policy(config, learning_rate: float, warmup_steps: int, max_grad_norm: float) -> UpdatePolicy:
     """A trained net's `UpdatePolicy` from the job's config, with its own peak learning rate, warmup and clip."""
     opt = config.optimizer
@@ -167,30 +155,28 @@ class Actor(Role):
     an inference net (infer layout) with the sampling generator and an old-policy forward engine, and the online
     train -> infer reshard.
 
-    When both nets would hold the same shards (`shares_train_weights`), the inference net is the train net: one
-    set of weights, nothing to reshard, and the inference phases keep `TRAIN_WEIGHTS` resident."""
+    When both nets would hold the same shards (`plan.infer_shares_train_weights`), the inference net is the train
+    net: one set of weights, nothing to reshard, and the inference phases keep `TRAIN_WEIGHTS` resident."""
 
     name = "actor"
     resident_in = actor_residency(INFER_WEIGHTS)
 
-    def __init__(self, config, job, train_cfg, infer_cfg, train_layout, infer_layout, generation, rank: int):
-        self.config, self.job, self.rank = config, job, rank
-        self.train_cfg, self.infer_cfg = train_cfg, infer_cfg
-        self.train_layout, self.infer_layout = train_layout, infer_layout
-        self.generation = generation
-        self.train_net = Qwen2ForCausalLM(train_cfg, train_layout)
-        self.train_strategy = net_layouts(self.train_net, train_layout)  # of this rank's stage
-        self.shares_weights = shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout,
-                                                   job.load_sft_checkpoint_infer, job.load_sft_checkpoint_train)
+    def __init__(self, plan):
+        self.config, self.job, self.rank, self.generation = plan.config, plan.job, plan.rank, plan.generation
+        self.train_cfg, self.infer_cfg = plan.train_cfg, plan.infer_cfg
+        self.train_layout, self.infer_layout = plan.train_layout, plan.infer_layout
+        self.train_net = Qwen2ForCausalLM(self.train_cfg, self.train_layout)
+        self.train_strategy = net_layouts(self.train_net, self.train_layout)  # of this rank's stage
+        self.shares_weights = plan.infer_shares_train_weights
         if self.shares_weights:
             self.infer_net, self.infer_group, self.infer_prefix = self.train_net, TRAIN_WEIGHTS, ""
             self.infer_strategy = self.train_strategy
             self.resident_in = actor_residency(TRAIN_WEIGHTS)
         else:
             self.infer_net, self.infer_group, self.infer_prefix = \
-                Qwen2ForCausalLM(infer_cfg, infer_layout), INFER_WEIGHTS, INFER_PREFIX
+                Qwen2ForCausalLM(self.infer_cfg, self.infer_layout), INFER_WEIGHTS, INFER_PREFIX
             self.infer_net.update_parameters_name(INFER_PREFIX)
-            self.infer_strategy = net_layouts(self.infer_net, infer_layout)
+            self.infer_strategy = net_layouts(self.infer_net, self.infer_layout)
         self.engine: TrainEngine | None = None  # from build()
 
     def build(self, comm, dp_sums=None) -> None:
@@ -312,12 +298,12 @@ class Reference(Role):
     name = "reference"
     resident_in = {"ref": (REF_WEIGHTS,)}
 
-    def __init__(self, config, job, infer_cfg, infer_layout, temperature: float, rank: int):
-        self.config, self.job, self.rank = config, job, rank
-        self.infer_cfg, self.layout, self.temperature = infer_cfg, infer_layout, temperature
-        self.net = Qwen2ForCausalLM(infer_cfg, infer_layout)
+    def __init__(self, plan):
+        self.job, self.rank = plan.job, plan.rank
+        self.layout, self.temperature = plan.infer_layout, plan.generation.temperature
+        self.net = Qwen2ForCausalLM(plan.infer_cfg, self.layout)
         self.net.update_parameters_name(REF_PREFIX)
-        self.strategy = net_layouts(self.net, infer_layout)
+        self.strategy = net_layouts(self.net, self.layout)
 
     def build(self, actor: Actor) -> None:
         self.from_actor = actor.resharder_to(self.net, self.strategy, REF_PREFIX)
@@ -359,12 +345,12 @@ class Critic(Role):
     name = "critic"
     resident_in = {"values": (CRITIC_WEIGHTS,), "update_critic": (CRITIC_WEIGHTS, CRITIC_MOMENTS)}
 
-    def __init__(self, config, job, critic_cfg, layout, rank: int):
-        self.config, self.job, self.rank = config, job, rank
-        self.model_config, self.layout = critic_cfg, layout
-        self.net = Qwen2ForValue(critic_cfg, layout)
+    def __init__(self, plan):
+        self.config, self.job, self.rank = plan.config, plan.job, plan.rank
+        self.model_config, self.layout = plan.critic_cfg, plan.critic_layout
+        self.net = Qwen2ForValue(self.model_config, self.layout)
         self.net.update_parameters_name(CRITIC_PREFIX)
-        self.strategy = net_layouts(self.net, layout)  # of this rank's stage
+        self.strategy = net_layouts(self.net, self.layout)  # of this rank's stage
         self.engine: TrainEngine | None = None  # from build()
 
     def build(self, actor: Actor, comm, dp_sums=None) -> None:
@@ -445,16 +431,16 @@ class Reward(Role):
 
     name = "reward"
 
-    def __init__(self, config, job, tokenizer, model_cfg=None, layout=None, rank: int = 0):
-        reward = config.reward
-        self.config, self.job, self.tokenizer, self.rank = config, job, tokenizer, rank
+    def __init__(self, plan, tokenizer):
+        reward = plan.config.reward
+        self.config, self.job, self.tokenizer, self.rank = plan.config, plan.job, tokenizer, plan.rank
         self.rules = build_reward_fn(reward.reward_funcs, reward.reward_weights) if reward.reward_funcs else None
         self.net = None
         if reward.reward_model_path:
-            self.model_config, self.layout = model_cfg, layout
-            self.net = Qwen2ForValue(model_cfg, layout)
+            self.model_config, self.layout = plan.reward_model_cfg, plan.infer_layout
+            self.net = Qwen2ForValue(self.model_config, self.layout)
             self.net.update_parameters_name(REWARD_MODEL_PREFIX)
-            self.strategy = net_layouts(self.net, layout)
+            self.strategy = net_layouts(self.net, self.layout)
             self.resident_in = {"reward": (REWARD_MODEL_WEIGHTS,)}
 
     def build(self) -> None:

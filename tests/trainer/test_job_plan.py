@@ -79,6 +79,33 @@ def test_the_plan_of_the_tiny_job(files, tokenizer):
         plan.eval_batch_size = 1
 
 
+def test_the_plan_built_before_the_cluster_forms_places_each_rank_without_checking_again(files, tokenizer,
+                                                                                       monkeypatch):
+    """The launch builds one plan (rank 0) from msrun's worker count, then asks for its own rank: the layouts are
+    those a plan built at that rank has, and no YAML or file is read again."""
+    from mindrlhf.configs.job import JobOptions
+    from mindrlhf.models.qwen2.config import Qwen2Config
+    from mindrlhf.trainer.launch import planned_world_size
+
+    first = build(files, tokenizer, rank=0)
+    expected = build(files, tokenizer, rank=1)
+    monkeypatch.setattr(Qwen2Config, "from_yaml", lambda *a, **k: pytest.fail("a YAML was read again"))
+    placed = first.for_rank(1)
+    assert placed.rank == 1 and placed.world_size == 2
+    assert (placed.train_layout, placed.infer_layout, placed.critic_layout) == \
+        (expected.train_layout, expected.infer_layout, None)
+    assert placed.train_layout != first.train_layout  # tp rank 1, not 0
+    assert placed.config is first.config and placed.job is first.job and placed.generation == first.generation
+    monkeypatch.setenv("MS_WORKER_NUM", "4")
+    monkeypatch.setenv("MS_ROLE", "MS_WORKER")
+    assert planned_world_size(JobOptions()) == 4
+    assert planned_world_size(JobOptions(use_parallel="false")) == 1
+    monkeypatch.delenv("MS_WORKER_NUM")
+    monkeypatch.delenv("MS_ROLE")
+    assert planned_world_size(JobOptions()) == 1  # a single process
+    assert planned_world_size(JobOptions(use_parallel="true")) is None  # only MindSpore's cluster can tell
+
+
 def test_stop_and_pad_ids_set_by_the_user_win_over_the_tokenizers(caplog):
     from mindrlhf.configs.generation import GenerationConfig
 
