@@ -20,15 +20,18 @@ folder must be on a file system all nodes share (as MindSpore's own distributed 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from mindrlhf.utils.checkpoint_file import read_checkpoint, write_checkpoint
+import numpy as np
+
+from mindrlhf.utils.checkpoint_file import StoredTensor, stored_tensors, write_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +74,31 @@ def save_parameters(params: Iterable, path: str) -> None:
     write_checkpoint(((param.name, param) for param in params), path)
 
 
-def read_parameters(path: str) -> dict:
-    """name -> Parameter of a MindSpore `.ckpt` (`read_checkpoint`); a file MindSpore cannot read is a
-    CheckpointError naming it."""
-    try:
-        return read_checkpoint(path)
-    except (RuntimeError, ValueError) as err:
-        raise CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})") from None
+def _unreadable(path: str, err: Exception) -> CheckpointError:
+    return CheckpointError(f"{path}: not a readable MindSpore checkpoint ({str(err).splitlines()[0]})")
+
+
+@contextlib.contextmanager
+def stored_parameters(path: str) -> Iterator[dict[str, StoredTensor]]:
+    """name -> `StoredTensor` of a `.ckpt` (`stored_tensors`: read one tensor at a time, so that loading a file
+    costs one tensor's copy, not the file's three: MindSpore's loader holds the file's bytes, their parsed records
+    and the arrays at once); a file that is not one is a CheckpointError naming it."""
+    with contextlib.ExitStack() as stack:
+        try:
+            stored = stack.enter_context(stored_tensors(path))
+        except (OSError, ValueError) as err:
+            raise _unreadable(path, err) from None
+        yield stored
+
+
+def read_arrays(path: str, keep: Callable[[str], bool] = lambda name: True) -> dict[str, np.ndarray]:
+    """name -> numpy array of the entries of a `.ckpt` that `keep` accepts, in the file's order (the others are not
+    read); errors name the file."""
+    with stored_parameters(path) as stored:
+        try:
+            return {name: tensor.array() for name, tensor in stored.items() if keep(name)}
+        except ValueError as err:
+            raise _unreadable(path, err) from None
 
 
 @dataclass

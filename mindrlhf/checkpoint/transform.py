@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from mindspore.parallel import merge_pipeline_strategys, transform_checkpoints
 
 from mindrlhf.checkpoint.shards import RANK_DIR, SHARD_STRATEGY, rank_files
-from mindrlhf.checkpoint.step import NET_PREFIXES, plain_name, read_parameters
+from mindrlhf.checkpoint.step import NET_PREFIXES, plain_name, read_arrays, stored_parameters
 from mindrlhf.parallel.strategy import (
     ParamLayout,
     StrategyError,
@@ -156,7 +156,8 @@ def rank_checkpoints(src_dir: str, world_size: int, strategy_file: str) -> dict[
 
 def check_checkpoint_matches(ckpt_file: str, layouts: dict[str, ParamLayout], strategy_file: str) -> list[str]:
     """Errors if strategy parameters are absent or of another rank; returns checkpoint-only names."""
-    shapes = {name: tuple(param.shape) for name, param in read_parameters(ckpt_file).items()}
+    with stored_parameters(ckpt_file) as stored:  # the records' headers only
+        shapes = {name: tensor.shape for name, tensor in stored.items()}
     absent = sorted(set(layouts) - set(shapes))
     if absent:
         raise TransformError(f"{strategy_file} names parameters missing from {ckpt_file}: {_listing(absent)}")
@@ -196,8 +197,7 @@ def _warn_copied(names: list[str], where: str) -> None:
 def read_whole_checkpoint(path: str) -> dict:
     """name -> numpy array of a whole `.ckpt`, in the file's order; an unreadable file is a CheckpointError naming
     it."""
-    params = read_parameters(path)
-    return {name: params.pop(name).asnumpy() for name in list(params)}
+    return read_arrays(path)
 
 
 def checkpoint_names(layouts: dict[str, ParamLayout], names: list[str], ckpt: str, strategy: str) -> dict[str, str]:

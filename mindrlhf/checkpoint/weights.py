@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from mindspore import Tensor
 
 from mindrlhf.checkpoint.shards import checkpoint_form, listed, load_shards, match_params, merge_shard_folder
 from mindrlhf.checkpoint.step import (
@@ -15,7 +16,8 @@ from mindrlhf.checkpoint.step import (
     is_optimizer_state,
     plain_name,
     rank_dir,
-    read_parameters,
+    read_arrays,
+    stored_parameters,
 )
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.parallel.layers import load_full_state
@@ -39,7 +41,7 @@ def _read_form(path: str, form: str, net: str) -> dict:
     elif form == "step":
         state = merge_trainer_checkpoint(path, net)
     else:
-        state = {name: p.asnumpy() for name, p in read_parameters(path).items()}
+        state = read_arrays(path, keep=lambda name: not is_optimizer_state(name))
     return {name: value for name, value in state.items() if not is_optimizer_state(name)}
 
 
@@ -59,8 +61,7 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
             path = os.path.join(rank_dir(step_dir, rank), rank_file)
             if not os.path.isfile(path):
                 raise CheckpointError(f"{path}: missing ({strategy_path} describes {world} ranks)")
-            shards.append({name: p.asnumpy() for name, p in read_parameters(path).items()
-                           if not is_optimizer_state(name)})
+            shards.append(read_arrays(path, keep=lambda name: not is_optimizer_state(name)))
         merged = merge_shards(shards, layouts, step_dir, stages)
         return {name[len(prefix):] if name.startswith(prefix) else name: value for name, value in merged.items()}
     except (StrategyError, RuntimeError) as err:
@@ -118,13 +119,13 @@ def with_zero_value_head(state: dict, hidden_size: int, bias: bool) -> dict:
 def load_rank_params(params, path: str) -> None:
     """Sets `params` from this rank's checkpoint file `path` (a trainer step's), names as they are (net prefix,
     optimizer state); every one must be there with its shape. Nothing is set unless all are."""
-    state = read_parameters(path)
-    pairs, problems = match_params(params, state)
-    if problems:
-        # moments sharded over dp are flat slices (`mindrlhf.optim.ShardedAdamW`), whole ones are not
-        moments = any(is_optimizer_state(p.name) and p.name in state and tuple(state[p.name].shape) != tuple(p.shape)
-                      for p in params)
-        hint = " (parallel_config.optimizer_shard must be as in the run that saved it)" if moments else ""
-        raise CheckpointError(f"{path}: {listed(problems)}{hint}")
-    for param, value in pairs:
-        param.set_data(value)
+    with stored_parameters(path) as state:
+        pairs, problems = match_params(params, state)
+        if problems:
+            # moments sharded over dp are flat slices (`mindrlhf.optim.ShardedAdamW`), whole ones are not
+            moments = any(is_optimizer_state(p.name) and p.name in state and
+                          tuple(state[p.name].shape) != tuple(p.shape) for p in params)
+            hint = " (parallel_config.optimizer_shard must be as in the run that saved it)" if moments else ""
+            raise CheckpointError(f"{path}: {listed(problems)}{hint}")
+        for param, stored in pairs:  # one tensor's copy at a time
+            param.set_data(Tensor(stored.array(), param.dtype))

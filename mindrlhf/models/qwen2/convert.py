@@ -32,7 +32,7 @@ from mindrlhf.configs.base import ConfigError
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.models.qwen2.names import hf_to_ms_name, ms_to_hf_name
 from mindrlhf.utils.atomic import atomic_output
-from mindrlhf.utils.checkpoint_file import read_checkpoint, write_checkpoint
+from mindrlhf.utils.checkpoint_file import stored_tensors, write_checkpoint
 
 
 class ConversionError(ValueError):
@@ -494,10 +494,10 @@ def read_ms_checkpoint(ckpt_path: str | os.PathLike) -> dict[str, np.ndarray]:
     if not os.path.isfile(ckpt_path):
         raise ConversionError(f"{ckpt_path}: MindSpore checkpoint not found")
     try:
-        params = read_checkpoint(ckpt_path)
-    except Exception as err:  # MindSpore raises ValueError/RuntimeError for corrupt files
+        with stored_tensors(ckpt_path) as stored:
+            return {name: tensor.array() for name, tensor in stored.items()}
+    except (OSError, ValueError) as err:
         raise ConversionError(f"{ckpt_path}: cannot read MindSpore checkpoint: {err}") from None
-    return {name: p.asnumpy() for name, p in params.items()}
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
