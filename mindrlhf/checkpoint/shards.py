@@ -23,7 +23,7 @@ import re
 
 from mindspore import Tensor
 
-from mindrlhf.checkpoint.step import CheckpointError, is_optimizer_state, is_step_folder, plain_name, read_arrays
+from mindrlhf.checkpoint.step import CheckpointError, is_step_folder, is_weight, plain_name, read_arrays
 from mindrlhf.parallel.layers import load_full_state
 from mindrlhf.parallel.strategy import (
     ParamLayout,
@@ -77,7 +77,7 @@ def not_a_checkpoint_folder(folder: str) -> CheckpointError:
 
 def read_shard(path: str) -> dict:
     """name -> numpy array of one rank's checkpoint file, names without a net prefix, optimizer entries dropped."""
-    arrays = read_arrays(path, keep=lambda name: not is_optimizer_state(name))
+    arrays = read_arrays(path, keep=is_weight)
     return {plain_name(name): value for name, value in arrays.items()}
 
 

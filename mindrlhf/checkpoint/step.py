@@ -201,6 +201,11 @@ def is_optimizer_state(name: str) -> bool:
     return name.split(".", 1)[0].endswith(("adam_m", "adam_v", "adam_step", "learning_rate"))
 
 
+def is_weight(name: str) -> bool:
+    """True for a rank file's entries that are not optimizer state (`is_optimizer_state`)."""
+    return not is_optimizer_state(name)
+
+
 def find_resume_checkpoint(resume: str, save_dir: str | None, announce: bool = True) -> str | None:
     """The folder to resume from: `resume` = 'auto' (newest complete one in `save_dir`; None if there is none,
     which is logged unless `announce` is False: the run starts from step 0) or a path to a `step_*` folder."""

@@ -14,6 +14,7 @@ from mindrlhf.checkpoint.step import (
     STEP_NETS,
     CheckpointError,
     is_optimizer_state,
+    is_weight,
     plain_name,
     rank_dir,
     read_arrays,
@@ -36,13 +37,12 @@ def read_weights(path: str, net: str = "actor") -> dict:
 
 
 def _read_form(path: str, form: str, net: str) -> dict:
+    """The weights of `path` in its `checkpoint_form`; each form's reader leaves the optimizer entries out."""
     if form == "shards":
-        state = merge_shard_folder(path)
-    elif form == "step":
-        state = merge_trainer_checkpoint(path, net)
-    else:
-        state = read_arrays(path, keep=lambda name: not is_optimizer_state(name))
-    return {name: value for name, value in state.items() if not is_optimizer_state(name)}
+        return merge_shard_folder(path)
+    if form == "step":
+        return merge_trainer_checkpoint(path, net)
+    return read_arrays(path, keep=is_weight)
 
 
 def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
@@ -61,7 +61,7 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
             path = os.path.join(rank_dir(step_dir, rank), rank_file)
             if not os.path.isfile(path):
                 raise CheckpointError(f"{path}: missing ({strategy_path} describes {world} ranks)")
-            shards.append(read_arrays(path, keep=lambda name: not is_optimizer_state(name)))
+            shards.append(read_arrays(path, keep=is_weight))
         merged = merge_shards(shards, layouts, step_dir, stages)
         return {name[len(prefix):] if name.startswith(prefix) else name: value for name, value in merged.items()}
     except (StrategyError, RuntimeError) as err:

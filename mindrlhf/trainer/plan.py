@@ -51,8 +51,8 @@ class JobPlan:
     generation: GenerationConfig  # config.generation with the stop and pad ids of `resolve_token_ids`
     eval_batch_size: int  # prompts per evaluation call on each inference data-parallel rank
     eval_set: tuple[list[list[int]], list[str]] | None  # the held-out (prompt ids, solutions), if any
-    uses_reference: bool = True  # `needs_reference`: without it no reference net is built and no ref pass runs
-    infer_shares_train_weights: bool = False  # `shares_train_weights`: the inference net is the train net
+    uses_reference: bool  # `needs_reference`: without it no reference net is built and no ref pass runs
+    infer_shares_train_weights: bool  # `shares_train_weights`: the inference net is the train net
 
     @classmethod
     def build(cls, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int = 1, rank: int = 0,

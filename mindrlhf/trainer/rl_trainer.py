@@ -477,6 +477,5 @@ def write_experience(path: str, exp: Experience) -> None:
         for name in per_token:
             record[name] = exp[name][i].astype(np.float32)
         records.append(record)
-    schema = {name: field for name, field in EXPERIENCE_SCHEMA.items()
-              if name in per_token or name in ("prompt_ids", "reward", "response_ids", "response_mask")}
+    schema = {name: field for name, field in EXPERIENCE_SCHEMA.items() if name != "ref_logp" or "ref_logp" in exp}
     write_mindrecord_atomically(records, path, "mindrlhf experience", schema=schema)

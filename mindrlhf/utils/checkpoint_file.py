@@ -64,11 +64,14 @@ _NUMPY_DTYPES = {"Int8": np.int8, "UInt8": np.uint8, "Int16": np.int16, "UInt16"
 _CRC_TRAILER = b"crc_num"  # `save_checkpoint(crc_check=True)` ends the file with it and 10 bytes of CRC
 
 
+_ITEMSIZES = {**{name: np.dtype(dtype).itemsize for name, dtype in _NUMPY_DTYPES.items()}, "BFloat16": 2}
+
+
 def _itemsize(name: str) -> int:
-    if name == "BFloat16":
-        return 2
+    """Bytes of one element of MindSpore's tensor type `name`; a type this reader does not know is a ValueError
+    (`stored_tensors` asks for every tensor of a file, so `_numpy_dtype` only sees known names)."""
     try:
-        return np.dtype(_NUMPY_DTYPES[name]).itemsize
+        return _ITEMSIZES[name]
     except KeyError:
         raise ValueError(f"tensor type {name!r} is not read here") from None
 
@@ -78,10 +81,7 @@ def _numpy_dtype(name: str):
         from mindspore.common.np_dtype import bfloat16
 
         return bfloat16
-    try:
-        return _NUMPY_DTYPES[name]
-    except KeyError:
-        raise ValueError(f"tensor type {name!r} is not read here") from None
+    return _NUMPY_DTYPES[name]
 
 
 @dataclass(frozen=True)
