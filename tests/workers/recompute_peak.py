@@ -43,6 +43,7 @@ def main() -> None:
 
     from mindrlhf.algorithms import GRPOLossCell
     from mindrlhf.algorithms.policy_cells import GRPOLossNet
+    from mindrlhf.configs.recompute import RecomputeConfig
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
     from mindrlhf.optim import AdamW
     from mindrlhf.parallel.host_setup import configure_cpu_memory_pool
@@ -54,12 +55,11 @@ def main() -> None:
     configure_cpu_memory_pool(world_size=1)
     shape = dict(SHAPES[args.shape], **({"vocab_size": args.vocab} if args.vocab else {}))
     cfg = Qwen2Config(**shape, seq_length=512)
+    count = args.layers or cfg.num_layers
+    if args.granularity != "off":  # the first `count` layers, as the YAML's recompute_config says it
+        cfg.recompute = RecomputeConfig(**{"recompute" if args.granularity == "full" else "select_recompute": [count]})
     model = Qwen2ForCausalLM(cfg)
     init_random_weights(model, Layout(), seed=0)
-    count = args.layers or cfg.num_layers
-    for i in range(count if args.granularity != "off" else 0):
-        layer = model.model.layers[i]
-        (layer if args.granularity == "full" else layer.attention).recompute()
     loss_net = GRPOLossNet(model, GRPOLossCell(beta=0.01, epsilon_low=0.2, epsilon_high=0.28))
     step = MicroBatchedTrainStep(loss_net, AdamW(model.trainable_params(), learning_rate=1e-6), Layout(),
                                  grad_reduction="sum", max_grad_norm=1.0)

@@ -190,12 +190,24 @@ def sequence_parallel(config: Qwen2Config, layout: Layout) -> SequenceParallel |
     return SequenceParallel(layout) if config.parallel_config.use_seq_parallel and layout.tp > 1 else None
 
 
+RECOMPUTE_MODES = ("none", "full", "attention")
+
+
 class Qwen2DecoderLayer(nn.Cell):
     """Pre-norm decoder layer: x + attn(norm(x)), then + mlp(norm(.)). With sequence parallel (`sequence`) and no
-    KV cache, `x` is this rank's part of the sequence (:class:`SequenceParallel`)."""
+    KV cache, `x` is this rank's part of the sequence (:class:`SequenceParallel`). `recompute` (RECOMPUTE_MODES):
+    what a backward pass recomputes instead of keeping (the whole layer, or its attention).
 
-    def __init__(self, config: Qwen2Config, layout: Layout):
+    The layers of a model are compiled once and inlined (`lazy_inline`, "front"): a graph over L layers parses,
+    infers and differentiates one layer instead of L, which halves the compile time of a many-layer graph and gives
+    the same graph. Layers built with equal arguments share that compiled layer, so everything that makes one layer's
+    graph differ from another's (the recompute mode) is an argument of `__init__`."""
+
+    @ms.lazy_inline(policy="front")
+    def __init__(self, config: Qwen2Config, layout: Layout, recompute: str = "none"):
         super().__init__()
+        if recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {recompute!r}")
         self.sequence = sequence_parallel(config, layout)
         norm_kw = dict(eps=config.rms_norm_eps, param_dtype=to_ms_dtype(config.param_init_type),
                        compute_dtype=to_ms_dtype(config.compute_dtype),
@@ -204,6 +216,10 @@ class Qwen2DecoderLayer(nn.Cell):
         self.attention = Qwen2Attention(config, layout)
         self.ffn_norm = RMSNorm(config.hidden_size, **norm_kw)
         self.feed_forward = Qwen2MLP(config, layout)
+        if recompute == "full":
+            self.recompute()
+        elif recompute == "attention":
+            self.attention.recompute()
 
     def construct(self, x, cos, sin, attn_bias, key_cache=None, value_cache=None, slot_index=None, prefill_rows=None):
         if self.sequence is not None and key_cache is None:
@@ -246,15 +262,12 @@ class Qwen2Model(nn.Cell):
         self.tok_embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size, layout,
                                                      to_ms_dtype(config.param_init_type),
                                                      compute_dtype) if holds_embedding else None
-        # other stages' layers are empty placeholders, so that a layer's parameters are named by its global index
-        self.layers = nn.CellList([Qwen2DecoderLayer(config, layout) if i in owned else nn.Cell()
-                                   for i in range(config.num_layers)])
+        # other stages' layers are empty placeholders, so that a layer's parameters are named by its global index;
+        # a forward-only graph is unaffected by recompute, which acts in backward passes
         full, selective = config.recompute.layers_of_stage(layout.stage, layout.pp, len(owned))
-        for k, i in enumerate(owned):  # a forward-only graph is unaffected: recompute acts in backward passes
-            if k < full:
-                self.layers[i].recompute()
-            elif k < full + selective:
-                self.layers[i].attention.recompute()
+        modes = ["full"] * full + ["attention"] * selective + ["none"] * (len(owned) - full - selective)
+        self.layers = nn.CellList([Qwen2DecoderLayer(config, layout, modes[i - owned.start]) if i in owned
+                                   else nn.Cell() for i in range(config.num_layers)])
         self.sequence = sequence_parallel(config, layout)
         self.norm_out = RMSNorm(config.hidden_size, config.rms_norm_eps, to_ms_dtype(config.param_init_type),
                                 compute_dtype, layout if self.sequence is not None else None) \
