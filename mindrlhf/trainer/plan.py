@@ -175,10 +175,10 @@ def check_registered_names(config: GRPOConfig) -> None:
 
 
 def _sourced(config: GRPOConfig, section: str, fields: tuple[str, ...], message: str) -> ConfigError:
-    """`message` prefixed with where the fields were given (`<file>: <section>: `), as a section's check at load
-    time words it; unprefixed for defaults."""
+    """`message` (which names the section) prefixed with where the fields were given (`<file>: `); unprefixed
+    for defaults."""
     source = config.source_of(section, *fields)
-    return ConfigError(f"{source}: {section}: {message}" if source else message)
+    return ConfigError(f"{source}: {message}" if source else message)
 
 
 def yaml_world_size(job: JobOptions) -> int:

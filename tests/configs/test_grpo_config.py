@@ -105,7 +105,7 @@ def test_bad_yaml_names_the_file_and_field(tmp_path, yaml_text, message):
     ({"generation": {"num_generations": 1}}, r"generation.num_generations must be >= 2"),
     ({"generation": {"temperature": 0.0}}, r"GRPO needs sampling"),
     ({"reward": {"reward_funcs": ["nosuch"], "reward_weights": [1.0]}},
-     r"command line: reward: reward.reward_funcs: unknown reward function .nosuch."),
+     r"command line: reward.reward_funcs: unknown reward function .nosuch."),
     ({"reward": {"reward_weights": [1.0]}}, r"reward.reward_weights has 1 value\(s\) \[1.0\] but "
                                             r"reward.reward_funcs has 2"),
 ])

@@ -140,12 +140,12 @@ def test_registered_names_are_checked_by_the_plan_not_the_config(tmp_path):
     path.write_text("algorithm:\n  adv_estimator: ppo\n")
     config = GRPOConfig.from_yaml(str(path))  # loads: the registries are the plan's business
     config.validate()
-    with pytest.raises(ConfigError, match=re.escape(f"{path}: algorithm: algorithm.adv_estimator: unknown advantage "
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: algorithm.adv_estimator: unknown advantage "
                                                     "estimator 'ppo'")):
         check_registered_names(config)
     config = GRPOConfig.from_yaml(str(path)).replace({"algorithm": {"adv_estimator": "rloo"}})
     check_registered_names(config)  # a later source that fixes the value wins
-    with pytest.raises(ConfigError, match=r"^command line: loss: loss: unknown loss aggregation 'mean'"):
+    with pytest.raises(ConfigError, match=r"^command line: loss: unknown loss aggregation 'mean'"):
         check_registered_names(GRPOConfig().replace({"loss": {"aggregation": "mean"}}))
     with pytest.raises(ConfigError, match=r"^algorithm.adv_estimator: unknown advantage estimator 'ppo'"):
         check_registered_names(dataclasses.replace(GRPOConfig(), algorithm=dataclasses.replace(
@@ -155,7 +155,7 @@ def test_registered_names_are_checked_by_the_plan_not_the_config(tmp_path):
 def test_the_plan_runs_the_config_checks_first(files, tokenizer):
     with pytest.raises(ConfigError, match=r"generation.num_generations must be >= 2"):
         build(files, tokenizer, config_of(generation={"num_generations": 1}))
-    with pytest.raises(ConfigError, match=r"command line: reward: reward.reward_funcs: unknown reward function "
+    with pytest.raises(ConfigError, match=r"command line: reward.reward_funcs: unknown reward function "
                                           r"'nosuch'"):
         build(files, tokenizer, config_of(reward={"reward_funcs": ["nosuch"], "reward_weights": [1.0]}))
 
