@@ -4,9 +4,11 @@ OURS is `bash run_grpo.sh` exactly as a user runs it (convert, prompts, msrun, `
 evaluation), read back from its `metrics.jsonl`. THEIRS is TRL's `GRPOTrainer` (`benchmarks/trl_side.py`) on the
 same job: the same Hugging Face policy folder, the same prompts (the text and token ids `rlhf_data.py` writes, in
 the order mindrlhf's reader takes them), the same reward functions (`mindrlhf.reward`), and the GRPO settings of
-the job's `grpo.yaml` mapped onto `trl.GRPOConfig` (`trl_config`). Each run is its own process, the sides
-alternate (ours, TRL, ours, TRL for 2 rounds), and the first step of every run (it compiles / warms up) is left
-out of the medians. The table says what cannot be made equal.
+the job's `grpo.yaml` mapped onto `trl.GRPOConfig` (`trl_config`). TRL runs twice per round: as its users run it
+(`trl`: its defaults on this CPU, bf16 autocast and gradient checkpointing) and in fp32 without checkpointing
+(`trl_fp32`, the precision ours computes in on a CPU). Each run is its own process, the sides alternate (ours,
+trl, trl_fp32, ours, ... for 2 rounds), and the first step of every run (it compiles / warms up) is left out of
+the medians. The table says what cannot be made equal.
 
 TRL, `datasets` and `accelerate` never enter the project's `.venv`: they go into their own virtualenv,
 `benchmarks/.venv-trl` (made on first use with the pins of `TRL_REQUIREMENTS`, torch 2.13.0 CPU; re-used while a
@@ -65,6 +67,11 @@ CASES = {
     "smollm2": dict(steps=4, workers=2, overrides={}, micro=None, log_prob_micro=None, configs=SMOLLM2,
                     template="chat"),
 }
+# TRL's sides: its defaults (GRPOConfig's bf16 and gradient_checkpointing, what a user gets on a CPU with bf16), and
+# fp32 without recompute
+TRL_SIDES = {"trl": dict(bf16=True, gradient_checkpointing=True),
+             "trl_fp32": dict(bf16=False, gradient_checkpointing=False)}
+SIDES = ("ours", *TRL_SIDES)
 MEMORY_0_5B_GIB = 20  # peak of the larger side (ours with 1-response micro-batches; TRL ~12 GiB)
 # mindrlhf's loss aggregation -> TRL's loss_type with the same normalisation (per optimizer update)
 LOSS_TYPES = {"seq-mean-token-mean": "grpo", "token-mean": "dapo"}
@@ -106,8 +113,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--case", choices=tuple(CASES), default="arith")
     p.add_argument("--steps", type=int, default=None,
                    help="GRPO steps per run; the first is left out of the medians (default: 6 arith, 2 0.5b)")
-    p.add_argument("--rounds", type=int, default=2, help="run pairs (ours, TRL), interleaved")
-    p.add_argument("--sides", default="ours,theirs", help="which sides to run: ours, theirs or both")
+    p.add_argument("--rounds", type=int, default=2, help="rounds of the sides, interleaved")
+    p.add_argument("--sides", default=",".join(SIDES),
+                   help="which sides to run, comma-separated: ours, trl (TRL's defaults: bf16 autocast and gradient "
+                        "checkpointing), trl_fp32")
     p.add_argument("--workers", type=int, default=None,
                    help="msrun workers of our side (default: 2 arith, 1 0.5b); 1 on arith rewrites the train and "
                         "infer YAMLs to dp=1 tp=1")
@@ -136,8 +145,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
     if args.steps < 1 or args.rounds < 1:
         p.error("--steps and --rounds: at least 1")
-    if not args.sides or set(args.sides) - {"ours", "theirs"}:
-        p.error("--sides: a comma-separated list of ours, theirs")
+    if not args.sides or set(args.sides) - set(SIDES):
+        p.error(f"--sides: a comma-separated list of {', '.join(SIDES)}")
     if args.recompute and args.case != "0.5b" and args.workers != 1:
         p.error("--recompute: with --case 0.5b or --workers 1 (the bundled 2-worker job uses its own YAMLs)")
     return args
@@ -166,8 +175,9 @@ def job_settings(grpo_yaml: str, overrides: dict) -> dict:
     return GRPOConfig.from_yaml(grpo_yaml).replace(nested, "versus_trl").to_dict()
 
 
-def trl_config(settings: dict, steps: int) -> dict:
-    """`trl.GRPOConfig` keyword arguments for the job `settings` (GRPOConfig.to_dict()) run for `steps` steps.
+def trl_config(settings: dict, steps: int, side: str = "trl") -> dict:
+    """`trl.GRPOConfig` keyword arguments for the job `settings` (GRPOConfig.to_dict()) run for `steps` steps, in
+    the precision and recompute of TRL's `side` (TRL_SIDES).
 
     One GRPO step of ours = one generation batch of TRL = `updates_per_step` optimizer steps; the micro-batch of a
     forward/backward is `micro_batch_size_per_device` rows, accumulated up to an update (0, our trainer's auto
@@ -207,7 +217,7 @@ def trl_config(settings: dict, steps: int) -> dict:
         reward_weights=_weights(settings["reward"]["reward_weights"]), learning_rate=opt["learning_rate"],
         adam_beta1=opt["beta1"], adam_beta2=opt["beta2"], adam_epsilon=opt["eps"], weight_decay=opt["weight_decay"],
         max_grad_norm=opt["max_grad_norm"], warmup_steps=opt["warmup_steps"], lr_scheduler_type="constant_with_warmup",
-        use_vllm=False, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False, logging_steps=1,
+        use_vllm=False, use_cpu=True, fp16=False, **TRL_SIDES[side], logging_steps=1,
         save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0, log_completions=False,
     )
 
@@ -415,7 +425,8 @@ def run_summary(run: dict, prompt_tokens: list[int], responses: int) -> dict:
 
 
 def compare(summaries: dict[str, list[dict]]) -> list[dict]:
-    """Table rows: per side the value of each round, the mean over rounds, and ours/theirs of those means."""
+    """Table rows: per side the value of each round and the mean over rounds; per TRL side `ratio_<side>`, ours'
+    mean over that side's."""
     keys = [(phase, f"{label} s") for phase, label in TABLE_PHASES] + [
         ("tokens_per_s", "tokens/s (step)"), ("mean_reward", "mean reward"), ("first_step_s", "first step s"),
         ("wall_s", "run wall s"), ("peak_rss_gib", "peak RSS GiB (all)")]
@@ -425,24 +436,32 @@ def compare(summaries: dict[str, list[dict]]) -> list[dict]:
         for side, runs in summaries.items():
             row[side] = [run[key] for run in runs]
             row[f"{side}_mean"] = statistics.fmean(row[side]) if runs else None
-        ours, theirs = row.get("ours_mean"), row.get("theirs_mean")
-        row["ratio"] = ours / theirs if ours is not None and theirs else None
+        ours = row.get("ours_mean")
+        for side in TRL_SIDES:
+            if side in summaries:
+                theirs = row.get(f"{side}_mean")
+                row[f"ratio_{side}"] = ours / theirs if ours is not None and theirs else None
         rows.append(row)
     return rows
 
 
 def format_table(rows: list[dict], rounds: int) -> str:
+    """Each side's value per round, then ours over each TRL side that ran."""
     def cell(value) -> str:
         return "-" if value is None else f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
 
-    header = f"{'':<18}" + "".join(f"{f'ours r{i + 1}':>10}" for i in range(rounds)) + \
-        "".join(f"{f'TRL r{i + 1}':>10}" for i in range(rounds)) + f"{'ours/TRL':>10}"
+    sides = [side for side in SIDES if rows and side in rows[0]]
+    ratios = [side for side in TRL_SIDES if rows and f"ratio_{side}" in rows[0]]
+    header = f"{'':<18}" + "".join(f"{f'{side} r{i + 1}':>12}" for side in sides for i in range(rounds)) + \
+        "".join(f"{f'ours/{side}':>14}" for side in ratios)
     out = [header, "-" * len(header)]
     for row in rows:
-        values = [*(row.get("ours") or [None] * rounds), *(row.get("theirs") or [None] * rounds)]
-        values += [None] * (2 * rounds - len(values))
-        ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
-        out.append(f"{row['label']:<18}" + "".join(f"{cell(v):>10}" for v in values) + f"{ratio:>10}")
+        values = [v for side in sides for v in (row[side] + [None] * rounds)[:rounds]]
+        line = f"{row['label']:<18}" + "".join(f"{cell(v):>12}" for v in values)
+        for side in ratios:
+            ratio = row[f"ratio_{side}"]
+            line += f"{f'{ratio:.2f}x' if ratio is not None else '-':>14}"
+        out.append(line)
     return "\n".join(out)
 
 
@@ -476,7 +495,7 @@ def main(argv=None) -> dict:
     workdir = os.path.abspath(args.workdir or tempfile.mkdtemp(prefix="versus_trl_"))
     os.makedirs(workdir, exist_ok=True)
     load_before = os.getloadavg()
-    python = ensure_trl_venv() if "theirs" in args.sides else None
+    python = ensure_trl_venv() if set(args.sides) & set(TRL_SIDES) else None
     model = prepare_case(args, workdir)
     if args.case == "0.5b":
         import psutil
@@ -488,17 +507,20 @@ def main(argv=None) -> dict:
     overrides = job_overrides(args)
     case = CASES[args.case]
     settings = job_settings(os.path.join(case["configs"], "grpo.yaml"), overrides)
-    config = trl_config(settings, args.steps)
+    configs = {side: trl_config(settings, args.steps, side) for side in TRL_SIDES}
+    config = configs["trl"]
     batch, group = settings["schedule"]["batch_size"], settings["generation"]["num_generations"]
     rows, special = job_rows(DATA, model["tokenizer_dir"], workdir, args.steps, batch, settings["schedule"]["seed"],
                              case["template"])
     job = {"policy_dir": model["policy_dir"], "tokenizer_dir": model["tokenizer_dir"], "rows": rows,
            "stop_token_ids": special["stop_token_ids"], "reward_funcs": settings["reward"]["reward_funcs"],
            "warmup_steps": settings["optimizer"]["warmup_steps"], "updates_per_step": updates_per_step(config),
-           "torch_threads": args.torch_threads, "keep_group_order": True, "trl_config": config}
-    job_path = os.path.join(workdir, "trl_job.json")
-    with open(job_path, "w") as f:
-        json.dump(job, f, indent=1)
+           "torch_threads": args.torch_threads, "keep_group_order": True}
+    job_paths = {}
+    for side, side_config in configs.items():
+        job_paths[side] = os.path.join(workdir, f"{side}_job.json")
+        with open(job_paths[side], "w") as f:
+            json.dump({**job, "trl_config": side_config}, f, indent=1)
     prompt_tokens = step_prompt_tokens(rows, batch, group)
 
     runs: dict[str, list[dict]] = {side: [] for side in args.sides}
@@ -512,7 +534,7 @@ def main(argv=None) -> dict:
             if side == "ours":
                 run = run_ours(args, overrides, model, out)
             else:
-                run = run_theirs(python, job_path, out, args.torch_threads)
+                run = run_theirs(python, job_paths[side], out, args.torch_threads)
             run["load_average"] = [load, os.getloadavg()[0]]
             runs[side].append(run)
             summaries[side].append(run_summary(run, prompt_tokens, batch * group))
@@ -522,21 +544,22 @@ def main(argv=None) -> dict:
                   f"load average {run['load_average'][0]:.1f} -> {run['load_average'][1]:.1f}", flush=True)
     table_rows = compare(summaries)
     load_after = os.getloadavg()
-    theirs = runs.get("theirs", [{}])[0] if runs.get("theirs") else {}
+    theirs = next((runs[side][0] for side in TRL_SIDES if runs.get(side)), {})
     layouts = runs["ours"][0]["layouts"] if runs.get("ours") else "-"
     print(f"\nGRPO job '{args.case}': mindrlhf (bash run_grpo.sh, {args.workers} worker(s): train {layouts}) vs TRL "
           f"{theirs.get('versions', {}).get('trl', '?')} GRPOTrainer (1 process, {args.torch_threads} torch "
-          f"threads); {batch} prompts x {group} generations, {updates_per_step(config)} update(s) per step")
+          f"threads; trl: its defaults, bf16 autocast and gradient checkpointing; trl_fp32: fp32, no "
+          f"checkpointing); {batch} prompts x {group} generations, {updates_per_step(config)} update(s) per step")
     print(f"seconds: median of steps 2..{args.steps} of each round; tokens/s: (prompt + response tokens) / step "
           f"time; mean reward over all steps; load average {load_before[0]:.1f} -> {load_after[0]:.1f} on "
           f"{os.cpu_count()} CPUs")
     print(format_table(table_rows, args.rounds))
-    print("ours/TRL < 1 on the seconds rows and > 1 on tokens/s: mindrlhf is faster.")
+    print("ours/trl < 1 on the seconds rows and > 1 on tokens/s: mindrlhf is faster.")
     print("Not equal between the sides:")
     for note in NOT_EQUAL:
         print(f"  - {note}")
     result = {"benchmark": "versus_trl", "case": args.case, "steps": args.steps, "rounds": args.rounds,
-              "ours_workers": args.workers, "settings": settings, "overrides": overrides, "trl_config": config,
+              "ours_workers": args.workers, "settings": settings, "overrides": overrides, "trl_configs": configs,
               "trl_requirements": list(TRL_REQUIREMENTS), "rows": table_rows, "summaries": summaries,
               "runs": runs, "not_equal": list(NOT_EQUAL), "prompt_sample_indices": [r["sample_index"] for r in rows],
               "environment": {"python": platform.python_version(), "machine": platform.machine(),

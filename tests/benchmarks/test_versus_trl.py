@@ -78,7 +78,15 @@ def test_trl_config_matches_the_job():
         (1e-4, 5, 1.0, 0.0)
     assert (config["adam_beta1"], config["adam_beta2"], config["adam_epsilon"]) == \
         (opt["beta1"], opt["beta2"], opt["eps"]) == (0.9, 0.95, 1e-8)
-    assert config["use_cpu"] and not config["use_vllm"] and not config["bf16"] and not config["gradient_checkpointing"]
+    # TRL as its users run it on this CPU (bf16 autocast, gradient checkpointing), and in fp32 without recompute
+    assert config["use_cpu"] and not config["use_vllm"] and config["bf16"] and config["gradient_checkpointing"]
+    fp32 = vt.trl_config(settings, steps=6, side="trl_fp32")
+    assert not fp32["bf16"] and not fp32["gradient_checkpointing"] and not fp32["fp16"]
+    assert {k: v for k, v in fp32.items() if k not in vt.TRL_SIDES["trl"]} == \
+        {k: v for k, v in config.items() if k not in vt.TRL_SIDES["trl"]}
+    assert vt.parse_args([]).sides == ["ours", "trl", "trl_fp32"]
+    with pytest.raises(SystemExit):
+        vt.parse_args(["--sides", "ours,theirs"])
     assert loss["kl_estimator"] == "k3"
 
     # micro-batches: the same update, accumulated
@@ -145,17 +153,21 @@ def test_summary_and_table_arithmetic():
     assert theirs_summary["step"] == 21.0 and theirs_summary["ref"] == 2.0
     assert theirs_summary["tokens_per_s"] == pytest.approx((1000 / 20 + 1100 / 22) / 2)
 
+    slower = dict(theirs_summary, step=42.0)
     rows = {row["key"]: row for row in vt.compare({"ours": [ours_summary, ours_summary],
-                                                   "theirs": [theirs_summary, theirs_summary]})}
-    assert rows["step"]["ours"] == [11.0, 11.0] and rows["step"]["ratio"] == pytest.approx(11.0 / 21.0)
-    assert rows["tokens_per_s"]["ratio"] == pytest.approx(ours_summary["tokens_per_s"] / 50.0)
-    assert rows["wall_s"]["ratio"] == pytest.approx(100 / 80)
+                                                   "trl": [theirs_summary, theirs_summary],
+                                                   "trl_fp32": [slower, slower]})}
+    assert rows["step"]["ours"] == [11.0, 11.0] and rows["step"]["ratio_trl"] == pytest.approx(11.0 / 21.0)
+    assert rows["step"]["ratio_trl_fp32"] == pytest.approx(11.0 / 42.0)
+    assert rows["tokens_per_s"]["ratio_trl"] == pytest.approx(ours_summary["tokens_per_s"] / 50.0)
+    assert rows["wall_s"]["ratio_trl"] == pytest.approx(100 / 80)
     table = vt.format_table(list(rows.values()), rounds=2)
-    assert "whole step s" in table and f"{11 / 21:.2f}x" in table and "ours r2" in table and "TRL r1" in table
+    assert "whole step s" in table and f"{11 / 21:.2f}x" in table and f"{11 / 42:.2f}x" in table
+    assert "ours r2" in table and "trl r1" in table and "trl_fp32 r2" in table and "ours/trl_fp32" in table
     # one side only: no ratio
     single = vt.compare({"ours": [ours_summary]})
-    assert all(row["ratio"] is None for row in single)
-    assert "-" in vt.format_table(single, rounds=1)
+    assert all("ratio_trl" not in row for row in single)
+    assert "ours/" not in vt.format_table(single, rounds=1)
 
 
 def test_trl_venv_is_reused_when_its_stamp_matches(tmp_path, monkeypatch):
