@@ -1,5 +1,6 @@
 """The decoder layers of a model are compiled once and inlined (`lazy_inline`): layers that must compile alike share
-one key, layers whose graphs differ (their recompute mode) do not, and recompute still changes no value."""
+one key, layers whose graphs differ (their recompute mode) do not, sequence-parallel layers are not inlined, and
+recompute still changes no value."""
 import mindspore as ms
 import numpy as np
 import pytest
@@ -7,7 +8,7 @@ from support.configs import tiny_qwen2_config
 
 from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM
-from mindrlhf.models.qwen2.modeling import Qwen2DecoderLayer
+from mindrlhf.models.qwen2.modeling import InlinedDecoderLayer, Qwen2DecoderLayer, decoder_layer_class
 from mindrlhf.parallel.layers import init_random_weights
 from mindrlhf.parallel.layout import Layout
 
@@ -23,7 +24,7 @@ def _model(recompute=None, select=None, layers=4):
 def test_layers_share_a_compiled_layer_unless_their_recompute_differs():
     layers = list(_model(recompute=[1], select=[2]).model.layers)  # full, attention, then none
     keys = [layer.cell_init_args for layer in layers]
-    assert all(layer.no_inline is False for layer in layers)  # inlined into the graph that calls them
+    assert all(type(layer) is InlinedDecoderLayer and layer.no_inline is False for layer in layers)
     assert keys[2] == keys[3] and len({keys[0], keys[1], keys[2]}) == 3, keys
     full, attention, plain = layers[0], layers[1], layers[2]
     assert full._has_config_recompute and full.feed_forward._has_config_recompute  # the whole layer
@@ -31,6 +32,16 @@ def test_layers_share_a_compiled_layer_unless_their_recompute_differs():
     assert not plain.attention._has_config_recompute and not plain.feed_forward._has_config_recompute
     with pytest.raises(ValueError, match="recompute must be one of"):
         Qwen2DecoderLayer(tiny_qwen2_config(), Layout(), "everything")
+
+
+def test_sequence_parallel_layers_are_not_inlined():
+    """Inlined, the sequence-parallel layers' collectives gave wrong values (tests/parallel: the spmd and pipeline
+    runs with sequence parallel compare against one process)."""
+    sequence = tiny_qwen2_config()
+    sequence.parallel_config.use_seq_parallel = True
+    assert decoder_layer_class(sequence, Layout(tp=2)) is Qwen2DecoderLayer
+    assert decoder_layer_class(sequence, Layout()) is InlinedDecoderLayer  # tp 1: no sequence parallel
+    assert decoder_layer_class(tiny_qwen2_config(), Layout(tp=2)) is InlinedDecoderLayer
 
 
 @pytest.mark.usefixtures("graph_mode")
