@@ -14,6 +14,10 @@ YAML layout (`--config grpo.yaml`), every section and field optional::
 Each field is also a command-line flag of `grpo_one_stage.py` (`--num_generations 8`, or the dotted
 `--generation.num_generations 8` where a name is used by two sections).
 
+`--config` also reads MindSpeed-RL's GRPO trainer YAML as it is (`defaults`, `megatron_training`, `actor_config`,
+`rl_config`, `generate_config`, ...), translated by `mindrlhf.configs.mindspeed`; it merges with mindrlhf YAMLs as
+they merge with each other.
+
 Only what a config can check alone is checked here; the names looked up in the algorithm and reward registries
 (advantage estimator, loss aggregation and KL estimator, reward functions) are checked by
 `mindrlhf.trainer.plan.check_registered_names`, with the rest of the job.
@@ -29,6 +33,7 @@ from typing import Any
 
 from mindrlhf.configs.base import ConfigError, from_mapping, help_field, load_yaml
 from mindrlhf.configs.generation import GenerationConfig, shown_as
+from mindrlhf.configs.mindspeed import is_mindspeed_yaml, translate
 
 logger = logging.getLogger("mindrlhf.configs")
 
@@ -403,10 +408,11 @@ class GRPOConfig:
 
     @classmethod
     def from_yaml(cls, *paths: str) -> GRPOConfig:
-        """The config of one YAML file, or of several merged field by field (later files win)."""
-        config = cls.from_dict(load_yaml(paths[0]), source=paths[0])
+        """The config of one YAML file, or of several merged field by field (later files win); each file is
+        mindrlhf's layout or MindSpeed-RL's GRPO trainer YAML (`read_config_yaml`)."""
+        config = cls.from_dict(read_config_yaml(paths[0]), source=paths[0])
         for path in paths[1:]:
-            config = config.replace({k: v or {} for k, v in load_yaml(path).items()}, source=path)
+            config = config.replace({k: v or {} for k, v in read_config_yaml(path).items()}, source=path)
         return config
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
@@ -459,6 +465,21 @@ class GRPOConfig:
         if self.generation.greedy:
             raise ConfigError("generation: GRPO needs sampling (do_sample true and temperature > 0): with greedy "
                               "decoding every response of a group is identical and all advantages are zero")
+
+
+def read_config_yaml(path: str) -> dict:
+    """The sections of a config YAML: a mindrlhf one as written; MindSpeed-RL's GRPO trainer YAML translated
+    (`mindrlhf.configs.mindspeed`), what it ignores or reads approximately said in one warning line."""
+    data = load_yaml(path)
+    if not is_mindspeed_yaml(data):
+        return data
+    mixed = sorted(set(data) & set(SECTIONS))
+    if mixed:
+        raise ConfigError(f"{path}: MindSpeed-RL sections and mindrlhf sections {mixed} in one file: put them in two "
+                          "files and give both to --config (later files win)")
+    sections, notes = translate(data, path)
+    notes.warn()
+    return sections
 
 
 def _given_fields(data: Mapping, previous: Mapping[str, str], source: str) -> dict[str, str]:

@@ -54,8 +54,9 @@ class JobOptions:
     vocab_path: str = _flag("", "vocab.json (with --merges_file_path).")
     merges_file_path: str = _flag("", "merges.txt (with --vocab_path).")
     config: list[str] = _flag([], "GRPOConfig YAML(s) (sections algorithm, generation, loss, reward, optimizer, "
-                                  "critic, schedule, checkpoint, eval); several are merged field by field, later "
-                                  "ones winning; flags override them.", nargs="+")
+                                  "critic, schedule, checkpoint, eval), or MindSpeed-RL's GRPO trainer YAML as it is "
+                                  "(docs/yaml_keys.md); several are merged field by field, later ones winning; flags "
+                                  "override them.", nargs="+")
     output_dir: str = _flag("output/grpo", "Logs, metrics.jsonl, strategy files.")
     save_ckpt_dir: str = _flag("", "Checkpoint folder (default: <output_dir>/checkpoints).")
     load_sft_checkpoint_train: str = _flag(

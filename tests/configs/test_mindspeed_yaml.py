@@ -1,0 +1,284 @@
+"""MindSpeed-RL's GRPO trainer YAML given to --config as it is (`mindrlhf.configs.mindspeed`): each key mapped onto a
+field, accepted, ignored (ONE warning line naming each key and why) or refused with the file, `section.key=value`
+and what to set instead; docs/yaml_keys.md lists every key."""
+import logging
+import re
+
+import pytest
+import yaml
+from support.paths import DOCS, MODEL_CONFIGS
+
+from mindrlhf.configs import foreign_keys
+from mindrlhf.configs.base import ConfigError
+from mindrlhf.configs.grpo_configs import GRPOConfig
+from mindrlhf.configs.mindspeed import known_keys
+
+SAMPLE = MODEL_CONFIGS / "mindspeed" / "grpo_trainer_qwen25_7b.yaml"
+
+
+@pytest.fixture(autouse=True)
+def said_again():
+    """Each test sees its warning line (a line is logged once per process)."""
+    foreign_keys.warn_once.cache_clear()
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "mindrlhf.config"]
+
+
+def _sample() -> dict:
+    return yaml.safe_load(SAMPLE.read_text())
+
+
+def _write(tmp_path, data: dict, name: str = "grpo_trainer.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def _edited(tmp_path, section: str, **values) -> str:
+    """The sample with `values` set in `section` ('generate_config.sampling_config' for the sampling keys)."""
+    data = _sample()
+    node = data
+    for part in section.split("."):
+        node = node[part]
+    node.update(values)
+    return _write(tmp_path, data)
+
+
+def test_the_sample_maps_onto_the_fields(caplog):
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        config = GRPOConfig.from_yaml(str(SAMPLE))
+    config.validate()
+    gen, loss, sched, opt, algo = config.generation, config.loss, config.schedule, config.optimizer, config.algorithm
+    assert gen.num_generations == 8 and sched.batch_size == 32
+    assert sched.mini_batch_size == 0 and sched.prompts_per_update == 32  # 32 prompts = the whole batch
+    assert sched.micro_batch_size_per_device == 4 and sched.log_prob_micro_batch_size_per_device == 4
+    assert sched.steps == 500 and sched.num_iterations == 1 and sched.seed == 1 and gen.seed == 1
+    assert loss.epsilon_low == loss.epsilon_high == 0.2
+    assert loss.beta == 0.001 and loss.kl_estimator == "k3" and loss.aggregation == "token-mean"
+    assert algo.adv_estimator == "grpo" and algo.advantage_eps == 1e-6 and algo.lam == 0.95
+    assert config.reward.reward_funcs == ["accuracy", "format"] and config.reward.reward_weights == [1.0, 1.0]
+    assert gen.max_new_tokens == 2048 and gen.temperature == 1.0 and gen.top_p == 1.0
+    assert gen.top_k == 0  # vLLM's -1 (off)
+    assert gen.prompt_buckets == [64, 128, 256, 512, 1024, 2048]  # max_prompt_length 2048
+    assert opt.learning_rate == 1e-6 and opt.lr_schedule == "constant" and opt.warmup_steps == 0
+    assert opt.weight_decay == 0.01 and opt.max_grad_norm == 1.0 and opt.beta2 == 0.95
+    assert config.checkpoint.save_interval == 100
+    assert config.source_of("loss", "beta") == str(SAMPLE)
+    assert len(_warnings(caplog)) == 1
+
+
+def test_the_sample_says_what_it_ignores_in_one_line(caplog):
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        GRPOConfig.from_yaml(str(SAMPLE))
+        GRPOConfig.from_yaml(str(SAMPLE))  # read twice, said once
+    (line,) = _warnings(caplog)
+    assert line.startswith(f"{SAMPLE}: rl_config.verifier_function[0]='acc' is read as reward 'accuracy': ")
+    for said in ("rl_config.verifier_function[1]='strict_format' is read as reward 'format'",
+                 "rl_config.max_prompt_length=2048 is read as generation.prompt_buckets [64, 128, 256, 512, 1024, "
+                 "2048]", "mindrlhf-prepare-data --max_prompt_length 2048",
+                 "defaults=[{'model': ['qwen25_7b']}], actor_config.model='qwen25_7b' have no effect here: the "
+                 "networks are the model YAMLs",
+                 "megatron_training.tokenizer_name_or_path='./Qwen2.5-7B' has no effect here: pass the same Hugging "
+                 "Face folder as --tokenizer_dir",
+                 "megatron_training.data_path='./dataset/deepscaler/data' has no effect here: prompts come from "
+                 "--mind_dataset_dir",
+                 "actor_config.tensor_model_parallel_size=2 has no effect here: the train layout is the train model "
+                 "YAML's (--sft_path_train): set parallel_config.model_parallel there",
+                 "actor_config.pipeline_model_parallel_size=2 has no effect here",
+                 "actor_config.load='./ckpt' has no effect here: pass the starting policy as "
+                 "--load_sft_checkpoint_train",
+                 "actor_config.save='./ckpt' has no effect here: checkpoints are written to --save_ckpt_dir",
+                 "rl_config.use_tensorboard=True has no effect here: pass --tensorboard_dir",
+                 "generate_config.max_num_seqs=1024, generate_config.max_num_batched_tokens=8192, "
+                 "generate_config.max_model_len=4096, generate_config.gpu_memory_utilization=0.4 have no effect "
+                 "here: vLLM engine settings: mindrlhf's generator decodes each inference rank's rows as one fixed "
+                 "batch against a static KV cache"):
+        assert said in line, said
+    # values that mean what is done here pass without a word
+    for quiet in ("infer_tensor_parallel_size", "offload_train", "use_flash_attn", "min_p", "no_load_optim",
+                  "attention_softmax_in_fp32", "ref_forward_micro_batch_size", "kl_ctrl_type", "split"):
+        assert quiet not in line, quiet
+
+
+def test_mini_batch_size_counts_prompts_and_must_divide_the_batch(tmp_path):
+    config = GRPOConfig.from_yaml(_edited(tmp_path, "rl_config", mini_batch_size=8))
+    assert config.schedule.mini_batch_size == 8 and config.schedule.batch_size == 32  # 4 updates per step
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path))}/grpo_trainer.yaml: "
+                                          r"rl_config.mini_batch_size=12 must be >= 1 and divide "
+                                          r"megatron_training.global_batch_size=32: MindSpeed-RL counts it in prompts "
+                                          r".*set a divisor of global_batch_size \(32 = the whole batch"):
+        GRPOConfig.from_yaml(_edited(tmp_path, "rl_config", mini_batch_size=12))
+    # a value in responses, as YAMLs counted before May 2025: the message says what it meant
+    with pytest.raises(ConfigError, match=r"rl_config.mini_batch_size=64 must be >= 1 and divide .*64 responses are "
+                                          r"mini_batch_size: 8$"):
+        GRPOConfig.from_yaml(_edited(tmp_path, "rl_config", mini_batch_size=64))
+
+
+@pytest.mark.parametrize("section,key,value,advice", [
+    ("generate_config.sampling_config", "min_p", 0.1, "mindrlhf does not implement min-p sampling yet; set min_p: 0"),
+    ("rl_config", "entropy_coeff", 0.001, "mindrlhf's loss has no entropy term; set entropy_coeff: 0"),
+    ("rl_config", "adv_estimator", "gae", "MindSpeed-RL's GAE is its PPO trainer's; here write a mindrlhf config "
+                                          "with algorithm.adv_estimator: gae"),
+    ("rl_config", "kl_penalty", "abs", "the KL estimators here are k1 (kl), k2 (mse) and k3 (low_var_kl)"),
+    ("rl_config", "rule_reward", False, "MindSpeed-RL then scores with its reward model only; here: "
+                                        "reward.reward_model_path"),
+    ("megatron_training", "stage", "ray_ppo", "this reads MindSpeed-RL's GRPO trainer YAML (stage: ray_grpo)"),
+    ("actor_config", "lr_decay_style", "linear", "the learning rate here is constant or cosine "
+                                                 "(optimizer.lr_schedule); set lr_decay_style: constant or cosine"),
+    ("generate_config", "infer_expert_parallel_size", 2, "no mixture-of-experts model is built here; set 1"),
+])
+def test_a_refusal_names_the_file_the_key_and_what_to_set(tmp_path, section, key, value, advice):
+    path = _edited(tmp_path, section, **{key: value})
+    with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: {re.escape(section)}.{key}={re.escape(repr(value))} "
+                                          rf"is not supported: {re.escape(advice)}"):
+        GRPOConfig.from_yaml(path)
+
+
+def test_an_unknown_verifier_is_refused_with_the_known_ones(tmp_path):
+    path = _edited(tmp_path, "rl_config", verifier_function=["base_acc", "math_verify_reward"], verifier_weight=[1, 1])
+    with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: rl_config.verifier_function\[1\]="
+                                          r"'math_verify_reward' is not supported: the MindSpeed-RL verifiers read "
+                                          r"here are base_acc, acc, math_17k_acc, format, strict_format; for another "
+                                          r"rule give a function 'package.module:function'"):
+        GRPOConfig.from_yaml(path)
+    with pytest.raises(ConfigError, match=r"rl_config.verifier_weight=\[1.0\] has 1 weight\(s\) for the 2 verifier "
+                                          r"function\(s\) \['acc', 'strict_format'\]: give one weight per function"):
+        GRPOConfig.from_yaml(_edited(tmp_path, "rl_config", verifier_weight=[1.0]))
+
+
+def test_verifiers_map_onto_the_rule_rewards(tmp_path, caplog):
+    path = _edited(tmp_path, "rl_config", verifier_function=["base_acc", "format", "math_17k_acc"],
+                   verifier_weight=[1.0, 0.5, 2])
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        config = GRPOConfig.from_yaml(path)
+    assert config.reward.reward_funcs == ["accuracy", "format", "accuracy"]
+    assert config.reward.reward_weights == [1.0, 0.5, 2.0]
+    (line,) = _warnings(caplog)
+    assert "rl_config.verifier_function[0]='base_acc' is read as reward 'accuracy'" in line
+    assert "verifier_function[1]" not in line  # MindSpeed-RL's format is the same template, 1 or 0
+
+
+def test_learning_rate_schedule_and_warmup(tmp_path):
+    path = _edited(tmp_path, "actor_config", lr="2e-6", lr_decay_style="cosine", min_lr=2e-7, lr_warmup_fraction=0.1)
+    config = GRPOConfig.from_yaml(path)
+    assert config.optimizer.learning_rate == 2e-6 and config.optimizer.lr_schedule == "cosine"
+    assert config.optimizer.min_lr_ratio == pytest.approx(0.1)
+    assert config.optimizer.warmup_steps == 50  # 10% of 500 steps, one update per step
+    data = _sample()
+    data["actor_config"].update(lr_warmup_fraction=0.1)
+    data["rl_config"].update(mini_batch_size=8)  # 4 updates per step: Megatron counts warmup in samples
+    assert GRPOConfig.from_yaml(_write(tmp_path, data)).optimizer.warmup_steps == 200
+    del data["megatron_training"]["train_iters"]
+    with pytest.raises(ConfigError, match=r"actor_config.lr_warmup_fraction=0.1 is a fraction of the run, which needs "
+                                          r"megatron_training.train_iters and global_batch_size"):
+        GRPOConfig.from_yaml(_write(tmp_path, data))
+    data = _sample()
+    del data["actor_config"]["lr_decay_style"]  # MindSpeed-RL's default: linear decay
+    with pytest.raises(ConfigError, match=r"actor_config.lr is given without lr_decay_style, whose MindSpeed-RL "
+                                          r"default is Megatron's linear decay"):
+        GRPOConfig.from_yaml(_write(tmp_path, data))
+
+
+def test_actor_config_wins_over_megatron_training_and_unknown_keys_are_named(tmp_path, caplog):
+    data = _sample()
+    data["megatron_training"].update({"lr": 5e-6, "recompute-granularity": "full", "my_knob": 3})
+    data["rl_config"]["my_rl_knob"] = True
+    data["profiler_config"] = {"enable": False}
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        config = GRPOConfig.from_yaml(_write(tmp_path, data))
+    assert config.optimizer.learning_rate == 1e-6  # actor_config.lr
+    (line,) = _warnings(caplog)
+    assert "megatron_training.lr=5e-06 has no effect here: actor_config gives it too, and wins" in line
+    assert "megatron_training.recompute-granularity='full' has no effect here: recompute is set in the train model " \
+           "YAML" in line
+    assert "megatron_training.my_knob=3, rl_config.my_rl_knob=True have no effect here: not a key of MindSpeed-RL's " \
+           "GRPO trainer YAML that this reader knows" in line
+    assert "'profiler_config' has no effect here: not a section of MindSpeed-RL's GRPO trainer YAML" in line
+
+
+def test_log_prob_micro_batches_and_kl_settings(tmp_path, caplog):
+    data = _sample()
+    data["rl_config"].update(actor_forward_micro_batch_size=8, ref_forward_micro_batch_size=2, kl_penalty="kl",
+                             kl_ctrl_type="adaptive", init_kl_coef=0.05)
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        config = GRPOConfig.from_yaml(_write(tmp_path, data))
+    assert config.schedule.log_prob_micro_batch_size_per_device == 2
+    assert config.loss.kl_estimator == "k1" and config.loss.beta == 0.05
+    assert config.algorithm.use_kl_in_reward is False  # MindSpeed-RL's GRPO trainer keeps the KL in the loss
+    (line,) = _warnings(caplog)
+    assert "rl_config.actor_forward_micro_batch_size=8, rl_config.ref_forward_micro_batch_size=2 is read as " \
+           "schedule.log_prob_micro_batch_size_per_device=2" in line
+    assert "rl_config.kl_ctrl_type='adaptive' has no effect here: MindSpeed-RL's GRPO trainer never updates the KL " \
+           "controller" in line
+
+
+def test_ref_config_gives_the_reference_pass_and_its_weights(tmp_path, caplog):
+    data = _sample()
+    del data["rl_config"]["ref_forward_micro_batch_size"]
+    data["ref_config"] = {"model": "qwen25_7b", "micro_batch_size": 2, "tensor_model_parallel_size": 1,
+                          "load": "./ckpt", "no_load_optim": True}
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        config = GRPOConfig.from_yaml(_write(tmp_path, data))
+    assert config.schedule.log_prob_micro_batch_size_per_device == 2  # the smaller of the actor's 4 and the ref's 2
+    assert "ref_config.load" not in _warnings(caplog)[0]  # the actor's checkpoint: the default here
+    data["ref_config"]["load"] = "./ref_ckpt"
+    foreign_keys.warn_once.cache_clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        GRPOConfig.from_yaml(_write(tmp_path, data))
+    assert "ref_config.load='./ref_ckpt' has no effect here: pass the reference weights as --load_ref_checkpoint" \
+        in _warnings(caplog)[0]
+
+
+def test_a_mindrlhf_yaml_is_read_as_before(tmp_path, caplog):
+    path = tmp_path / "grpo.yaml"
+    path.write_text("generation:\n  num_generations: 4\n  top_k: 5\nloss:\n  beta: 0.02\n"
+                    "schedule:\n  batch_size: 16\n  mini_batch_size: 4\n")
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        config = GRPOConfig.from_yaml(str(path))
+    assert _warnings(caplog) == []
+    assert config.generation.num_generations == 4 and config.generation.top_k == 5 and config.loss.beta == 0.02
+    assert config.schedule.mini_batch_size == 4 and config.loss.aggregation == "seq-mean-token-mean"
+    assert config.algorithm.advantage_eps == 1e-4 and config.reward.reward_funcs == ["accuracy", "format"]
+    with pytest.raises(ConfigError, match=r"unknown section\(s\) \['rl_confg'\]"):
+        GRPOConfig.from_yaml(_write(tmp_path, {"rl_confg": {"clip_ratio": 0.2}}, "typo.yaml"))
+
+
+def test_mindspeed_and_mindrlhf_yamls_merge_later_winning(tmp_path):
+    overrides = tmp_path / "overrides.yaml"
+    overrides.write_text("generation:\n  num_generations: 4\nloss:\n  epsilon_high: 0.28\n"
+                         "schedule:\n  batch_size: 8\n")
+    config = GRPOConfig.from_yaml(str(SAMPLE), str(overrides))
+    assert config.generation.num_generations == 4 and config.schedule.batch_size == 8  # the later file's
+    assert config.loss.epsilon_high == 0.28 and config.loss.epsilon_low == 0.2  # clip_ratio, then the override
+    assert config.generation.max_new_tokens == 2048 and config.schedule.mini_batch_size == 0  # the sample's
+    assert config.source_of("generation", "num_generations") == str(overrides)
+    assert config.source_of("generation", "max_new_tokens") == str(SAMPLE)
+    config = GRPOConfig.from_yaml(str(overrides), str(SAMPLE))
+    assert config.generation.num_generations == 8 and config.schedule.batch_size == 32  # the sample's now
+    assert config.loss.epsilon_high == 0.2
+
+
+def test_one_file_with_both_layouts_is_refused(tmp_path):
+    data = _sample()
+    data["loss"] = {"beta": 0.0}
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: MindSpeed-RL sections and mindrlhf sections "
+                                          r"\['loss'\] in one file"):
+        GRPOConfig.from_yaml(path)
+
+
+def test_a_bad_value_is_named_by_its_mindspeed_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"grpo_trainer.yaml: rl_config.n_samples_per_prompt='eight' must be an "
+                                          r"integer$"):
+        GRPOConfig.from_yaml(_edited(tmp_path, "rl_config", n_samples_per_prompt="eight"))
+
+
+def test_the_key_table_lists_every_key():
+    text = (DOCS / "yaml_keys.md").read_text()
+    section = text[text.index("## MindSpeed-RL's GRPO trainer YAML"):]
+    missing = [f"{where}: {key}" for where, keys in known_keys().items() for key in keys
+               if f"`{key}`" not in section and not re.search(rf"`[\w.]+\.{key}`", section)]
+    assert not missing, missing
