@@ -185,9 +185,14 @@ class Qwen2MLP(nn.Cell):
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
 
+def uses_sequence_parallel(config: Qwen2Config, layout: Layout) -> bool:
+    """Whether a net runs sequence parallel: `parallel_config.use_seq_parallel` with tp > 1."""
+    return config.parallel_config.use_seq_parallel and layout.tp > 1
+
+
 def sequence_parallel(config: Qwen2Config, layout: Layout) -> SequenceParallel | None:
-    """The sequence-parallel cell of a net (`parallel_config.use_seq_parallel` with tp > 1), or None."""
-    return SequenceParallel(layout) if config.parallel_config.use_seq_parallel and layout.tp > 1 else None
+    """The sequence-parallel cell of a net (`uses_sequence_parallel`), or None."""
+    return SequenceParallel(layout) if uses_sequence_parallel(config, layout) else None
 
 
 RECOMPUTE_MODES = ("none", "full", "attention")
@@ -243,7 +248,7 @@ class InlinedDecoderLayer(Qwen2DecoderLayer):
 
 def decoder_layer_class(config: Qwen2Config, layout: Layout) -> type[Qwen2DecoderLayer]:
     """The decoder layer of a net: compiled once and inlined, unless the layers run sequence parallel."""
-    return Qwen2DecoderLayer if sequence_parallel(config, layout) is not None else InlinedDecoderLayer
+    return Qwen2DecoderLayer if uses_sequence_parallel(config, layout) else InlinedDecoderLayer
 
 
 def stage_layers(num_layers: int, stages: int, stage: int) -> range:
