@@ -84,6 +84,14 @@ def throughput_metrics(step_tokens: int, trained_tokens: int, world_size: int,
     return metrics
 
 
+def memory_metrics(rank_peaks_gib: Iterable[float]) -> dict:
+    """`perf/max_rss_gib` (the largest rank's peak RSS) and `perf/sum_rss_gib` (what the job's ranks hold together
+    at most). Each peak is rounded to MiB-ish precision before the sum, so the sum never exceeds the number of
+    ranks times the logged max."""
+    peaks = [round(float(peak), 3) for peak in rank_peaks_gib]
+    return {"perf/max_rss_gib": max(peaks), "perf/sum_rss_gib": round(sum(peaks), 3)}
+
+
 def critic_metrics(values: np.ndarray, returns: np.ndarray, advantages: np.ndarray,
                    response_mask: np.ndarray) -> dict:
     """PPO: `critic/{values,returns,advantages}/{mean,max,min}` over the response tokens and

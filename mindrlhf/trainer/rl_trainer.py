@@ -62,6 +62,7 @@ from mindrlhf.trainer.metrics import (
     MetricsWriter,
     critic_metrics,
     length_metrics,
+    memory_metrics,
     score_metrics,
     throughput_metrics,
 )
@@ -376,9 +377,7 @@ class RLTrainer:
         metrics["timing/step"] = round(elapsed, 4)
         tokens = int(generated.prompt_mask.sum() + generated.response_mask.sum())
         metrics.update(throughput_metrics(tokens, trained_tokens, self.world_size, metrics))
-        peaks = self.comm.all_gather(np.array([peak_rss_gib()], np.float32))
-        metrics["perf/max_rss_gib"] = round(float(peaks.max()), 3)
-        metrics["perf/sum_rss_gib"] = round(float(peaks.sum()), 3)  # what the job's ranks hold together at most
+        metrics.update(memory_metrics(self.comm.all_gather(np.array([peak_rss_gib()], np.float32))))
         return metrics
 
     def evaluate(self) -> dict[str, float]:

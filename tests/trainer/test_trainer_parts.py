@@ -326,6 +326,16 @@ def test_score_length_and_throughput_metrics_by_hand():
     assert throughput_metrics(100, 0, 2, timings) == {"e2e_tps": 10.0, "vllm_tps": 50.0}  # no update this step
 
 
+def test_memory_metrics_sum_the_rounded_peaks():
+    from mindrlhf.trainer.metrics import memory_metrics
+
+    # rounded after summing, 1.3334 + 1.3336 would log 2.667 beside a max of 1.334 (2 x 1.334 = 2.668 holds), and
+    # 1.3334 + 1.3334 would log 2.667 beside a max of 1.333: more than two ranks can hold
+    assert memory_metrics(np.array([1.3334, 1.3334], np.float32)) == {"perf/max_rss_gib": 1.333,
+                                                                     "perf/sum_rss_gib": 2.666}
+    assert memory_metrics([0.5, 2.25, 1.0]) == {"perf/max_rss_gib": 2.25, "perf/sum_rss_gib": 3.75}
+
+
 def test_the_step_line_names_each_metric_as_jsonl_does():
     from mindrlhf.trainer.metrics import step_line
 
