@@ -2,6 +2,7 @@
 should not alter behaviour (a refactor) can be shown not to:
 
     grpo      `bash run_grpo.sh --steps 6` (the bundled job: train dp=2, infer dp=2, held-out evaluation)
+    grpo_one_update  `bash run_grpo.sh --steps 4 --mini_batch_size 8`: the bundled job with one update a step
     ppo       `ALGORITHM=ppo bash run_grpo.sh --steps 4` (critic, GAE)
     reshard   `bash run_grpo.sh --steps 4` with the train net in tensor parallel (tp=2) and the inference net in data
               parallel (dp=2): the online reshard after every update
@@ -29,13 +30,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from results_io import write_results
+
+from mindrlhf.trainer.metrics import MACHINE_METRICS
+
 HERE = Path(__file__).resolve().parents[1]
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
-from mindrlhf.trainer.metrics import MACHINE_METRICS  # noqa: E402
 
 JOBS = {
     "grpo": ({}, ["--steps", "6"]),
+    "grpo_one_update": ({}, ["--steps", "4", "--mini_batch_size", "8"]),
     "ppo": ({"ALGORITHM": "ppo"}, ["--steps", "4"]),
     "reshard": ({"TRAIN_YAML": "{tp2_yaml}"}, ["--steps", "4"]),
 }
@@ -102,8 +105,6 @@ def differences(before: dict[int, dict], after: dict[int, dict]) -> list[str]:
 
 def compare(before: Path, after: Path, results: Path) -> int:
     """Prints each job's comparison, writes them to `results` (JSON); 1 when anything differs."""
-    from benchmarks.results_io import write_results
-
     failed, summary = 0, {"before": str(before), "after": str(after), "jobs": {}}
     for name in JOBS:
         paths = before / name / "metrics.jsonl", after / name / "metrics.jsonl"

@@ -11,22 +11,16 @@ import dataclasses
 import os
 import platform
 import statistics
-import sys
 import time
 
+import mindspore as ms
 import numpy as np
+from results_io import write_results
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import mindspore as ms  # noqa: E402
-
-from benchmarks.results_io import write_results  # noqa: E402
-from mindrlhf.configs.generation import GenerationConfig  # noqa: E402
-from mindrlhf.generation import Generator, sample_tokens  # noqa: E402
-from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
-from mindrlhf.parallel.layers import init_random_weights  # noqa: E402
+from mindrlhf.configs.generation import GenerationConfig
+from mindrlhf.generation import Generator, sample_tokens
+from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+from mindrlhf.parallel.layers import init_random_weights
 
 TINY = dict(vocab_size=1024, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=128,
             seq_length=512)

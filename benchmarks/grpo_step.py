@@ -27,16 +27,14 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from results_io import write_results
+from versus_hf import model_dir, prepare_model
 
-from benchmarks.results_io import write_results  # noqa: E402
-from benchmarks.versus_hf import model_dir, prepare_model  # noqa: E402
-from mindrlhf.trainer.phases import PHASES  # noqa: E402
+from mindrlhf.trainer.phases import PHASES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 STEP_PHASES = tuple(p for p in PHASES if p != "eval")  # evaluation is timed apart from the step
 ARITH = os.path.join(ROOT, "model_configs", "arith")

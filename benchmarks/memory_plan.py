@@ -27,11 +27,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from results_io import write_results
 
-from benchmarks.results_io import write_results  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TARGET = 0.15
 # (granularity, layers recomputed (0 = all), rows, vocabulary, prompt width, response width)
@@ -113,7 +111,7 @@ def _with_recompute(*paths: str) -> None:
 
 def _job(case: str, workdir: str) -> tuple[dict, list[str], str]:
     """(environment, run_grpo.sh flags, output folder) of a case, as `benchmarks/grpo_step.py` sets them up."""
-    from benchmarks.grpo_step import launcher_env, parse_args
+    from grpo_step import launcher_env, parse_args
 
     model = "smollm2" if case.startswith("smollm2") else "arith"
     out = os.path.join(workdir, case)
@@ -223,7 +221,7 @@ def _recipe_yaml(path: str, model: dict, dtype: str, layout: tuple, recompute: b
 
 def recipe_plan(recipe: tuple, workdir: str) -> dict:
     """The plan of one recipe on "ascend" devices (idle nets swapped to host), from `memory_report`."""
-    from examples.qwen_grpo_tutorial.grpo_one_stage import build_parser
+    from mindrlhf.cli.train import build_parser
     from mindrlhf.engine.memory_plan import GIB, verdict
     from mindrlhf.trainer.launch import load_config, load_job_tokenizer
     from mindrlhf.trainer.memory_report import job_memory

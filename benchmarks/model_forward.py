@@ -6,8 +6,8 @@ Builds random tiny HF models (tests/support/hf_fixtures.py), converts them with 
 prints, per variant, the max |logit difference| and the median forward time in each mode.
 """
 import argparse
+import importlib.util
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -15,16 +15,21 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 
+from mindrlhf.models.qwen2 import Qwen2ForCausalLM
+from mindrlhf.models.qwen2.convert import convert_hf_to_ms
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-from support.hf_fixtures import hf_logits, make_hf_model_dir  # noqa: E402
-
-from mindrlhf.models.qwen2 import Qwen2ForCausalLM  # noqa: E402
-from mindrlhf.models.qwen2.convert import convert_hf_to_ms  # noqa: E402
-
 VARIANTS = {"qwen2-untied": dict(arch="qwen2", tie=False), "qwen2-tied": dict(arch="qwen2", tie=True),
             "llama": dict(arch="llama", tie=False)}
+
+
+def hf_fixtures():
+    """tests/support/hf_fixtures.py, loaded from its file (tests/ is no installed package; the module imports only
+    torch and transformers)."""
+    spec = importlib.util.spec_from_file_location("hf_fixtures", ROOT / "tests" / "support" / "hf_fixtures.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def median_time(fn, repeats):
@@ -44,14 +49,15 @@ def main():
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--output", default=str(ROOT / "benchmarks" / "results" / "model_forward.json"))
     args = parser.parse_args()
+    fixtures = hf_fixtures()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, kwargs in VARIANTS.items():
-            hf_dir, hf_model = make_hf_model_dir(Path(tmp) / name, seed=0, **kwargs)
+            hf_dir, hf_model = fixtures.make_hf_model_dir(Path(tmp) / name, seed=0, **kwargs)
             config = convert_hf_to_ms(hf_dir, f"{tmp}/{name}.ckpt")
             config.seq_length = max(args.seq, 128)
             ids = np.random.RandomState(0).randint(0, config.vocab_size, (args.batch, args.seq)).astype(np.int32)
-            ref = hf_logits(hf_model, ids).numpy()
+            ref = fixtures.hf_logits(hf_model, ids).numpy()
             row = {"variant": name}
             for mode_name, mode in (("graph", ms.GRAPH_MODE), ("pynative", ms.PYNATIVE_MODE)):
                 ms.set_context(mode=mode, device_target="CPU")

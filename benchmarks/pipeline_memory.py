@@ -30,9 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from results_io import format_columns, write_results
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.results_io import format_columns, write_results  # noqa: E402
 
 MODELS = {
     "0.5b": dict(vocab_size=151936, hidden_size=896, num_layers=24, num_heads=14, n_kv_heads=2,
@@ -149,7 +149,7 @@ def run_layout(args: argparse.Namespace, pp: int, workdir: Path, schedule: str =
     logs = workdir / f"logs_pp{pp}_{schedule}"
     cmd = msrun_command(Path(__file__).resolve(), forwarded, pp, logs)
     try:
-        proc = run_job_command(cmd, msrun_env(PYTHONPATH=str(ROOT)), timeout=args.timeout)
+        proc = run_job_command(cmd, msrun_env(), timeout=args.timeout)
     except subprocess.TimeoutExpired:
         raise SystemExit(f"pp={pp}: msrun did not finish in {args.timeout} s (stopped); logs in {workdir}"
                          f"{worker_log_tails(logs, 30)}") from None

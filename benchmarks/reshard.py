@@ -38,11 +38,11 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.results_io import format_columns  # noqa: E402
-from mindrlhf.utils.jobs import msrun_command, msrun_env, run_job_command, worker_log_tails  # noqa: E402
+from results_io import format_columns
 
+from mindrlhf.utils.jobs import msrun_command, msrun_env, run_job_command, worker_log_tails
+
+ROOT = Path(__file__).resolve().parents[1]
 COMMON = dict(seq_length=64, max_position_embedding=64, theta=10000.0, qkv_has_bias=True, tie_word_embeddings=False)
 MODELS = {
     # the tiny config of tests/workers/reshard_worker.py
@@ -483,7 +483,6 @@ def worker_main(args) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.msrun_child:
-        sys.path.insert(0, str(ROOT))
         worker_main(args)
         return 0
     return launch(args)

@@ -2,9 +2,10 @@
 
 Runs in the TRL virtualenv (`benchmarks/.venv-trl`, made by `versus_trl.py`), never in the project's: it imports
 torch, transformers, trl and datasets, and from this repository only `mindrlhf.reward` (pure Python + numpy), so
-both sides score completions with the same functions. It is started by the driver:
+both sides score completions with the same functions. That venv has no mindrlhf installed: the driver starts it with
+the repository root as PYTHONPATH:
 
-    benchmarks/.venv-trl/bin/python benchmarks/trl_side.py --job JOB.json --output_dir DIR
+    PYTHONPATH=. benchmarks/.venv-trl/bin/python benchmarks/trl_side.py --job JOB.json --output_dir DIR
 
 and writes `DIR/metrics.jsonl` (one line per GRPO step, keys named like the trainer's `metrics.jsonl`,
 docs/metrics.md: `critic/score/mean`, `reward/<fn>`, `response_length/mean`, `timing/<phase>`, `e2e_tps`,
@@ -25,12 +26,9 @@ import json
 import os
 import platform
 import resource
-import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -42,8 +40,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def reward_function(name: str):
     """mindrlhf's reward `name` with TRL's calling convention (dataset columns arrive as keyword lists)."""
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
     from mindrlhf.reward import get_reward_function  # numpy only: no MindSpore in this venv
 
     fn = get_reward_function(name)

@@ -25,12 +25,9 @@ import tempfile
 import time
 
 import numpy as np
+from results_io import write_results
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from benchmarks.results_io import write_results  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))  # benchmarks/
 
 # Hugging Face config fields of the two model shapes (Qwen2.5-0.5B's, and a tiny one where per-step overhead
 # dominates); weights are random (seeded), converted once per work folder.
@@ -301,9 +298,10 @@ def main(argv=None) -> dict:
     names = args.cases.split(",")
     for model in sorted({CASES[n]["model"] for n in names}):
         print(f"preparing the {model} model in {workdir} ...", flush=True)
-        subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                        "from benchmarks.versus_hf import prepare_model; prepare_model(sys.argv[2], sys.argv[3])",
-                        ROOT, workdir, model], check=True, env=dict(os.environ, GLOG_v="3"))
+        # in a process of its own, run in benchmarks/ (a `-c` command imports from its working directory)
+        subprocess.run([sys.executable, "-c", "import sys; from versus_hf import prepare_model; "
+                        "prepare_model(sys.argv[1], sys.argv[2])", os.path.abspath(workdir), model], check=True,
+                       cwd=HERE, env=dict(os.environ, GLOG_v="3"))
     rows = []
     for name in names:
         runs = {"ours": [], "theirs": []}

@@ -43,13 +43,11 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from results_io import write_results
 
-from benchmarks.results_io import write_results  # noqa: E402
-
-TRL_VENV = os.path.join(ROOT, "benchmarks", ".venv-trl")
+HERE = os.path.dirname(os.path.abspath(__file__))  # benchmarks/
+ROOT = os.path.dirname(HERE)
+TRL_VENV = os.path.join(HERE, ".venv-trl")
 # torch 2.13.0 CPU: the wheel on the machine (a looser pin pulls a multi-GB CUDA build; requirements-test.txt);
 # transformers as in the project's test venv, so both HF sides run the same Qwen2 code
 TRL_REQUIREMENTS = ("trl==1.16.0", "datasets==5.2.0", "accelerate==1.15.0", "torch==2.13.0", "transformers==5.23.0")
@@ -308,7 +306,7 @@ def ensure_trl_venv(venv: str = TRL_VENV) -> str:
 
 def ours_launch(args: argparse.Namespace, overrides: dict, out: str, model: dict) -> tuple[dict, list[str]]:
     """Environment and flags of `bash run_grpo.sh` for our side (evaluation off, the case's model and layout)."""
-    from benchmarks.grpo_step import yaml_with_layout
+    from grpo_step import yaml_with_layout
 
     workers = args.workers
     env = dict(os.environ, OUTPUT=out, EVAL_DATA="", WORKER_NUM=str(workers), LOCAL_WORKER_NUM=str(workers),
@@ -362,13 +360,14 @@ def _layouts(out: str) -> str:
 
 def run_theirs(python: str, job_path: str, out: str, threads: int) -> dict:
     os.makedirs(out, exist_ok=True)
+    # the TRL venv has no mindrlhf installed: trl_side.py imports mindrlhf.reward from this checkout (and nothing
+    # else from our PYTHONPATH)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1")
-    env.pop("PYTHONPATH", None)
+               PYTHONUNBUFFERED="1", PYTHONPATH=ROOT)
     start = time.perf_counter()
     log_path = os.path.join(out, "trl.log")
     with open(log_path, "w") as log:
-        proc = subprocess.run([python, os.path.join(ROOT, "benchmarks", "trl_side.py"), "--job", job_path,
+        proc = subprocess.run([python, os.path.join(HERE, "trl_side.py"), "--job", job_path,
                                "--output_dir", out], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - start
     with open(log_path) as f:
@@ -478,13 +477,14 @@ def prepare_case(args: argparse.Namespace, workdir: str) -> dict:
                        check=True)
         return {"policy_dir": folder, "tokenizer_dir": folder, "yaml": os.path.join(SMOLLM2, "train.yaml"),
                 "seq_length": 256}
-    from benchmarks.versus_hf import model_dir
+    from versus_hf import model_dir
 
     folder = model_dir(workdir, "0.5b")
     print(f"[versus_trl] preparing the 0.5B model in {folder} ...", flush=True)
-    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                    "from benchmarks.versus_hf import prepare_model; prepare_model(sys.argv[2], '0.5b')",
-                    ROOT, workdir], check=True, env=dict(os.environ, GLOG_v="3"))
+    # in a process of its own, run in benchmarks/ (a `-c` command imports from its working directory)
+    subprocess.run([sys.executable, "-c", "import sys; from versus_hf import prepare_model; "
+                    "prepare_model(sys.argv[1], '0.5b')", workdir], check=True, cwd=HERE,
+                   env=dict(os.environ, GLOG_v="3"))
     return {"policy_dir": os.path.join(folder, "hf"), "tokenizer_dir": os.path.join(ARITH, "policy"),
             "yaml": os.path.join(folder, "model.yaml"), "seq_length": 512}
 

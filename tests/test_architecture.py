@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from support.paths import EXAMPLES, LIBRARY, TESTS, TOOLS, WORKERS_DIR
+from support.paths import BENCHMARKS, EXAMPLES, LIBRARY, TESTS, TOOLS, WORKERS_DIR
 
 # bottom to top; a package may import itself and those before it
 LAYERS = ["utils", "optim", "configs", "parallel", "models", "data", "reward", "algorithms", "generation",
@@ -89,11 +89,14 @@ def test_packages_import_only_the_packages_below_them():
     assert set(LAYERS) >= {package_of(m) for m in trees if package_of(m)}, "a package missing from LAYERS"
 
 
-def test_no_library_tool_or_example_edits_sys_path():
-    """mindrlhf is installed (tools/bootstrap.sh: an editable install), so its commands, tools and examples import
-    it as any user's code does; a `sys.path` edit would hide a missing install or a wrong checkout."""
+def test_no_library_tool_example_or_benchmark_edits_sys_path():
+    """mindrlhf is installed (tools/bootstrap.sh: an editable install), so its commands, tools, examples and benchmarks
+    import it as any user's code does; a `sys.path` edit would hide a missing install or a wrong checkout. (A
+    benchmark imports its sibling modules by name: run as a script, its own folder is on sys.path.)"""
+    scripts = [path for folder in (LIBRARY, TOOLS, EXAMPLES) for path in sorted(folder.rglob("*.py"))]
+    scripts += sorted(BENCHMARKS.glob("*.py"))  # not the git-ignored virtualenv beside them (benchmarks/.venv-trl)
     edits = [f"{path.relative_to(LIBRARY.parent)}:{node.lineno}"
-             for folder in (LIBRARY, TOOLS, EXAMPLES) for path in sorted(folder.rglob("*.py"))
+             for path in scripts
              for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
              if isinstance(node, ast.Attribute) and ast.unparse(node) in ("sys.path.insert", "sys.path.append")]
     assert not edits, "sys.path edited at " + ", ".join(edits)

@@ -30,11 +30,13 @@ class ForeignKey:
     advice: str
 
 
-def _always(_value) -> bool:
+def always(_value) -> bool:
+    """`ForeignKey.fine` of a key whose every value is fine (it changes nothing here)."""
     return True
 
 
-def _never(_value) -> bool:
+def never(_value) -> bool:
+    """`ForeignKey.fine` of a key whose every value gets its action (warned about or refused)."""
     return False
 
 
@@ -61,11 +63,11 @@ _SAMPLING = ("MindFormers' generation defaults; here sampling is set by the GRPO
              "applied")
 
 MODEL_KEYS: dict[str, ForeignKey] = {
-    "type": ForeignKey(_always, WARN, "the config class name; the network is model.arch.type"),
-    "batch_size": ForeignKey(_always, WARN, "batch sizes come from the GRPO config (batch_size, num_generations, "
-                                            "micro_batch_size_per_device)"),
-    "model_name": ForeignKey(_always, WARN, "a label only"),
-    "auto_map": ForeignKey(_always, WARN, "a label only"),
+    "type": ForeignKey(always, WARN, "the config class name; the network is model.arch.type"),
+    "batch_size": ForeignKey(always, WARN, "batch sizes come from the GRPO config (batch_size, num_generations, "
+                                           "micro_batch_size_per_device)"),
+    "model_name": ForeignKey(always, WARN, "a label only"),
+    "auto_map": ForeignKey(always, WARN, "a label only"),
     "use_past": ForeignKey(lambda v: v in (None, True), WARN,
                            "generation always uses the KV cache unless the GRPO config sets generation.use_kv_cache: "
                            "false; set use_past: true"),
@@ -78,39 +80,39 @@ MODEL_KEYS: dict[str, ForeignKey] = {
                                           "continue a run)"),
     "offset": ForeignKey(_no_offset, REFUSE, "pipeline stages take equal shares of the layers here; set offset: 0"),
     "repetition_penalty": ForeignKey(lambda v: v in (None, 1, 1.0), WARN, _SAMPLING),
-    "temperature": ForeignKey(_never, WARN, _SAMPLING),
-    "top_k": ForeignKey(_never, WARN, _SAMPLING),
-    "top_p": ForeignKey(_never, WARN, _SAMPLING),
-    "do_sample": ForeignKey(_never, WARN, _SAMPLING),
-    "max_decode_length": ForeignKey(_never, WARN, _SAMPLING),
-    "min_decode_length": ForeignKey(_never, WARN, _SAMPLING),
-    "is_dynamic": ForeignKey(_always, WARN, "input shapes are bucketed here (generation.prompt_buckets, "
-                                            "schedule.response_buckets)"),
-    "block_size": ForeignKey(_always, WARN, "the KV cache is static (no paged attention)"),
-    "num_blocks": ForeignKey(_always, WARN, "the KV cache is static (no paged attention)"),
+    "temperature": ForeignKey(never, WARN, _SAMPLING),
+    "top_k": ForeignKey(never, WARN, _SAMPLING),
+    "top_p": ForeignKey(never, WARN, _SAMPLING),
+    "do_sample": ForeignKey(never, WARN, _SAMPLING),
+    "max_decode_length": ForeignKey(never, WARN, _SAMPLING),
+    "min_decode_length": ForeignKey(never, WARN, _SAMPLING),
+    "is_dynamic": ForeignKey(always, WARN, "input shapes are bucketed here (generation.prompt_buckets, "
+                                           "schedule.response_buckets)"),
+    "block_size": ForeignKey(always, WARN, "the KV cache is static (no paged attention)"),
+    "num_blocks": ForeignKey(always, WARN, "the KV cache is static (no paged attention)"),
     "use_past_shard": ForeignKey(_falsy, WARN, "the KV cache is split over model_parallel with the heads"),
     "qkv_concat": ForeignKey(_falsy, REFUSE, "q, k and v are separate projections here; set qkv_concat: false (and "
                                              "convert fused checkpoints with tools/convert_weight.py)"),
-    "pretrain_seqlen": ForeignKey(_always, WARN, "seq_length and max_position_embedding bound the positions"),
+    "pretrain_seqlen": ForeignKey(always, WARN, "seq_length and max_position_embedding bound the positions"),
     "extend_method": ForeignKey(_falsy, REFUSE, "rotary scaling is not built here; set extend_method: None"),
-    "scaling_factor": ForeignKey(_always, WARN, "only read with extend_method, which is refused"),
+    "scaling_factor": ForeignKey(always, WARN, "only read with extend_method, which is refused"),
     "layernorm_compute_type": ForeignKey(_float32, WARN, "RMSNorm always computes in float32 here"),
     "softmax_compute_type": ForeignKey(_float32, WARN, "softmax always computes in float32 here"),
     "rotary_dtype": ForeignKey(_float32, WARN, "rotary tables are always float32 here"),
     "emb_dropout_prob": ForeignKey(_falsy, WARN, "no dropout in RL post-training here"),
-    "ignore_token_id": ForeignKey(_always, WARN, "losses read the response mask, not an ignore id"),
+    "ignore_token_id": ForeignKey(always, WARN, "losses read the response mask, not an ignore id"),
     "fine_grain_interleave": ForeignKey(_at_most_one, WARN, "a communication-overlap knob of semi-auto parallel; "
                                                             "no effect here"),
-    "use_rope_slice": ForeignKey(_always, WARN, "rotary uses one rotate-half matmul here"),
-    "multiple_of": ForeignKey(_always, WARN, "intermediate_size is given directly"),
-    "ffn_dim_multiplier": ForeignKey(_always, WARN, "intermediate_size is given directly"),
+    "use_rope_slice": ForeignKey(always, WARN, "rotary uses one rotate-half matmul here"),
+    "multiple_of": ForeignKey(always, WARN, "intermediate_size is given directly"),
+    "ffn_dim_multiplier": ForeignKey(always, WARN, "intermediate_size is given directly"),
     "hidden_act": ForeignKey(lambda v: v in (None, "silu", "swiglu"), REFUSE, "only SwiGLU (silu) is built here"),
-    "use_attn_mask_compression": ForeignKey(_always, WARN, "attention masks are built per call here"),
+    "use_attn_mask_compression": ForeignKey(always, WARN, "attention masks are built per call here"),
     "parallel_optimizer": ForeignKey(_falsy, WARN, "set parallel_config.optimizer_shard: true for ZeRO-1 "
                                                    "optimizer-state sharding"),
     # keys MindRLHF's Qwen2.5 YAMLs carry ("configuration items copied from Qwen")
-    "compute_in_2d": ForeignKey(_never, WARN, "a MindFormers layout detail (2-D activations for semi-auto sharding); "
-                                              "no meaning here"),
+    "compute_in_2d": ForeignKey(never, WARN, "a MindFormers layout detail (2-D activations for semi-auto sharding); "
+                                             "no meaning here"),
     "rotary_pct": ForeignKey(lambda v: v in (None, 1, 1.0), REFUSE,
                              "rotary embeddings cover the whole head here (partial rotary is not built); set "
                              "rotary_pct: 1.0"),
@@ -132,8 +134,8 @@ EOS_LIST_REASON = ("the first id is the model's eos_token_id; generation stops a
 PARALLEL_KEYS: dict[str, ForeignKey] = {
     "vocab_emb_dp": ForeignKey(_falsy, WARN, "the embedding is always split over model_parallel here (what "
                                              "vocab_emb_dp: false does; it holds less per device)"),
-    "gradient_aggregation_group": ForeignKey(_always, WARN, "gradients are summed over data parallel in one fused "
-                                                            "call here"),
+    "gradient_aggregation_group": ForeignKey(always, WARN, "gradients are summed over data parallel in one fused "
+                                                           "call here"),
     "micro_batch_interleave_num": ForeignKey(_at_most_one, WARN, "a communication-overlap knob of semi-auto "
                                                                  "parallel; no effect here"),
     "expert_parallel": ForeignKey(_at_most_one, REFUSE, "no mixture-of-experts model is built here; set 1"),
@@ -142,15 +144,15 @@ PARALLEL_KEYS: dict[str, ForeignKey] = {
 
 # top-level settings of a MindFormers YAML (scalars)
 TOP_LEVEL_KEYS: dict[str, ForeignKey] = {
-    "seed": ForeignKey(_always, WARN, "the GRPO config's seed"),
-    "output_dir": ForeignKey(_always, WARN, "--output_dir"),
-    "run_mode": ForeignKey(_always, WARN, "the job is GRPO/PPO post-training"),
-    "use_parallel": ForeignKey(_always, WARN, "--use_parallel (auto: when launched by msrun)"),
+    "seed": ForeignKey(always, WARN, "the GRPO config's seed"),
+    "output_dir": ForeignKey(always, WARN, "--output_dir"),
+    "run_mode": ForeignKey(always, WARN, "the job is GRPO/PPO post-training"),
+    "use_parallel": ForeignKey(always, WARN, "--use_parallel (auto: when launched by msrun)"),
     "load_checkpoint": ForeignKey(_falsy, WARN, "weights are not loaded from the model YAML: pass "
                                                 "--load_sft_checkpoint_train / --load_sft_checkpoint_infer"),
     "src_strategy_path_or_dir": ForeignKey(_falsy, WARN, "checkpoints carry their strategy files; "
                                                          "tools/convert_weight.py and the loaders read them"),
-    "auto_trans_ckpt": ForeignKey(_always, WARN, "checkpoints are resharded to the job's layouts automatically"),
+    "auto_trans_ckpt": ForeignKey(always, WARN, "checkpoints are resharded to the job's layouts automatically"),
     "resume_training": ForeignKey(_falsy, WARN, "resume with --resume auto (or a step folder)"),
     "only_save_strategy": ForeignKey(_falsy, WARN, "pass --only_save_strategy"),
     "micro_batch_interleave_num": PARALLEL_KEYS["micro_batch_interleave_num"],
@@ -159,23 +161,23 @@ TOP_LEVEL_KEYS: dict[str, ForeignKey] = {
                                                                        "Face safetensors)"),
     "do_eval": ForeignKey(_falsy, WARN, "no evaluation inside training epochs here: pass --eval_dataset_file (and "
                                         "the GRPO config's eval.eval_interval)"),
-    "eval_step_interval": ForeignKey(_always, WARN, "only read with do_eval"),
-    "eval_epoch_interval": ForeignKey(_always, WARN, "only read with do_eval"),
+    "eval_step_interval": ForeignKey(always, WARN, "only read with do_eval"),
+    "eval_epoch_interval": ForeignKey(always, WARN, "only read with do_eval"),
     "profile": ForeignKey(_falsy, WARN, "MindFormers' profiler is not wired here; phase timings are in the per-step "
                                         "metrics"),
-    "profile_start_step": ForeignKey(_always, WARN, "only read with profile"),
-    "profile_stop_step": ForeignKey(_always, WARN, "only read with profile"),
-    "init_start_profile": ForeignKey(_always, WARN, "only read with profile"),
-    "profile_communication": ForeignKey(_always, WARN, "only read with profile"),
-    "profile_memory": ForeignKey(_always, WARN, "only read with profile"),
+    "profile_start_step": ForeignKey(always, WARN, "only read with profile"),
+    "profile_stop_step": ForeignKey(always, WARN, "only read with profile"),
+    "init_start_profile": ForeignKey(always, WARN, "only read with profile"),
+    "profile_communication": ForeignKey(always, WARN, "only read with profile"),
+    "profile_memory": ForeignKey(always, WARN, "only read with profile"),
     "auto_tune": ForeignKey(_falsy, WARN, "MindFormers' auto-tuning is not built here"),
-    "filepath_prefix": ForeignKey(_always, WARN, "only read with auto_tune"),
-    "autotune_per_step": ForeignKey(_always, WARN, "only read with auto_tune"),
+    "filepath_prefix": ForeignKey(always, WARN, "only read with auto_tune"),
+    "autotune_per_step": ForeignKey(always, WARN, "only read with auto_tune"),
     "layer_scale": ForeignKey(_falsy, WARN, "layer-wise learning-rate decay is not built here"),
-    "layer_decay": ForeignKey(_always, WARN, "only read with layer_scale"),
-    "lr_scale_factor": ForeignKey(_always, WARN, "only read with MindFormers' lr_scale (not built here)"),
-    "remote_save_url": ForeignKey(_always, WARN, "an upload address of Huawei's AICC platform; checkpoints are "
-                                                 "written to --save_ckpt_dir"),
+    "layer_decay": ForeignKey(always, WARN, "only read with layer_scale"),
+    "lr_scale_factor": ForeignKey(always, WARN, "only read with MindFormers' lr_scale (not built here)"),
+    "remote_save_url": ForeignKey(always, WARN, "an upload address of Huawei's AICC platform; checkpoints are "
+                                                "written to --save_ckpt_dir"),
 }
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindrlhf.configs.base import ConfigError
-from mindrlhf.configs.foreign_keys import REFUSE, WARN, ForeignKey, IgnoredKeys, warn_once
+from mindrlhf.configs.foreign_keys import REFUSE, WARN, ForeignKey, IgnoredKeys, always, never, warn_once
 
 TOP_SECTIONS = ("defaults", "megatron_training", "actor_config", "ref_config", "reward_config", "rl_config",
                 "generate_config")
@@ -34,14 +34,6 @@ class ToFields:
 
 COMPUTED = "computed"  # a key read by its section's function: it depends on other keys or its values are mapped
 Rule = ForeignKey | ToFields | str
-
-
-def _always(_value) -> bool:
-    return True
-
-
-def _never(_value) -> bool:
-    return False
 
 
 def _falsy(value) -> bool:
@@ -128,7 +120,7 @@ MEGATRON_KEYS: dict[str, Rule] = {
     "adam_beta1": ToFields(("optimizer.beta1",), float),
     "adam_beta2": ToFields(("optimizer.beta2",), float),
     "adam_eps": ToFields(("optimizer.eps",), float),
-    "model": ForeignKey(_never, WARN, _NETWORKS),
+    "model": ForeignKey(never, WARN, _NETWORKS),
     "tensor_model_parallel_size": ForeignKey(_one, WARN, _TRAIN_TP),
     "pipeline_model_parallel_size": ForeignKey(_one, WARN, _TRAIN_PP),
     "context_parallel_size": ForeignKey(_one, REFUSE, "context parallel is not built here; set 1"),
@@ -138,21 +130,21 @@ MEGATRON_KEYS: dict[str, Rule] = {
                                                           "model YAML (ZeRO-1)"),
     "bf16": ForeignKey(_falsy, WARN, _DTYPES),
     "fp16": ForeignKey(_falsy, WARN, _DTYPES),
-    "seq_length": ForeignKey(_never, WARN, _SEQ_LENGTH),
+    "seq_length": ForeignKey(never, WARN, _SEQ_LENGTH),
     "recompute_granularity": ForeignKey(_falsy, WARN, _RECOMPUTE),
     "recompute_method": ForeignKey(_falsy, WARN, _RECOMPUTE),
     "recompute_num_layers": ForeignKey(_falsy, WARN, _RECOMPUTE),
-    "tokenizer_name_or_path": ForeignKey(_never, WARN, "pass the same Hugging Face folder as --tokenizer_dir"),
+    "tokenizer_name_or_path": ForeignKey(never, WARN, "pass the same Hugging Face folder as --tokenizer_dir"),
     "tokenizer_type": ForeignKey(lambda v: v in (None, "PretrainedFromHF"), WARN,
                                  "the tokenizer is a Hugging Face folder here (--tokenizer_dir)"),
-    "data_path": ForeignKey(_never, WARN, _DATA),
+    "data_path": ForeignKey(never, WARN, _DATA),
     "dataset_additional_keys": ForeignKey(lambda v: v in (None, [], ["labels"]), WARN,
                                           "the gold answers are the prompt MindRecord's, written by "
                                           "mindrlhf-prepare-data (--answer_key)"),
     "split": ForeignKey(lambda v: v is None or str(v).replace(" ", "") in ("100,0,0", "100"), WARN,
                         "every prompt of --mind_dataset_dir is trained on; held-out prompts are --eval_dataset_file"),
     "no_shuffle": ForeignKey(_falsy, WARN, "prompts are always shuffled here (by schedule.seed)"),
-    "full_shuffle_instruction_dataset": ForeignKey(_always, WARN, "an SFT dataset setting"),
+    "full_shuffle_instruction_dataset": ForeignKey(always, WARN, "an SFT dataset setting"),
     "load": ForeignKey(_falsy, WARN, _LOAD),
     "save": ForeignKey(_falsy, WARN, _SAVE),
     "no_load_optim": ForeignKey(_true_or_unset, WARN, _LOAD_STATE),
@@ -160,23 +152,23 @@ MEGATRON_KEYS: dict[str, Rule] = {
     "finetune": ForeignKey(_true_or_unset, WARN, _LOAD_STATE),
     "no_save_optim": ForeignKey(_falsy, WARN, _SAVE_STATE),
     "no_save_rng": ForeignKey(_falsy, WARN, _SAVE_STATE),
-    "initial_loss_scale": ForeignKey(_never, WARN, "no loss scaling is applied here"),
+    "initial_loss_scale": ForeignKey(never, WARN, "no loss scaling is applied here"),
     "attention_dropout": ForeignKey(_zero, WARN, _DROPOUT),
     "hidden_dropout": ForeignKey(_zero, WARN, _DROPOUT),
-    "init_method_std": ForeignKey(_always, WARN, "random initialisation; the weights come from the checkpoint"),
-    "norm_epsilon": ForeignKey(_never, WARN, "set model_config.rms_norm_eps in the model YAMLs"),
+    "init_method_std": ForeignKey(always, WARN, "random initialisation; the weights come from the checkpoint"),
+    "norm_epsilon": ForeignKey(never, WARN, "set model_config.rms_norm_eps in the model YAMLs"),
     "attention_softmax_in_fp32": ForeignKey(_true_or_unset, WARN, "softmax always computes in float32 here"),
-    **{name: ForeignKey(_always, WARN, _KERNELS) for name in KERNEL_SWITCHES},
+    **{name: ForeignKey(always, WARN, _KERNELS) for name in KERNEL_SWITCHES},
 }
 
 REF_KEYS: dict[str, Rule] = {
-    "model": ForeignKey(_never, WARN, _NETWORKS),
+    "model": ForeignKey(never, WARN, _NETWORKS),
     "micro_batch_size": COMPUTED,
     "tensor_model_parallel_size": ForeignKey(_one, WARN, _REF_LAYOUT),
     "pipeline_model_parallel_size": ForeignKey(_one, WARN, _REF_LAYOUT),
     "load": COMPUTED,
-    "no_load_optim": ForeignKey(_always, WARN, "the reference is not trained"),
-    "no_load_rng": ForeignKey(_always, WARN, "the reference is not trained"),
+    "no_load_optim": ForeignKey(always, WARN, "the reference is not trained"),
+    "no_load_rng": ForeignKey(always, WARN, "the reference is not trained"),
 }
 
 RL_KEYS: dict[str, Rule] = {
@@ -193,53 +185,53 @@ RL_KEYS: dict[str, Rule] = {
     "init_kl_coef": ToFields(("loss.beta",), float),
     "kl_penalty": COMPUTED,
     "kl_ctrl_type": COMPUTED,
-    "kl_target": ForeignKey(_always, WARN, "only read by the adaptive KL controller"),
-    "kl_horizon": ForeignKey(_always, WARN, "only read by the adaptive KL controller"),
+    "kl_target": ForeignKey(always, WARN, "only read by the adaptive KL controller"),
+    "kl_horizon": ForeignKey(always, WARN, "only read by the adaptive KL controller"),
     "use_kl_in_reward": ForeignKey(_falsy, WARN, "MindSpeed-RL's GRPO trainer does not read it (its PPO trainer "
                                                  "does); KL in the reward here: algorithm.use_kl_in_reward: true"),
     "gamma": ToFields(("algorithm.gamma",), float),
     "lam": ToFields(("algorithm.lam",), float),
-    "advantage_whiten": ForeignKey(_always, WARN, "only read by GAE"),
+    "advantage_whiten": ForeignKey(always, WARN, "only read by GAE"),
     "rule_reward": COMPUTED,
     "verifier_function": COMPUTED,
     "verifier_weight": COMPUTED,
-    "verifier_parallel": ForeignKey(_always, WARN, "rule rewards are computed in the trainer process"),
-    "verifier_timeout": ForeignKey(_always, WARN, "rule rewards are computed in the trainer process"),
+    "verifier_parallel": ForeignKey(always, WARN, "rule rewards are computed in the trainer process"),
+    "verifier_timeout": ForeignKey(always, WARN, "rule rewards are computed in the trainer process"),
     "use_integrated_worker": ForeignKey(_true_or_unset, WARN, _COLOCATED),
     "colocate_actor_ref": ForeignKey(_true_or_unset, WARN, _COLOCATED),
     "colocate_all_models": ForeignKey(_true_or_unset, WARN, _COLOCATED),
     "blocking": ForeignKey(_true_or_unset, WARN, "the phases of a step run one after another here"),
-    "guarantee_order": ForeignKey(_always, WARN, "samples keep their order here"),
+    "guarantee_order": ForeignKey(always, WARN, "samples keep their order here"),
     "shuffle_mini_batch": ForeignKey(_falsy, WARN, "mini-batches are taken in rollout order here"),
-    "token_level_loss": ForeignKey(_always, WARN, "MindSpeed-RL's GRPO loss does not read it"),
+    "token_level_loss": ForeignKey(always, WARN, "MindSpeed-RL's GRPO loss does not read it"),
     "use_tensorboard": ForeignKey(_falsy, WARN, "pass --tensorboard_dir <folder> for TensorBoard event files"),
     "use_wandb": ForeignKey(_falsy, WARN, _WANDB),
     "wandb_project": ForeignKey(_falsy, WARN, _WANDB),
     "wandb_exp_name": ForeignKey(_falsy, WARN, _WANDB),
     "wandb_save_dir": ForeignKey(_falsy, WARN, _WANDB),
-    "actor_resource": ForeignKey(_never, WARN, _RESOURCES),
-    "reference_resource": ForeignKey(_never, WARN, _RESOURCES),
-    "reward_resource": ForeignKey(_never, WARN, _RESOURCES),
-    "num_cpus_for_local_task": ForeignKey(_always, WARN, "a Ray setting"),
-    "num_cpus_for_placement_group": ForeignKey(_always, WARN, "a Ray setting"),
-    "log_max_throughput": ForeignKey(_always, WARN, "a logging choice"),
+    "actor_resource": ForeignKey(never, WARN, _RESOURCES),
+    "reference_resource": ForeignKey(never, WARN, _RESOURCES),
+    "reward_resource": ForeignKey(never, WARN, _RESOURCES),
+    "num_cpus_for_local_task": ForeignKey(always, WARN, "a Ray setting"),
+    "num_cpus_for_placement_group": ForeignKey(always, WARN, "a Ray setting"),
+    "log_max_throughput": ForeignKey(always, WARN, "a logging choice"),
 }
 
 GENERATE_KEYS: dict[str, Rule] = {
     "sampling_config": COMPUTED,
-    "trust_remote_code": ForeignKey(_always, WARN, "the tokenizer is read from its files"),
+    "trust_remote_code": ForeignKey(always, WARN, "the tokenizer is read from its files"),
     "infer_tensor_parallel_size": ForeignKey(_one, WARN, _INFER_TP),
     "infer_pipeline_parallel_size": ForeignKey(_one, WARN, _INFER_PP),
     "infer_expert_parallel_size": ForeignKey(_one, REFUSE, _NO_MOE),
     "enable_expert_parallel": ForeignKey(_falsy, REFUSE, _NO_MOE),
-    "max_num_seqs": ForeignKey(_never, WARN, _VLLM),
-    "max_num_batched_tokens": ForeignKey(_never, WARN, _VLLM),
-    "max_model_len": ForeignKey(_never, WARN, _VLLM),
-    "gpu_memory_utilization": ForeignKey(_never, WARN, _VLLM),
-    "num_scheduler_steps": ForeignKey(_never, WARN, _VLLM),
-    "enforce_eager": ForeignKey(_never, WARN, _VLLM),
-    "micro_batch_size": ForeignKey(_never, WARN, _VLLM),
-    "dtype": ForeignKey(_never, WARN, _DTYPES),
+    "max_num_seqs": ForeignKey(never, WARN, _VLLM),
+    "max_num_batched_tokens": ForeignKey(never, WARN, _VLLM),
+    "max_model_len": ForeignKey(never, WARN, _VLLM),
+    "gpu_memory_utilization": ForeignKey(never, WARN, _VLLM),
+    "num_scheduler_steps": ForeignKey(never, WARN, _VLLM),
+    "enforce_eager": ForeignKey(never, WARN, _VLLM),
+    "micro_batch_size": ForeignKey(never, WARN, _VLLM),
+    "dtype": ForeignKey(never, WARN, _DTYPES),
     "offload_train_optimizer": ForeignKey(_true_or_unset, WARN, _OFFLOAD),
     "offload_train_grad": ForeignKey(_true_or_unset, WARN, _OFFLOAD),
     "offload_train_param": ForeignKey(_true_or_unset, WARN, _OFFLOAD),
@@ -252,8 +244,8 @@ SAMPLING_KEYS: dict[str, Rule] = {
     "top_k": COMPUTED,
     "min_p": ForeignKey(_zero, REFUSE, "mindrlhf does not implement min-p sampling yet; set min_p: 0 (top_p and "
                                        "top_k are read)"),
-    "logprobs": ForeignKey(_always, WARN, "the sampled tokens' log-probs are always kept"),
-    "detokenize": ForeignKey(_always, WARN, "responses are decoded for the rewards anyway"),
+    "logprobs": ForeignKey(always, WARN, "the sampled tokens' log-probs are always kept"),
+    "detokenize": ForeignKey(always, WARN, "responses are decoded for the rewards anyway"),
 }
 
 # MindSpeed-RL's rule verifiers (mindspeed_rl/models/rule_verifier.py) -> (mindrlhf's reward, how they differ)
