@@ -110,6 +110,11 @@ def rloo_estimator(batch, group_size: int, settings) -> tuple[np.ndarray, np.nda
     return advantages, advantages
 
 
+# estimators whose advantage of a response reads only its own prompt group's rewards: a rank holding whole groups
+# computes its rows' advantages alone
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo")
+
+
 def get_advantage_estimator(name: str):
     """The estimator registered as `name` (`grpo`, `dr_grpo`, `rloo`, `gae`)."""
     return ADVANTAGE_ESTIMATORS.get(name)

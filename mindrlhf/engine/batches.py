@@ -1,4 +1,4 @@
-"""Rows of a batch, pure arithmetic: the optimizer updates of a pass, each data-parallel rank's share, the graph
+"""Rows of a batch, pure arithmetic: each data-parallel rank's share, its rows of each optimizer update, the graph
 calls (micro-batches) of a pass with their prompts read once per group of responses, and the response widths a
 call reads.
 
@@ -6,16 +6,23 @@ Rows are responses: sample i of prompt j is row j * G + i (G responses per promp
 """
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
 
-def update_chunks(num_groups: int, groups_per_update: int, group_size: int) -> list[slice]:
-    """Row slices of the optimizer updates of one pass: consecutive runs of `groups_per_update` groups."""
-    rows = groups_per_update * group_size
-    total = num_groups * group_size
-    return [slice(start, min(start + rows, total)) for start in range(0, total, rows)]
+def update_slices(rows_per_rank: int, groups_per_update: int, group_size: int, dp_size: int) -> list[slice]:
+    """A data-parallel rank's rows of each optimizer update of one pass: consecutive runs of its share of an
+    update (`groups_per_update` x `group_size` / `dp_size` rows) of its own rows, as verl's workers split theirs
+    into mini-batches (an update's rows are every rank's run of the same index; the last run may be shorter)."""
+    update_rows = groups_per_update * group_size
+    if update_rows % dp_size:
+        raise ValueError(f"an update of {groups_per_update} prompts x {group_size} responses cannot be split evenly "
+                         f"over data_parallel={dp_size}")
+    run = update_rows // dp_size
+    return [slice(start, min(start + run, rows_per_rank)) for start in range(0, rows_per_rank, run)]
 
 
 def rows_of_rank(num_rows: int, dp_size: int, dp_rank: int) -> slice:
@@ -24,6 +31,29 @@ def rows_of_rank(num_rows: int, dp_size: int, dp_rank: int) -> slice:
         raise ValueError(f"{num_rows} rows cannot be split evenly over data_parallel={dp_size}")
     per_rank = num_rows // dp_size
     return slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankRows:
+    """A data-parallel rank's rows of a step's training batch (`rows`, a table of columns with `rows()`,
+    `num_rows` and `response_mask`) and what the ranks' updates must agree on: `row_tokens` [dp, n], the response
+    tokens of every rank's rows, rank-major (row i of rank r is row r n + i of the whole batch)."""
+
+    rows: Any
+    row_tokens: np.ndarray
+    dp_rank: int
+
+    @property
+    def first_row(self) -> int:
+        """The index of this rank's first row in the whole batch."""
+        return self.dp_rank * self.row_tokens.shape[1]
+
+    @classmethod
+    def of_batch(cls, batch, dp_size: int, dp_rank: int) -> RankRows:
+        """This rank's contiguous share (`rows_of_rank`) of the whole `batch`, which every rank holds."""
+        row_tokens = batch.response_mask.sum(axis=1).reshape(dp_size, -1) if batch.num_rows else \
+            np.zeros((dp_size, 0), np.int64)
+        return cls(batch.rows(rows_of_rank(batch.num_rows, dp_size, dp_rank)), row_tokens, dp_rank)
 
 
 def group_unit(group_size: int, dp_size: int) -> int:
@@ -59,10 +89,9 @@ def response_widths(max_width: int, buckets: int) -> list[int]:
     return sorted({min(max_width, math.ceil(math.ceil(k * max_width / steps) / 8) * 8) for k in range(1, steps + 1)})
 
 
-def trimmed_width(response_mask: np.ndarray, widths: list[int]) -> int:
-    """The narrowest of `widths` that holds every response of `response_mask` [N, R] (right-padded; the widest of
-    `widths` is R)."""
-    longest = int(response_mask.sum(axis=1).max()) if response_mask.size else 0
+def trimmed_width(longest: int, widths: list[int]) -> int:
+    """The narrowest of `widths` that holds a response of `longest` tokens (the widest of `widths` is the
+    responses' padded width)."""
     return min(width for width in widths if width >= longest)
 
 

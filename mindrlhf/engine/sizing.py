@@ -61,9 +61,12 @@ class MicroBatchSizer:
                                              recomputed_layers=full, selective_layers=selective, **shape)
         return memory_budget.log_prob_bytes(prompts, rows, prompt_width, response_width, **shape)
 
-    def width(self, response_mask: np.ndarray) -> int:
-        """The response width calls over the rows of `response_mask` read (`batches.trimmed_width`)."""
-        return trimmed_width(response_mask, response_widths(response_mask.shape[1], self.response_buckets))
+    def width(self, response_mask: np.ndarray, longest: int | None = None) -> int:
+        """The response width calls over the rows of `response_mask` read (`batches.trimmed_width`): enough for
+        its longest response, or for `longest` tokens when other ranks' rows must be read as wide."""
+        if longest is None:
+            longest = int(response_mask.sum(axis=1).max()) if response_mask.size else 0
+        return trimmed_width(longest, response_widths(response_mask.shape[1], self.response_buckets))
 
     def plan(self, arrays, width: int | None = None, first_row: int = 0) -> tuple[int, int, int]:
         """(responses per call, responses per prompt read, response width) for `arrays` (the columns of

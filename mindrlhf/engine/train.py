@@ -10,7 +10,7 @@ import numpy as np
 
 from mindrlhf.algorithms import aggregation_weights
 from mindrlhf.algorithms.policy_cells import ResponseHidden, response_hidden_shape
-from mindrlhf.engine.batches import rows_of_rank, update_chunks
+from mindrlhf.engine.batches import RankRows, update_slices
 from mindrlhf.engine.forward import check_response_cell
 from mindrlhf.engine.sizing import MicroBatchSizer
 from mindrlhf.optim import learning_rate_at
@@ -64,8 +64,8 @@ class TrainEngine:
     first being the loss), `optimizer`, the SPMD train step (micro-batched gradient accumulation) or the 1F1B
     pipeline train step, and `sizer`'s micro-batches.
 
-    `update` runs the loop: passes over mini-batches of whole prompt groups, each an optimizer update with its
-    learning rate, the loss normalised over the mini-batch (every data-parallel rank takes its share of the rows),
+    `update` runs the loop on a data-parallel rank's own rows: passes over mini-batches (each rank's next run of its
+    rows), each an optimizer update with its learning rate, the loss normalised over the whole mini-batch,
     the statistics summed over the data-parallel group and averaged over the updates as `<name>/<output>`
     metrics. An update whose gradient norm is not finite is skipped (by the step, on every rank) and counted;
     `policy.max_consecutive_skips` in a row raise `NonFiniteUpdates`.
@@ -126,17 +126,19 @@ class TrainEngine:
         return {file_name: (self.strategy, None)}
 
     # ------------------------------------------------------------------ the update loop
-    def update(self, exp, group_size: int, prompts_per_update: int, passes: int) -> dict:
-        """`passes` passes over `exp` (every rank holds all of it), one optimizer update per mini-batch of
-        `prompts_per_update` prompts of `group_size` responses; returns the `<name>/*` metrics."""
+    def update(self, share: RankRows, group_size: int, prompts_per_update: int, passes: int) -> dict:
+        """`passes` passes over this data-parallel rank's rows of the step's batch (`share`), one optimizer update
+        per mini-batch of `prompts_per_update` prompts of `group_size` responses (each rank's next run of its
+        rows, `update_slices`); returns the `<name>/*` metrics."""
         prefix = f"{self.name}/"
         sums: dict[str, float] = {}
         count = skipped = 0
         lr = None
+        slices = update_slices(share.rows.num_rows, prompts_per_update, group_size, self.layout.dp)
         for _ in range(passes):
-            for chunk in update_chunks(exp.num_rows // group_size, prompts_per_update, group_size):
+            for rows in slices:
                 lr = self.policy.lr.at(self.updates)
-                stats, grad_norm = self._update_once(exp.rows(chunk), lr)
+                stats, grad_norm = self._update_once(share, rows, lr)
                 if stats is None:
                     skipped += 1
                     continue
@@ -150,24 +152,26 @@ class TrainEngine:
         metrics.update({prefix + "lr": lr, prefix + "updates": count, prefix + "skipped_updates": skipped})
         return metrics
 
-    def _update_once(self, part, lr: float) -> tuple[np.ndarray | None, float]:
-        """One optimizer update on the rows of `part`: (its statistics summed over the data-parallel group, or None
-        when it was skipped; the gradient norm)."""
-        layout = self.layout
+    def _update_once(self, share: RankRows, rows: slice, lr: float) -> tuple[np.ndarray | None, float]:
+        """One optimizer update on this rank's `rows` of `share` and every other rank's rows of the same update:
+        (its statistics summed over the data-parallel group, or None when it was skipped; the gradient norm)."""
         self.optimizer.set_learning_rate(lr)
-        weights = aggregation_weights(part.response_mask, self.policy.aggregation).astype(np.float32)
+        part = share.rows.rows(rows)
+        update_tokens = share.row_tokens[:, rows]  # every rank's rows of this update
+        # the loss is normalised over the whole update, and every dp rank reads its widest response, so that no
+        # rank waits for another
+        counts = (float(update_tokens.sum()), float((update_tokens > 0).sum()))
+        weights = aggregation_weights(part.response_mask, self.policy.aggregation, counts).astype(np.float32)
         columns = part.with_columns(**{TOKEN_WEIGHTS: weights})
-        my_rows = rows_of_rank(part.num_rows, layout.dp, layout.dp_rank)
-        inputs = [columns[name][my_rows] for name in self.loss_net.INPUTS]
-        # every dp rank reads the update's widest response, so that no rank waits for another
-        width = self.sizer.width(part.response_mask)
-        rank_statistics, grad_norm = self.step(self.sizer.split(inputs, width, my_rows.start))
+        inputs = [columns[name] for name in self.loss_net.INPUTS]
+        width = self.sizer.width(part.response_mask, longest=int(update_tokens.max()))
+        rank_statistics, grad_norm = self.step(self.sizer.split(inputs, width, share.first_row + rows.start))
         self.updates += 1
         if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)
             self._count_skip(grad_norm)
             return None, grad_norm
         self.consecutive_skips = 0
-        return self.comm.group_sum(rank_statistics.astype(np.float32), layout.dp_group), grad_norm
+        return self.comm.group_sum(rank_statistics.astype(np.float32), self.layout.dp_group), grad_norm
 
     def _count_skip(self, grad_norm: float) -> None:
         self.consecutive_skips += 1

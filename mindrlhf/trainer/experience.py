@@ -16,6 +16,8 @@ Columns the loop fills, by phase:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -93,6 +95,21 @@ class Experience:
                 else column.astype(value.dtype)
             start += width
         return Experience(out)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """What one step trains on and reports: `rows`, per-row statistics of every generated row of the step
+    (`metrics.row_statistics`, on every rank); `generated`, every generated row, when the rollout was gathered
+    (None when each rank kept its own rows); `shares`, each trained role's rows on this rank (`RankRows`) by role
+    name; `trained_tokens`, the prompt and response tokens of the rows trained on; `sampling`, the sampling
+    rounds' metrics."""
+
+    rows: Experience
+    generated: Experience | None
+    shares: dict[str, Any]
+    trained_tokens: int
+    sampling: dict
 
 
 def concat_experiences(parts: list[Experience], pad_token_id: int) -> Experience:

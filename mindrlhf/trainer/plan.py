@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from mindrlhf.algorithms import ADVANTAGE_ESTIMATORS, check_loss_hyperparameters
+from mindrlhf.algorithms.advantages import GROUP_ESTIMATORS
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.configs.grpo_configs import GRPOConfig, ScheduleConfig
@@ -53,6 +54,7 @@ class JobPlan:
     eval_set: tuple[list[list[int]], list[str]] | None  # the held-out (prompt ids, solutions), if any
     uses_reference: bool  # `needs_reference`: without it no reference net is built and no ref pass runs
     infer_shares_train_weights: bool  # `shares_train_weights`: the inference net is the train net
+    rollout_rows_stay: bool  # `rollout_rows_stay`: each rank trains on the rows it generated, none are gathered
 
     @classmethod
     def build(cls, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int = 1, rank: int = 0,
@@ -81,7 +83,8 @@ class JobPlan:
                    eval_set=eval_set, uses_reference=needs_reference(config, job),
                    infer_shares_train_weights=shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout,
                                                                    job.load_sft_checkpoint_infer,
-                                                                   job.load_sft_checkpoint_train))
+                                                                   job.load_sft_checkpoint_train),
+                   rollout_rows_stay=rollout_rows_stay(config, job, train_layout, infer_layout, critic_cfg is not None))
         if device is not None:
             check_dtypes_on_device(plan, job, device)
         return plan
@@ -106,6 +109,20 @@ def shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout, infer
         dataclasses.replace(infer_cfg, parallel_config=None, recompute=RecomputeConfig())
     own_weights = bool(infer_checkpoint) and infer_checkpoint != train_checkpoint
     return same_model and train_layout == infer_layout and not own_weights
+
+
+def rollout_rows_stay(config: GRPOConfig, job: JobOptions, train_layout: Layout, infer_layout: Layout,
+                      has_critic: bool) -> bool:
+    """Whether each rank can train on the rows it generated, so that no rank needs another's rows: the train and
+    infer layouts place every rank alike (same data-parallel rank), the advantages are computed within prompt
+    groups (no critic, no KL in the reward), no dynamic sampling (its kept groups are shared out over the whole
+    batch) and no experience file (rank 0 writes the whole batch). Otherwise the rollout is gathered and each
+    rank keeps its train share."""
+    same_places = (train_layout.dp, train_layout.tp, train_layout.pp) == (infer_layout.dp, infer_layout.tp,
+                                                                           infer_layout.pp)
+    algo = config.algorithm
+    return same_places and algo.adv_estimator in GROUP_ESTIMATORS and not (
+        has_critic or algo.use_kl_in_reward or algo.dynamic_sampling or job.save_data_file)
 
 
 def needs_reference(config: GRPOConfig, job: JobOptions) -> bool:

@@ -8,13 +8,18 @@ One step (each block is a phase, see :mod:`mindrlhf.trainer.phases`)::
     ref       reference net (infer layout): log-probs of the sampled tokens (only with a KL term: no reference
               net at all when loss.beta is 0 and algorithm.use_kl_in_reward is off, `JobPlan.uses_reference`)
     old       actor's infer net: old-policy log-probs (only when num_iterations > 1)
-    gather    experience gathered to every rank (no model resident)
+    gather    (no model resident) when every rank trains on the rows it generated (`JobPlan.rollout_rows_stay`:
+              the same data-parallel places in both layouts, group advantages, no critic, no dynamic sampling),
+              only each response's statistics (score, lengths: the metrics and the updates' counts); otherwise
+              the whole experience, every rank then keeping its train share
     values    PPO: the critic's value of every response token (critic layout); token rewards (minus the KL
               penalty with algorithm.use_kl_in_reward)
-              advantages and returns (`algorithm.adv_estimator`) over the whole batch, on the host
+              advantages and returns (`algorithm.adv_estimator`) on the host: over a rank's own prompt groups, or
+              the whole batch when it was gathered
     update_critic  PPO: the critic's clipped value-loss updates
-    train     num_iterations passes of mini-batch updates on the actor's train net (train layout), loss
-              normalised over each global mini-batch (from step critic.critic_warmup + 1 with a critic)
+    train     num_iterations passes of mini-batch updates on the actor's train net (train layout): each rank's
+              next run of its own rows, the loss normalised over the whole mini-batch (from step
+              critic.critic_warmup + 1 with a critic)
     reshard   actor train -> infer every step, train -> ref every ref_model_sync_steps
 """
 from __future__ import annotations
@@ -49,7 +54,7 @@ from mindrlhf.checkpoint.step import (
 from mindrlhf.checkpoint.weights import load_rank_params
 from mindrlhf.data.mindrecord import write_mindrecord_atomically
 from mindrlhf.data.reader import PromptDataset
-from mindrlhf.engine.batches import group_unit
+from mindrlhf.engine.batches import RankRows, group_unit
 from mindrlhf.engine.sizing import RESPONSE_COLUMNS
 from mindrlhf.parallel.array_collectives import ArrayCollectives
 from mindrlhf.parallel.strategy import strategy_file_name, write_strategy_file
@@ -57,14 +62,16 @@ from mindrlhf.parallel.swap import SwapManager
 from mindrlhf.reward import columns_per_completion
 from mindrlhf.reward.rules import accuracy_reward
 from mindrlhf.trainer.evaluation import score_greedy
-from mindrlhf.trainer.experience import Experience, concat_experiences
+from mindrlhf.trainer.experience import Experience, StepBatch, concat_experiences
 from mindrlhf.trainer.metrics import (
     MetricsWriter,
     critic_metrics,
     length_metrics,
     memory_metrics,
+    row_statistics,
     score_metrics,
     throughput_metrics,
+    token_count,
 )
 from mindrlhf.trainer.phases import PHASES, Phases, peak_rss_gib
 from mindrlhf.trainer.plan import JobPlan
@@ -285,7 +292,26 @@ class RLTrainer:
         advantages, returns = self.advantage_estimator(exp, self.num_generations, self.config.algorithm)
         return exp.with_columns(advantages=advantages.astype(np.float32), returns=returns.astype(np.float32))
 
-    def _collect_experience(self) -> tuple[Experience, Experience, dict]:
+    def _collect_experience(self) -> StepBatch:
+        """The step's batch, with advantages: each rank keeps the rows it generated when it trains on them
+        (`JobPlan.rollout_rows_stay`); otherwise every rank gathers the rollout and keeps its train shares."""
+        if self.plan.rollout_rows_stay:
+            mine = self._with_advantages(self._rollout())
+            with self.phases("gather"):  # the per-row statistics only: the metrics' and the updates' counts
+                packed = row_statistics(mine, self.generation.eos_token_ids)
+                rows = packed.unpack(self.comm.gather_data_parallel_rows(packed.pack(), self.infer_layout))
+            layout = self.train_layout
+            share = RankRows(mine, rows["response_length"].reshape(layout.dp, -1), layout.dp_rank)
+            return StepBatch(rows, None, {"actor": share}, token_count(rows), {"sampling/rounds": 1})
+        generated, train, sampling = self._gather_experience()
+        shares = {"actor": RankRows.of_batch(train, self.train_layout.dp, self.train_layout.dp_rank)}
+        if self.critic:
+            shares["critic"] = RankRows.of_batch(train, self.critic.layout.dp, self.critic.layout.dp_rank)
+        train_rows = row_statistics(train, self.generation.eos_token_ids)
+        return StepBatch(row_statistics(generated, self.generation.eos_token_ids), generated, shares,
+                         token_count(train_rows), sampling)
+
+    def _gather_experience(self) -> tuple[Experience, Experience, dict]:
         """(all generated rows, the rows to train on, sampling stats), on every rank, with advantages."""
         algo, group_size = self.config.algorithm, self.num_generations
         batch_size = self.config.schedule.batch_size
@@ -326,18 +352,18 @@ class RLTrainer:
         start = time.perf_counter()
         self.phases.start_step()
         self.step += 1
-        generated, train_exp, sampling = self._collect_experience()
+        batch = self._collect_experience()
         critic = {}
         if self.critic:
             with self.phases("update_critic"):
-                critic = self.critic.train(train_exp)
+                critic = self.critic.train(batch.shares["critic"])
         actor = {"actor/updates": 0}
         if self.step > (self.config.critic.critic_warmup if self.critic else 0):
             with self.phases("train"):
-                actor = self.actor.train(train_exp)
+                actor = self.actor.train(batch.shares["actor"])
         actor.update(critic)
         if self.kl_ctrl is not None:
-            actor.update(self._update_kl_controller(generated))
+            actor.update(self._update_kl_controller(batch.generated))
         sync_ref = bool(self.reference and self.config.schedule.ref_model_sync_steps) and \
             self.step % self.config.schedule.ref_model_sync_steps == 0
         with self.phases("reshard", also_resident=(REF_WEIGHTS,) if sync_ref else ()):
@@ -345,11 +371,10 @@ class RLTrainer:
             if sync_ref:
                 self.reference.sync_from_actor()
         elapsed = time.perf_counter() - start
-        trained_tokens = int(train_exp.prompt_mask.sum() + train_exp.response_mask.sum()) * \
-            self.config.schedule.num_iterations if actor["actor/updates"] else 0
-        metrics = self._step_metrics(generated, actor, sampling, elapsed, trained_tokens)
+        trained_tokens = batch.trained_tokens * self.config.schedule.num_iterations if actor["actor/updates"] else 0
+        metrics = self._step_metrics(batch, actor, elapsed, trained_tokens)
         if self.job.save_data_file and self.rank == 0:
-            write_experience(f"{self.job.save_data_file}.step_{self.step:06d}.mindrecord", generated)
+            write_experience(f"{self.job.save_data_file}.step_{self.step:06d}.mindrecord", batch.generated)
         return metrics
 
     def _update_kl_controller(self, exp: Experience) -> dict:
@@ -361,22 +386,21 @@ class RLTrainer:
         self.kl_ctrl.update(kl, exp.num_rows)
         return {"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": used}
 
-    def _step_metrics(self, generated: Experience, actor: dict, sampling: dict, elapsed: float,
-                      trained_tokens: int) -> dict:
+    def _step_metrics(self, batch: StepBatch, actor: dict, elapsed: float, trained_tokens: int) -> dict:
         """The step's metrics (docs/metrics.md): scores and lengths of every generated row, the actor's (and
         critic's) update statistics, sampling rounds, phase times and memory, throughput."""
-        metrics = score_metrics(generated.rewards, generated.reward_terms, self.num_generations)
+        rows = batch.rows
+        metrics = score_metrics(rows.rewards, rows.reward_terms, self.num_generations)
         metrics.update(actor)
         if self.critic:
+            generated = batch.generated
             metrics.update(critic_metrics(generated["values"], generated.returns, generated.advantages,
                                           generated.response_mask))
-        metrics.update(length_metrics(generated.prompt_mask, generated.response_ids, generated.response_mask,
-                                      self.generation.eos_token_ids))
-        metrics.update(sampling)
+        metrics.update(length_metrics(rows))
+        metrics.update(batch.sampling)
         metrics.update(self.phases.step_metrics())
         metrics["timing/step"] = round(elapsed, 4)
-        tokens = int(generated.prompt_mask.sum() + generated.response_mask.sum())
-        metrics.update(throughput_metrics(tokens, trained_tokens, self.world_size, metrics))
+        metrics.update(throughput_metrics(token_count(rows), trained_tokens, self.world_size, metrics))
         metrics.update(memory_metrics(self.comm.all_gather(np.array([peak_rss_gib()], np.float32))))
         return metrics
 

@@ -276,12 +276,12 @@ class Actor(Role):
         self.assert_resident((self.infer_group,), "log_probs")
         return self.old_log_probs.run(columns)
 
-    def train(self, exp) -> dict:
-        """`schedule.num_iterations` passes of mini-batch updates on the experience (every rank holds all of
-        it and takes its data-parallel share); returns the `actor/*` metrics averaged over the updates."""
+    def train(self, share) -> dict:
+        """`schedule.num_iterations` passes of mini-batch updates on this train rank's rows of the experience
+        (`RankRows`); returns the `actor/*` metrics averaged over the updates."""
         self.assert_resident((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "train")
         sched = self.config.schedule
-        return self.engine.update(exp, self.generation.num_generations, sched.prompts_per_update,
+        return self.engine.update(share, self.generation.num_generations, sched.prompts_per_update,
                                   sched.num_iterations)
 
     def sync_inference(self) -> None:
@@ -416,11 +416,12 @@ class Critic(Role):
         values = self.comm.gather_data_parallel_rows(local, self.layout) if self.layout.world_size > 1 else local
         return values * exp.response_mask.astype(np.float32)
 
-    def train(self, exp) -> dict:
-        """`schedule.num_iterations` passes of the actor's mini-batches on the value loss; `critic/*` metrics."""
+    def train(self, share) -> dict:
+        """`schedule.num_iterations` passes of mini-batches on the value loss over this critic rank's rows of the
+        experience (`RankRows`); `critic/*` metrics."""
         self.assert_resident((CRITIC_WEIGHTS, CRITIC_MOMENTS), "train")
         sched = self.config.schedule
-        return self.engine.update(exp, self.config.generation.num_generations, sched.prompts_per_update,
+        return self.engine.update(share, self.config.generation.num_generations, sched.prompts_per_update,
                                   sched.num_iterations)
 
 

@@ -242,6 +242,21 @@ def test_aggregate_registry():
 
 
 @pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"])
+def test_ranks_weighing_their_rows_with_the_whole_counts_give_the_whole_weights(aggregation):
+    from mindrlhf.algorithms.aggregation import aggregation_weights, mini_batch_counts
+
+    mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]])
+    assert mini_batch_counts(mask) == (12.0, 5.0)  # the empty row (a static shape's padding) is not a sequence
+    whole = aggregation_weights(mask, aggregation)
+    counts = mini_batch_counts(mask)
+    parts = [aggregation_weights(mask[rows], aggregation, counts) for rows in (slice(0, 2), slice(2, 6))]
+    np.testing.assert_array_equal(np.concatenate(parts), whole)  # bit for bit: the ranks' sums add up
+    assert whole.sum() == pytest.approx(1.0 if aggregation != "seq-mean-token-sum" else 12 / 5)
+    # a rank's own counts would weigh its rows as if they were the whole update
+    assert not np.array_equal(aggregation_weights(mask[0:2], aggregation), whole[0:2])
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum"])
 def test_weights_of_the_global_batch_split_over_ranks_add_up(aggregation):
     from mindrlhf.algorithms import aggregation_weights
     rng = np.random.default_rng(7)

@@ -9,13 +9,14 @@ from support.paths import ARITH, MODEL_CONFIGS
 
 from mindrlhf.configs.grpo_configs import GRPOConfig
 from mindrlhf.engine.batches import (
+    RankRows,
     group_unit,
     prompt_micro_batches,
     prompt_run,
     response_widths,
     rows_of_rank,
     trimmed_width,
-    update_chunks,
+    update_slices,
 )
 from mindrlhf.engine.forward import ForwardEngine
 from mindrlhf.engine.sizing import MicroBatchSizer
@@ -24,9 +25,17 @@ from mindrlhf.parallel.layout import Layout
 from mindrlhf.trainer.roles import Actor, Critic, update_policy
 
 
-def test_update_chunks_and_rank_rows():
-    assert update_chunks(num_groups=4, groups_per_update=2, group_size=3) == [slice(0, 6), slice(6, 12)]
-    assert update_chunks(3, 2, 2) == [slice(0, 4), slice(4, 6)]
+def test_update_slices_and_rank_rows():
+    # one rank: runs of whole updates, the last one shorter
+    assert update_slices(rows_per_rank=12, groups_per_update=2, group_size=3, dp_size=1) == [slice(0, 6),
+                                                                                             slice(6, 12)]
+    assert update_slices(6, 2, 2, 1) == [slice(0, 4), slice(4, 6)]
+    # two ranks: each rank's run is half an update (3 of a 2 x 3-row update), whatever the group boundaries
+    assert update_slices(6, 2, 3, 2) == [slice(0, 3), slice(3, 6)]
+    assert update_slices(0, 2, 3, 2) == []
+    with pytest.raises(ValueError, match="an update of 1 prompts x 3 responses cannot be split evenly over "
+                                         "data_parallel=2"):
+        update_slices(6, 1, 3, 2)
     assert rows_of_rank(8, 2, 1) == slice(4, 8)
     with pytest.raises(ValueError, match="6 rows cannot be split evenly over data_parallel=4"):
         rows_of_rank(6, 4, 0)
@@ -124,9 +133,8 @@ def test_a_pass_reads_the_narrowest_width_that_holds_its_responses_and_pads_its_
     assert response_widths(48, 3) == [16, 32, 48]
     assert response_widths(1024, 3) == [344, 688, 1024]
     assert response_widths(48, 1) == [48] and response_widths(10, 4) == [8, 10]
-    _, mask = responses_of_length(4, 20)
-    assert trimmed_width(mask, [16, 32, 48]) == 32 and trimmed_width(mask[:, :0], [16, 32, 48]) == 16
-    assert trimmed_width(np.ones((2, 48), np.int32), [16, 32, 48]) == 48
+    assert trimmed_width(20, [16, 32, 48]) == 32 and trimmed_width(0, [16, 32, 48]) == 16
+    assert trimmed_width(48, [16, 32, 48]) == 48 and trimmed_width(16, [16, 32, 48]) == 16
 
     cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
     sizer = MicroBatchSizer.for_pass("log_prob", ScheduleConfig(log_prob_micro_batch_size_per_device=4), cfg,
@@ -173,7 +181,7 @@ def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when
         role_class, name, inputs, outputs):
     exp = with_critic_columns(make_experience(8, 3, 4))  # 4 groups of 2: 4 updates of one group each
     role = role_with_engine(role_class, name, [0.5, np.nan, 1.5, np.inf], 2, inputs, outputs)
-    metrics = role.train(exp)
+    metrics = role.train(RankRows.of_batch(exp, 1, 0))
     assert metrics[f"{name}/skipped_updates"] == 2 and metrics[f"{name}/updates"] == 2
     # the finite updates only
     assert metrics[f"{name}/grad_norm"] == 1.0 and metrics[f"{name}/{outputs[0]}"] == 1.0
@@ -183,13 +191,13 @@ def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when
     resumed = role_with_engine(role_class, name, [np.nan, 1.0, 1.0, 1.0], 2, inputs, outputs)
     resumed.engine.load_state_dict(state)
     with pytest.raises(NonFiniteUpdates, match=f"2 {name} updates in a row had a non-finite loss or gradient"):
-        resumed.train(exp)
+        resumed.train(RankRows.of_batch(exp, 1, 0))
     assert resumed.engine.updates == 5  # the learning-rate schedule goes on from the checkpoint's position
     role = role_with_engine(role_class, name, [0.5, np.nan, np.nan, 1.0], 2, inputs, outputs)
     with pytest.raises(NonFiniteUpdates, match=f"2 {name} updates in a row had a non-finite loss or gradient"):
-        role.train(exp)
+        role.train(RankRows.of_batch(exp, 1, 0))
     role = role_with_engine(role_class, name, [np.nan] * 4, 0, inputs, outputs)  # 0: never stop
-    assert role.train(exp)[f"{name}/skipped_updates"] == 4
+    assert role.train(RankRows.of_batch(exp, 1, 0))[f"{name}/skipped_updates"] == 4
 
 
 @pytest.mark.parametrize("role_class,name,inputs", [(Actor, "actor", ACTOR_INPUTS),
@@ -197,7 +205,7 @@ def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when
 def test_an_empty_batch_makes_no_update_in_either_role(role_class, name, inputs):
     exp = with_critic_columns(make_experience(8, 3, 4)).rows(slice(0, 0))
     role = role_with_engine(role_class, name, [], 2, inputs, ("loss",))
-    assert role.train(exp) == {f"{name}/updates": 0}
+    assert role.train(RankRows.of_batch(exp, 1, 0)) == {f"{name}/updates": 0}
     assert role.engine.updates == 0
 
 
@@ -207,12 +215,37 @@ def test_the_engine_hands_the_loss_net_the_columns_it_declares_with_the_updates_
     exp = with_critic_columns(make_experience(8, 3, 4))
     seen = []
     role = role_with_engine(Critic, "critic", [1.0] * 4, 2, CRITIC_INPUTS, ("vf_loss",), seen)
-    role.train(exp)
+    role.train(RankRows.of_batch(exp, 1, 0))
     assert len(seen) == 4
     first = exp.rows(slice(0, 2))
     for got, name in zip(seen[0], CRITIC_INPUTS[:-1]):
         np.testing.assert_array_equal(got, first[name], err_msg=name)
     np.testing.assert_array_equal(seen[0][-1], aggregation_weights(first.response_mask, role.engine.policy.aggregation))
+
+
+def test_a_data_parallel_rank_updates_on_its_own_rows_with_the_whole_updates_weights_and_width():
+    """Rank 1 of 2 holds rows 4-7 of an 8-row batch; update c is every rank's c-th run of its rows (rows c and
+    4 + c: one 2-response prompt an update, half a prompt a rank). The loss weights of its row are the whole
+    update's weights at that row, and it reads as many positions as the update's longest response, on either
+    rank."""
+    from support.fake_engines import fake_engine
+
+    from mindrlhf.algorithms import aggregation_weights
+
+    exp = with_critic_columns(make_experience(8, 3, 6, seed=3))
+    seen, widths = [], []
+    _, engine = fake_engine("critic", [1.0] * 4, 2, CRITIC_INPUTS, ("vf_loss",), seen)
+    engine.layout = Layout(dp=2, rank=1)
+    engine.sizer.width = lambda mask, longest=None: widths.append(longest) or mask.shape[1]
+    share = RankRows.of_batch(exp, 2, 1)
+    assert share.first_row == 4 and share.rows.num_rows == 4
+    engine.update(share, group_size=2, prompts_per_update=1, passes=1)
+    lengths = exp.response_mask.sum(axis=1)
+    assert widths == [max(lengths[c], lengths[4 + c]) for c in range(4)]
+    for c, inputs in enumerate(seen):
+        whole = aggregation_weights(exp.response_mask[[c, 4 + c]], engine.policy.aggregation)
+        np.testing.assert_array_equal(inputs[-1], whole[1:].astype(np.float32))
+        np.testing.assert_array_equal(inputs[2], exp.response_ids[[4 + c]])
 
 
 def test_the_learning_rate_schedule_spans_every_update_of_the_run():

@@ -32,7 +32,8 @@ def fake_engine(name, norms, max_consecutive_skips, inputs, outputs, seen=None):
     engine = TrainEngine.__new__(TrainEngine)
     engine.name, engine.loss_net, engine.layout = name, FakeLossNet(inputs, outputs), Layout()
     engine.optimizer = SimpleNamespace(set_learning_rate=lambda lr: None)
-    engine.sizer = SimpleNamespace(width=lambda mask: mask.shape[1], split=lambda arrays, width, first_row: [arrays])
+    engine.sizer = SimpleNamespace(width=lambda mask, longest=None: mask.shape[1],
+                                   split=lambda arrays, width, first_row: [arrays])
     engine.comm = SimpleNamespace(group_sum=lambda values, group: values)
     engine.policy = update_policy(config, 1e-3, 0, 1.0)
     calls = iter(norms)

@@ -279,6 +279,25 @@ def test_tokenizer_and_generation_lengths_fit_the_model(files, tokenizer):
         build(files, tokenizer, config_of(generation={"max_new_tokens": 400}))
 
 
+def test_rollout_rows_stay_on_their_rank_only_where_no_rank_needs_anothers(files, tokenizer):
+    """The tiny job trains in tp=2 and generates in dp=2: its rollout is gathered. In one layout (dp=2 for both
+    nets) each rank keeps its rows, unless something reads the whole batch: a critic (GAE whitens over the batch),
+    the KL in the reward, dynamic sampling or an experience file."""
+    assert not build(files, tokenizer).rollout_rows_stay
+    files.train = files.infer
+    assert build(files, tokenizer).rollout_rows_stay
+    assert build(files, tokenizer, world_size=1, rank=0, sft_path_infer=model_yaml(
+        files.tmp, "one.yaml", "infer.yaml", **{"parallel.data_parallel": 1}), sft_path_train=model_yaml(
+        files.tmp, "one_train.yaml", "infer.yaml", **{"parallel.data_parallel": 1})).rollout_rows_stay
+    for config, job in ((config_of(algorithm={"dynamic_sampling": True}), {}),
+                        (config_of(algorithm={"use_kl_in_reward": True}), {}),
+                        (config_of(algorithm={"adv_estimator": "gae"}), {"sft_path_critic": files.infer}),
+                        (None, {"save_data_file": str(files.tmp / "exp" / "grpo")})):
+        assert not build(files, tokenizer, config, **job).rollout_rows_stay, (config, job)
+    for estimator in ("dr_grpo", "rloo"):
+        assert build(files, tokenizer, config_of(algorithm={"adv_estimator": estimator})).rollout_rows_stay
+
+
 def test_a_critic_exactly_with_gae(files, tokenizer):
     gae = config_of(algorithm={"adv_estimator": "gae"})
     with pytest.raises(ConfigError, match=r"^algorithm.adv_estimator: 'gae' needs a critic \(--sft_path_critic\)"):

@@ -49,17 +49,21 @@ def written_records(folder) -> list[dict]:
     from support.fake_engines import ACTOR_INPUTS, CRITIC_INPUTS, role_with_engine
 
     from mindrlhf.algorithms.policy_cells import GRPOLossNet, ValueLossNet
-    from mindrlhf.trainer.metrics import MetricsWriter
+    from mindrlhf.engine.batches import RankRows
+    from mindrlhf.trainer.experience import StepBatch
+    from mindrlhf.trainer.metrics import MetricsWriter, row_statistics
     from mindrlhf.trainer.plot import read_metrics
     from mindrlhf.trainer.roles import Actor, Critic
 
     exp = with_critic_columns(make_experience(8, 3, 4))
     exp = exp.with_columns(**{"reward/format": exp.rewards})
     trainer = stand_in_trainer()
-    updates = role_with_engine(Actor, "actor", [1.0] * 4, 2, ACTOR_INPUTS, GRPOLossNet.OUTPUTS).train(exp)
-    updates.update(role_with_engine(Critic, "critic", [1.0] * 4, 2, CRITIC_INPUTS, ValueLossNet.OUTPUTS).train(exp))
+    share = RankRows.of_batch(exp, 1, 0)
+    updates = role_with_engine(Actor, "actor", [1.0] * 4, 2, ACTOR_INPUTS, GRPOLossNet.OUTPUTS).train(share)
+    updates.update(role_with_engine(Critic, "critic", [1.0] * 4, 2, CRITIC_INPUTS, ValueLossNet.OUTPUTS).train(share))
     updates.update(trainer._update_kl_controller(exp))
-    metrics = trainer._step_metrics(exp, updates, {}, elapsed=2.0, trained_tokens=100)
+    batch = StepBatch(row_statistics(exp, [1]), exp, {}, 100, {})
+    metrics = trainer._step_metrics(batch, updates, elapsed=2.0, trained_tokens=100)
     metrics.update(trainer._eval_metrics())
     writer = MetricsWriter(str(folder))
     writer.record(0, trainer._eval_metrics())

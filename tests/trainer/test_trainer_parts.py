@@ -306,7 +306,8 @@ def read_event_scalars(folder):
 
 
 def test_score_length_and_throughput_metrics_by_hand():
-    from mindrlhf.trainer.metrics import length_metrics, score_metrics, throughput_metrics
+    from mindrlhf.trainer.experience import Experience
+    from mindrlhf.trainer.metrics import length_metrics, row_statistics, score_metrics, throughput_metrics, token_count
 
     terms = {"accuracy": np.array([1.0, 0.0, np.nan, np.nan]), "format": np.full(4, np.nan)}
     metrics = score_metrics(np.array([1.0, 0.0, 0.5, 0.5], np.float32), terms, group_size=2)
@@ -317,13 +318,89 @@ def test_score_length_and_throughput_metrics_by_hand():
     prompt_mask = np.array([[0, 1, 1], [0, 1, 1], [1, 1, 1], [1, 1, 1]])
     response_mask = np.array([[1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
     response_ids = np.array([[7, 8, 1], [1, 0, 0], [7, 8, 5], [7, 1, 0]])  # row 2 is cut at the width, no end
-    assert length_metrics(prompt_mask, response_ids, response_mask, [1, 2]) == pytest.approx({
+    exp = Experience({"prompt_ids": prompt_mask, "prompt_mask": prompt_mask, "response_ids": response_ids,
+                      "response_mask": response_mask, "rewards": np.array([1.0, 0.0, 0.5, 0.5], np.float32),
+                      "reward/accuracy": terms["accuracy"], "old_logp": np.zeros((4, 3), np.float32)})
+    rows = row_statistics(exp, [1, 2])
+    assert sorted(rows) == ["clipped", "prompt_length", "response_length", "reward/accuracy", "rewards"]
+    np.testing.assert_array_equal(rows.clipped, [False, False, True, False])
+    assert token_count(rows) == 10 + 9
+    # what a data-parallel gather sends: the statistics survive the float32 packing
+    assert rows.unpack(rows.pack()).response_length.tolist() == [3, 1, 3, 2]
+    assert length_metrics(rows) == pytest.approx({
         "response_length/mean": 2.25, "response_length/max": 3, "response_length/min": 1,
         "response_length/clip_ratio": 0.25, "prompt_length/mean": 2.5, "prompt_length/max": 3,
         "prompt_length/min": 2})
     timings = {"timing/step": 5.0, "timing/train": 3.0, "timing/generate": 1.0}
     assert throughput_metrics(100, 300, 2, timings) == {"e2e_tps": 10.0, "update_tps": 50.0, "vllm_tps": 50.0}
     assert throughput_metrics(100, 0, 2, timings) == {"e2e_tps": 10.0, "vllm_tps": 50.0}  # no update this step
+
+
+class RolloutGather:
+    """A stand-in for the ranks' gather (`ArrayCollectives.gather_data_parallel_rows`) around one rank of a 2-rank
+    job whose whole rollout is `whole`: it checks the rank sends its own rows of what is gathered (the per-row
+    statistics or the whole experience, told apart by their width) and returns every rank's."""
+
+    def __init__(self, whole):
+        from mindrlhf.trainer.metrics import row_statistics
+
+        self.whole = {len(t): t for t in (whole.pack().T, row_statistics(whole, [1]).pack().T)}
+        self.widths = []
+
+    def gather_data_parallel_rows(self, array, layout):
+        whole = self.whole[array.shape[1]].T
+        rows = len(array)
+        np.testing.assert_array_equal(array, whole[layout.dp_rank * rows:(layout.dp_rank + 1) * rows])
+        self.widths.append(array.shape[1])
+        return whole
+
+
+def collected_step(whole, rank, stays):
+    """What rank `rank` of 2 (train and infer dp=2) trains on and reports after the rollout `whole` (each rank
+    generated its half), its rows kept (`stays`) or the rollout gathered."""
+    from types import SimpleNamespace
+
+    from mindrlhf.algorithms import get_advantage_estimator
+    from mindrlhf.configs.grpo_configs import GRPOConfig
+    from mindrlhf.engine.batches import rows_of_rank
+    from mindrlhf.parallel.layout import Layout
+    from mindrlhf.trainer.rl_trainer import RLTrainer
+
+    trainer = RLTrainer.__new__(RLTrainer)
+    trainer.plan = SimpleNamespace(rollout_rows_stay=stays)
+    trainer.config, trainer.num_generations, trainer.critic = GRPOConfig(), 4, None
+    trainer.train_layout = trainer.infer_layout = Layout(dp=2, rank=rank)
+    trainer.generation = SimpleNamespace(eos_token_ids=[1], pad_token_id=0)
+    trainer.advantage_estimator = get_advantage_estimator("grpo")
+    trainer.phases = Phases(SwapManager(), {name: () for name in PHASES})
+    trainer.phases.start_step()
+    trainer._rollout = lambda: whole.rows(rows_of_rank(whole.num_rows, 2, rank))
+    trainer.comm = RolloutGather(whole)
+    return trainer._collect_experience(), trainer.comm.widths
+
+
+def test_a_rank_that_keeps_its_rows_trains_and_reports_as_if_the_rollout_were_gathered():
+    """Each rank of a dp=2 job generated 2 prompts x 4 responses. Kept on their rank, the rows get the advantages,
+    the updates' counts and the metrics' per-row statistics the gathered rollout gives, bit for bit; only those
+    statistics (5 numbers a row, not the 40-odd of a row's columns) go to the other rank."""
+    whole = make_experience(16, 6, 8, seed=4)
+    whole = Experience({name: whole[name] for name in whole if name != "advantages"})
+    for rank in (0, 1):
+        kept, sent = collected_step(whole, rank, stays=True)
+        gathered, _ = collected_step(whole, rank, stays=False)
+        assert sent == [5]  # rewards, reward/accuracy, response_length, prompt_length, clipped
+        assert kept.generated is None and gathered.generated.num_rows == 16
+        mine, theirs = kept.shares["actor"], gathered.shares["actor"]
+        assert mine.first_row == theirs.first_row == 8 * rank and list(kept.shares) == ["actor"]
+        np.testing.assert_array_equal(mine.row_tokens, theirs.row_tokens)
+        assert sorted(mine.rows) == sorted(theirs.rows)
+        for name in theirs.rows:
+            np.testing.assert_array_equal(mine.rows[name], theirs.rows[name], err_msg=name)
+        assert mine.rows.advantages.any()  # the groups' rewards differ: real advantages were compared
+        for name in gathered.rows:
+            np.testing.assert_array_equal(kept.rows[name], gathered.rows[name], err_msg=name)
+        assert kept.trained_tokens == gathered.trained_tokens == int(whole.prompt_mask.sum() +
+                                                                      whole.response_mask.sum())
 
 
 def test_memory_metrics_sum_the_rounded_peaks():
@@ -345,6 +422,20 @@ def test_the_step_line_names_each_metric_as_jsonl_does():
     assert step_line(3, 40, metrics) == ("step 3/40 | critic/score/mean 0.75 | actor/pg_loss -0.001583 | timing/step "
                                          "8.927 s | e2e_tps 600.6 | eval/accuracy 0.5 | reward/accuracy 0.25 | "
                                          "eval/format 1")
+
+
+def test_tensorboard_events_are_written_without_loading_torch(tmp_path):
+    """tensorboardX imports torch when it is installed (as in the test virtualenv): the trainer's writer must not
+    pay its ~190 MB for scalars. A fresh process, as a job's rank 0."""
+    import importlib.util
+
+    assert importlib.util.find_spec("torch") is not None  # installed here, so its absence below means something
+    code = ("import sys; from mindrlhf.trainer.metrics import MetricsWriter; "
+            f"w = MetricsWriter({str(tmp_path / 'out')!r}, {str(tmp_path / 'tb')!r}); "
+            "w.write(1, 1, {'critic/score/mean': 0.5}); w.close(); print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.split()[-1] == "False"
+    assert ("critic/score/mean", 1, 0.5) in read_event_scalars(tmp_path / "tb")
 
 
 def test_tensorboard_events_hold_every_metric(tmp_path):
