@@ -1,8 +1,11 @@
 """Generation speed of a tiny random Qwen2 in GRAPH_MODE: static KV cache vs full recompute per step.
 
-A warm-up call (compile + one run) is timed separately from the measured calls. Prints a table and writes JSON.
+A warm-up call (compile + one run) is timed separately from the measured calls; the seconds spent inside the
+graph calls (and fetching their outputs) are counted apart from the host's share of each step (token bookkeeping,
+and whatever token selection runs on the host). Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/generation.py [--batch 16 --new-tokens 64 --output benchmarks/results/generation.json]
+    .venv/bin/python benchmarks/generation.py --vocab-size 49152 --batch 32 --new-tokens 96 --top-p 0.9 --kv-cache-only
 """
 from __future__ import annotations
 
@@ -35,6 +38,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--buckets", type=int, nargs="+", default=[32, 64], help="prompt buckets")
     p.add_argument("--repeats", type=int, default=3, help="measured calls after the warm-up (median reported)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vocab-size", type=int, default=TINY["vocab_size"], help="vocabulary (SmolLM2's: 49152)")
+    p.add_argument("--top-k", type=int, default=0, help="sampling's top-k (0 = off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sampling's top-p (1 = off)")
+    p.add_argument("--kv-cache-only", action="store_true", help="skip the run without the KV cache")
     p.add_argument("--output", default=os.path.join("benchmarks", "results", "generation.json"))
     args = p.parse_args(argv)
     if args.batch % args.num_samples:
@@ -42,24 +49,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def build_model(seed: int) -> Qwen2ForCausalLM:
-    net = Qwen2ForCausalLM(Qwen2Config(**TINY))
+def build_model(seed: int, vocab_size: int) -> Qwen2ForCausalLM:
+    net = Qwen2ForCausalLM(Qwen2Config(**{**TINY, "vocab_size": vocab_size}))
     init_random_weights(net, seed=seed)
     return net
 
 
+class TimedGenerator(Generator):
+    """A Generator that adds up the seconds of its graph calls (`_run`: the graph and fetching its outputs)."""
+
+    graph_seconds = 0.0
+
+    def _run(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return super()._run(*args, **kwargs)
+        finally:
+            self.graph_seconds += time.perf_counter() - start
+
+
 def measure(model, config: GenerationConfig, prompts, repeats: int) -> tuple[dict, np.ndarray]:
-    gen = Generator(model, config)
+    gen = TimedGenerator(model, config)
     start = time.perf_counter()
     out = gen.generate(prompts)
     warmup = time.perf_counter() - start
-    times = []
+    times, graph_times = [], []
     for _ in range(repeats):
         gen.reseed()
+        gen.graph_seconds = 0.0
         start = time.perf_counter()
         out = gen.generate(prompts)
         times.append(time.perf_counter() - start)
+        graph_times.append(gen.graph_seconds)
     seconds = statistics.median(times)
+    host_share = statistics.median(1 - g / t for g, t in zip(graph_times, times))
     tokens = gen.last_stats["batch_size"] * gen.last_stats["steps"]
     first_calls = {}
     for signature, sec in gen.first_call_seconds.items():
@@ -72,6 +95,8 @@ def measure(model, config: GenerationConfig, prompts, repeats: int) -> tuple[dic
         "tokens": tokens,
         "tokens_per_second": tokens / seconds,
         "ms_per_step": 1000 * seconds / gen.last_stats["steps"],
+        "host_share": host_share,
+        "all_graph_seconds": graph_times,
         "compilations": gen.compile_counts(),
         "mindspore_compiled_graphs": gen.graph_compile_counts(),
         "first_call_seconds": first_calls,
@@ -80,45 +105,46 @@ def measure(model, config: GenerationConfig, prompts, repeats: int) -> tuple[dic
     return row, out.response_ids
 
 
-def host_sampling_ms(batch: int, vocab: int, steps: int = 64) -> float:
-    """Host time of one sampling step (temperature 1, no filters) on [batch, vocab] logits."""
+def host_sampling_ms(batch: int, vocab: int, top_k: int, top_p: float, steps: int = 64) -> float:
+    """Time of numpy's sampling step (`sample_tokens`, temperature 1) on [batch, vocab] logits."""
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(batch, vocab)).astype(np.float32)
     start = time.perf_counter()
     for _ in range(steps):
-        sample_tokens(logits, rng)
+        sample_tokens(logits, rng, top_k=top_k, top_p=top_p)
     return 1000 * (time.perf_counter() - start) / steps
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    model = build_model(args.seed)
+    model = build_model(args.seed, args.vocab_size)
     rng = np.random.default_rng(args.seed)
     num_prompts = args.batch // args.num_samples
     prompts = [rng.integers(1, TINY["vocab_size"], size=int(rng.integers(args.max_prompt_len // 2,
                                                                           args.max_prompt_len + 1))).tolist()
                for _ in range(num_prompts)]
     base = GenerationConfig(max_new_tokens=args.new_tokens, num_generations=args.num_samples, temperature=1.0,
-                            eos_token_ids=[], pad_token_id=0, prompt_buckets=args.buckets, seed=args.seed)
+                            eos_token_ids=[], pad_token_id=0, prompt_buckets=args.buckets, seed=args.seed,
+                            top_k=args.top_k, top_p=args.top_p)
     rows, outputs = [], []
-    for use_kv_cache in (True, False):
+    for use_kv_cache in (True,) if args.kv_cache_only else (True, False):
         config = dataclasses.replace(base, use_kv_cache=use_kv_cache)
         row, response = measure(model, config, prompts, args.repeats)
         rows.append(row)
         outputs.append(response)
     result = {
-        "model": TINY,
+        "model": {**TINY, "vocab_size": args.vocab_size},
         "batch": args.batch,
         "num_samples": args.num_samples,
         "new_tokens": args.new_tokens,
         "prompt_lengths": [len(p) for p in prompts],
         "prompt_buckets": args.buckets,
         "cache_length": base.cache_length,
-        "sampling": "temperature 1.0, no top-k/top-p, EOS disabled",
-        "outputs_identical": bool(np.array_equal(outputs[0], outputs[1])),
-        "host_sampling_ms_per_step": host_sampling_ms(args.batch, TINY["vocab_size"]),
-        "speedup_kv_cache": rows[0]["tokens_per_second"] / rows[1]["tokens_per_second"],
+        "sampling": f"temperature 1.0, top-k {args.top_k}, top-p {args.top_p}, EOS disabled",
+        "outputs_identical": bool(np.array_equal(outputs[0], outputs[-1])) if len(outputs) > 1 else None,
+        "numpy_sampling_ms_per_step": host_sampling_ms(args.batch, args.vocab_size, args.top_k, args.top_p),
+        "speedup_kv_cache": rows[0]["tokens_per_second"] / rows[1]["tokens_per_second"] if len(rows) > 1 else None,
         "runs": rows,
         "environment": {"mindspore": ms.__version__, "numpy": np.__version__, "python": platform.python_version(),
                         "cpus": os.cpu_count(), "device": "CPU"},
@@ -129,11 +155,12 @@ def main(argv=None) -> dict:
 
 
 def print_table(result: dict) -> None:
-    print(f"tiny Qwen2 (hidden 64, 2 layers, vocab 1024), batch {result['batch']} "
+    print(f"tiny Qwen2 (hidden 64, 2 layers, vocab {result['model']['vocab_size']}), {result['sampling']}, "
+          f"batch {result['batch']} "
           f"({result['batch'] // result['num_samples']} prompts x {result['num_samples']}), "
           f"{result['new_tokens']} new tokens, prompt bucket {result['runs'][0]['prompt_bucket']}, "
           f"cache length {result['cache_length']}")
-    header = (f"{'mode':<10} {'tokens/s':>10} {'ms/step':>8} {'call s':>7} {'warm-up s':>9}  "
+    header = (f"{'mode':<10} {'tokens/s':>10} {'ms/step':>8} {'host %':>6} {'call s':>7} {'warm-up s':>9}  "
               f"{'compiles (prefill/decode/forward)':<34} {'first-call s':<20}")
     print(header)
     print("-" * len(header))
@@ -142,10 +169,13 @@ def print_table(result: dict) -> None:
         counts = f"{c['prefill']}/{c['decode']}/{c['forward']} (ms: {g['prefill']}/{g['decode']}/{g['forward']})"
         first = ", ".join(f"{k} {v:.2f}" for k, v in row["first_call_seconds"].items())
         mode = "kv cache" if row["use_kv_cache"] else "no cache"
-        print(f"{mode:<10} {row['tokens_per_second']:>10.0f} {row['ms_per_step']:>8.2f} {row['seconds']:>7.3f} "
-              f"{row['warmup_seconds']:>9.2f}  {counts:<34} {first:<20}")
-    print(f"kv-cache speed-up x{result['speedup_kv_cache']:.2f}; same samples with and without cache: "
-          f"{result['outputs_identical']}; host sampling {result['host_sampling_ms_per_step']:.2f} ms/step")
+        print(f"{mode:<10} {row['tokens_per_second']:>10.0f} {row['ms_per_step']:>8.2f} "
+              f"{100 * row['host_share']:>6.1f} {row['seconds']:>7.3f} {row['warmup_seconds']:>9.2f}  "
+              f"{counts:<34} {first:<20}")
+    if len(result["runs"]) > 1:
+        print(f"kv-cache speed-up x{result['speedup_kv_cache']:.2f}; same samples with and without cache: "
+              f"{result['outputs_identical']}")
+    print(f"numpy sampling (sample_tokens) {result['numpy_sampling_ms_per_step']:.2f} ms/step")
 
 
 if __name__ == "__main__":

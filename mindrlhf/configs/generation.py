@@ -44,8 +44,10 @@ class GenerationConfig:
     them (`mindrlhf.trainer.plan.resolve_token_ids`); the Qwen defaults here serve a config built in code.
 
     Sampling order follows Hugging Face `generate` and vLLM: logits / temperature, then top-k, then top-p,
-    then a categorical draw. Every field is host-side except the ones that fix graph shapes
-    (`max_new_tokens`, `prompt_buckets`, `use_kv_cache`, and the batch size `num_generations` contributes to).
+    then a categorical draw, on the device (`mindrlhf.generation.selection`), at a uniform a row from the host's
+    seeded stream. `do_sample`, `temperature`, `top_k` and `top_p` are constants of that small token-selection
+    graph (one compiled per setting); the fields that fix the shapes of the model's graphs are `max_new_tokens`,
+    `prompt_buckets`, `use_kv_cache`, and the batch size `num_generations` contributes to.
     """
 
     max_new_tokens: int = help_field(

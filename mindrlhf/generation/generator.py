@@ -2,8 +2,10 @@
 
 The network runs in graphs with static shapes: prompts are left-padded to a bucket, so the prefill graph
 compiles once per (batch size, bucket) and the decode graph once per batch size (the cache length is fixed
-by the config). Token selection (temperature, top-k, top-p, draw) runs on the host on the [B, V] logits of
-each step, see :mod:`mindrlhf.generation.sampling`.
+by the config). Token selection (temperature, top-k, top-p, the draw) runs on the device too, in a small graph
+called on the logits each step leaves there (:class:`~mindrlhf.generation.selection.TokenSelection`, whose rule is
+the numpy reference of :mod:`mindrlhf.generation.sampling`): the host receives a token and its log-prob a row, and
+draws the uniforms from its seeded stream.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from tqdm import tqdm
 
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.data.reader import pad_rows
-from mindrlhf.generation.sampling import greedy_tokens, sample_tokens, token_log_probs
+from mindrlhf.generation.selection import TokenSelection, float32_uniforms
 from mindrlhf.models.qwen2.modeling import KVCache, Qwen2ForCausalLM, positions_and_bias
 
 logger = logging.getLogger(__name__)
@@ -71,12 +73,13 @@ class _LastLogitsCell(nn.Cell):
 
 class _CompiledGraphs:
     """What a Generator compiles, kept apart so that generators of one model can share it: the KV caches by
-    (batch size, cache length) with their prefill and decode cells, the uncached forward cell, the input-shape
-    signatures sent to each graph and the time of each one's first call."""
+    (batch size, cache length) with their prefill and decode cells, the uncached forward cell, the token selection
+    cells by their settings, the input-shape signatures sent to each graph and the time of each one's first call."""
 
     def __init__(self):
         self.caches: dict[tuple[int, int], KVCache] = {}
         self.forward_cell: _LastLogitsCell | None = None
+        self.selections: dict[tuple, TokenSelection] = {}
         self.signatures: dict[str, set[tuple]] = {name: set() for name in GRAPHS}
         self.first_call_seconds: dict[tuple, float] = {}
 
@@ -93,7 +96,8 @@ class Generator:
     `first_call_seconds`. `graph_compile_counts` reads MindSpore's own record, each Cell's `compile_cache`
     (the set of phases MindSpore compiled for that cell instance); in GRAPH_MODE the two agree unless
     MindSpore recompiles for a reason other than shapes. In PyNative mode nothing is compiled and the
-    second count is 0.
+    second count is 0. The token selection graph run on each graph's logits (small, one per sampling setting and
+    row count) is not counted; its compilation is part of the first call's time.
 
     `share_graphs_with`: another Generator of the same model whose KV caches and compiled graphs this one uses
     too, as the held-out evaluation does the rollout's: a compiled graph keeps memory per layer while it lives, so
@@ -160,7 +164,8 @@ class Generator:
     def generate(self, prompt_ids: Sequence[Sequence[int]] | np.ndarray, attention_mask: np.ndarray | None = None,
                  return_log_probs: bool = False, progress: bool = False,
                  min_prompt_width: int = 0) -> GenerationOutput:
-        """Samples `config.num_generations` responses for each prompt.
+        """Samples `config.num_generations` responses for each prompt (token selection on the device, see the
+        module's docstring).
 
         `prompt_ids` is a list of token-id lists, or a 2-D array whose real tokens are where
         `attention_mask` is 1 (any padding side; without a mask every entry is a token).
@@ -227,33 +232,49 @@ class Generator:
                                  f"[{row.min()}, {row.max()}]")
         return [r.astype(np.int32) for r in rows]
 
-    def _run(self, graph: str, key: tuple, cell: nn.Cell, *args: Tensor) -> np.ndarray:
-        """Calls a graph cell, recording its input-shape signature and the time of its first call."""
+    def _run(self, graph: str, key: tuple, cell: nn.Cell, *args: Tensor, uniforms: np.ndarray,
+             with_log_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """Calls a graph cell and the token selection on the logits it returns, which stay on the device: the tokens
+        [B] and (if asked) their log-probs [B] for `uniforms` [B] (B a multiple of the logits' rows: after prefill a
+        prompt's row serves its samples). Records the graph's input-shape signature and the time of its first call
+        (compile + one run, the selection's included)."""
         signature = (graph, *key, *(tuple(a.shape) for a in args))
         first = signature not in self._graphs.signatures[graph]
         start = time.perf_counter()
-        out = cell(*args).asnumpy()
+        logits = cell(*args)
+        if logits.shape[0] != len(uniforms):
+            # one op outside the graphs, so that prefill and decode share the selection graph of B rows
+            logits = ops.repeat_interleave(logits, len(uniforms) // logits.shape[0], 0)
+        tokens, log_probs = self._selection(with_log_probs)(logits, Tensor(uniforms))
+        tokens, log_probs = tokens.asnumpy(), None if log_probs is None else log_probs.asnumpy()
         if first:
             self._graphs.signatures[graph].add(signature)
             self.first_call_seconds[signature] = time.perf_counter() - start
             logger.info("compiled %s for input shapes %s in %.2f s", graph, signature[len(key) + 1:],
                         self.first_call_seconds[signature])
-        return out
+        return tokens, log_probs
 
-    def _select(self, logits: np.ndarray, with_log_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """The tokens chosen from `logits` [B, V] and (if asked) their log-probs, see `generate`."""
+    def _selection(self, with_log_probs: bool) -> TokenSelection:
+        """The token selection cell of the config's sampling settings (built on first use, shared like the caches)."""
         cfg = self.config
-        if cfg.greedy:
-            tokens = greedy_tokens(logits)
-            return tokens, token_log_probs(logits, tokens) if with_log_probs else None
-        chosen = sample_tokens(logits, self.rng, cfg.temperature, cfg.top_k, cfg.top_p, return_log_probs=with_log_probs)
-        return chosen if with_log_probs else (chosen, None)
+        settings = (1.0, 0, 1.0) if cfg.greedy else (cfg.temperature, cfg.top_k, cfg.top_p)
+        key = (cfg.greedy, *settings, with_log_probs)
+        if key not in self._graphs.selections:
+            temperature, top_k, top_p = settings
+            self._graphs.selections[key] = TokenSelection(self.model.config.vocab_size, temperature, top_k, top_p,
+                                                          cfg.greedy, with_log_probs)
+        return self._graphs.selections[key]
 
-    def _step(self, t, logits, finished, response, resp_mask, log_probs) -> np.ndarray:
-        """Chooses step t's tokens, records them; returns the tokens fed to the next step."""
+    def _uniforms(self, rows: int) -> np.ndarray:
+        """The next `rows` uniforms of the sampling stream, one a row (greedy draws none: zeros)."""
+        if self.config.greedy:
+            return np.zeros(rows, np.float32)
+        return float32_uniforms(self.rng.random(rows))
+
+    def _step(self, t, tokens, token_lp, finished, response, resp_mask, log_probs) -> np.ndarray:
+        """Records step t's chosen tokens and log-probs; returns the tokens fed to the next step."""
         cfg = self.config
         alive = ~finished
-        tokens, token_lp = self._select(logits, log_probs is not None)
         if log_probs is not None:
             log_probs[:, t] = np.where(alive, token_lp, 0.0)
         tokens = np.where(alive, tokens, cfg.pad_token_id).astype(np.int32)
@@ -291,10 +312,10 @@ class Generator:
         response, resp_mask, log_probs, finished = self._buffers(batch, return_log_probs)
         valid = np.zeros((batch, cache.length), np.float32)
         valid[:, :bucket] = np.repeat(prompts_mask, n, 0)
-        logits = np.repeat(self._prefill(cache, key, prompts, prompts_mask, n), n, 0)
+        chosen = self._prefill(cache, key, prompts, prompts_mask, n, return_log_probs)
         steps = cfg.max_new_tokens
         for t in range(cfg.max_new_tokens):
-            tokens = self._step(t, logits, finished, response, resp_mask, log_probs)
+            tokens = self._step(t, *chosen, finished, response, resp_mask, log_probs)
             bar.update()
             if finished.all() or t == cfg.max_new_tokens - 1:
                 steps = t + 1
@@ -302,18 +323,25 @@ class Generator:
             slot = bucket + t
             valid[:, slot] = 1.0
             positions = (prompt_lengths + t).astype(np.int32)[:, None]
-            logits = self._run("decode", key, cache.decode, Tensor(tokens[:, None]), Tensor(positions),
-                               Tensor(slot, ms.int32), Tensor(valid))
+            chosen = self._run("decode", key, cache.decode, Tensor(tokens[:, None]), Tensor(positions),
+                               Tensor(slot, ms.int32), Tensor(valid), uniforms=self._uniforms(batch),
+                               with_log_probs=return_log_probs)
         return response, resp_mask, log_probs, steps
 
-    def _prefill(self, cache: KVCache, key: tuple, prompts: np.ndarray, prompts_mask: np.ndarray, n: int):
+    def _prefill(self, cache: KVCache, key: tuple, prompts: np.ndarray, prompts_mask: np.ndarray, n: int,
+                 with_log_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Fills the cache rows of every prompt's `n` samples (prompt j: rows j n .. j n + n - 1), `prefill_prompts`
-        prompts a call (all of them when it does not divide their number); returns the prompts' logits [U, V]."""
+        prompts a call (all of them when it does not divide their number); returns the first tokens of the U n rows
+        and their log-probs (each sample's own draw from its prompt's logits)."""
         count = len(prompts)
         chunk = self.prefill_prompts if self.prefill_prompts and count % self.prefill_prompts == 0 else count
-        return np.concatenate([self._run("prefill", key, cache.prefill, Tensor(prompts[start:start + chunk]),
-                                         Tensor(prompts_mask[start:start + chunk]), *cache.rows_of(start, chunk, n))
-                               for start in range(0, count, chunk)])
+        uniforms = self._uniforms(count * n)
+        chosen = [self._run("prefill", key, cache.prefill, Tensor(prompts[start:start + chunk]),
+                            Tensor(prompts_mask[start:start + chunk]), *cache.rows_of(start, chunk, n),
+                            uniforms=uniforms[start * n:(start + chunk) * n], with_log_probs=with_log_probs)
+                  for start in range(0, count, chunk)]
+        tokens = np.concatenate([c[0] for c in chosen])
+        return tokens, np.concatenate([c[1] for c in chosen]) if with_log_probs else None
 
     def _run_uncached(self, ids, mask, return_log_probs, bar):
         cfg = self.config
@@ -327,9 +355,10 @@ class Generator:
         response, resp_mask, log_probs, finished = self._buffers(batch, return_log_probs)
         steps = cfg.max_new_tokens
         for t in range(cfg.max_new_tokens):
-            logits = self._run("forward", (), self._graphs.forward_cell, Tensor(buf), Tensor(buf_mask),
-                               Tensor(bucket + t - 1, ms.int32))
-            tokens = self._step(t, logits, finished, response, resp_mask, log_probs)
+            chosen = self._run("forward", (), self._graphs.forward_cell, Tensor(buf), Tensor(buf_mask),
+                               Tensor(bucket + t - 1, ms.int32), uniforms=self._uniforms(batch),
+                               with_log_probs=return_log_probs)
+            tokens = self._step(t, *chosen, finished, response, resp_mask, log_probs)
             bar.update()
             if finished.all():
                 steps = t + 1

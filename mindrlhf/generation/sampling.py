@@ -1,4 +1,5 @@
-"""Host-side token selection on [B, V] logits: pure numpy functions (temperature, top-k, top-p, draw).
+"""Token selection on [B, V] logits as pure numpy functions (temperature, top-k, top-p, draw): the reference of the
+graph cell the Generator runs on the device (:mod:`mindrlhf.generation.selection`), and the host-side tools.
 
 Filtered-out tokens get logit -inf. Probabilities are computed in float64.
 """
