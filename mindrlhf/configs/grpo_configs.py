@@ -234,8 +234,7 @@ class ScheduleConfig:
            "the first update); > 1 recomputes old-policy log-probs (phase 'old') and makes clipping matter.")
     mini_batch_size: int = help_field(
         0, "Prompts per optimizer update (their responses included); 0 = the whole batch (one update per "
-           "iteration). Must divide batch_size; its responses must split evenly over the train data_parallel: "
-           "each train rank gives an update its next equal run of its own rows (as verl's workers do).")
+           "iteration). Must divide batch_size; its responses must split evenly over the train data_parallel.")
     micro_batch_size_per_device: int = help_field(
         0, "Responses per forward/backward on each train rank; their gradients are summed before the mini-batch's "
            "one update (gradient accumulation, as verl's ppo_micro_batch_size_per_gpu). 0 = auto: the most of the "

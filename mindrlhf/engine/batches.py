@@ -14,9 +14,9 @@ import numpy as np
 
 
 def update_slices(rows_per_rank: int, groups_per_update: int, group_size: int, dp_size: int) -> list[slice]:
-    """A data-parallel rank's rows of each optimizer update of one pass: consecutive runs of its share of an
-    update (`groups_per_update` x `group_size` / `dp_size` rows) of its own rows, as verl's workers split theirs
-    into mini-batches (an update's rows are every rank's run of the same index; the last run may be shorter)."""
+    """A data-parallel rank's rows of each optimizer update of one pass, its rows being in update order
+    (`rows_of_updates`): consecutive runs of its share of an update (`groups_per_update` x `group_size` / `dp_size`
+    rows; the last run may be shorter)."""
     update_rows = groups_per_update * group_size
     if update_rows % dp_size:
         raise ValueError(f"an update of {groups_per_update} prompts x {group_size} responses cannot be split evenly "
@@ -33,27 +33,35 @@ def rows_of_rank(num_rows: int, dp_size: int, dp_rank: int) -> slice:
     return slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
 
 
+def rows_of_updates(num_rows: int, update_rows: int, dp_size: int, dp_rank: int) -> np.ndarray:
+    """The rows a data-parallel rank trains on in a pass over `num_rows` rows, in update order: its share
+    (`rows_of_rank`) of each run of `update_rows` rows (an optimizer update; the last run may be shorter). Every
+    layout makes the same updates of the same rows: a job learns alike whatever its dp."""
+    parts = []
+    for start in range(0, num_rows, update_rows):
+        share = rows_of_rank(min(update_rows, num_rows - start), dp_size, dp_rank)
+        parts.append(np.arange(start + share.start, start + share.stop))
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
 @dataclasses.dataclass(frozen=True)
 class RankRows:
-    """A data-parallel rank's rows of a step's training batch (`rows`, a table of columns with `rows()`,
-    `num_rows` and `response_mask`) and what the ranks' updates must agree on: `row_tokens` [dp, n], the response
-    tokens of every rank's rows, rank-major (row i of rank r is row r n + i of the whole batch)."""
+    """A data-parallel rank's rows of a step's training batch in update order (`rows`, a table of columns with
+    `rows()`, `num_rows` and `response_mask`; its updates are consecutive runs, `update_slices`), their indices in
+    the whole batch (`batch_rows`) and what the ranks' updates must agree on: `row_tokens` [dp, n], the response
+    tokens of every rank's rows, each in its rank's order."""
 
     rows: Any
     row_tokens: np.ndarray
-    dp_rank: int
-
-    @property
-    def first_row(self) -> int:
-        """The index of this rank's first row in the whole batch."""
-        return self.dp_rank * self.row_tokens.shape[1]
+    batch_rows: np.ndarray
 
     @classmethod
-    def of_batch(cls, batch, dp_size: int, dp_rank: int) -> RankRows:
-        """This rank's contiguous share (`rows_of_rank`) of the whole `batch`, which every rank holds."""
-        row_tokens = batch.response_mask.sum(axis=1).reshape(dp_size, -1) if batch.num_rows else \
-            np.zeros((dp_size, 0), np.int64)
-        return cls(batch.rows(rows_of_rank(batch.num_rows, dp_size, dp_rank)), row_tokens, dp_rank)
+    def of_batch(cls, batch, dp_size: int, dp_rank: int, update_rows: int) -> RankRows:
+        """This rank's rows (`rows_of_updates`) of the whole `batch`, which every rank holds."""
+        tokens = batch.response_mask.sum(axis=1)
+        ranks = [rows_of_updates(batch.num_rows, update_rows, dp_size, rank) for rank in range(dp_size)]
+        return cls(batch.rows(ranks[dp_rank]), np.stack([tokens[rows] for rows in ranks]).reshape(dp_size, -1),
+                   ranks[dp_rank])
 
 
 def group_unit(group_size: int, dp_size: int) -> int:

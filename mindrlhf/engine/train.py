@@ -64,8 +64,9 @@ class TrainEngine:
     first being the loss), `optimizer`, the SPMD train step (micro-batched gradient accumulation) or the 1F1B
     pipeline train step, and `sizer`'s micro-batches.
 
-    `update` runs the loop on a data-parallel rank's own rows: passes over mini-batches (each rank's next run of its
-    rows), each an optimizer update with its learning rate, the loss normalised over the whole mini-batch,
+    `update` runs the loop on a data-parallel rank's own rows: passes over mini-batches of whole prompt groups
+    (each rank holds its share of each), each an optimizer update with its learning rate, the loss normalised over
+    the whole mini-batch,
     the statistics summed over the data-parallel group and averaged over the updates as `<name>/<output>`
     metrics. An update whose gradient norm is not finite is skipped (by the step, on every rank) and counted;
     `policy.max_consecutive_skips` in a row raise `NonFiniteUpdates`.
@@ -128,8 +129,8 @@ class TrainEngine:
     # ------------------------------------------------------------------ the update loop
     def update(self, share: RankRows, group_size: int, prompts_per_update: int, passes: int) -> dict:
         """`passes` passes over this data-parallel rank's rows of the step's batch (`share`), one optimizer update
-        per mini-batch of `prompts_per_update` prompts of `group_size` responses (each rank's next run of its
-        rows, `update_slices`); returns the `<name>/*` metrics."""
+        per mini-batch of `prompts_per_update` prompts of `group_size` responses (each rank's share of it, the next
+        run of its rows: `update_slices`); returns the `<name>/*` metrics."""
         prefix = f"{self.name}/"
         sums: dict[str, float] = {}
         count = skipped = 0
@@ -165,7 +166,7 @@ class TrainEngine:
         columns = part.with_columns(**{TOKEN_WEIGHTS: weights})
         inputs = [columns[name] for name in self.loss_net.INPUTS]
         width = self.sizer.width(part.response_mask, longest=int(update_tokens.max()))
-        rank_statistics, grad_norm = self.step(self.sizer.split(inputs, width, share.first_row + rows.start))
+        rank_statistics, grad_norm = self.step(self.sizer.split(inputs, width, int(share.batch_rows[rows.start])))
         self.updates += 1
         if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)
             self._count_skip(grad_norm)

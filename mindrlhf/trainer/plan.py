@@ -114,14 +114,17 @@ def shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout, infer
 def rollout_rows_stay(config: GRPOConfig, job: JobOptions, train_layout: Layout, infer_layout: Layout,
                       has_critic: bool) -> bool:
     """Whether each rank can train on the rows it generated, so that no rank needs another's rows: the train and
-    infer layouts place every rank alike (same data-parallel rank), the advantages are computed within prompt
+    infer layouts place every rank alike (same data-parallel rank), a step makes one update a pass (or dp is 1:
+    each update takes every rank's share of its prompts), the advantages are computed within prompt
     groups (no critic, no KL in the reward), no dynamic sampling (its kept groups are shared out over the whole
     batch) and no experience file (rank 0 writes the whole batch). Otherwise the rollout is gathered and each
     rank keeps its train share."""
     same_places = (train_layout.dp, train_layout.tp, train_layout.pp) == (infer_layout.dp, infer_layout.tp,
                                                                            infer_layout.pp)
-    algo = config.algorithm
-    return same_places and algo.adv_estimator in GROUP_ESTIMATORS and not (
+    algo, schedule = config.algorithm, config.schedule
+    # a rank's share of each update is its share of that update's rows: all of its own rows with one update a pass
+    own_rows_make_its_updates = train_layout.dp == 1 or schedule.prompts_per_update == schedule.batch_size
+    return same_places and own_rows_make_its_updates and algo.adv_estimator in GROUP_ESTIMATORS and not (
         has_critic or algo.use_kl_in_reward or algo.dynamic_sampling or job.save_data_file)
 
 

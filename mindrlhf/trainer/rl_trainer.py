@@ -9,7 +9,8 @@ One step (each block is a phase, see :mod:`mindrlhf.trainer.phases`)::
               net at all when loss.beta is 0 and algorithm.use_kl_in_reward is off, `JobPlan.uses_reference`)
     old       actor's infer net: old-policy log-probs (only when num_iterations > 1)
     gather    (no model resident) when every rank trains on the rows it generated (`JobPlan.rollout_rows_stay`:
-              the same data-parallel places in both layouts, group advantages, no critic, no dynamic sampling),
+              the same data-parallel places in both layouts, one update a pass, group advantages, no critic, no
+              dynamic sampling),
               only each response's statistics (score, lengths: the metrics and the updates' counts); otherwise
               the whole experience, every rank then keeping its train share
     values    PPO: the critic's value of every response token (critic layout); token rewards (minus the KL
@@ -18,7 +19,7 @@ One step (each block is a phase, see :mod:`mindrlhf.trainer.phases`)::
               the whole batch when it was gathered
     update_critic  PPO: the critic's clipped value-loss updates
     train     num_iterations passes of mini-batch updates on the actor's train net (train layout): each rank's
-              next run of its own rows, the loss normalised over the whole mini-batch (from step
+              share of each mini-batch, the loss normalised over the whole mini-batch (from step
               critic.critic_warmup + 1 with a critic)
     reshard   actor train -> infer every step, train -> ref every ref_model_sync_steps
 """
@@ -301,12 +302,15 @@ class RLTrainer:
                 packed = row_statistics(mine, self.generation.eos_token_ids)
                 rows = packed.unpack(self.comm.gather_data_parallel_rows(packed.pack(), self.infer_layout))
             layout = self.train_layout
-            share = RankRows(mine, rows["response_length"].reshape(layout.dp, -1), layout.dp_rank)
+            mine_in_batch = np.arange(layout.dp_rank * mine.num_rows, (layout.dp_rank + 1) * mine.num_rows)
+            share = RankRows(mine, rows["response_length"].reshape(layout.dp, -1), mine_in_batch)
             return StepBatch(rows, None, {"actor": share}, token_count(rows), {"sampling/rounds": 1})
         generated, train, sampling = self._gather_experience()
-        shares = {"actor": RankRows.of_batch(train, self.train_layout.dp, self.train_layout.dp_rank)}
+        update_rows = self.config.schedule.prompts_per_update * self.num_generations
+        shares = {"actor": RankRows.of_batch(train, self.train_layout.dp, self.train_layout.dp_rank, update_rows)}
         if self.critic:
-            shares["critic"] = RankRows.of_batch(train, self.critic.layout.dp, self.critic.layout.dp_rank)
+            shares["critic"] = RankRows.of_batch(train, self.critic.layout.dp, self.critic.layout.dp_rank,
+                                                 update_rows)
         train_rows = row_statistics(train, self.generation.eos_token_ids)
         return StepBatch(row_statistics(generated, self.generation.eos_token_ids), generated, shares,
                          token_count(train_rows), sampling)

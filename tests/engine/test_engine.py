@@ -15,6 +15,7 @@ from mindrlhf.engine.batches import (
     prompt_run,
     response_widths,
     rows_of_rank,
+    rows_of_updates,
     trimmed_width,
     update_slices,
 )
@@ -181,7 +182,7 @@ def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when
         role_class, name, inputs, outputs):
     exp = with_critic_columns(make_experience(8, 3, 4))  # 4 groups of 2: 4 updates of one group each
     role = role_with_engine(role_class, name, [0.5, np.nan, 1.5, np.inf], 2, inputs, outputs)
-    metrics = role.train(RankRows.of_batch(exp, 1, 0))
+    metrics = role.train(RankRows.of_batch(exp, 1, 0, exp.num_rows))
     assert metrics[f"{name}/skipped_updates"] == 2 and metrics[f"{name}/updates"] == 2
     # the finite updates only
     assert metrics[f"{name}/grad_norm"] == 1.0 and metrics[f"{name}/{outputs[0]}"] == 1.0
@@ -191,13 +192,13 @@ def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when
     resumed = role_with_engine(role_class, name, [np.nan, 1.0, 1.0, 1.0], 2, inputs, outputs)
     resumed.engine.load_state_dict(state)
     with pytest.raises(NonFiniteUpdates, match=f"2 {name} updates in a row had a non-finite loss or gradient"):
-        resumed.train(RankRows.of_batch(exp, 1, 0))
+        resumed.train(RankRows.of_batch(exp, 1, 0, exp.num_rows))
     assert resumed.engine.updates == 5  # the learning-rate schedule goes on from the checkpoint's position
     role = role_with_engine(role_class, name, [0.5, np.nan, np.nan, 1.0], 2, inputs, outputs)
     with pytest.raises(NonFiniteUpdates, match=f"2 {name} updates in a row had a non-finite loss or gradient"):
-        role.train(RankRows.of_batch(exp, 1, 0))
+        role.train(RankRows.of_batch(exp, 1, 0, exp.num_rows))
     role = role_with_engine(role_class, name, [np.nan] * 4, 0, inputs, outputs)  # 0: never stop
-    assert role.train(RankRows.of_batch(exp, 1, 0))[f"{name}/skipped_updates"] == 4
+    assert role.train(RankRows.of_batch(exp, 1, 0, exp.num_rows))[f"{name}/skipped_updates"] == 4
 
 
 @pytest.mark.parametrize("role_class,name,inputs", [(Actor, "actor", ACTOR_INPUTS),
@@ -205,7 +206,7 @@ def test_skipped_updates_are_counted_left_out_of_the_means_and_stop_the_job_when
 def test_an_empty_batch_makes_no_update_in_either_role(role_class, name, inputs):
     exp = with_critic_columns(make_experience(8, 3, 4)).rows(slice(0, 0))
     role = role_with_engine(role_class, name, [], 2, inputs, ("loss",))
-    assert role.train(RankRows.of_batch(exp, 1, 0)) == {f"{name}/updates": 0}
+    assert role.train(RankRows.of_batch(exp, 1, 0, update_rows=2)) == {f"{name}/updates": 0}
     assert role.engine.updates == 0
 
 
@@ -215,7 +216,7 @@ def test_the_engine_hands_the_loss_net_the_columns_it_declares_with_the_updates_
     exp = with_critic_columns(make_experience(8, 3, 4))
     seen = []
     role = role_with_engine(Critic, "critic", [1.0] * 4, 2, CRITIC_INPUTS, ("vf_loss",), seen)
-    role.train(RankRows.of_batch(exp, 1, 0))
+    role.train(RankRows.of_batch(exp, 1, 0, exp.num_rows))
     assert len(seen) == 4
     first = exp.rows(slice(0, 2))
     for got, name in zip(seen[0], CRITIC_INPUTS[:-1]):
@@ -223,11 +224,10 @@ def test_the_engine_hands_the_loss_net_the_columns_it_declares_with_the_updates_
     np.testing.assert_array_equal(seen[0][-1], aggregation_weights(first.response_mask, role.engine.policy.aggregation))
 
 
-def test_a_data_parallel_rank_updates_on_its_own_rows_with_the_whole_updates_weights_and_width():
-    """Rank 1 of 2 holds rows 4-7 of an 8-row batch; update c is every rank's c-th run of its rows (rows c and
-    4 + c: one 2-response prompt an update, half a prompt a rank). The loss weights of its row are the whole
-    update's weights at that row, and it reads as many positions as the update's longest response, on either
-    rank."""
+def test_a_data_parallel_rank_updates_on_its_share_of_each_update_with_the_whole_updates_weights_and_width():
+    """Rank 1 of 2 of an 8-row batch whose updates are one 2-response prompt each: it holds rows 1, 3, 5, 7 (its
+    half of each update, `rows_of_updates`). The loss weights of its row are the whole update's weights at that row,
+    and it reads as many positions as the update's longest response, on either rank."""
     from support.fake_engines import fake_engine
 
     from mindrlhf.algorithms import aggregation_weights
@@ -237,15 +237,26 @@ def test_a_data_parallel_rank_updates_on_its_own_rows_with_the_whole_updates_wei
     _, engine = fake_engine("critic", [1.0] * 4, 2, CRITIC_INPUTS, ("vf_loss",), seen)
     engine.layout = Layout(dp=2, rank=1)
     engine.sizer.width = lambda mask, longest=None: widths.append(longest) or mask.shape[1]
-    share = RankRows.of_batch(exp, 2, 1)
-    assert share.first_row == 4 and share.rows.num_rows == 4
-    engine.update(share, group_size=2, prompts_per_update=1, passes=1)
+    share = RankRows.of_batch(exp, 2, 1, update_rows=2)
+    assert share.batch_rows.tolist() == [1, 3, 5, 7] and share.rows.num_rows == 4
     lengths = exp.response_mask.sum(axis=1)
-    assert widths == [max(lengths[c], lengths[4 + c]) for c in range(4)]
+    np.testing.assert_array_equal(share.row_tokens, [lengths[[0, 2, 4, 6]], lengths[[1, 3, 5, 7]]])
+    engine.update(share, group_size=2, prompts_per_update=1, passes=1)
+    assert widths == [max(lengths[2 * c], lengths[2 * c + 1]) for c in range(4)]
     for c, inputs in enumerate(seen):
-        whole = aggregation_weights(exp.response_mask[[c, 4 + c]], engine.policy.aggregation)
+        whole = aggregation_weights(exp.response_mask[[2 * c, 2 * c + 1]], engine.policy.aggregation)
         np.testing.assert_array_equal(inputs[-1], whole[1:].astype(np.float32))
-        np.testing.assert_array_equal(inputs[2], exp.response_ids[[4 + c]])
+        np.testing.assert_array_equal(inputs[2], exp.response_ids[[2 * c + 1]])
+
+
+def test_each_layout_makes_the_same_updates_of_the_same_rows():
+    """Update c is rows [c U, (c + 1) U) whatever the dp; a rank holds its share of each, in update order."""
+    assert rows_of_updates(8, 4, 2, 1).tolist() == [2, 3, 6, 7]
+    assert rows_of_updates(8, 4, 1, 0).tolist() == list(range(8))
+    assert rows_of_updates(6, 4, 2, 0).tolist() == [0, 1, 4]  # the last update is shorter
+    assert rows_of_updates(0, 4, 2, 0).size == 0
+    whole = sorted(row for rank in range(4) for row in rows_of_updates(16, 8, 4, rank))
+    assert whole == list(range(16))
 
 
 def test_the_learning_rate_schedule_spans_every_update_of_the_run():

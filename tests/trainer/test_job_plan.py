@@ -281,21 +281,26 @@ def test_tokenizer_and_generation_lengths_fit_the_model(files, tokenizer):
 
 def test_rollout_rows_stay_on_their_rank_only_where_no_rank_needs_anothers(files, tokenizer):
     """The tiny job trains in tp=2 and generates in dp=2: its rollout is gathered. In one layout (dp=2 for both
-    nets) each rank keeps its rows, unless something reads the whole batch: a critic (GAE whitens over the batch),
-    the KL in the reward, dynamic sampling or an experience file."""
-    assert not build(files, tokenizer).rollout_rows_stay
+    nets) with one update a step each rank keeps its rows, unless something reads the whole batch: a critic (GAE
+    whitens over the batch), the KL in the reward, dynamic sampling or an experience file. With 2 updates a step
+    (the tiny config's mini-batch of 2 of 4 prompts) each update takes both ranks' shares of its prompts: gathered;
+    on one rank they are its own."""
+    one_update = {"schedule": {"mini_batch_size": 0}}
+    assert not build(files, tokenizer, config_of(**one_update)).rollout_rows_stay
     files.train = files.infer
-    assert build(files, tokenizer).rollout_rows_stay
+    assert build(files, tokenizer, config_of(**one_update)).rollout_rows_stay
+    assert not build(files, tokenizer).rollout_rows_stay  # 2 updates a step on 2 ranks
     assert build(files, tokenizer, world_size=1, rank=0, sft_path_infer=model_yaml(
         files.tmp, "one.yaml", "infer.yaml", **{"parallel.data_parallel": 1}), sft_path_train=model_yaml(
         files.tmp, "one_train.yaml", "infer.yaml", **{"parallel.data_parallel": 1})).rollout_rows_stay
-    for config, job in ((config_of(algorithm={"dynamic_sampling": True}), {}),
-                        (config_of(algorithm={"use_kl_in_reward": True}), {}),
-                        (config_of(algorithm={"adv_estimator": "gae"}), {"sft_path_critic": files.infer}),
-                        (None, {"save_data_file": str(files.tmp / "exp" / "grpo")})):
-        assert not build(files, tokenizer, config, **job).rollout_rows_stay, (config, job)
+    for algorithm, job in (({"dynamic_sampling": True}, {}), ({"use_kl_in_reward": True}, {}),
+                           ({"adv_estimator": "gae"}, {"sft_path_critic": files.infer}),
+                           ({}, {"save_data_file": str(files.tmp / "exp" / "grpo")})):
+        config = config_of(algorithm=algorithm, **one_update)
+        assert not build(files, tokenizer, config, **job).rollout_rows_stay, (algorithm, job)
     for estimator in ("dr_grpo", "rloo"):
-        assert build(files, tokenizer, config_of(algorithm={"adv_estimator": estimator})).rollout_rows_stay
+        config = config_of(algorithm={"adv_estimator": estimator}, **one_update)
+        assert build(files, tokenizer, config).rollout_rows_stay
 
 
 def test_a_critic_exactly_with_gae(files, tokenizer):

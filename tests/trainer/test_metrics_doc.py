@@ -58,7 +58,7 @@ def written_records(folder) -> list[dict]:
     exp = with_critic_columns(make_experience(8, 3, 4))
     exp = exp.with_columns(**{"reward/format": exp.rewards})
     trainer = stand_in_trainer()
-    share = RankRows.of_batch(exp, 1, 0)
+    share = RankRows.of_batch(exp, 1, 0, exp.num_rows)
     updates = role_with_engine(Actor, "actor", [1.0] * 4, 2, ACTOR_INPUTS, GRPOLossNet.OUTPUTS).train(share)
     updates.update(role_with_engine(Critic, "critic", [1.0] * 4, 2, CRITIC_INPUTS, ValueLossNet.OUTPUTS).train(share))
     updates.update(trainer._update_kl_controller(exp))

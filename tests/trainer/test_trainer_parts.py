@@ -391,7 +391,8 @@ def test_a_rank_that_keeps_its_rows_trains_and_reports_as_if_the_rollout_were_ga
         assert sent == [5]  # rewards, reward/accuracy, response_length, prompt_length, clipped
         assert kept.generated is None and gathered.generated.num_rows == 16
         mine, theirs = kept.shares["actor"], gathered.shares["actor"]
-        assert mine.first_row == theirs.first_row == 8 * rank and list(kept.shares) == ["actor"]
+        assert mine.batch_rows.tolist() == theirs.batch_rows.tolist() == list(range(8 * rank, 8 * rank + 8))
+        assert list(kept.shares) == ["actor"]
         np.testing.assert_array_equal(mine.row_tokens, theirs.row_tokens)
         assert sorted(mine.rows) == sorted(theirs.rows)
         for name in theirs.rows:
