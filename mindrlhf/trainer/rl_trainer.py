@@ -311,9 +311,10 @@ class RLTrainer:
         if self.critic:
             shares["critic"] = RankRows.of_batch(train, self.critic.layout.dp, self.critic.layout.dp_rank,
                                                  update_rows)
-        train_rows = row_statistics(train, self.generation.eos_token_ids)
-        return StepBatch(row_statistics(generated, self.generation.eos_token_ids), generated, shares,
-                         token_count(train_rows), sampling)
+        rows = row_statistics(generated, self.generation.eos_token_ids)
+        # dynamic sampling trains on some of the generated rows only
+        train_rows = rows if train is generated else row_statistics(train, self.generation.eos_token_ids)
+        return StepBatch(rows, generated, shares, token_count(train_rows), sampling)
 
     def _gather_experience(self) -> tuple[Experience, Experience, dict]:
         """(all generated rows, the rows to train on, sampling stats), on every rank, with advantages."""
