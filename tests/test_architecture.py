@@ -32,7 +32,8 @@ MINDSPORE_FREE = [
     "mindrlhf.parallel.layout", "mindrlhf.parallel.shared_memory", "mindrlhf.parallel.host_setup",
     "mindrlhf.engine.batches", "mindrlhf.engine.memory_budget", "mindrlhf.engine.memory_plan", "mindrlhf.engine.sizing",
     "mindrlhf.checkpoint.step",
-    "mindrlhf.trainer.plan", "mindrlhf.trainer.launch", "mindrlhf.trainer.metrics", "mindrlhf.trainer.postmortem",
+    "mindrlhf.trainer.plan", "mindrlhf.trainer.specs", "mindrlhf.trainer.launch", "mindrlhf.trainer.metrics",
+    "mindrlhf.trainer.postmortem",
 ]
 # the other imports that stay inside a function: (importing module, imported module) -> why
 DEFERRED_IMPORTS = {

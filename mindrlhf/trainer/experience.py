@@ -101,13 +101,13 @@ class Experience:
 class StepBatch:
     """What one step trains on and reports: `rows`, per-row statistics of every generated row of the step
     (`metrics.row_statistics`, on every rank); `generated`, every generated row, when the rollout was gathered
-    (None when each rank kept its own rows); `shares`, each trained role's rows on this rank (`RankRows`) by role
+    (None when each rank kept its own rows); `rank_rows`, each trained role's rows on this rank (`RankRows`) by role
     name; `trained_tokens`, the prompt and response tokens of the rows trained on; `sampling`, the sampling
     rounds' metrics."""
 
     rows: Experience
     generated: Experience | None
-    shares: dict[str, Any]
+    rank_rows: dict[str, Any]
     trained_tokens: int
     sampling: dict
 

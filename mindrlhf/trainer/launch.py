@@ -241,12 +241,13 @@ def set_up_communication(plan: JobPlan) -> dict:
 
     job, config = plan.job, plan.config
     host_sums = {}
-    layouts = (plan.train_layout, plan.infer_layout, plan.critic_layout)
+    critic_layout = plan.critic.net.layout if plan.critic else None
+    layouts = (plan.actor.train.layout, plan.actor.infer.layout, critic_layout)
     if plan.world_size > 1:
         for layout in layouts:
             if layout is not None:
                 layout.init_groups()
-        host_sums = share_data_parallel_sums(job.cpu_collectives, (plan.train_layout, plan.critic_layout),
+        host_sums = share_data_parallel_sums(job.cpu_collectives, (plan.actor.train.layout, critic_layout),
                                              plan.world_size, plan.rank)
         if host_sums:
             logger.info("data-parallel gradient sums through shared memory (CPU, one host): %s", ", ".join(host_sums))

@@ -1,15 +1,14 @@
 """`--plan`: the bytes each rank holds in each phase of a job (`mindrlhf.engine.memory_plan`), printed as a table,
 and whether the job fits `--device_memory_gib`. Reads the job's `JobPlan` only: builds no net, needs no device.
 
-Which weights are on device in which phase comes from the roles' declarations (`roles.actor_residency`,
-`Reference.resident_in`, `Critic.resident_in`, `phase_plan`); on a backend that does not really offload (CPU) every
+Which weights are on device in which phase comes from the roles' specs (`resident_in` of `plan.roles()`,
+`specs.phase_plan`), which the trainer's roles declare too; on a backend that does not really offload (CPU) every
 swap group stays in memory in every phase, as in a run. The KV caches and the gradient-accumulation buffers are
 in no swap group: once made they stay for the rest of the job.
 """
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import mindspore as ms
 import numpy as np
@@ -34,7 +33,7 @@ from mindrlhf.engine.memory_plan import (
 from mindrlhf.engine.sizing import MicroBatchSizer
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.trainer.plan import JobPlan, yaml_world_size
-from mindrlhf.trainer.roles import (
+from mindrlhf.trainer.specs import (
     CRITIC_MOMENTS,
     CRITIC_WEIGHTS,
     INFER_WEIGHTS,
@@ -42,9 +41,6 @@ from mindrlhf.trainer.roles import (
     REF_WEIGHTS,
     REWARD_MODEL_WEIGHTS,
     TRAIN_WEIGHTS,
-    Critic,
-    Reference,
-    actor_residency,
     phase_plan,
 )
 
@@ -68,46 +64,39 @@ def largest_call(kind: str, schedule, cfg, layout: Layout, group: int, rows: int
     return Call(size // share, size, prompt_width, width)
 
 
-def _groups(plan) -> tuple[dict[str, int], bool]:
-    """(swap group -> bytes on the plan's rank, whether the inference net is the train net)."""
-    train, infer = plan.train_layout, plan.infer_layout
-    ts, ins = NetShape.of(plan.train_cfg), NetShape.of(plan.infer_cfg)
-    elements = ts.stage_elements(train.tp, train.pp, train.stage)
-    shard = plan.train_cfg.parallel_config.optimizer_shard
-    groups = {TRAIN_WEIGHTS: elements * ts.param_bytes, OPTIMIZER_MOMENTS: moment_bytes(elements, train.dp, shard)}
-    shared = plan.infer_shares_train_weights
-    infer_bytes = ins.stage_elements(infer.tp) * ins.param_bytes
-    if not shared:
+def _groups(plan) -> dict[str, int]:
+    """Swap group -> bytes on the plan's rank."""
+    train, infer = plan.actor.train, plan.actor.infer
+    ts, ins = NetShape.of(train.model), NetShape.of(infer.model)
+    elements = ts.stage_elements(train.layout.tp, train.layout.pp, train.layout.stage)
+    shard = train.model.parallel_config.optimizer_shard
+    groups = {TRAIN_WEIGHTS: elements * ts.param_bytes,
+              OPTIMIZER_MOMENTS: moment_bytes(elements, train.layout.dp, shard)}
+    infer_bytes = ins.stage_elements(infer.layout.tp) * ins.param_bytes
+    if not plan.actor.shares_train_weights:
         groups[INFER_WEIGHTS] = infer_bytes
-    if plan.uses_reference:
+    if plan.reference:
         groups[REF_WEIGHTS] = infer_bytes
-    if plan.critic_cfg is not None:
-        cs, cl = NetShape.of(plan.critic_cfg), plan.critic_layout
+    if plan.critic:
+        cs, cl = NetShape.of(plan.critic.net.model), plan.critic.net.layout
         critic = cs.stage_elements(cl.tp, cl.pp, cl.stage) - (0 if cs.tied else cs.vocab * cs.hidden // cl.tp)
         groups[CRITIC_WEIGHTS] = critic * cs.param_bytes
-        groups[CRITIC_MOMENTS] = moment_bytes(critic, cl.dp, plan.critic_cfg.parallel_config.optimizer_shard)
-    if plan.reward_model_cfg is not None:
-        rs = NetShape.of(plan.reward_model_cfg)
-        groups[REWARD_MODEL_WEIGHTS] = rs.stage_elements(infer.tp) * rs.param_bytes
-    return groups, shared
+        groups[CRITIC_MOMENTS] = moment_bytes(critic, cl.dp, plan.critic.net.model.parallel_config.optimizer_shard)
+    if plan.reward.model:
+        rs = NetShape.of(plan.reward.model.model)
+        groups[REWARD_MODEL_WEIGHTS] = rs.stage_elements(plan.reward.model.layout.tp) * rs.param_bytes
+    return groups
 
 
-def _residency(plan, shared: bool) -> dict[str, tuple[str, ...]]:
-    """Phase -> resident swap groups, from the roles' declarations (the phases this job runs)."""
-    roles = [SimpleNamespace(resident_in=actor_residency(TRAIN_WEIGHTS if shared else INFER_WEIGHTS))]
-    if plan.uses_reference:
-        roles.append(Reference)
-    if plan.critic_cfg is not None:
-        roles.append(Critic)
-    if plan.reward_model_cfg is not None:
-        roles.append(SimpleNamespace(resident_in={"reward": (REWARD_MODEL_WEIGHTS,)}))
-    phases = ["generate"] + (["reward"] if plan.reward_model_cfg is not None else [])
-    phases += ["ref"] if plan.uses_reference else []
+def _residency(plan) -> dict[str, tuple[str, ...]]:
+    """Phase -> resident swap groups, from the roles' specs (the phases this job runs)."""
+    phases = ["generate"] + (["reward"] if plan.reward.model else [])
+    phases += ["ref"] if plan.reference else []
     phases += ["old"] if plan.config.schedule.num_iterations > 1 else []
-    phases += ["values", "update_critic"] if plan.critic_cfg is not None else []
+    phases += ["values", "update_critic"] if plan.critic else []
     phases += ["train", "reshard"] + (["eval"] if plan.job.eval_dataset_file else [])
-    resident = phase_plan(roles, phases)
-    if plan.uses_reference and plan.config.schedule.ref_model_sync_steps:
+    resident = phase_plan(plan.roles(), phases)
+    if plan.reference and plan.config.schedule.ref_model_sync_steps:
         resident["reshard"] += (REF_WEIGHTS,)
     return {phase: resident[phase] for phase in phases}
 
@@ -117,28 +106,30 @@ def _graph_layers(plan) -> int:
     width (`schedule.response_buckets`) the train graph (forward and backward: twice its layers) and the reference's
     (and the old policy's) log-prob graph; a prefill graph per prompt bucket and the decode graph."""
     sched, gen = plan.config.schedule, plan.generation
-    train_layers = plan.train_cfg.num_layers // plan.train_cfg.parallel_config.pipeline_stage
-    forward = int(plan.uses_reference) + int(sched.num_iterations > 1)
-    return sched.response_buckets * (2 * train_layers + forward * plan.infer_cfg.num_layers) + \
-        (len(gen.prompt_buckets) + 1) * plan.infer_cfg.num_layers
+    train, infer = plan.actor.train.model, plan.actor.infer.model
+    train_layers = train.num_layers // train.parallel_config.pipeline_stage
+    forward = int(bool(plan.reference)) + int(sched.num_iterations > 1)
+    return sched.response_buckets * (2 * train_layers + forward * infer.num_layers) + \
+        (len(gen.prompt_buckets) + 1) * infer.num_layers
 
 
 def _transients(plan) -> dict[str, dict[str, int]]:
     """Phase -> the terms that exist only while it runs (activations, logits, one call's gradients)."""
-    sched, gen, G = plan.config.schedule, plan.generation, plan.generation.num_generations
+    sched, gen, group = plan.config.schedule, plan.generation, plan.generation.num_generations
     P, R = max(gen.prompt_buckets), gen.max_new_tokens
-    train, infer = plan.train_layout, plan.infer_layout
-    ts, ins = NetShape.of(plan.train_cfg), NetShape.of(plan.infer_cfg)
+    train_cfg, infer_cfg = plan.actor.train.model, plan.actor.infer.model
+    train, infer = plan.actor.train.layout, plan.actor.infer.layout
+    ts, ins = NetShape.of(train_cfg), NetShape.of(infer_cfg)
     prompts = sched.batch_size // infer.dp
     prefill, _ = forward_activation_bytes(ins, Call(prompts, 0, P, 0), infer.tp)
-    generate = {"activations": prefill, "logits": 4 * ins.vocab * (prompts + prompts * G)}
-    call = largest_call("log_prob", sched, plan.infer_cfg, infer, G, prompts * G, P, R, False)
+    generate = {"activations": prefill, "logits": 4 * ins.vocab * (prompts + prompts * group)}
+    call = largest_call("log_prob", sched, infer_cfg, infer, group, prompts * group, P, R, False)
     acts, logits = forward_activation_bytes(ins, call, infer.tp)
     forward = {"activations": acts, "logits": logits}
-    rows = sched.prompts_per_update * G // train.dp
-    call = largest_call("train", sched, plan.train_cfg, train, G, rows, P, R, True)
+    rows = sched.prompts_per_update * group // train.dp
+    call = largest_call("train", sched, train_cfg, train, group, rows, P, R, True)
     in_flight = train.pp - train.stage if train.stage < train.pp - 1 else 0
-    recompute = recompute_of(plan.train_cfg, train.pp, train.stage)
+    recompute = recompute_of(train_cfg, train.pp, train.stage)
     acts, logits = train_activation_bytes(ts, call, train.tp, train.pp, train.stage, in_flight, recompute)
     grads = ts.stage_elements(train.tp, train.pp, train.stage) * ts.param_bytes
     out = {"generate": generate, "eval": generate, "ref": forward, "old": forward, "values": forward,
@@ -152,16 +143,16 @@ def rank_memory(plan, rank: int, device: str = "cpu") -> list[PhaseMemory]:
     """Every phase's bytes on `rank` of the job of `plan` (a `JobPlan`) on `device` ("cpu": nothing really
     offloads; "ascend": the swap plan's idle groups are on host)."""
     plan = plan.for_rank(rank)
-    groups, shared = _groups(plan)
+    groups = _groups(plan)
     transients = _transients(plan)
-    gen, sched, infer, train = plan.generation, plan.config.schedule, plan.infer_layout, plan.train_layout
+    gen, sched, infer, train = plan.generation, plan.config.schedule, plan.actor.infer.layout, plan.actor.train.layout
     kv_rows = sched.batch_size // infer.dp * gen.num_generations
-    kv = NetShape.of(plan.infer_cfg).kv_cache_bytes(kv_rows, gen.cache_length, infer.tp)
-    recomputed = recompute_of(plan.train_cfg, train.pp, train.stage).full * sched.response_buckets
+    kv = NetShape.of(plan.actor.infer.model).kv_cache_bytes(kv_rows, gen.cache_length, infer.tp)
+    recomputed = recompute_of(plan.actor.train.model, train.pp, train.stage).full * sched.response_buckets
     runtime = int(RUNTIME_OVERHEAD_GIB[device] * GIB) + GRAPH_BYTES_PER_LAYER[device] * _graph_layers(plan) \
         + RECOMPUTE_GRAPH_BYTES_PER_LAYER[device] * recomputed
     phases = []
-    for phase, resident in _residency(plan, shared).items():
+    for phase, resident in _residency(plan).items():
         on_device = groups if device == "cpu" else {g: b for g, b in groups.items() if g in resident}
         extra = transients.get(phase, {})
         terms = dict.fromkeys(TERMS, 0)
@@ -208,8 +199,7 @@ def format_report(plans: list[RankMemory], header: str, device_gib: float) -> st
 def device_kind(plan) -> str:
     """The memory model of the job's devices: "ascend" when MindSpore's device target is one or a net computes in
     bfloat16 (no CPU kernels: the YAMLs are for Ascend), else "cpu" (nothing offloads)."""
-    bf16 = any(cfg is not None and cfg.compute_dtype == "bfloat16"
-               for cfg in (plan.train_cfg, plan.infer_cfg, plan.critic_cfg, plan.reward_model_cfg))
+    bf16 = any(net.model.compute_dtype == "bfloat16" for net in plan.nets())
     return "cpu" if ms.get_context("device_target").upper() == "CPU" and not bf16 else "ascend"
 
 
@@ -223,7 +213,7 @@ def plan_report(config, job, tokenizer, device: str | None = None) -> str:
     device = device or device_kind(plan)
     device_gib = job.device_memory_gib or \
         os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB / world
-    t, i = plan.train_layout, plan.infer_layout
+    t, i = plan.actor.train.layout, plan.actor.infer.layout
     header = (f"memory plan: {world} rank(s), train dp{t.dp} x tp{t.tp} x pp{t.pp}, infer dp{i.dp} x tp{i.tp}, "
               f"device {device}")
     return format_report(job_memory(plan, device), header, device_gib)

@@ -27,6 +27,7 @@ from mindrlhf.engine.batches import group_unit
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.layout import Layout, tensor_parallel_refusal, tensor_parallel_sizes
 from mindrlhf.reward import get_reward_function
+from mindrlhf.trainer.specs import ActorSpec, CriticSpec, NetSpec, ReferenceSpec, RewardSpec
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -42,18 +43,13 @@ class JobPlan:
     job: JobOptions  # its flags and input files checked
     world_size: int
     rank: int
-    train_cfg: Qwen2Config
-    infer_cfg: Qwen2Config
-    critic_cfg: Qwen2Config | None  # None without --sft_path_critic
-    reward_model_cfg: Qwen2Config | None  # None without reward.reward_model_path
-    train_layout: Layout
-    infer_layout: Layout
-    critic_layout: Layout | None
+    actor: ActorSpec
+    reference: ReferenceSpec | None  # None without a KL term (`needs_reference`): no reference net, no ref pass
+    critic: CriticSpec | None  # None without --sft_path_critic
+    reward: RewardSpec
     generation: GenerationConfig  # config.generation with the stop and pad ids of `resolve_token_ids`
     eval_batch_size: int  # prompts per evaluation call on each inference data-parallel rank
     eval_set: tuple[list[list[int]], list[str]] | None  # the held-out (prompt ids, solutions), if any
-    uses_reference: bool  # `needs_reference`: without it no reference net is built and no ref pass runs
-    infer_shares_train_weights: bool  # `shares_train_weights`: the inference net is the train net
     rollout_rows_stay: bool  # `rollout_rows_stay`: each rank trains on the rows it generated, none are gathered
 
     @classmethod
@@ -76,39 +72,59 @@ class JobPlan:
             else None
         eval_set = load_eval_set(job.eval_dataset_file, generation.prompt_buckets) \
             if job.eval_dataset_file and not job.check_flags else None  # --check_flags: not written yet
-        plan = cls(config=config, job=job, world_size=world_size, rank=rank, train_cfg=train_cfg, infer_cfg=infer_cfg,
-                   critic_cfg=critic_cfg,
-                   reward_model_cfg=reward_model_cfg, train_layout=train_layout, infer_layout=infer_layout,
-                   critic_layout=critic_layout, generation=generation, eval_batch_size=eval_batch_size,
-                   eval_set=eval_set, uses_reference=needs_reference(config, job),
-                   infer_shares_train_weights=shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout,
-                                                                   job.load_sft_checkpoint_infer,
-                                                                   job.load_sft_checkpoint_train),
-                   rollout_rows_stay=rollout_rows_stay(config, job, train_layout, infer_layout, critic_cfg is not None))
+        train = NetSpec(train_cfg, train_layout, job.sft_path_train, job.load_sft_checkpoint_train)
+        infer = NetSpec(infer_cfg, infer_layout, job.sft_path_infer, job.load_sft_checkpoint_infer)
+        actor = ActorSpec(train, infer, shares_train_weights(train, infer), generation, config.loss, config.optimizer,
+                          config.schedule, config.eval.eval_max_new_tokens or generation.max_new_tokens,
+                          job.init_seed)
+        reference = ReferenceSpec(dataclasses.replace(infer, checkpoint=job.load_ref_checkpoint),
+                                  generation.temperature) if needs_reference(config, job) else None
+        critic = CriticSpec(NetSpec(critic_cfg, critic_layout, job.sft_path_critic, job.load_critic_checkpoint),
+                            train, config.critic, config.optimizer, config.schedule, config.loss.aggregation,
+                            generation.num_generations, job.init_seed) if critic_cfg is not None else None
+        reward_model = NetSpec(reward_model_cfg, infer_layout, job.sft_path_reward or job.sft_path_infer,
+                               config.reward.reward_model_path) if reward_model_cfg is not None else None
+        plan = cls(config=config, job=job, world_size=world_size, rank=rank, actor=actor, reference=reference,
+                   critic=critic, reward=RewardSpec(config.reward, reward_model, config.schedule,
+                                                    generation.num_generations),
+                   generation=generation, eval_batch_size=eval_batch_size, eval_set=eval_set,
+                   rollout_rows_stay=rollout_rows_stay(config, job, train_layout, infer_layout, critic is not None))
         if device is not None:
-            check_dtypes_on_device(plan, job, device)
+            check_dtypes_on_device(plan, device)
         return plan
 
     def for_rank(self, rank: int) -> JobPlan:
         """The same checked plan seen from `rank` (its place in each layout); nothing is checked again. The launch
         builds the plan before the cluster forms, when only the world size is known, and asks for its rank after."""
-        def placed(layout: Layout | None, cfg) -> Layout | None:
-            return None if layout is None else Layout.from_config(cfg.parallel_config, self.world_size, rank)
+        def placed(net: NetSpec | None) -> NetSpec | None:
+            return None if net is None else net.for_rank(self.world_size, rank)
 
-        return dataclasses.replace(self, rank=rank, train_layout=placed(self.train_layout, self.train_cfg),
-                                   infer_layout=placed(self.infer_layout, self.infer_cfg),
-                                   critic_layout=placed(self.critic_layout, self.critic_cfg))
+        actor = dataclasses.replace(self.actor, train=placed(self.actor.train), infer=placed(self.actor.infer))
+        reference = self.reference and dataclasses.replace(self.reference, net=placed(self.reference.net))
+        critic = self.critic and dataclasses.replace(self.critic, net=placed(self.critic.net), policy=actor.train)
+        reward = dataclasses.replace(self.reward, model=placed(self.reward.model))
+        return dataclasses.replace(self, rank=rank, actor=actor, reference=reference, critic=critic, reward=reward)
+
+    def roles(self) -> list:
+        """The specs of the job's roles (actor, reference, reward, critic: those it has)."""
+        return [spec for spec in (self.actor, self.reference, self.reward, self.critic) if spec is not None]
+
+    def nets(self) -> list[NetSpec]:
+        """Every net the job builds, as its YAMLs describe them (the reference is the inference net's twin)."""
+        nets = [self.actor.train, self.actor.infer, self.critic and self.critic.net, self.reward.model]
+        return [net for net in nets if net is not None]
 
 
-def shares_train_weights(train_cfg, infer_cfg, train_layout, infer_layout, infer_checkpoint: str,
-                         train_checkpoint: str) -> bool:
+def shares_train_weights(train: NetSpec, infer: NetSpec) -> bool:
     """Whether the inference net can be the train net itself: the same architecture, dtypes and layout (the
     same shards on every rank), and no inference checkpoint of its own. Recompute acts in backward passes only,
     so it may differ."""
-    same_model = dataclasses.replace(train_cfg, parallel_config=None, recompute=RecomputeConfig()) == \
-        dataclasses.replace(infer_cfg, parallel_config=None, recompute=RecomputeConfig())
-    own_weights = bool(infer_checkpoint) and infer_checkpoint != train_checkpoint
-    return same_model and train_layout == infer_layout and not own_weights
+    def architecture(cfg):
+        return dataclasses.replace(cfg, parallel_config=None, recompute=RecomputeConfig())
+
+    own_weights = bool(infer.checkpoint) and infer.checkpoint != train.checkpoint
+    return architecture(train.model) == architecture(infer.model) and train.layout == infer.layout and \
+        not own_weights
 
 
 def rollout_rows_stay(config: GRPOConfig, job: JobOptions, train_layout: Layout, infer_layout: Layout,
@@ -158,17 +174,15 @@ def load_eval_set(path: str, prompt_buckets) -> tuple[list[list[int]], list[str]
     return [row.tolist() for row in ids], solutions
 
 
-def check_dtypes_on_device(plan: JobPlan, job: JobOptions, device: str) -> None:
+def check_dtypes_on_device(plan: JobPlan, device: str) -> None:
     """Every net's dtypes have kernels on `device` (MindSpore's device_target): CPU has none for bfloat16."""
     if device != "CPU":
         return
-    nets = ((plan.train_cfg, job.sft_path_train), (plan.infer_cfg, job.sft_path_infer),
-            (plan.critic_cfg, job.sft_path_critic), (plan.reward_model_cfg, job.sft_path_reward))
-    for cfg, path in nets:
+    for net in plan.nets():
         for name in ("compute_dtype", "param_init_type"):
-            if cfg is not None and getattr(cfg, name) == "bfloat16":
-                raise ConfigError(f"{path or job.sft_path_infer}: model_config.{name}: bfloat16 has no CPU kernels; "
-                                  "set float32 (or float16) to run on CPU (bfloat16 is for Ascend)")
+            if getattr(net.model, name) == "bfloat16":
+                raise ConfigError(f"{net.yaml}: model_config.{name}: bfloat16 has no CPU kernels; set float32 (or "
+                                  "float16) to run on CPU (bfloat16 is for Ascend)")
 
 
 # ---------------------------------------------------------------------- config and flags

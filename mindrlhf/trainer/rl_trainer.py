@@ -77,7 +77,8 @@ from mindrlhf.trainer.metrics import (
 from mindrlhf.trainer.phases import PHASES, Phases, peak_rss_gib
 from mindrlhf.trainer.plan import JobPlan
 from mindrlhf.trainer.plot import plot_progress
-from mindrlhf.trainer.roles import REF_WEIGHTS, Actor, Critic, Reference, Reward, Role, phase_plan
+from mindrlhf.trainer.roles import Actor, Critic, Reference, Reward, Role
+from mindrlhf.trainer.specs import REF_WEIGHTS, phase_plan
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -98,7 +99,7 @@ class RLTrainer:
         self.callbacks = list(callbacks or [])
         self.generation, self.eval_batch_size = plan.generation, plan.eval_batch_size
         self.num_generations = self.generation.num_generations
-        self.train_layout, self.infer_layout = plan.train_layout, plan.infer_layout
+        self.train_layout, self.infer_layout = plan.actor.train.layout, plan.actor.infer.layout
         algo, job = self.config.algorithm, self.job
         self.advantage_estimator = get_advantage_estimator(algo.adv_estimator)
         self.kl_ctrl = build_kl_controller(algo.kl_ctrl, algo.kl_coef, algo.kl_target, algo.kl_horizon) \
@@ -127,10 +128,10 @@ class RLTrainer:
     def _create_roles(self) -> None:
         """The roles' nets (their strategy files need nothing else)."""
         plan = self.plan
-        self.reward = Reward(plan, self.tokenizer)
-        self.actor = Actor(plan)
-        self.reference = Reference(plan) if plan.uses_reference else None
-        self.critic = Critic(plan) if plan.critic_cfg else None
+        self.reward = Reward(plan.reward, self.tokenizer)
+        self.actor = Actor(plan.actor)
+        self.reference = Reference(plan.reference) if plan.reference else None
+        self.critic = Critic(plan.critic) if plan.critic else None
         self.roles: list[Role] = [role for role in (self.actor, self.reference, self.reward, self.critic) if role]
 
     def _build_engines(self, host_sums: dict) -> None:
@@ -149,13 +150,13 @@ class RLTrainer:
 
     def _log_job(self) -> None:
         plan, sched = self.plan, self.config.schedule
-        critic = f", critic layout {plan.critic_layout}" if plan.critic_layout else ""
+        critic = f", critic layout {plan.critic.net.layout}" if plan.critic else ""
         logger.info("train layout %s, infer layout %s%s, %d ranks; policy %.2fM parameters; %d prompts, global "
-                    "batch %d x %d generations; roles: %s; advantages: %s", plan.train_layout, plan.infer_layout,
-                    critic, self.world_size, plan.train_cfg.num_parameters() / 1e6, self.dataset.num_samples,
+                    "batch %d x %d generations; roles: %s; advantages: %s", self.train_layout, self.infer_layout,
+                    critic, self.world_size, plan.actor.train.model.num_parameters() / 1e6, self.dataset.num_samples,
                     sched.batch_size, self.num_generations, ", ".join(role.name for role in self.roles),
                     self.config.algorithm.adv_estimator)
-        for net, cfg in (("train net", plan.train_cfg), ("critic", plan.critic_cfg)):
+        for net, cfg in (("train net", plan.actor.train.model), ("critic", plan.critic and plan.critic.net.model)):
             if cfg is not None and cfg.memory_features():
                 logger.info("%s memory features: %s", net, cfg.memory_features())
 
@@ -295,26 +296,27 @@ class RLTrainer:
 
     def _collect_experience(self) -> StepBatch:
         """The step's batch, with advantages: each rank keeps the rows it generated when it trains on them
-        (`JobPlan.rollout_rows_stay`); otherwise every rank gathers the rollout and keeps its train shares."""
+        (`JobPlan.rollout_rows_stay`); otherwise every rank gathers the rollout and keeps its rows of each trained
+        role."""
         if self.plan.rollout_rows_stay:
-            mine = self._with_advantages(self._rollout())
+            own = self._with_advantages(self._rollout())
             with self.phases("gather"):  # the per-row statistics only: the metrics' and the updates' counts
-                packed = row_statistics(mine, self.generation.eos_token_ids)
+                packed = row_statistics(own, self.generation.eos_token_ids)
                 rows = packed.unpack(self.comm.gather_data_parallel_rows(packed.pack(), self.infer_layout))
             layout = self.train_layout
-            mine_in_batch = np.arange(layout.dp_rank * mine.num_rows, (layout.dp_rank + 1) * mine.num_rows)
-            share = RankRows(mine, rows["response_length"].reshape(layout.dp, -1), mine_in_batch)
+            batch_positions = np.arange(layout.dp_rank * own.num_rows, (layout.dp_rank + 1) * own.num_rows)
+            share = RankRows(own, rows["response_length"].reshape(layout.dp, -1), batch_positions)
             return StepBatch(rows, None, {"actor": share}, token_count(rows), {"sampling/rounds": 1})
         generated, train, sampling = self._gather_experience()
         update_rows = self.config.schedule.prompts_per_update * self.num_generations
-        shares = {"actor": RankRows.of_batch(train, self.train_layout.dp, self.train_layout.dp_rank, update_rows)}
+        rank_rows = {"actor": RankRows.of_batch(train, self.train_layout.dp, self.train_layout.dp_rank, update_rows)}
         if self.critic:
-            shares["critic"] = RankRows.of_batch(train, self.critic.layout.dp, self.critic.layout.dp_rank,
+            rank_rows["critic"] = RankRows.of_batch(train, self.critic.layout.dp, self.critic.layout.dp_rank,
                                                  update_rows)
         rows = row_statistics(generated, self.generation.eos_token_ids)
         # dynamic sampling trains on some of the generated rows only
         train_rows = rows if train is generated else row_statistics(train, self.generation.eos_token_ids)
-        return StepBatch(rows, generated, shares, token_count(train_rows), sampling)
+        return StepBatch(rows, generated, rank_rows, token_count(train_rows), sampling)
 
     def _gather_experience(self) -> tuple[Experience, Experience, dict]:
         """(all generated rows, the rows to train on, sampling stats), on every rank, with advantages."""
@@ -361,11 +363,11 @@ class RLTrainer:
         critic = {}
         if self.critic:
             with self.phases("update_critic"):
-                critic = self.critic.train(batch.shares["critic"])
+                critic = self.critic.train(batch.rank_rows["critic"])
         actor = {"actor/updates": 0}
         if self.step > (self.config.critic.critic_warmup if self.critic else 0):
             with self.phases("train"):
-                actor = self.actor.train(batch.shares["actor"])
+                actor = self.actor.train(batch.rank_rows["actor"])
         actor.update(critic)
         if self.kl_ctrl is not None:
             actor.update(self._update_kl_controller(batch.generated))

@@ -6,9 +6,11 @@
     reference   a forward engine (log-probs in the inference layout), resharded from the actor now and then
     reward      the rule functions + a forward engine for the reward model's scores, if there is one
 
-A role declares what the job does with its nets:
+A role is built from its spec (`mindrlhf.trainer.specs`, resolved once by `JobPlan`) and declares what the job
+does with its nets:
     swap_groups()      group name -> parameters (registered with the job's `SwapManager`)
-    resident_in        phase -> its groups that must be on device in that phase (all others are offloaded)
+    resident_in        phase -> its groups that must be on device in that phase (all others are offloaded): its
+                       spec's
     strategies()       net name -> per-parameter layouts (`--only_save_strategy` writes them; a net in
                        pipeline stages: this rank's stage, `strategy_stage`)
     rank_files()       rank file name -> parameters; shared_files(): strategy file name -> (layouts, stages)
@@ -53,25 +55,32 @@ from mindrlhf.parallel.layers import init_random_weights, random_full_state
 from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.strategy import net_layouts
 from mindrlhf.reward import build_reward_fn
+from mindrlhf.trainer.specs import (
+    CRITIC_MOMENTS,
+    CRITIC_WEIGHTS,
+    INFER_WEIGHTS,
+    OPTIMIZER_MOMENTS,
+    REF_WEIGHTS,
+    REWARD_MODEL_WEIGHTS,
+    TRAIN_WEIGHTS,
+    ActorSpec,
+    CriticSpec,
+    ReferenceSpec,
+    RewardSpec,
+)
 
 logger = logging.getLogger("mindrlhf.trainer")
 
-# Swap groups (names as they appear in the swap log and the phase plan)
-TRAIN_WEIGHTS = "train_weights"
-OPTIMIZER_MOMENTS = "optimizer_moments"
-INFER_WEIGHTS = "infer_weights"
-REF_WEIGHTS = "ref_weights"
-CRITIC_WEIGHTS = "critic_weights"
-CRITIC_MOMENTS = "critic_moments"
-REWARD_MODEL_WEIGHTS = "reward_model_weights"
-
-
 class Role:
-    """Base of the roles: no nets, nothing to swap, checkpoint or restore."""
+    """Base of the roles: no nets, nothing to swap, checkpoint or restore. `spec` is the role's spec."""
 
     name = "role"
-    resident_in: dict[str, tuple[str, ...]] = {}
+    spec = None
     swap = None
+
+    @property
+    def resident_in(self) -> dict[str, tuple[str, ...]]:
+        return self.spec.resident_in if self.spec is not None else {}
 
     def attach(self, swap) -> None:
         """Registers the role's swap groups with the job's `SwapManager`; its nets then check residency."""
@@ -114,38 +123,22 @@ class Role:
         """Called once every role has loaded its checkpoint state."""
 
 
-def phase_plan(roles, phases) -> dict[str, tuple[str, ...]]:
-    """Phase -> the swap groups resident in it: the union of what each role declares (`Role.resident_in`)."""
-    plan: dict[str, tuple[str, ...]] = {phase: () for phase in phases}
-    for role in roles:
-        for phase, groups in role.resident_in.items():
-            plan[phase] = plan.get(phase, ()) + tuple(groups)
-    return plan
+def update_policy(optimizer, schedule, aggregation: str, learning_rate: float, warmup_steps: int,
+                  max_grad_norm: float) -> UpdatePolicy:
+    """A trained net's `UpdatePolicy` from the `optimizer` and `schedule` sections, with its own peak learning
+    rate, warmup and clip, and the loss's token `aggregation`."""
+    schedule_of_lr = LearningRateSchedule(learning_rate, warmup_steps, total_updates(schedule),
+                                          optimizer.lr_schedule, optimizer.min_lr_ratio)
+    return UpdatePolicy(schedule_of_lr, max_grad_norm, aggregation, optimizer.max_consecutive_skips)
 
 
-def actor_residency(infer_group: str) -> dict[str, tuple[str, ...]]:
-    """The actor's phase -> resident groups, its inference net's weights being `infer_group` (`TRAIN_WEIGHTS`
-    when it uses the train net's)."""
-    infer = (infer_group,)
-    return {"generate": infer, "eval": infer, "old": infer, "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
-            "reshard": tuple(dict.fromkeys((TRAIN_WEIGHTS, infer_group)))}
-
-
-def update_policy(config, learning_rate: float, warmup_steps: int, max_grad_norm: float) -> UpdatePolicy:
-    """A trained net's `UpdatePolicy` from the job's config, with its own peak learning rate, warmup and clip."""
-    opt = config.optimizer
-    schedule = LearningRateSchedule(learning_rate, warmup_steps, total_updates(config.schedule), opt.lr_schedule,
-                                    opt.min_lr_ratio)
-    return UpdatePolicy(schedule, max_grad_norm, config.loss.aggregation, opt.max_consecutive_skips)
-
-
-def adamw(config, params, model_config, layout, state_prefix: str = "", learning_rate: float | None = None):
-    """The job's AdamW (`optimizer` section) over `params`; its moments sharded over `layout`'s data-parallel
-    group (`ShardedAdamW`) when `model_config.parallel_config.optimizer_shard` is set and dp > 1."""
-    opt = config.optimizer
+def adamw(opt, net, params, state_prefix: str = "", learning_rate: float | None = None):
+    """AdamW of the `optimizer` section `opt` over `params` of `net` (a `NetSpec`); its moments sharded over the
+    net's data-parallel group (`ShardedAdamW`) when its `parallel_config.optimizer_shard` is set and dp > 1."""
     kwargs = dict(learning_rate=opt.learning_rate if learning_rate is None else learning_rate, beta1=opt.beta1,
                   beta2=opt.beta2, eps=opt.eps, weight_decay=opt.weight_decay, state_prefix=state_prefix)
-    if model_config.parallel_config.optimizer_shard and layout.dp > 1:
+    layout = net.layout
+    if net.model.parallel_config.optimizer_shard and layout.dp > 1:
         return ShardedAdamW(params, layout.dp, layout.dp_rank, layout.dp_group, **kwargs)
     return AdamW(params, **kwargs)
 
@@ -155,26 +148,22 @@ class Actor(Role):
     an inference net (infer layout) with the sampling generator and an old-policy forward engine, and the online
     train -> infer reshard.
 
-    When both nets would hold the same shards (`plan.infer_shares_train_weights`), the inference net is the train
+    When both nets would hold the same shards (`ActorSpec.shares_train_weights`), the inference net is the train
     net: one set of weights, nothing to reshard, and the inference phases keep `TRAIN_WEIGHTS` resident."""
 
     name = "actor"
-    resident_in = actor_residency(INFER_WEIGHTS)
 
-    def __init__(self, plan):
-        self.config, self.job, self.rank, self.generation = plan.config, plan.job, plan.rank, plan.generation
-        self.train_cfg, self.infer_cfg = plan.train_cfg, plan.infer_cfg
-        self.train_layout, self.infer_layout = plan.train_layout, plan.infer_layout
-        self.train_net = Qwen2ForCausalLM(self.train_cfg, self.train_layout)
+    def __init__(self, spec: ActorSpec):
+        self.spec = spec
+        self.train_layout, self.infer_layout = spec.train.layout, spec.infer.layout
+        self.train_net = Qwen2ForCausalLM(spec.train.model, self.train_layout)
         self.train_strategy = net_layouts(self.train_net, self.train_layout)  # of this rank's stage
-        self.shares_weights = plan.infer_shares_train_weights
+        self.shares_weights, self.infer_group = spec.shares_train_weights, spec.infer_group
+        self.infer_prefix = "" if self.shares_weights else INFER_PREFIX  # of the inference net's parameter names
         if self.shares_weights:
-            self.infer_net, self.infer_group, self.infer_prefix = self.train_net, TRAIN_WEIGHTS, ""
-            self.infer_strategy = self.train_strategy
-            self.resident_in = actor_residency(TRAIN_WEIGHTS)
+            self.infer_net, self.infer_strategy = self.train_net, self.train_strategy
         else:
-            self.infer_net, self.infer_group, self.infer_prefix = \
-                Qwen2ForCausalLM(self.infer_cfg, self.infer_layout), INFER_WEIGHTS, INFER_PREFIX
+            self.infer_net = Qwen2ForCausalLM(spec.infer.model, self.infer_layout)
             self.infer_net.update_parameters_name(INFER_PREFIX)
             self.infer_strategy = net_layouts(self.infer_net, self.infer_layout)
         self.engine: TrainEngine | None = None  # from build()
@@ -183,50 +172,48 @@ class Actor(Role):
         """Weights, the training engine, resharder, forward engine and generators (skipped by
         --only_save_strategy). `comm` sums metrics over ranks; `dp_sums`: the train dp group's shared-memory
         gradient sums, if any."""
-        cfg, job, gen = self.config, self.job, self.generation
-        if job.load_sft_checkpoint_train:
-            load_weights(self.train_net, self.train_layout, job.load_sft_checkpoint_train)
+        spec, train, infer = self.spec, self.spec.train, self.spec.infer
+        gen, sched, opt, loss = spec.generation, spec.schedule, spec.optimizer, spec.loss
+        if train.checkpoint:
+            load_weights(self.train_net, self.train_layout, train.checkpoint)
         else:
-            init_random_weights(self.train_net, self.train_layout, seed=job.init_seed)
-        opt, sched = cfg.optimizer, cfg.schedule
-        loss_cell = GRPOLossCell(beta=cfg.loss.beta, epsilon_low=cfg.loss.epsilon_low,
-                                 epsilon_high=cfg.loss.epsilon_high, kl_estimator=cfg.loss.kl_estimator)
+            init_random_weights(self.train_net, self.train_layout, seed=spec.init_seed)
+        loss_cell = GRPOLossCell(beta=loss.beta, epsilon_low=loss.epsilon_low, epsilon_high=loss.epsilon_high,
+                                 kl_estimator=loss.kl_estimator)
         self.engine = TrainEngine(
             "actor", self.train_net, GRPOLossNet(self.train_net, loss_cell, gen.temperature),
-            adamw(cfg, self.train_net.trainable_params(), self.train_cfg, self.train_layout),
-            self.train_layout, self.train_cfg,
-            MicroBatchSizer.for_pass("train", sched, self.train_cfg, self.train_layout, gen.num_generations,
+            adamw(opt, train, self.train_net.trainable_params()), self.train_layout, train.model,
+            MicroBatchSizer.for_pass("train", sched, train.model, self.train_layout, gen.num_generations,
                                      training=True),
-            comm, update_policy(cfg, opt.learning_rate, opt.warmup_steps, opt.max_grad_norm), self.train_strategy,
-            stage_shared=self.train_net.stage_shared_params, dp_sums=dp_sums)
+            comm, update_policy(opt, sched, loss.aggregation, opt.learning_rate, opt.warmup_steps, opt.max_grad_norm),
+            self.train_strategy, stage_shared=self.train_net.stage_shared_params, dp_sums=dp_sums)
         self.to_infer = None if self.shares_weights else \
             self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
         self.old_log_probs = ForwardEngine(ResponseLogProbs(self.infer_net, gen.temperature), MicroBatchSizer.for_pass(
-            "log_prob", sched, self.infer_cfg, self.infer_layout, gen.num_generations, training=False))
+            "log_prob", sched, infer.model, self.infer_layout, gen.num_generations, training=False))
         self._build_generators()
         if self.shares_weights:
             logger.info("actor: the inference net uses the train net's weights (same model and layout %s): no "
                         "second copy, no reshard", self.infer_layout)
-        elif job.load_sft_checkpoint_infer:
-            load_weights(self.infer_net, self.infer_layout, job.load_sft_checkpoint_infer, INFER_PREFIX)
+        elif infer.checkpoint:
+            load_weights(self.infer_net, self.infer_layout, infer.checkpoint, INFER_PREFIX)
         else:
             self.to_infer.run()
 
     def _build_generators(self) -> None:
-        gen, cfg = self.generation, self.config
+        spec, gen = self.spec, self.spec.generation
         self.generator = Generator(self.infer_net, gen)
         self.generator.rng = np.random.default_rng([gen.seed, self.infer_layout.dp_rank])
         # the evaluation prefills as many prompts a call as the rollout: both run one prefill graph
         self.eval_generator = Generator(self.infer_net, dataclasses.replace(
-            gen, do_sample=False, num_generations=1,
-            max_new_tokens=cfg.eval.eval_max_new_tokens or gen.max_new_tokens), share_graphs_with=self.generator,
-            prefill_prompts=cfg.schedule.batch_size // self.infer_layout.dp)
+            gen, do_sample=False, num_generations=1, max_new_tokens=spec.eval_max_new_tokens),
+            share_graphs_with=self.generator, prefill_prompts=spec.schedule.batch_size // self.infer_layout.dp)
 
     def resharder_to(self, net, strategy: dict, prefix: str):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
         net's names), from every pipeline stage when the train net has them."""
         names = {name[len(prefix):]: name for name in strategy}
-        return Resharder(self.train_net, net, self.train_strategy, strategy, names, rank=self.rank,
+        return Resharder(self.train_net, net, self.train_strategy, strategy, names, rank=self.train_layout.rank,
                          src_pipeline=self.train_layout, src_stage_layouts=self.engine.stages)
 
     # ------------------------------------------------------------------ state
@@ -280,9 +267,8 @@ class Actor(Role):
         """`schedule.num_iterations` passes of mini-batch updates on this train rank's rows of the experience
         (`RankRows`); returns the `actor/*` metrics averaged over the updates."""
         self.assert_resident((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "train")
-        sched = self.config.schedule
-        return self.engine.update(share, self.generation.num_generations, sched.prompts_per_update,
-                                  sched.num_iterations)
+        return self.engine.update(share, self.spec.group_size, self.spec.schedule.prompts_per_update,
+                                  self.spec.schedule.num_iterations)
 
     def sync_inference(self) -> None:
         """Reshards the train net's weights into the inference net (nothing to do when it is the train net)."""
@@ -296,21 +282,19 @@ class Reference(Role):
     net at the start and every `schedule.ref_model_sync_steps` steps."""
 
     name = "reference"
-    resident_in = {"ref": (REF_WEIGHTS,)}
 
-    def __init__(self, plan):
-        self.job, self.rank = plan.job, plan.rank
-        self.layout, self.temperature = plan.infer_layout, plan.generation.temperature
-        self.net = Qwen2ForCausalLM(plan.infer_cfg, self.layout)
+    def __init__(self, spec: ReferenceSpec):
+        self.spec, self.layout = spec, spec.net.layout
+        self.net = Qwen2ForCausalLM(spec.net.model, self.layout)
         self.net.update_parameters_name(REF_PREFIX)
         self.strategy = net_layouts(self.net, self.layout)
 
     def build(self, actor: Actor) -> None:
         self.from_actor = actor.resharder_to(self.net, self.strategy, REF_PREFIX)
         # the actor's sizer: both passes read the same rows in the same layout
-        self.engine = ForwardEngine(ResponseLogProbs(self.net, self.temperature), actor.old_log_probs.sizer)
-        if self.job.load_ref_checkpoint:
-            load_weights(self.net, self.layout, self.job.load_ref_checkpoint, REF_PREFIX)
+        self.engine = ForwardEngine(ResponseLogProbs(self.net, self.spec.temperature), actor.old_log_probs.sizer)
+        if self.spec.net.checkpoint:
+            load_weights(self.net, self.layout, self.spec.net.checkpoint, REF_PREFIX)
         else:
             self.from_actor.run()
 
@@ -343,12 +327,10 @@ class Critic(Role):
     `values`) and trains on the returns (phase `update_critic`); it is offloaded in every other phase."""
 
     name = "critic"
-    resident_in = {"values": (CRITIC_WEIGHTS,), "update_critic": (CRITIC_WEIGHTS, CRITIC_MOMENTS)}
 
-    def __init__(self, plan):
-        self.config, self.job, self.rank = plan.config, plan.job, plan.rank
-        self.model_config, self.layout = plan.critic_cfg, plan.critic_layout
-        self.net = Qwen2ForValue(self.model_config, self.layout)
+    def __init__(self, spec: CriticSpec):
+        self.spec, self.layout = spec, spec.net.layout
+        self.net = Qwen2ForValue(spec.net.model, self.layout)
         self.net.update_parameters_name(CRITIC_PREFIX)
         self.strategy = net_layouts(self.net, self.layout)  # of this rank's stage
         self.engine: TrainEngine | None = None  # from build()
@@ -356,35 +338,35 @@ class Critic(Role):
     def build(self, actor: Actor, comm, dp_sums=None) -> None:
         """Weights (a critic checkpoint, or the starting policy's backbone with a zero head), the training engine
         and the values' forward engine."""
-        cfg, critic, group = self.config, self.config.critic, self.config.generation.num_generations
+        spec, critic, model = self.spec, self.spec.critic, self.spec.net.model
+        sched, opt, group = spec.schedule, spec.optimizer, spec.group_size
         self._load_weights(actor)
         self.comm = comm
         self.engine = TrainEngine(
             "critic", self.net, ValueLossNet(self.net, ValueLossCell(critic.cliprange_value)),
-            adamw(cfg, self.net.trainable_params(), self.model_config, self.layout, "critic_", critic.learning_rate),
-            self.layout, self.model_config,
-            MicroBatchSizer.for_pass("critic train", cfg.schedule, self.model_config, self.layout, group,
-                                     training=True),
-            comm, update_policy(cfg, critic.learning_rate, critic.lr_warmup_steps, critic.grad_clip), self.strategy,
-            dp_sums=dp_sums)
+            adamw(opt, spec.net, self.net.trainable_params(), "critic_", critic.learning_rate), self.layout, model,
+            MicroBatchSizer.for_pass("critic train", sched, model, self.layout, group, training=True),
+            comm, update_policy(opt, sched, spec.aggregation, critic.learning_rate, critic.lr_warmup_steps,
+                                critic.grad_clip),
+            self.strategy, dp_sums=dp_sums)
         self.values_engine = ForwardEngine(
             ResponseValues(self.net),
-            MicroBatchSizer.for_pass("values", cfg.schedule, self.model_config, self.layout, group, training=False),
-            self.net, self.layout, self.model_config)
+            MicroBatchSizer.for_pass("values", sched, model, self.layout, group, training=False),
+            self.net, self.layout, model)
 
     def _load_weights(self, actor: Actor) -> None:
-        job = self.job
-        if job.load_critic_checkpoint:
-            source = job.load_critic_checkpoint
+        net, policy, model = self.spec.net, self.spec.policy, self.spec.net.model
+        if net.checkpoint:
+            source = net.checkpoint
             state = read_weights(source, "critic")
         else:
-            source = job.load_sft_checkpoint_train or f"random weights (seed {job.init_seed})"
-            state = read_weights(job.load_sft_checkpoint_train) if job.load_sft_checkpoint_train else \
-                random_full_state(actor.train_net, actor.train_layout, job.init_seed)
-            state = with_zero_value_head(state, self.model_config.hidden_size, self.model_config.value_head_bias)
+            source = policy.checkpoint or f"random weights (seed {self.spec.init_seed})"
+            state = read_weights(policy.checkpoint) if policy.checkpoint else \
+                random_full_state(actor.train_net, actor.train_layout, self.spec.init_seed)
+            state = with_zero_value_head(state, model.hidden_size, model.value_head_bias)
             logger.info("critic: the starting policy's backbone with a zero value head (--load_critic_checkpoint "
                         "not given)")
-        load_value_model(self.net, self.layout, state, source, CRITIC_PREFIX, f"critic {job.sft_path_critic}")
+        load_value_model(self.net, self.layout, state, source, CRITIC_PREFIX, f"critic {net.yaml}")
 
     def swap_groups(self) -> dict[str, list]:
         return {CRITIC_WEIGHTS: self.engine.weights(), CRITIC_MOMENTS: self.engine.optimizer_state()}
@@ -420,9 +402,8 @@ class Critic(Role):
         """`schedule.num_iterations` passes of mini-batches on the value loss over this critic rank's rows of the
         experience (`RankRows`); `critic/*` metrics."""
         self.assert_resident((CRITIC_WEIGHTS, CRITIC_MOMENTS), "train")
-        sched = self.config.schedule
-        return self.engine.update(share, self.config.generation.num_generations, sched.prompts_per_update,
-                                  sched.num_iterations)
+        return self.engine.update(share, self.spec.group_size, self.spec.schedule.prompts_per_update,
+                                  self.spec.schedule.num_iterations)
 
 
 class Reward(Role):
@@ -432,30 +413,27 @@ class Reward(Role):
 
     name = "reward"
 
-    def __init__(self, plan, tokenizer):
-        reward = plan.config.reward
-        self.config, self.job, self.tokenizer, self.rank = plan.config, plan.job, tokenizer, plan.rank
+    def __init__(self, spec: RewardSpec, tokenizer):
+        reward = spec.reward
+        self.spec, self.tokenizer = spec, tokenizer
         self.rules = build_reward_fn(reward.reward_funcs, reward.reward_weights) if reward.reward_funcs else None
         self.net = None
-        if reward.reward_model_path:
-            self.model_config, self.layout = plan.reward_model_cfg, plan.infer_layout
-            self.net = Qwen2ForValue(self.model_config, self.layout)
+        if spec.model is not None:
+            self.layout = spec.model.layout
+            self.net = Qwen2ForValue(spec.model.model, self.layout)
             self.net.update_parameters_name(REWARD_MODEL_PREFIX)
             self.strategy = net_layouts(self.net, self.layout)
-            self.resident_in = {"reward": (REWARD_MODEL_WEIGHTS,)}
 
     def build(self) -> None:
         """Loads the reward model (a checkpoint with a value head) and its scoring engine."""
         if self.net is None:
             return
-        path = self.config.reward.reward_model_path
+        model, path = self.spec.model, self.spec.model.checkpoint
         state = read_weights(path, "critic")  # a step folder's value model is its critic
-        load_value_model(self.net, self.layout, state, path, REWARD_MODEL_PREFIX,
-                         f"reward model {self.job.sft_path_reward or self.job.sft_path_infer}")
+        load_value_model(self.net, self.layout, state, path, REWARD_MODEL_PREFIX, f"reward model {model.yaml}")
         self.engine = ForwardEngine(ResponseScores(self.net), MicroBatchSizer.for_pass(
-            "reward model", self.config.schedule, self.model_config, self.layout,
-            self.config.generation.num_generations, training=False))
-        logger.info("reward model %s (weight %g)%s", path, self.config.reward.reward_model_weight,
+            "reward model", self.spec.schedule, model.model, self.layout, self.spec.group_size, training=False))
+        logger.info("reward model %s (weight %g)%s", path, self.spec.reward.reward_model_weight,
                     f" + rule rewards {self.rules}" if self.rules else "")
 
     def swap_groups(self) -> dict[str, list]:
@@ -486,6 +464,6 @@ class Reward(Role):
         if self.net is not None:
             scores = self.model_scores({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
                                         "response_ids": response_ids, "response_mask": response_mask})
-            rewards = (rewards + self.config.reward.reward_model_weight * scores).astype(np.float32)
+            rewards = (rewards + self.spec.reward.reward_model_weight * scores).astype(np.float32)
             terms = {**terms, "reward_model": scores}
         return rewards, terms, completions

@@ -263,7 +263,7 @@ def test_the_learning_rate_schedule_spans_every_update_of_the_run():
     config = GRPOConfig().replace({"schedule": {"batch_size": 8, "mini_batch_size": 2, "steps": 5,
                                                 "num_iterations": 2}})
     assert total_updates(config.schedule) == 5 * 2 * 4  # steps x passes x mini-batches a pass
-    policy = update_policy(config, 1e-3, 2, 1.0)
+    policy = update_policy(config.optimizer, config.schedule, config.loss.aggregation, 1e-3, 2, 1.0)
     assert [policy.lr.at(u) for u in range(3)] == [5e-4, 1e-3, 1e-3]
 
 

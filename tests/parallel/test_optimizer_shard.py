@@ -82,11 +82,11 @@ def test_the_jobs_optimizer_is_sharded_by_the_model_yaml(shard, dp, sharded):
     from mindrlhf.parallel.layout import Layout
     from mindrlhf.trainer.roles import adamw
 
-    config = SimpleNamespace(optimizer=SimpleNamespace(learning_rate=1e-3, beta1=0.9, beta2=0.95, eps=1e-8,
-                                                       weight_decay=0.0))
-    model_config = SimpleNamespace(parallel_config=ParallelConfig(data_parallel=dp, optimizer_shard=shard))
+    optimizer_config = SimpleNamespace(learning_rate=1e-3, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.0)
+    parallel_config = ParallelConfig(data_parallel=dp, optimizer_shard=shard)
+    net = SimpleNamespace(model=SimpleNamespace(parallel_config=parallel_config), layout=Layout(dp=dp, tp=1))
     params = [Parameter(Tensor(np.zeros((3, 3), np.float32)), name=f"w{dp}{shard}")]
-    optimizer = adamw(config, params, model_config, Layout(dp=dp, tp=1), "critic_")
+    optimizer = adamw(optimizer_config, net, params, "critic_")
     assert isinstance(optimizer, ShardedAdamW) is sharded
     assert optimizer.moments1[0].shape == ((5,) if sharded else (3, 3))
     assert optimizer.adam_step.name == "critic_adam_step"

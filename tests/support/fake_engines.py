@@ -35,7 +35,7 @@ def fake_engine(name, norms, max_consecutive_skips, inputs, outputs, seen=None):
     engine.sizer = SimpleNamespace(width=lambda mask, longest=None: mask.shape[1],
                                    split=lambda arrays, width, first_row: [arrays])
     engine.comm = SimpleNamespace(group_sum=lambda values, group: values)
-    engine.policy = update_policy(config, 1e-3, 0, 1.0)
+    engine.policy = update_policy(config.optimizer, config.schedule, config.loss.aggregation, 1e-3, 0, 1.0)
     calls = iter(norms)
 
     def train_step(micro_batches):
@@ -51,5 +51,6 @@ def fake_engine(name, norms, max_consecutive_skips, inputs, outputs, seen=None):
 def role_with_engine(role_class, name, norms, max_consecutive_skips, inputs, outputs, seen=None):
     config, engine = fake_engine(name, norms, max_consecutive_skips, inputs, outputs, seen)
     role = role_class.__new__(role_class)
-    role.config, role.generation, role.engine = config, config.generation, engine
+    role.spec = SimpleNamespace(schedule=config.schedule, group_size=config.generation.num_generations)
+    role.engine = engine
     return role

@@ -14,12 +14,22 @@ from mindrlhf.configs.grpo_configs import GRPOConfig
 from mindrlhf.configs.job import JobOptions
 from mindrlhf.models.tokenizer import load_tokenizer
 from mindrlhf.parallel.layout import LayoutError
+from mindrlhf.trainer.phases import PHASES
 from mindrlhf.trainer.plan import (
     JobPlan,
     check_job_inputs,
     check_registered_names,
     check_write_targets,
     resolve_token_ids,
+)
+from mindrlhf.trainer.specs import (
+    CRITIC_MOMENTS,
+    CRITIC_WEIGHTS,
+    INFER_WEIGHTS,
+    OPTIMIZER_MOMENTS,
+    REF_WEIGHTS,
+    TRAIN_WEIGHTS,
+    phase_plan,
 )
 
 
@@ -66,10 +76,17 @@ def build(files, tokenizer, config=None, world_size=2, rank=0, **job_changes) ->
 def test_the_plan_of_the_tiny_job(files, tokenizer):
     plan = build(files, tokenizer, rank=1)
     assert (plan.world_size, plan.rank) == (2, 1)
-    assert (plan.train_layout.dp, plan.train_layout.tp, plan.train_layout.tp_rank) == (1, 2, 1)
-    assert (plan.infer_layout.dp, plan.infer_layout.tp, plan.infer_layout.dp_rank) == (2, 1, 1)
-    assert plan.train_cfg.parallel_config.model_parallel == 2 and plan.infer_cfg.parallel_config.data_parallel == 2
-    assert plan.critic_cfg is None and plan.critic_layout is None and plan.reward_model_cfg is None
+    train, infer = plan.actor.train, plan.actor.infer
+    assert (train.layout.dp, train.layout.tp, train.layout.tp_rank) == (1, 2, 1)
+    assert (infer.layout.dp, infer.layout.tp, infer.layout.dp_rank) == (2, 1, 1)
+    assert train.model.parallel_config.model_parallel == 2 and infer.model.parallel_config.data_parallel == 2
+    assert (train.yaml, infer.yaml, train.checkpoint, infer.checkpoint) == (files.train, files.infer, "", "")
+    assert plan.critic is None and plan.reward.model is None and not plan.actor.shares_train_weights
+    # the tiny config's beta > 0: a reference in the inference layout, resharded from the actor (no checkpoint)
+    assert plan.reference.net == infer and plan.reference.temperature == plan.generation.temperature
+    assert [spec.name for spec in plan.roles()] == ["actor", "reference", "reward"]
+    assert plan.actor.resident_in["generate"] == ("infer_weights",) and plan.reward.resident_in == {}
+    assert plan.actor.eval_max_new_tokens == plan.generation.max_new_tokens and plan.actor.group_size == 4
     # eos / pad come from the tokenizer; everything else is the config's
     assert plan.generation.eos_token_ids == [702, 700] and plan.generation.pad_token_id == 700
     assert plan.generation.max_new_tokens == 96 and plan.generation.prompt_buckets == [256]
@@ -92,9 +109,9 @@ def test_the_plan_built_before_the_cluster_forms_places_each_rank_without_checki
     monkeypatch.setattr(Qwen2Config, "from_yaml", lambda *a, **k: pytest.fail("a YAML was read again"))
     placed = first.for_rank(1)
     assert placed.rank == 1 and placed.world_size == 2
-    assert (placed.train_layout, placed.infer_layout, placed.critic_layout) == \
-        (expected.train_layout, expected.infer_layout, None)
-    assert placed.train_layout != first.train_layout  # tp rank 1, not 0
+    assert placed.actor == expected.actor and placed.reference == expected.reference and placed.critic is None
+    assert placed.reward == expected.reward
+    assert placed.actor.train.layout != first.actor.train.layout  # tp rank 1, not 0
     assert placed.config is first.config and placed.job is first.job and placed.generation == first.generation
     monkeypatch.setenv("MS_WORKER_NUM", "4")
     monkeypatch.setenv("MS_ROLE", "MS_WORKER")
@@ -233,7 +250,7 @@ def test_a_pipeline_train_layout(files, tokenizer):
                                           r"ranks, but the job has 2"):
         build(files, tokenizer, sft_path_train=staged, sft_path_infer=infer1)
     plan = build(files, tokenizer, sft_path_train=staged)  # 8 responses a rank per update: 2 micro-batches of 4
-    assert (plan.train_layout.pp, plan.train_layout.stage) == (2, 0)
+    assert (plan.actor.train.layout.pp, plan.actor.train.layout.stage) == (2, 0)
     with pytest.raises(ConfigError, match=rf"{staged}: parallel_config.micro_batch_num=2 must divide the 3 "
                                           r"responses each train rank gets per update"):
         build(files, tokenizer, config_of(generation={"num_generations": 3}, schedule={"mini_batch_size": 1}),
@@ -303,6 +320,23 @@ def test_rollout_rows_stay_on_their_rank_only_where_no_rank_needs_anothers(files
         assert build(files, tokenizer, config).rollout_rows_stay
 
 
+def test_the_phase_plan_follows_from_the_roles_specs(files, tokenizer):
+    """What is on device in each phase is the union of the specs' `resident_in`; the inference phases keep the
+    train weights when the inference net is the train net; no reference net, no ref phase group at beta 0."""
+    grpo = {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
+            "gather": (), "values": (), "update_critic": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
+            "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "eval": (INFER_WEIGHTS,)}
+    assert phase_plan(build(files, tokenizer).roles(), PHASES) == grpo
+    gae = config_of(algorithm={"adv_estimator": "gae"})
+    ppo = phase_plan(build(files, tokenizer, gae, sft_path_critic=files.train).roles(), PHASES)
+    assert ppo == {**grpo, "values": (CRITIC_WEIGHTS,), "update_critic": (CRITIC_WEIGHTS, CRITIC_MOMENTS)}
+    shared = build(files, tokenizer, config_of(loss={"beta": 0.0}), sft_path_infer=files.train)
+    assert shared.actor.shares_train_weights and shared.reference is None
+    assert phase_plan(shared.roles(), PHASES) == {
+        **grpo, "generate": (TRAIN_WEIGHTS,), "ref": (), "old": (TRAIN_WEIGHTS,), "reshard": (TRAIN_WEIGHTS,),
+        "eval": (TRAIN_WEIGHTS,)}
+
+
 def test_a_critic_exactly_with_gae(files, tokenizer):
     gae = config_of(algorithm={"adv_estimator": "gae"})
     with pytest.raises(ConfigError, match=r"^algorithm.adv_estimator: 'gae' needs a critic \(--sft_path_critic\)"):
@@ -311,7 +345,13 @@ def test_a_critic_exactly_with_gae(files, tokenizer):
                                           r"gae, not 'grpo'"):
         build(files, tokenizer, sft_path_critic=files.train)
     plan = build(files, tokenizer, gae, sft_path_critic=files.train)
-    assert plan.critic_cfg == plan.train_cfg and (plan.critic_layout.dp, plan.critic_layout.tp) == (1, 2)
+    critic = plan.critic
+    assert critic.net.model == plan.actor.train.model and (critic.net.layout.dp, critic.net.layout.tp) == (1, 2)
+    # no critic checkpoint: it starts from the policy's weights (here random, of the job's seed)
+    assert (critic.net.checkpoint, critic.policy, critic.init_seed) == ("", plan.actor.train, plan.job.init_seed)
+    assert [spec.name for spec in plan.roles()][-1] == "critic" and critic.aggregation == plan.config.loss.aggregation
+    at_rank_1 = build(files, tokenizer, gae, sft_path_critic=files.train, rank=1)
+    assert plan.for_rank(1).critic == at_rank_1.critic and at_rank_1.critic.policy == at_rank_1.actor.train
 
 
 def test_critic_yaml_errors(files, tokenizer):
@@ -327,7 +367,7 @@ def test_critic_yaml_errors(files, tokenizer):
         build(files, tokenizer, gae, sft_path_critic=wider, load_critic_checkpoint=str(ckpt))
     deeper = model_yaml(files.tmp, "critic_deep.yaml", **{"model.num_layers": 4})  # another net from a checkpoint
     plan = build(files, tokenizer, gae, sft_path_critic=deeper, load_critic_checkpoint=str(ckpt))
-    assert plan.critic_cfg.num_layers == 4
+    assert plan.critic.net.model.num_layers == 4 and plan.critic.net.checkpoint == str(ckpt)
     dp2 = model_yaml(files.tmp, "critic_dp2.yaml", **{"parallel.data_parallel": 2, "parallel.model_parallel": 1})
     odd = config_of(algorithm={"adv_estimator": "gae"}, generation={"num_generations": 3},
                     schedule={"batch_size": 2, "mini_batch_size": 1})
@@ -338,9 +378,12 @@ def test_critic_yaml_errors(files, tokenizer):
 
 def test_the_reward_model_reads_the_policys_tokens_in_the_inference_layout(files, tokenizer):
     scored = config_of(reward={"reward_model_path": "rm.ckpt"})
-    assert build(files, tokenizer, scored).reward_model_cfg == build(files, tokenizer).infer_cfg
+    plan = build(files, tokenizer, scored)
+    assert plan.reward.model == dataclasses.replace(plan.actor.infer, checkpoint="rm.ckpt")
+    assert plan.reward.resident_in == {"reward": ("reward_model_weights",)}
     rm = model_yaml(files.tmp, "rm.yaml", "infer.yaml", **{"model.num_layers": 4})
-    assert build(files, tokenizer, scored, sft_path_reward=rm).reward_model_cfg.num_layers == 4
+    scored_rm = build(files, tokenizer, scored, sft_path_reward=rm).reward.model
+    assert (scored_rm.model.num_layers, scored_rm.yaml) == (4, rm)
     vocab = model_yaml(files.tmp, "rm_vocab.yaml", "infer.yaml", **{"model.vocab_size": 768})
     with pytest.raises(ConfigError, match=rf"{vocab}: model_config.vocab_size=768, but the policy's is 704: the "
                                           r"reward model must read the same tokens"):

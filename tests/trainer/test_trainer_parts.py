@@ -24,20 +24,8 @@ from mindrlhf.checkpoint.step import (
 from mindrlhf.parallel.swap import SwapError, SwapManager
 from mindrlhf.trainer.experience import Experience, concat_experiences
 from mindrlhf.trainer.phases import PHASES, Phases
-from mindrlhf.trainer.roles import (
-    CRITIC_MOMENTS,
-    CRITIC_WEIGHTS,
-    INFER_WEIGHTS,
-    OPTIMIZER_MOMENTS,
-    REF_WEIGHTS,
-    TRAIN_WEIGHTS,
-    Actor,
-    Critic,
-    Reference,
-    Reward,
-    Role,
-    phase_plan,
-)
+from mindrlhf.trainer.roles import Role
+from mindrlhf.trainer.specs import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS
 
 
 def assert_same(a: Experience, b: Experience):
@@ -90,13 +78,10 @@ def make_swap():
     return swap
 
 
-def test_the_phase_plan_follows_from_the_roles():
-    grpo = {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
-            "gather": (), "values": (), "update_critic": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
-            "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "eval": (INFER_WEIGHTS,)}
-    assert phase_plan([Actor, Reference, Reward], PHASES) == grpo
-    ppo = phase_plan([Actor, Reference, Reward, Critic], PHASES)
-    assert ppo == {**grpo, "values": (CRITIC_WEIGHTS,), "update_critic": (CRITIC_WEIGHTS, CRITIC_MOMENTS)}
+# a GRPO job's phase plan (`specs.phase_plan` of its roles' specs: tests/trainer/test_job_plan.py)
+GRPO_PHASE_PLAN = {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
+                   "gather": (), "values": (), "update_critic": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
+                   "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "eval": (INFER_WEIGHTS,)}
 
 
 def test_a_role_refuses_to_run_a_net_whose_group_is_offloaded():
@@ -116,7 +101,7 @@ def test_a_role_refuses_to_run_a_net_whose_group_is_offloaded():
 
 def test_phases_apply_their_swap_plan_and_time_themselves():
     swap = make_swap()
-    plan = phase_plan([Actor, Reference, Reward], PHASES)
+    plan = GRPO_PHASE_PLAN
     phases = Phases(swap, plan)
     phases.start_step()
     for name in ("generate", "reward", "ref", "gather", "train", "reshard"):
@@ -390,9 +375,9 @@ def test_a_rank_that_keeps_its_rows_trains_and_reports_as_if_the_rollout_were_ga
         gathered, _ = collected_step(whole, rank, stays=False)
         assert sent == [5]  # rewards, reward/accuracy, response_length, prompt_length, clipped
         assert kept.generated is None and gathered.generated.num_rows == 16
-        mine, theirs = kept.shares["actor"], gathered.shares["actor"]
+        mine, theirs = kept.rank_rows["actor"], gathered.rank_rows["actor"]
         assert mine.batch_rows.tolist() == theirs.batch_rows.tolist() == list(range(8 * rank, 8 * rank + 8))
-        assert list(kept.shares) == ["actor"]
+        assert list(kept.rank_rows) == ["actor"]
         np.testing.assert_array_equal(mine.row_tokens, theirs.row_tokens)
         assert sorted(mine.rows) == sorted(theirs.rows)
         for name in theirs.rows:

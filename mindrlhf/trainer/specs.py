@@ -1,0 +1,130 @@
+"""What each role of a job is built from: `JobPlan.build` resolves one spec per role, once, from the config, the
+flags and the model YAMLs; a role (`mindrlhf.trainer.roles`) reads its spec and nothing else of the job.
+
+A spec holds its nets (`NetSpec`: model config, layout on this rank, the checkpoint to load and the YAML it came
+from), the config sections its engines use, and its residency (`resident_in`: phase -> the swap groups it must
+have on device). The memory plan reads the same specs, so what it counts is what the trainer builds. No MindSpore
+here: `--plan` and the config tools import this module.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mindrlhf.configs.generation import GenerationConfig
+from mindrlhf.configs.grpo_configs import CriticConfig, LossConfig, OptimizerConfig, RewardConfig, ScheduleConfig
+from mindrlhf.models.qwen2.config import Qwen2Config
+from mindrlhf.parallel.layout import Layout
+
+# Swap groups (names as they appear in the swap log and the phase plan)
+TRAIN_WEIGHTS = "train_weights"
+OPTIMIZER_MOMENTS = "optimizer_moments"
+INFER_WEIGHTS = "infer_weights"
+REF_WEIGHTS = "ref_weights"
+CRITIC_WEIGHTS = "critic_weights"
+CRITIC_MOMENTS = "critic_moments"
+REWARD_MODEL_WEIGHTS = "reward_model_weights"
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """One net of a role: its architecture (`model`, from the model YAML `yaml`), its layout on this rank, and the
+    checkpoint its weights are loaded from ("": the role makes them: random, or resharded from the actor)."""
+
+    model: Qwen2Config
+    layout: Layout
+    yaml: str
+    checkpoint: str = ""
+
+    def for_rank(self, world_size: int, rank: int) -> NetSpec:
+        """The same net placed at `rank` (nothing is checked again)."""
+        return dataclasses.replace(self, layout=Layout.from_config(self.model.parallel_config, world_size, rank))
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """The policy: its train net, its inference net (the train net itself when `shares_train_weights`), the
+    generation, loss, optimizer and schedule settings, and the seed of random weights (no train checkpoint)."""
+
+    name: ClassVar[str] = "actor"
+    train: NetSpec
+    infer: NetSpec
+    shares_train_weights: bool  # `plan.shares_train_weights`: one set of weights, nothing to reshard
+    generation: GenerationConfig
+    loss: LossConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    eval_max_new_tokens: int  # the greedy evaluation's longest answer
+    init_seed: int
+
+    @property
+    def group_size(self) -> int:
+        return self.generation.num_generations
+
+    @property
+    def infer_group(self) -> str:
+        """The swap group of the inference net's weights."""
+        return TRAIN_WEIGHTS if self.shares_train_weights else INFER_WEIGHTS
+
+    @property
+    def resident_in(self) -> dict[str, tuple[str, ...]]:
+        infer = (self.infer_group,)
+        return {"generate": infer, "eval": infer, "old": infer, "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
+                "reshard": tuple(dict.fromkeys((TRAIN_WEIGHTS, self.infer_group)))}
+
+
+@dataclass(frozen=True)
+class ReferenceSpec:
+    """The reference policy: a net in the inference layout, loaded from `net.checkpoint` or resharded from the
+    actor's train net (and again every `ref_model_sync_steps`, when the trainer adds it to the reshard phase)."""
+
+    name: ClassVar[str] = "reference"
+    resident_in: ClassVar[dict[str, tuple[str, ...]]] = {"ref": (REF_WEIGHTS,)}
+    net: NetSpec
+    temperature: float
+
+
+@dataclass(frozen=True)
+class CriticSpec:
+    """The PPO critic: a value model in its own layout, from `net.checkpoint` or else the starting policy
+    (`policy`: its checkpoint, or random weights of `init_seed`) with a zero value head."""
+
+    name: ClassVar[str] = "critic"
+    resident_in: ClassVar[dict[str, tuple[str, ...]]] = {"values": (CRITIC_WEIGHTS,),
+                                                         "update_critic": (CRITIC_WEIGHTS, CRITIC_MOMENTS)}
+    net: NetSpec
+    policy: NetSpec
+    critic: CriticConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    aggregation: str  # the loss's token weighting (`loss.aggregation`), as the actor's
+    group_size: int
+    init_seed: int
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """The rewards: the rule functions and, with `reward.reward_model_path`, a reward model (`model`, in the
+    inference layout, its checkpoint the reward model path)."""
+
+    name: ClassVar[str] = "reward"
+    reward: RewardConfig
+    model: NetSpec | None
+    schedule: ScheduleConfig
+    group_size: int
+
+    @property
+    def resident_in(self) -> dict[str, tuple[str, ...]]:
+        return {"reward": (REWARD_MODEL_WEIGHTS,)} if self.model is not None else {}
+
+
+def phase_plan(roles: Iterable, phases: Iterable[str]) -> dict[str, tuple[str, ...]]:
+    """Phase -> the swap groups resident in it: the union of what each role (or its spec) declares in
+    `resident_in`."""
+    plan: dict[str, tuple[str, ...]] = {phase: () for phase in phases}
+    for role in roles:
+        for phase, groups in role.resident_in.items():
+            plan[phase] = plan.get(phase, ()) + tuple(groups)
+    return plan
