@@ -86,6 +86,13 @@ class GenerationConfig:
     seed: int = help_field(
         0, "Seed of the host random stream used for sampling. The stream advances across generate() calls, so "
            "successive batches differ; the same seed and the same call sequence give the same samples.")
+    max_num_seqs: int = help_field(
+        0, "Decode slots of an inference rank (vLLM's max_num_seqs): at most this many responses are decoded at once, "
+           "and a slot whose response has ended takes the next waiting sample (its prompt prefilled into the slot) "
+           "until every sample of the rank's batch is done. The KV cache holds this many rows instead of the whole "
+           "batch. 0 = every row of the batch at once (one fixed batch: a row that ended waits for the longest). "
+           "Samples are the same for any value (a sample's random numbers follow the sample, not the slot) up to "
+           "the float rounding of another batch shape.")
     use_kv_cache: bool = help_field(
         True, "Prefill once, then decode one token per step against the static KV cache. False recomputes the "
               "full forward over a fixed [prompt bucket + max_new_tokens] buffer each step (for comparison).")
@@ -99,6 +106,11 @@ class GenerationConfig:
     def cache_length(self) -> int:
         """Slots of the static KV cache: the largest prompt bucket plus max_new_tokens."""
         return max(self.prompt_buckets) + self.max_new_tokens
+
+    def decode_rows(self, rows: int) -> int:
+        """The KV-cache rows a batch of `rows` samples decodes in: `max_num_seqs` slots when fewer (continuous
+        batching), else the whole batch."""
+        return min(rows, self.max_num_seqs) if self.max_num_seqs else rows
 
     def bucket_for(self, prompt_length: int) -> int:
         """The smallest bucket >= prompt_length; a ConfigError when none is long enough."""
@@ -131,6 +143,10 @@ class GenerationConfig:
               "prompt_buckets", "must be a non-empty list of positive lengths")
         check(all(a < b for a, b in zip(buckets, buckets[1:])), "prompt_buckets", "must be strictly increasing")
         check(_is_int(self.seed) and self.seed >= 0, "seed", "must be an integer >= 0")
+        check(_is_int(self.max_num_seqs) and self.max_num_seqs >= 0, "max_num_seqs",
+              "must be an integer >= 0 (0 = the whole batch at once)")
+        check(self.use_kv_cache or not self.max_num_seqs, "max_num_seqs",
+              "needs use_kv_cache (the slots are KV-cache rows)")
 
     def check_model(self, vocab_size: int, seq_length: int) -> None:
         """Checks the fields that depend on the network: token ids in the vocabulary, cache within seq_length."""

@@ -82,9 +82,9 @@ _SAVE = "checkpoints are written to --save_ckpt_dir (default <output_dir>/checkp
 _LOAD_STATE = ("--load_sft_checkpoint_train loads the weights only and starts at step 0; to continue a run with its "
                "optimizer and sampling state pass --resume")
 _SAVE_STATE = "checkpoints always hold the AdamW moments and the sampling stream (--resume needs them)"
-_VLLM = ("vLLM engine settings: mindrlhf's generator decodes each inference rank's rows as one fixed batch against a "
-         "static KV cache of max(generation.prompt_buckets) + generation.max_new_tokens slots, which "
-         "model_config.seq_length of the inference model YAML must hold")
+_VLLM = ("vLLM engine settings: mindrlhf's generator decodes at most generation.max_num_seqs rows of an inference "
+         "rank at once against a static KV cache of max(generation.prompt_buckets) + generation.max_new_tokens "
+         "positions a row, which model_config.seq_length of the inference model YAML must hold")
 _OFFLOAD = "mindrlhf swaps idle nets to host memory by itself (docs/memory_plan.md); there is no switch"
 _COLOCATED = "every net shares each device here (the integrated worker's placement), idle ones swapped to host"
 _RESOURCES = ("the devices are the model YAMLs' layouts (data_parallel x model_parallel x pipeline_stage), launched "
@@ -224,7 +224,7 @@ GENERATE_KEYS: dict[str, Rule] = {
     "infer_pipeline_parallel_size": ForeignKey(_one, WARN, _INFER_PP),
     "infer_expert_parallel_size": ForeignKey(_one, REFUSE, _NO_MOE),
     "enable_expert_parallel": ForeignKey(_falsy, REFUSE, _NO_MOE),
-    "max_num_seqs": ForeignKey(never, WARN, _VLLM),
+    "max_num_seqs": ToFields(("generation.max_num_seqs",)),
     "max_num_batched_tokens": ForeignKey(never, WARN, _VLLM),
     "max_model_len": ForeignKey(never, WARN, _VLLM),
     "gpu_memory_utilization": ForeignKey(never, WARN, _VLLM),

@@ -9,6 +9,7 @@ draws the uniforms from its seeded stream.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import sys
@@ -195,14 +196,22 @@ class Generator:
         bar = tqdm(total=cfg.max_new_tokens, desc="generate", unit="tok", leave=False,
                    disable=not (progress and sys.stderr.isatty()))
         with bar:
-            if cfg.use_kv_cache:
+            if cfg.use_kv_cache and cfg.decode_rows(batch) < batch:
+                response, resp_mask, log_probs, steps = self._run_slots(prompts, prompts_mask, lengths,
+                                                                        return_log_probs, bar)
+            elif cfg.use_kv_cache:
                 response, resp_mask, log_probs, steps = self._run_cached(prompts, prompts_mask, lengths,
                                                                          return_log_probs, bar)
             else:
                 response, resp_mask, log_probs, steps = self._run_uncached(ids, mask, return_log_probs, bar)
         elapsed = time.perf_counter() - start
-        self.last_stats = {"batch_size": batch, "prompt_bucket": bucket, "steps": steps, "seconds": elapsed,
-                           "response_tokens": int(resp_mask.sum())}
+        rows = cfg.decode_rows(batch) if cfg.use_kv_cache else batch
+        tokens = int(resp_mask.sum())
+        # decode calls compute `rows` rows each; the first token of every sample came from a prefill call
+        decode_calls = steps - 1 if rows == batch else steps
+        self.last_stats = {"batch_size": batch, "rows": rows, "prompt_bucket": bucket, "steps": steps,
+                           "seconds": elapsed, "response_tokens": tokens,
+                           "idle_row_share": 1.0 - (tokens - batch) / (rows * decode_calls) if decode_calls else 0.0}
         logger.debug("generated %s", self.last_stats)
         return GenerationOutput(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=resp_mask,
                                 response_lengths=resp_mask.sum(axis=1).astype(np.int32),
@@ -324,9 +333,61 @@ class Generator:
             valid[:, slot] = 1.0
             positions = (prompt_lengths + t).astype(np.int32)[:, None]
             chosen = self._run("decode", key, cache.decode, Tensor(tokens[:, None]), Tensor(positions),
-                               Tensor(slot, ms.int32), Tensor(valid), uniforms=self._uniforms(batch),
+                               Tensor(np.full(batch, slot, np.int32)), Tensor(valid), uniforms=self._uniforms(batch),
                                with_log_probs=return_log_probs)
         return response, resp_mask, log_probs, steps
+
+    def _run_slots(self, prompts, prompts_mask, prompt_lengths, return_log_probs, bar):
+        """Continuous batching over `max_num_seqs` slots (KV-cache rows): a slot whose response ended takes the next
+        waiting sample (samples in order: prompt j's are j n .. j n + n - 1); a prompt is prefilled once into all
+        the free slots its waiting samples take; then every occupied slot decodes one token a call, each at its own
+        position. Returns the fixed batch's buffers and the number of decode calls."""
+        cfg = self.config
+        bucket, slots = prompts.shape[1], cfg.max_num_seqs
+        state = _Slots(self, slots, len(prompts) * cfg.num_generations, return_log_probs)
+        cache = self.cache(slots)
+        key = (slots, cache.length)
+        valid = np.zeros((slots, cache.length), np.float32)
+        calls = 0
+        while True:
+            self._fill_slots(state, cache, key, prompts, prompts_mask, valid)
+            occupied = np.flatnonzero(state.sample_of >= 0)
+            if not occupied.size:
+                return state.response, state.resp_mask, state.log_probs, calls
+            samples, t = state.sample_of[occupied], state.next_token[occupied]
+            tokens = np.full(slots, cfg.pad_token_id, np.int32)
+            tokens[occupied] = state.response[samples, t - 1]
+            write_at = np.full(slots, bucket, np.int32)  # an empty slot writes where its next sample starts
+            write_at[occupied] = bucket + t - 1
+            positions = np.zeros(slots, np.int32)
+            positions[occupied] = prompt_lengths[samples] + t - 1
+            valid[occupied, write_at[occupied]] = 1.0
+            chosen = self._run("decode", key, cache.decode, Tensor(tokens[:, None]), Tensor(positions[:, None]),
+                               Tensor(write_at), Tensor(valid), uniforms=state.uniforms(occupied),
+                               with_log_probs=return_log_probs)
+            calls += 1
+            bar.update()
+            state.record(occupied, chosen)
+
+    def _fill_slots(self, state: _Slots, cache: KVCache, key: tuple, prompts, prompts_mask, valid) -> None:
+        """Gives the free slots the next waiting samples, a prompt at a time: the prompt is prefilled once into the
+        slots its samples take, which then hold their first token (a sample that ends there frees its slot again)."""
+        n, slots, bucket = self.config.num_generations, state.sample_of.size, prompts.shape[1]
+        while state.waiting and (state.sample_of < 0).any():
+            free = np.flatnonzero(state.sample_of < 0)
+            prompt = state.waiting[0] // n
+            taken = [state.waiting.popleft() for _ in range(min(len(free), n - state.waiting[0] % n))]
+            rows = free[:len(taken)]
+            state.sample_of[rows], state.next_token[rows] = taken, 0
+            valid[rows] = 0.0
+            valid[rows, :bucket] = prompts_mask[prompt]
+            written = np.zeros(slots, np.float32)
+            written[rows] = 1.0
+            chosen = self._run("prefill", key, cache.prefill, Tensor(prompts[prompt:prompt + 1]),
+                               Tensor(prompts_mask[prompt:prompt + 1]), Tensor(np.zeros(slots, np.int32)),
+                               Tensor(written), uniforms=state.uniforms(rows),
+                               with_log_probs=state.log_probs is not None)
+            state.record(rows, chosen)
 
     def _prefill(self, cache: KVCache, key: tuple, prompts: np.ndarray, prompts_mask: np.ndarray, n: int,
                  with_log_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -366,3 +427,41 @@ class Generator:
             buf[:, bucket + t], buf_mask[:, bucket + t] = tokens, 1
         return response, resp_mask, log_probs, steps
 
+
+class _Slots:
+    """The decode slots of one continuous-batching call (`Generator._run_slots`): the sample each slot holds (-1:
+    empty) and the index of the token it produces next, the samples waiting for a slot, and the whole batch's
+    response buffers. Sample s's token t is drawn at uniform [t, s] of the generator's stream, row t drawn (for
+    every sample, in one call) the first time a sample reaches token t, as the fixed batch draws it: the samples
+    do not depend on the slots."""
+
+    def __init__(self, generator: Generator, slots: int, batch: int, return_log_probs: bool):
+        self.generator, self.batch = generator, batch
+        self.response, self.resp_mask, self.log_probs, _ = generator._buffers(batch, return_log_probs)
+        self.sample_of = np.full(slots, -1)
+        self.next_token = np.zeros(slots, np.int64)
+        self.waiting = collections.deque(range(batch))
+        self.uniform_rows: list[np.ndarray] = []
+
+    def uniforms(self, rows: np.ndarray) -> np.ndarray:
+        """A uniform a slot: [t, s] for the slots `rows` (sample s, producing its token t), 0 elsewhere."""
+        t = self.next_token[rows]
+        while len(self.uniform_rows) <= int(t.max()):
+            self.uniform_rows.append(self.generator._uniforms(self.batch))
+        drawn = np.zeros(self.sample_of.size, np.float32)
+        drawn[rows] = np.stack(self.uniform_rows)[t, self.sample_of[rows]]
+        return drawn
+
+    def record(self, rows: np.ndarray, chosen) -> None:
+        """Writes the tokens chosen for slots `rows` into their samples' responses; a slot whose sample ended (an
+        EOS, or its last token) is emptied."""
+        cfg = self.generator.config
+        tokens, token_lp = chosen
+        samples, t = self.sample_of[rows], self.next_token[rows]
+        self.response[samples, t] = tokens[rows]
+        self.resp_mask[samples, t] = 1
+        if self.log_probs is not None:
+            self.log_probs[samples, t] = token_lp[rows]
+        ended = np.isin(tokens[rows], cfg.eos_token_ids) | (t == cfg.max_new_tokens - 1)
+        self.sample_of[rows[ended]] = -1
+        self.next_token[rows[~ended]] += 1

@@ -121,8 +121,10 @@ def _transients(plan) -> dict[str, dict[str, int]]:
     train, infer = plan.actor.train.layout, plan.actor.infer.layout
     ts, ins = NetShape.of(train_cfg), NetShape.of(infer_cfg)
     prompts = sched.batch_size // infer.dp
-    prefill, _ = forward_activation_bytes(ins, Call(prompts, 0, P, 0), infer.tp)
-    generate = {"activations": prefill, "logits": 4 * ins.vocab * (prompts + prompts * group)}
+    slots = gen.decode_rows(prompts * group)
+    prefilled = prompts if slots == prompts * group else 1  # with slots: one prompt a prefill call
+    prefill, _ = forward_activation_bytes(ins, Call(prefilled, 0, P, 0), infer.tp)
+    generate = {"activations": prefill, "logits": 4 * ins.vocab * (prefilled + slots)}
     call = largest_call("log_prob", sched, infer_cfg, infer, group, prompts * group, P, R, False)
     acts, logits = forward_activation_bytes(ins, call, infer.tp)
     forward = {"activations": acts, "logits": logits}
@@ -146,7 +148,7 @@ def rank_memory(plan, rank: int, device: str = "cpu") -> list[PhaseMemory]:
     groups = _groups(plan)
     transients = _transients(plan)
     gen, sched, infer, train = plan.generation, plan.config.schedule, plan.actor.infer.layout, plan.actor.train.layout
-    kv_rows = sched.batch_size // infer.dp * gen.num_generations
+    kv_rows = gen.decode_rows(sched.batch_size // infer.dp * gen.num_generations)
     kv = NetShape.of(plan.actor.infer.model).kv_cache_bytes(kv_rows, gen.cache_length, infer.tp)
     recomputed = recompute_of(plan.actor.train.model, train.pp, train.stage).full * sched.response_buckets
     runtime = int(RUNTIME_OVERHEAD_GIB[device] * GIB) + GRAPH_BYTES_PER_LAYER[device] * _graph_layers(plan) \

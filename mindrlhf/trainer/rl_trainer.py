@@ -407,6 +407,7 @@ class RLTrainer:
         metrics.update(batch.sampling)
         metrics.update(self.phases.step_metrics())
         metrics["timing/step"] = round(elapsed, 4)
+        metrics["perf/idle_decode_rows"] = round(self.actor.generator.last_stats.get("idle_row_share", 0.0), 4)
         metrics.update(throughput_metrics(token_count(rows), trained_tokens, self.world_size, metrics))
         metrics.update(memory_metrics(self.comm.all_gather(np.array([peak_rss_gib()], np.float32))))
         return metrics

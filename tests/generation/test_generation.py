@@ -150,6 +150,42 @@ def test_stops_when_every_row_has_ended(generator):
     assert (out.response_ids[:, 1:] == PAD).all()
 
 
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+def test_slots_refilled_mid_rollout_give_the_fixed_batchs_samples(generator, do_sample):
+    """3 prompts x 4 samples through 5 slots (`max_num_seqs`): samples end at an EOS at different steps and their
+    slots take the waiting ones (a prompt prefilled into the free slots), each slot at its own position. Every
+    response and mask equals the fixed batch's token for token, and the log-probs within float rounding: each
+    sample draws the same uniforms whatever slot it runs in."""
+    kw = dict(num_generations=4, max_new_tokens=12, do_sample=do_sample, temperature=1.5, seed=4)
+    free = run(generator, **kw).response_ids
+    tokens, counts = np.unique(free[:, 1:6], return_counts=True)
+    eos = int(tokens[np.argmax(counts)])  # frequent early: responses end at different steps
+    fixed = run(generator, return_log_probs=True, eos_token_ids=[eos], **kw)
+    fixed_stats = generator.last_stats
+    slots = run(generator, return_log_probs=True, eos_token_ids=[eos], max_num_seqs=5, **kw)
+    lengths = fixed.response_lengths
+    assert lengths.min() < 12 and len(set(lengths.tolist())) > 2  # the case needs ends at several steps
+    np.testing.assert_array_equal(slots.response_ids, fixed.response_ids)
+    np.testing.assert_array_equal(slots.response_mask, fixed.response_mask)
+    np.testing.assert_allclose(slots.log_probs, fixed.log_probs, atol=1e-5)
+    assert generator.last_stats["rows"] == 5 and fixed_stats["rows"] == 12
+    # decode work: every fixed-batch call computes 12 rows until the longest response ends; a slots call at most 5
+    decoded = lengths.sum() - 12  # each sample's first token comes from a prefill call
+    assert fixed_stats["idle_row_share"] == pytest.approx(1 - decoded / (12 * (lengths.max() - 1)))
+    assert generator.last_stats["steps"] >= decoded / 5
+    assert generator.last_stats["idle_row_share"] == pytest.approx(1 - decoded / (5 * generator.last_stats["steps"]))
+    assert generator.cache(5).batch_size == 5  # the slots' cache: 5 rows, not 12
+    prefills = {sig[-4] for sig in generator.first_call_seconds if sig[0] == "prefill" and sig[1] == 5}
+    assert prefills == {(1, 16)}  # one prompt a prefill call, into the slots its samples take
+
+
+def test_as_many_slots_as_rows_is_the_fixed_batch(generator):
+    fixed = run(generator, num_generations=2, do_sample=True, seed=9)
+    same = run(generator, num_generations=2, do_sample=True, seed=9, max_num_seqs=6)
+    np.testing.assert_array_equal(same.response_ids, fixed.response_ids)
+    assert generator.last_stats["rows"] == 6
+
+
 # ----------------------------------------------------------------------- log-probs
 
 
@@ -339,7 +375,7 @@ def test_a_generator_sharing_graphs_runs_the_other_ones(model):
 @pytest.mark.parametrize("field,value", [
     ("top_p", 0.0), ("top_p", 1.5), ("temperature", -0.1), ("top_k", -1), ("max_new_tokens", 0),
     ("num_generations", 0), ("prompt_buckets", []), ("prompt_buckets", [32, 16]), ("seed", -1),
-    ("eos_token_ids", [-2]), ("pad_token_id", -1),
+    ("eos_token_ids", [-2]), ("pad_token_id", -1), ("max_num_seqs", -1),
 ])
 def test_bad_config_names_field(field, value):
     with pytest.raises(ConfigError, match=f"generation.{field}"):

@@ -72,8 +72,8 @@ def greedy_with_cache(net, prompt, new_tokens, cache_length=64):
         out.append(token)
         valid[:, seq + step] = 1
         positions = np.full((batch, 1), seq + step, np.int32)
-        logits = cache.decode(ms.Tensor(token[:, None]), ms.Tensor(positions), ms.Tensor(seq + step, ms.int32),
-                              ms.Tensor(valid)).asnumpy()
+        logits = cache.decode(ms.Tensor(token[:, None]), ms.Tensor(positions),
+                              ms.Tensor(np.full(batch, seq + step, np.int32)), ms.Tensor(valid)).asnumpy()
     return np.stack(out, 1)
 
 
@@ -114,7 +114,7 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(converted):
         positions = positions + 1
         valid[:, seq + step] = 1
         logits = cache.decode(ms.Tensor(token[:, None]), ms.Tensor(positions[:, None].astype(np.int32)),
-                              ms.Tensor(seq + step, ms.int32), ms.Tensor(valid)).asnumpy()
+                              ms.Tensor(np.full(batch, seq + step, np.int32)), ms.Tensor(valid)).asnumpy()
         decoded.append(logits)
     full = net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
     assert full.shape[1] == FULL_WIDTH

@@ -576,10 +576,10 @@ class _DecodeCell(_CachedCell):
         grid = np.stack(np.meshgrid(np.arange(batch), np.arange(kv_heads), indexing="ij"), -1).astype(np.int32)
         self.batch_head_grid = Tensor(grid)  # [B, kv_heads, 2]: (b, h) of every cache row
 
-    def construct(self, token_ids, position_ids, slot, valid_slots):
+    def construct(self, token_ids, position_ids, slots, valid_slots):
         grid = self.batch_head_grid
-        slot_index = ops.concat((grid, ops.fill(ms.int32, grid.shape[:2] + (1,), 1) * slot), -1)
         batch = token_ids.shape[0]
+        slot_index = ops.concat((grid, ops.broadcast_to(slots.reshape(batch, 1, 1), grid.shape[:2] + (1,))), -1)
         attn_bias = ((1.0 - valid_slots.astype(ms.float32)) * MASK_VALUE).reshape(batch, 1, 1, self.cache_length)
         h = self.model.model(token_ids, position_ids, attn_bias, self.key_caches, self.value_caches, slot_index)
         # one position per row: a reshape (a strided slice of [B, 1, D] costs as much as a small matmul here)
@@ -592,8 +592,9 @@ class KVCache:
     `prefill(input_ids, attention_mask, source, written)` runs (left-padded) prompts [B', S], fills slots [0, S) of
     the cache rows b with `written[b]` (float32 [B], 1 or 0) from prompt `source[b]` (int32 [B]; a prompt is read once
     for all of its samples' rows, and prompts may come a few at a time) and returns each prompt's last-position
-    logits [B', vocab]; `decode(token_ids, position_ids, slot, valid_slots)` runs one
-    new token per sequence, writes it at `slot` and attends to the slots where `valid_slots` [B, L] is 1.
+    logits [B', vocab]; `decode(token_ids, position_ids, slots, valid_slots)` runs one
+    new token per sequence, writes row b's at cache position `slots[b]` (int32 [B]: rows may be at different points
+    of their responses) and attends to the positions where `valid_slots` [B, L] is 1.
     Each graph compiles once per input shape. The cache Parameters are not part of the model's
     checkpoint (they live here, named `kv_cache.*`).
     """
