@@ -441,15 +441,17 @@ class _Slots:
         self.sample_of = np.full(slots, -1)
         self.next_token = np.zeros(slots, np.int64)
         self.waiting = collections.deque(range(batch))
-        self.uniform_rows: list[np.ndarray] = []
+        self.uniform_rows = np.zeros((generator.config.max_new_tokens, batch), np.float32)  # row t: drawn or 0
+        self.rows_drawn = 0
 
     def uniforms(self, rows: np.ndarray) -> np.ndarray:
         """A uniform a slot: [t, s] for the slots `rows` (sample s, producing its token t), 0 elsewhere."""
         t = self.next_token[rows]
-        while len(self.uniform_rows) <= int(t.max()):
-            self.uniform_rows.append(self.generator._uniforms(self.batch))
+        while self.rows_drawn <= int(t.max()):
+            self.uniform_rows[self.rows_drawn] = self.generator._uniforms(self.batch)
+            self.rows_drawn += 1
         drawn = np.zeros(self.sample_of.size, np.float32)
-        drawn[rows] = np.stack(self.uniform_rows)[t, self.sample_of[rows]]
+        drawn[rows] = self.uniform_rows[t, self.sample_of[rows]]
         return drawn
 
     def record(self, rows: np.ndarray, chosen) -> None:
