@@ -41,6 +41,44 @@ def decays_by_default(param) -> bool:
     return len(param.shape) > 1
 
 
+UPDATE_GROUP_BYTES = 64 * 2**20  # float32 gradient bytes of the parameters one mapped update group holds
+
+
+def update_groups(numels: list[int], group_bytes: int = UPDATE_GROUP_BYTES) -> tuple[tuple[int, int], ...]:
+    """`[start, end)` ranges of consecutive parameters (of `numels` elements each) whose float32 gradients add up
+    to at most `group_bytes` (a larger parameter is a group of its own): the groups :class:`AdamW` updates one
+    after the other."""
+    groups, start, size = [], 0, 0
+    for i, numel in enumerate(numels):
+        if i > start and size + 4 * numel > group_bytes:
+            groups.append((start, i))
+            start, size = i, 0
+        size += 4 * numel
+    if numels:
+        groups.append((start, len(numels)))
+    return tuple(groups)
+
+
+_unscaled_update = ops.MultitypeFuncGraph("unscaled_update")
+_scaled_update = ops.MultitypeFuncGraph("scaled_update")
+
+
+@_unscaled_update.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                           "Tensor", "Number", "Tensor")
+def _fused_unscaled(kernel, lr, beta1, beta2, eps, decay_scale, done, var, m, v, decay_rate, grad):
+    """One parameter's fused AdamW update by its float32 gradient, after `done`."""
+    grad = ops.depend(grad, done).astype(ms.float32)
+    return kernel(var, m, v, lr, beta1, beta2, eps, decay_rate * decay_scale, grad)
+
+
+@_scaled_update.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                         "Tensor", "Tensor", "Number", "Tensor")
+def _fused_scaled(kernel, lr, beta1, beta2, eps, decay_scale, grad_scale, done, var, m, v, decay_rate, grad):
+    """One parameter's fused AdamW update by its float32 gradient times `grad_scale`, after `done`."""
+    grad = ops.depend(grad, done).astype(ms.float32) * grad_scale
+    return kernel(var, m, v, lr, beta1, beta2, eps, decay_rate * decay_scale, grad)
+
+
 class AdamW(nn.Cell):
     """`torch.optim.AdamW` in a graph: decoupled decay, then Adam with bias correction.
 
@@ -68,6 +106,8 @@ class AdamW(nn.Cell):
         self.beta1_tensor = Tensor(self.beta1, ms.float32)
         self.beta2_tensor = Tensor(self.beta2, ms.float32)
         self.fused_update = ops.AdamWeightDecay()
+        self.map = ops.HyperMap()
+        self.groups = update_groups([int(np.prod(p.shape, dtype=np.int64)) for p in self.parameters])
 
     def set_learning_rate(self, value: float) -> None:
         # written in place: in the trainer's processes `set_data` gave the Parameter a new tensor that graphs compiled
@@ -78,18 +118,13 @@ class AdamW(nn.Cell):
         """Shape of a parameter's moments."""
         return tuple(param.shape)
 
-    def _local(self, i, x):
-        """The part of parameter i's weight or gradient `x` this optimizer updates (all of it)."""
-        return x
-
     def construct(self, grads, grad_scale=None):
         # torch's AdamW, var <- var * (1 - lr wd) - lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps), written as
         # MindSpore's fused in-place AdamWeightDecay kernel, var <- var - lr' (m / (sqrt(v) + eps') + wd' var),
         # with lr' = lr sqrt(bc2) / bc1, eps' = eps sqrt(bc2), wd' = wd bc1 / sqrt(bc2) (the same numbers up to
         # rounding). One kernel per parameter and no full-size temporaries: an element-wise graph held ~13x
         # the parameters' size in temporaries. `grad_scale` (a clip factor) multiplies each gradient just before
-        # its update, and each update waits for the previous one: at most one scaled gradient exists at a time
-        # (the CPU runtime would otherwise run every ready multiplication at once).
+        # its update.
         step = self.adam_step + 1.0
         lr = self.learning_rate
         correction1 = 1.0 - ops.pow(self.beta1, step)
@@ -98,27 +133,30 @@ class AdamW(nn.Cell):
         fused_eps = self.eps * root_correction2
         decay_scale = correction1 / root_correction2
         done = ops.assign(self.adam_step, step)
-        # the branch stays outside the loops over parameters (an `if` in an unrolled loop nests a call per
-        # parameter in graph mode, past its call depth limit at a real model's size)
+        return self._update_all(grads, grad_scale, done, fused_lr, fused_eps, decay_scale)
+
+    def _update_all(self, grads, grad_scale, done, fused_lr, fused_eps, decay_scale):
+        """Every parameter updated, a group (`update_groups`) after the other: the parameters of a group are mapped
+        (`HyperMap`: the frontend infers the update once per distinct shape, where an unrolled loop over the
+        parameters compiled ~3x longer at a real model's ~300), and the groups are chained, so that the scaled
+        gradients of one group at most exist at a time (the CPU runtime runs every ready multiplication at
+        once)."""
+        kernel, beta1, beta2 = self.fused_update, self.beta1_tensor, self.beta2_tensor
         if grad_scale is None:
-            for i in range(len(self.parameters)):
-                grad = self._local(i, ops.depend(grads[i], done)).astype(ms.float32)
-                done = self._update(i, grad, done, fused_lr, fused_eps, decay_scale)
+            for start, end in self.groups:
+                updated = self.map(ops.partial(_unscaled_update, kernel, fused_lr, beta1, beta2, fused_eps,
+                                               decay_scale, done), self.parameters[start:end],
+                                   self.moments1[start:end], self.moments2[start:end], self.decay_rates[start:end],
+                                   grads[start:end])
+                done = ops.depend(done, updated)
             return done
-        for i in range(len(self.parameters)):
-            grad = self._local(i, ops.depend(grads[i], done)).astype(ms.float32) * grad_scale
-            done = self._update(i, grad, done, fused_lr, fused_eps, decay_scale)
+        for start, end in self.groups:
+            updated = self.map(ops.partial(_scaled_update, kernel, fused_lr, beta1, beta2, fused_eps, decay_scale,
+                                           grad_scale, done), self.parameters[start:end],
+                               self.moments1[start:end], self.moments2[start:end], self.decay_rates[start:end],
+                               grads[start:end])
+            done = ops.depend(done, updated)
         return done
-
-    def _update(self, i, grad, done, fused_lr, fused_eps, decay_scale):
-        """The fused in-place update of parameter i (and its moments) by the float32 `grad`, after `done`."""
-        return self._fused(i, self.parameters[i], grad, done, fused_lr, fused_eps, decay_scale)
-
-    def _fused(self, i, var, grad, done, fused_lr, fused_eps, decay_scale):
-        """`var` (parameter i or this rank's slice of it) and parameter i's moments updated in place by `grad`."""
-        return ops.depend(done, self.fused_update(var, self.moments1[i], self.moments2[i], fused_lr,
-                                                  self.beta1_tensor, self.beta2_tensor, fused_eps,
-                                                  self.decay_rates[i] * decay_scale, grad))
 
 
 def shard_length(numel: int, dp: int) -> int:
@@ -188,14 +226,33 @@ class ShardedAdamW(AdamW):
         return (shard_length(int(np.prod(param.shape, dtype=np.int64)), self.dp),)
 
     def _local(self, i, x):
+        """This rank's slice of parameter i's flattened weight or gradient `x`."""
         return ops.pad(x.reshape(-1), (0, self.paddings[i]))[self.starts[i]:self.ends[i]]
 
+    def _update_all(self, grads, grad_scale, done, fused_lr, fused_eps, decay_scale):
+        # one parameter after the other, in the same order on every rank: each update ends in a collective. The
+        # branch stays outside the loops over parameters (an `if` in an unrolled loop nests a call per parameter
+        # in graph mode, past its call depth limit at a real model's size)
+        if grad_scale is None:
+            for i in range(len(self.parameters)):
+                grad = self._local(i, ops.depend(grads[i], done)).astype(ms.float32)
+                done = self._update(i, grad, done, fused_lr, fused_eps, decay_scale)
+            return done
+        for i in range(len(self.parameters)):
+            grad = self._local(i, ops.depend(grads[i], done)).astype(ms.float32) * grad_scale
+            done = self._update(i, grad, done, fused_lr, fused_eps, decay_scale)
+        return done
+
     def _update(self, i, grad, done, fused_lr, fused_eps, decay_scale):
+        """This rank's slice of parameter i and its moments updated by `grad` (its slice), then the whole weight
+        assembled over dp, after `done`."""
         param = self.parameters[i]
         # a copy of this rank's slice, which the fused kernel updates in place (it takes a Tensor as well as a
         # Parameter); no slice-sized Parameter is kept besides the moments
         part = self._local(i, ops.depend(param, done))
-        done = self._fused(i, part, grad, done, fused_lr, fused_eps, decay_scale)
+        done = ops.depend(done, self.fused_update(part, self.moments1[i], self.moments2[i], fused_lr,
+                                                  self.beta1_tensor, self.beta2_tensor, fused_eps,
+                                                  self.decay_rates[i] * decay_scale, grad))
         whole = self.all_reduce(ops.pad(ops.depend(part, done).astype(ms.float32), self.around[i]))
         whole = whole[:self.numels[i]].reshape(param.shape).astype(param.dtype)
         return ops.depend(done, ops.assign(param, whole))

@@ -7,6 +7,7 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore.common.initializer import initializer
 
+from mindrlhf.optim import update_groups
 from mindrlhf.parallel.comm import AllReduceInPlace, DataParallelGradReducer, SumInPlaceOnHost, check_dp_sums
 from mindrlhf.parallel.layers import param_split_axes, param_split_shards
 from mindrlhf.parallel.layout import Layout
@@ -156,13 +157,25 @@ class GradientBuffers:
         self.clear(Tensor(0.0, ms.float32))
 
 
+_add_in_place = ops.MultitypeFuncGraph("add_in_place")
+_zero_in_place = ops.MultitypeFuncGraph("zero_in_place")
+_MAP = ops.HyperMap()
+
+
+@_add_in_place.register("Tensor", "Tensor")
+def _assign_add(buffer, grad):
+    return ops.assign_add(buffer, grad)
+
+
+@_zero_in_place.register("Tensor", "Tensor", "Tensor")
+def _assign_zeros(zero, done, param):
+    return ops.assign(param, ops.broadcast_to(ops.depend(zero, done).astype(param.dtype), param.shape))
+
+
 def add_to_buffers(buffers, grads):
-    """`buffers[i] += grads[i]` inside a graph; returns a scalar to `ops.depend` on (an unused assign may be
-    dropped)."""
-    done = ops.zeros((), ms.float32)
-    for i in range(len(grads)):
-        done = ops.depend(done, ops.assign_add(buffers[i], grads[i]))
-    return done
+    """`buffers[i] += grads[i]` inside a graph (mapped: inferred once per distinct shape); returns a scalar to
+    `ops.depend` on (an unused assign may be dropped)."""
+    return ops.depend(ops.zeros((), ms.float32), _MAP(_add_in_place, buffers, grads))
 
 
 class AccumulateGradients(nn.Cell):
@@ -192,14 +205,14 @@ class _ZeroParameters(nn.Cell):
     def __init__(self, params: ParameterTuple):
         super().__init__(auto_prefix=False)
         self.params = params
+        self.groups = update_groups([int(np.prod(p.shape, dtype=np.int64)) for p in params])
 
     def construct(self, zero):
-        # one after the other: the CPU runtime would otherwise make every parameter's zeros at once (a copy of
-        # all the parameters' memory)
+        # a group of parameters (`optim.update_groups`) after the other: the CPU runtime would otherwise make every
+        # parameter's zeros at once (a copy of all the parameters' memory)
         done = ops.zeros((), ms.float32)
-        for i in range(len(self.params)):
-            zeros = ops.broadcast_to(ops.depend(zero, done).astype(self.params[i].dtype), self.params[i].shape)
-            done = ops.depend(done, ops.assign(self.params[i], zeros))
+        for start, end in self.groups:
+            done = ops.depend(done, _MAP(ops.partial(_zero_in_place, zero, done), self.params[start:end]))
         return done
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
 
-from mindrlhf.optim import AdamW, learning_rate_at
+from mindrlhf.optim import AdamW, learning_rate_at, update_groups
 
 pytestmark = pytest.mark.usefixtures("graph_mode")
 
@@ -162,3 +162,42 @@ def test_sum_of_squares_by_rows_equals_the_full_sum(graph_mode):
     for a, value in zip(arrays, got):
         assert value.shape == ()
         assert float(value.asnumpy()) == pytest.approx(float((a.astype(np.float64) ** 2).sum()), rel=1e-6)
+
+
+def test_update_groups_fill_a_byte_budget_with_consecutive_parameters():
+    # float32 bytes 40, 80, 20, 400, 4: a group closes before the parameter that would pass 100 bytes; a parameter
+    # larger than the budget is a group of its own
+    assert update_groups([10, 20, 5, 100, 1], group_bytes=100) == ((0, 1), (1, 3), (3, 4), (4, 5))
+    assert update_groups([10, 20, 5, 100, 1], group_bytes=10**6) == ((0, 5),)
+    assert update_groups([7], group_bytes=4) == ((0, 1),)
+    assert update_groups([]) == ()
+
+
+class ApplyScaledGrads(nn.Cell):
+    def __init__(self, optimizer):
+        super().__init__(auto_prefix=False)
+        self.optimizer = optimizer
+
+    def construct(self, grads, scale):
+        return self.optimizer(grads, scale)
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_parameters_updated_in_several_groups_equal_one_group_bit_for_bit(scaled):
+    """The groups only order the updates: a parameter per group gives the weights and moments of one group."""
+    weights, grads = initial_and_grads()
+    results = []
+    for groups in (((0, 4),), ((0, 1), (1, 2), (2, 3), (3, 4))):
+        params = [Parameter(Tensor(v.copy()), name=k) for k, v in weights.items()]
+        optimizer = AdamW(params, **HYPER)
+        optimizer.groups = groups
+        step = ApplyScaledGrads(optimizer) if scaled else ApplyGrads(optimizer)
+        for g in grads:
+            inputs = tuple(Tensor(g[k]) for k in weights)
+            step(inputs, Tensor(0.37, ms.float32)) if scaled else step(inputs)
+        results.append({p.name: p.asnumpy() for p in (*params, *optimizer.moments1, *optimizer.moments2)})
+    one, several = results
+    assert one.keys() == several.keys() and len(one) == 12
+    for name in one:
+        np.testing.assert_array_equal(several[name], one[name], err_msg=name)
+    assert not np.array_equal(one["w1"], weights["w1"])  # the updates ran
