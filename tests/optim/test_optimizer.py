@@ -5,6 +5,7 @@ import mindspore as ms
 import numpy as np
 import pytest
 from mindspore import Parameter, Tensor, nn
+from support.cells import ApplyGrads as ScaledApplyGrads  # (grads, scale)
 
 from mindrlhf.optim import AdamW, learning_rate_at, update_groups
 
@@ -173,15 +174,6 @@ def test_update_groups_fill_a_byte_budget_with_consecutive_parameters():
     assert update_groups([]) == ()
 
 
-class ApplyScaledGrads(nn.Cell):
-    def __init__(self, optimizer):
-        super().__init__(auto_prefix=False)
-        self.optimizer = optimizer
-
-    def construct(self, grads, scale):
-        return self.optimizer(grads, scale)
-
-
 @pytest.mark.parametrize("scaled", [False, True])
 def test_parameters_updated_in_several_groups_equal_one_group_bit_for_bit(scaled):
     """The groups only order the updates: a parameter per group gives the weights and moments of one group."""
@@ -191,7 +183,7 @@ def test_parameters_updated_in_several_groups_equal_one_group_bit_for_bit(scaled
         params = [Parameter(Tensor(v.copy()), name=k) for k, v in weights.items()]
         optimizer = AdamW(params, **HYPER)
         optimizer.groups = groups
-        step = ApplyScaledGrads(optimizer) if scaled else ApplyGrads(optimizer)
+        step = ScaledApplyGrads(optimizer) if scaled else ApplyGrads(optimizer)
         for g in grads:
             inputs = tuple(Tensor(g[k]) for k in weights)
             step(inputs, Tensor(0.37, ms.float32)) if scaled else step(inputs)
