@@ -71,7 +71,6 @@ def peak_rss_bytes() -> int:
 def child_main(args: argparse.Namespace) -> None:
     import mindspore as ms
     import numpy as np
-    from mindspore.communication import get_group_size, get_rank, init
 
     from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
     from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseHidden
@@ -83,12 +82,13 @@ def child_main(args: argparse.Namespace) -> None:
     from mindrlhf.parallel.layout import Layout
     from mindrlhf.parallel.pipeline import PipelineTrainStep
     from mindrlhf.parallel.spmd import SPMDTrainStep
+    from mindrlhf.trainer.launch import start_communication
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    init()
-    threads = configure_cpu_threads(0, get_group_size())
-    cores = pin_cpu_cores("auto", get_group_size())
-    layout = Layout.for_world(1, 1, get_group_size(), get_rank(), pp=args.pp).init_groups()
+    world, rank = start_communication()
+    threads = configure_cpu_threads(0, world)
+    cores = pin_cpu_cores("auto", world)
+    layout = Layout.for_world(1, 1, world, rank, pp=args.pp).init_groups()
     seq = args.prompt + args.response
     cfg = Qwen2Config(**MODELS[args.model], seq_length=seq, max_position_embedding=seq)
     net = Qwen2ForCausalLM(cfg, layout)

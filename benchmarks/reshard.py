@@ -227,13 +227,13 @@ class Worker:
     def __init__(self, args):
         import mindspore as ms
         from mindspore import Tensor, nn, ops
-        from mindspore.communication import get_group_size, get_rank, init
+
+        from mindrlhf.trainer.launch import start_communication
 
         ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-        init()
+        self.world, self.rank = start_communication()
         self.ms = ms
         self.args = args
-        self.rank, self.world = get_rank(), get_group_size()
         self.workdir = Path(args.workdir)
         from mindrlhf.parallel.reshard import DEFAULT_BUCKET_BYTES
         self.bucket_bytes = args.bucket_mib * MIB if args.bucket_mib else DEFAULT_BUCKET_BYTES

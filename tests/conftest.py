@@ -12,11 +12,6 @@ from support.processes import stop_leftovers, tag_this_session  # noqa: E402
 
 tag_this_session()
 
-# msrun jobs of the tests run on this one host: workers retry connecting to the scheduler every 0-1 s instead of
-# MindSpore's default 3-5 s (which a 2-worker job otherwise waits out on every launch, ~5 s each)
-os.environ.setdefault("MS_RETRY_INTERVAL_LOWER", "0")
-os.environ.setdefault("MS_RETRY_INTERVAL_UPPER", "1")
-
 
 @pytest.fixture(scope="session")
 def qwen_dir() -> str:

@@ -6,7 +6,14 @@ import pytest
 from support.msrun import msrun_command, msrun_env, run_command
 from support.paths import ROOT
 
-from mindrlhf.trainer.launch import CPU_COLLECTIVE_TIMEOUT_S, FINISHED, PEER_GRACE_S, collective_environment
+from mindrlhf.trainer.launch import (
+    CPU_COLLECTIVE_TIMEOUT_S,
+    FINISHED,
+    HEARTBEAT_S,
+    PEER_GRACE_S,
+    QUICK_HEARTBEAT_MAX_RANKS,
+    collective_environment,
+)
 from mindrlhf.trainer.postmortem import first_failed_worker
 
 
@@ -58,6 +65,19 @@ def test_a_script_ends_with_mains_code_after_its_exit_handlers_and_logs_its_end(
     assert "interpreter teardown ran" not in done.stdout
 
 
+def test_jobs_of_up_to_64_ranks_beat_within_a_second_unless_the_user_set_the_period():
+    """MindSpore's 3-5 s heartbeat period made each launch wait up to a period at `init()` and one at exit."""
+    quick = {"MS_RETRY_INTERVAL_LOWER": str(HEARTBEAT_S[0]), "MS_RETRY_INTERVAL_UPPER": str(HEARTBEAT_S[1])}
+    timeout = {"MS_CPU_COMM_OP_TIMEOUT": "60"}  # set by the user: only the heartbeat is added
+    assert max(HEARTBEAT_S) < 3 and QUICK_HEARTBEAT_MAX_RANKS == 64
+    for ranks in ("1", "2", "64"):
+        assert collective_environment({**timeout, "MS_WORKER_NUM": ranks}) == quick, ranks
+    assert collective_environment({**timeout, "MS_WORKER_NUM": "65"}) == {}  # MindSpore's period at scale
+    assert collective_environment(timeout) == {}  # not launched by msrun: no world size known
+    for users in ({"MS_RETRY_INTERVAL_LOWER": "2"}, {"MS_RETRY_INTERVAL_UPPER": "7"}):
+        assert collective_environment({**timeout, "MS_WORKER_NUM": "2", **users}) == {}, users
+
+
 @pytest.mark.msrun
 def test_ranks_that_fail_alike_end_the_job_without_a_heartbeat_wait(tmp_path):
     """Both ranks of an msrun job fail once the cluster formed (as a bad flag or checkpoint fails every rank): msrun
@@ -69,10 +89,9 @@ def test_ranks_that_fail_alike_end_the_job_without_a_heartbeat_wait(tmp_path):
     script.write_text(
         "import sys\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from mindrlhf.trainer.launch import run_script\n"
+        "from mindrlhf.trainer.launch import run_script, start_communication\n"
         "def main():\n"
-        "    from mindspore.communication import init\n"
-        "    init()\n"
+        "    start_communication()\n"
         "    print('error: a bad input', file=sys.stderr, flush=True)\n"
         "    return 2\n"
         "run_script(main)\n")
@@ -95,7 +114,7 @@ def test_a_rank_waits_for_a_late_peer_as_long_as_the_collective_timeout_allows(t
     assert CPU_COLLECTIVE_TIMEOUT_S >= 600 and collective_environment({"MS_CPU_COMM_OP_TIMEOUT": "60"}) == {}
     script = tmp_path / "job.py"
     script.write_text(
-        "import sys, time\n"
+        "import os, sys, time\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
         "from mindrlhf.trainer.launch import run_script, start_communication\n"
         "def main():\n"
@@ -103,6 +122,8 @@ def test_a_rank_waits_for_a_late_peer_as_long_as_the_collective_timeout_allows(t
         "    from mindspore import nn, ops\n"
         "    ms.set_context(mode=ms.GRAPH_MODE, device_target='CPU')\n"
         "    _, rank = start_communication()\n"
+        "    print('heartbeat period', os.environ.get('MS_RETRY_INTERVAL_LOWER'),\n"
+        "          os.environ.get('MS_RETRY_INTERVAL_UPPER'), flush=True)\n"
         "    class Sum(nn.Cell):\n"
         "        def __init__(self):\n"
         "            super().__init__()\n"
@@ -129,5 +150,6 @@ def test_a_rank_waits_for_a_late_peer_as_long_as_the_collective_timeout_allows(t
             assert done.returncode != 0 and "wait receiving" in log, log[-3000:]
         else:
             assert done.returncode == 0, log[-3000:]
+            assert "heartbeat period {} {}".format(*HEARTBEAT_S) in log, log[-3000:]  # set in a real job
             assert int(log.split("rank 0 waited ")[1].split(" s")[0]) >= 5
 
