@@ -9,10 +9,15 @@ of `mindrlhf.engine.memory_budget` measured.
   in its own process per variant (`tests/workers/recompute_peak.py`): the step's peak RSS over the process's RSS
   before it, without recompute, every layer fully recomputed, every attention recomputed, half the layers fully
   recomputed, and 2 rows (the per-row slope); against `memory_budget.train_bytes` with the same arguments.
+- `graphs`: the resident memory a compiled graph keeps per decoder layer, at SmolLM2-135M's shape
+  (`tests/workers/graph_memory.py` at 2 and 4 layers, the difference halved): the response log-prob graph and the
+  train step at several calls (rows, widths), each after a wider call set the memory pool's high water; against
+  `memory_plan.GRAPH_BYTES_PER_LAYER`, the plan's one figure for every graph.
 - `recipes`: the plan (pure arithmetic, no run) of Qwen2.5-7B on 8 devices and a Qwen2.5-32B recipe on 16/32 (the
   table of `docs/memory_plan.md`).
 
-    .venv/bin/python benchmarks/memory_plan.py                 # all three, ~25 min on 2 cores
+    .venv/bin/python benchmarks/memory_plan.py                 # runs, recompute, recipes: ~25 min on 2 cores
+    .venv/bin/python benchmarks/memory_plan.py --parts graphs  # ~4 min
     .venv/bin/python benchmarks/memory_plan.py --parts recipes # seconds
 
 Writes `benchmarks/results/memory_plan.json`. RSS on this 2-core box is not disturbed by other jobs, the times are.
@@ -38,13 +43,20 @@ RECOMPUTE_VARIANTS = (("off", 0, 4, 49152, 64, 192), ("off", 0, 2, 49152, 64, 19
                       ("off", 0, 4, 1024, 64, 192), ("off", 0, 2, 1024, 64, 192), ("full", 0, 4, 1024, 64, 192),
                       ("selective", 0, 4, 1024, 64, 192), ("off", 0, 4, 1024, 192, 64), ("off", 0, 2, 1024, 192, 64))
 WORKER = os.path.join(ROOT, "tests", "workers", "recompute_peak.py")
+GRAPH_WORKER = os.path.join(ROOT, "tests", "workers", "graph_memory.py")
+# [prompts, rows, prompt width, response width] per graph call, the widest first (it sets the pool's high water)
+GRAPH_CALLS = {"forward": [[1, 4, 72, 512], [1, 4, 72, 256], [1, 8, 72, 96], [1, 1, 72, 512], [1, 1, 72, 256],
+                           [1, 1, 72, 128]],
+               "train": [[1, 1, 72, 512], [1, 1, 72, 344], [1, 1, 72, 176], [1, 2, 72, 96]]}
+GRAPH_DEPTHS = (2, 4)
 GRPO = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "grpo_one_stage.py")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--parts", default="runs,recompute,recipes", help="comma-separated: runs, recompute, recipes")
+    p.add_argument("--parts", default="runs,recompute,recipes",
+                   help="comma-separated: runs, recompute, recipes, graphs")
     p.add_argument("--cases", default="arith,smollm2,smollm2_recompute", help="runs: which jobs")
     p.add_argument("--reuse_runs", action="store_true",
                    help="runs: a case whose folder in --workdir has a metrics.jsonl is not run again (the plan is)")
@@ -93,6 +105,37 @@ def recompute_part(from_jsonl: str | None = None) -> dict:
         print(f"{name:<14}{r['vocab']:>7}{r['rows']:>6}{str(r['prompt']) + ' + ' + str(r['response']):>10}"
               f"{r['before_gib']:>9.2f}{r['step_gib']:>20.2f}{r['train_bytes_gib']:>13.2f}")
     return {"variants": rows}
+
+
+# ---------------------------------------------------------------- graphs: what a compiled graph keeps
+def _graph_worker_line(kind: str, layers: int) -> dict:
+    proc = subprocess.run([sys.executable, GRAPH_WORKER, "--kind", kind, "--layers", str(layers),
+                           "--calls", json.dumps(GRAPH_CALLS[kind])], capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode:
+        raise SystemExit(f"error: {GRAPH_WORKER} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def graphs_part() -> dict:
+    """Per kind and call after the first: MiB a compiled graph keeps per decoder layer."""
+    from mindrlhf.engine.memory_plan import GRAPH_BYTES_PER_LAYER
+
+    shallow, deep = GRAPH_DEPTHS
+    rows = []
+    print(f"\ngraphs, SmolLM2-135M shape: MiB kept per decoder layer ({deep} vs {shallow} layers), after a wider call "
+          f"(plan: {GRAPH_BYTES_PER_LAYER['cpu'] / 2**20:.0f} MiB for every graph)")
+    print(f"{'graph':<9}{'prompts':>8}{'rows':>6}{'P + R':>11}{'tokens':>8}{'MiB per layer':>15}")
+    for kind in GRAPH_CALLS:
+        low, high = _graph_worker_line(kind, shallow), _graph_worker_line(kind, deep)
+        for a, b in list(zip(low["calls"], high["calls"]))[1:]:
+            tokens = a["prompts"] * a["prompt"] + a["rows"] * (a["response"] - 1)  # the positions the layers read
+            per_layer = (b["kept_mib"] - a["kept_mib"]) / (deep - shallow)
+            rows.append({"kind": kind, **{k: a[k] for k in ("prompts", "rows", "prompt", "response")},
+                         "tokens": tokens, "mib_per_layer": round(per_layer, 1),
+                         "kept_mib": {str(shallow): a["kept_mib"], str(deep): b["kept_mib"]}})
+            print(f"{kind:<9}{a['prompts']:>8}{a['rows']:>6}{str(a['prompt']) + ' + ' + str(a['response']):>11}"
+                  f"{tokens:>8}{per_layer:>15.1f}")
+    return {"calls": rows}
 
 
 # ---------------------------------------------------------------- runs: plan vs the peak RSS of real jobs
@@ -276,6 +319,8 @@ def main(argv=None) -> dict:
         result["recipes"] = recipes_part(workdir)
     if "recompute" in parts:
         result["recompute"] = recompute_part(args.recompute_jsonl)
+    if "graphs" in parts:
+        result["graphs"] = graphs_part()
     if "runs" in parts:
         result["runs"] = runs_part(args.cases.split(","), workdir, args.reuse_runs)
     result["load_average"] = os.getloadavg()
