@@ -127,6 +127,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--recompute", action="store_true",
                    help="our train net recomputes every layer (recompute_config.recompute; the 0.5b case or "
                         "--workers 1, whose YAMLs the benchmark writes)")
+    p.add_argument("--max_new_tokens", type=int, default=None,
+                   help="both sides' response length (run_grpo.sh's flag, TRL's max_completion_length); default: "
+                        "the case's")
+    p.add_argument("--response_buckets", type=int, default=None,
+                   help="passed to run_grpo.sh (the widths our train and log-prob passes compile; 1 at long "
+                        "responses); TRL pads to the batch's longest response")
     p.add_argument("--seed", type=int, default=None,
                    help="passed to run_grpo.sh (data order and sampling) and to TRL; default: grpo.yaml's")
     p.add_argument("--torch_threads", type=int, default=2, help="TRL side's torch threads")
@@ -153,7 +159,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def job_overrides(args: argparse.Namespace) -> dict:
     """The GRPO fields the case and the options change from grpo.yaml (flat, as grpo_one_stage.py's flags)."""
     overrides = dict(CASES[args.case]["overrides"])
-    for name in ("micro_batch_size_per_device", "log_prob_micro_batch_size_per_device"):
+    for name in ("micro_batch_size_per_device", "log_prob_micro_batch_size_per_device", "max_new_tokens",
+                 "response_buckets"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.seed is not None:

@@ -116,6 +116,15 @@ def test_smollm2_case_is_run_grpo_sh_smollm2_job(tmp_path):
     assert (env["MODEL"], env["MODEL_DIR"], env["EVAL_DATA"], env["WORKER_NUM"]) == ("smollm2", "/m", "", "2")
     assert flags == ["--steps", "4"] and "TRAIN_YAML" not in env  # run_grpo.sh's own smollm2 YAMLs
 
+    # long responses: both sides' length, our passes at one width
+    args = vt.parse_args(["--case", "smollm2", "--max_new_tokens", "512", "--response_buckets", "1"])
+    overrides = vt.job_overrides(args)
+    assert overrides == {"max_new_tokens": 512, "response_buckets": 1}
+    long = vt.job_settings(os.path.join(vt.CASES["smollm2"]["configs"], "grpo.yaml"), overrides)
+    assert vt.trl_config(long, steps=2)["max_completion_length"] == 512 and long["schedule"]["response_buckets"] == 1
+    assert vt.ours_launch(args, overrides, str(tmp_path), {"policy_dir": "/m"})[1] == \
+        ["--steps", "4", "--max_new_tokens", "512", "--response_buckets", "1"]
+
     with pytest.raises(ValueError, match="lr_schedule"):
         vt.trl_config(vt.job_settings(GRPO_YAML, {"lr_schedule": "cosine"}), steps=1)
     odd = {**settings, "schedule": {**settings["schedule"], "micro_batch_size_per_device": 3}}
