@@ -69,13 +69,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------- recompute: one train call per process
-def _worker_line(granularity: str, layers: int, count: int, vocab: int, prompt: int, response: int) -> dict:
-    proc = subprocess.run([sys.executable, WORKER, "--shape", "smollm2", "--rows", str(count), "--prompt", str(prompt),
-                           "--response", str(response), "--granularity", granularity, "--layers", str(layers),
-                           "--vocab", str(vocab)], capture_output=True, text=True, cwd=ROOT)
+def _worker_json(script: str, args: list[str]) -> dict:
+    """The JSON line a worker script prints last (it runs in its own process: ru_maxrss only grows)."""
+    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=ROOT)
     if proc.returncode:
-        raise SystemExit(f"error: {WORKER} failed:\n{proc.stderr[-2000:]}")
+        raise SystemExit(f"error: {script} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _worker_line(granularity: str, layers: int, count: int, vocab: int, prompt: int, response: int) -> dict:
+    return _worker_json(WORKER, ["--shape", "smollm2", "--rows", str(count), "--prompt", str(prompt), "--response",
+                                 str(response), "--granularity", granularity, "--layers", str(layers),
+                                 "--vocab", str(vocab)])
 
 
 def recompute_part(from_jsonl: str | None = None) -> dict:
@@ -109,11 +114,8 @@ def recompute_part(from_jsonl: str | None = None) -> dict:
 
 # ---------------------------------------------------------------- graphs: what a compiled graph keeps
 def _graph_worker_line(kind: str, layers: int) -> dict:
-    proc = subprocess.run([sys.executable, GRAPH_WORKER, "--kind", kind, "--layers", str(layers),
-                           "--calls", json.dumps(GRAPH_CALLS[kind])], capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode:
-        raise SystemExit(f"error: {GRAPH_WORKER} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _worker_json(GRAPH_WORKER, ["--kind", kind, "--layers", str(layers), "--calls",
+                                       json.dumps(GRAPH_CALLS[kind])])
 
 
 def graphs_part() -> dict:

@@ -17,3 +17,17 @@ def grpo_batch(vocab_size: int) -> dict[str, np.ndarray]:
             "response_mask": response_mask,
             "advantages": rng.randn(batch).astype(np.float32),
             "noise": rng.randn(2, batch, response_len).astype(np.float32)}
+
+
+def grpo_train_inputs(rng: np.random.Generator, vocab_size: int, prompts: int, rows: int, prompt_width: int,
+                      response_width: int) -> list[np.ndarray]:
+    """One GRPO train graph call's inputs (`support.cells.grpo_train_step`): `prompts` prompts read by `rows`
+    responses of random tokens, every position real, old and reference log-probs -1, normal advantages, token-mean
+    weights."""
+    return [rng.integers(1, vocab_size, (prompts, prompt_width)).astype(np.int32),
+            np.ones((prompts, prompt_width), np.int32),
+            rng.integers(1, vocab_size, (rows, response_width)).astype(np.int32),
+            np.ones((rows, response_width), np.int32),
+            np.full((rows, response_width), -1.0, np.float32), np.full((rows, response_width), -1.0, np.float32),
+            rng.standard_normal(rows).astype(np.float32),
+            np.full((rows, response_width), 1.0 / (rows * response_width), np.float32)]

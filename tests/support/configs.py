@@ -7,6 +7,9 @@ from types import MappingProxyType
 TINY_QWEN2 = MappingProxyType(dict(vocab_size=96, hidden_size=32, num_layers=2, num_heads=4, n_kv_heads=4,
                                    intermediate_size=64, seq_length=32, max_position_embedding=64, theta=10000.0,
                                    qkv_has_bias=True))
+# SmolLM2-135M-Instruct's shape (random weights): the memory probes' real-model case
+SMOLLM2_SHAPE = MappingProxyType(dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, n_kv_heads=3,
+                                      intermediate_size=1536, qkv_has_bias=False, tie_word_embeddings=True))
 
 
 def tiny_qwen2_config(**overrides):

@@ -18,9 +18,11 @@ import time
 
 import numpy as np
 import worker_setup
+from support.batches import grpo_train_inputs
+from support.cells import grpo_train_step
+from support.configs import SMOLLM2_SHAPE
 
-SMOLLM2 = dict(vocab_size=1024, hidden_size=576, num_heads=9, n_kv_heads=3, intermediate_size=1536,
-               qkv_has_bias=False, tie_word_embeddings=True, seq_length=1024)
+VOCAB = 1024
 
 
 def resident_mib() -> float:
@@ -32,30 +34,17 @@ def resident_mib() -> float:
 
 
 def graph_call(kind: str, model):
-    """A function running one call of the `kind` graph on numpy inputs (prompt ids and mask, response ids and
-    mask)."""
+    """A function running one call of the `kind` graph on `support.batches.grpo_train_inputs` (the log-prob graph
+    reads the first four: prompt ids and mask, response ids and mask)."""
     import mindspore as ms
 
-    from mindrlhf.algorithms import GRPOLossCell
-    from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs
-    from mindrlhf.optim import AdamW
-    from mindrlhf.parallel.layout import Layout
-    from mindrlhf.parallel.spmd import MicroBatchedTrainStep
+    from mindrlhf.algorithms.policy_cells import ResponseLogProbs
 
     if kind == "forward":
         net = ResponseLogProbs(model)
-        return lambda inputs: net(*[ms.Tensor(a) for a in inputs]).asnumpy()
-    loss_net = GRPOLossNet(model, GRPOLossCell(beta=0.01, epsilon_low=0.2, epsilon_high=0.28))
-    step = MicroBatchedTrainStep(loss_net, AdamW(model.trainable_params(), learning_rate=1e-6), Layout(),
-                                 grad_reduction="sum", max_grad_norm=1.0)
-    rng = np.random.default_rng(1)
-
-    def train(inputs):
-        rows, width = inputs[2].shape
-        extra = [np.full((rows, width), -1.0, np.float32), np.full((rows, width), -1.0, np.float32),
-                 rng.standard_normal(rows).astype(np.float32), np.full((rows, width), 1.0 / (rows * width), np.float32)]
-        step([[ms.Tensor(a) for a in [*inputs, *extra]]])
-    return train
+        return lambda inputs: net(*[ms.Tensor(a) for a in inputs[:4]]).asnumpy()
+    step = grpo_train_step(model)
+    return lambda inputs: step([[ms.Tensor(a) for a in inputs]])
 
 
 def main() -> None:
@@ -72,16 +61,14 @@ def main() -> None:
 
     worker_setup.graph_mode_on_cpu()
     configure_cpu_memory_pool(world_size=1)
-    model = Qwen2ForCausalLM(Qwen2Config(**SMOLLM2, num_layers=args.layers))
+    shape = dict(SMOLLM2_SHAPE, vocab_size=VOCAB, num_layers=args.layers)
+    model = Qwen2ForCausalLM(Qwen2Config(**shape, seq_length=1024))
     init_random_weights(model, Layout(), seed=0)
     run = graph_call(args.kind, model)
     rng = np.random.default_rng(0)
     calls = []
     for prompts, rows, prompt_width, response_width in json.loads(args.calls):
-        inputs = [rng.integers(1, 1000, (prompts, prompt_width)).astype(np.int32),
-                  np.ones((prompts, prompt_width), np.int32),
-                  rng.integers(1, 1000, (rows, response_width)).astype(np.int32),
-                  np.ones((rows, response_width), np.int32)]
+        inputs = grpo_train_inputs(rng, VOCAB, prompts, rows, prompt_width, response_width)
         before, started = resident_mib(), time.time()
         run(inputs)
         gc.collect()

@@ -15,10 +15,12 @@ import resource
 
 import numpy as np
 import worker_setup
+from support.batches import grpo_train_inputs
+from support.cells import grpo_train_step
+from support.configs import SMOLLM2_SHAPE
 
 SHAPES = {
-    "smollm2": dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, n_kv_heads=3,
-                    intermediate_size=1536, qkv_has_bias=False, tie_word_embeddings=True),
+    "smollm2": dict(SMOLLM2_SHAPE),
     "tiny": dict(vocab_size=704, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=128,
                  qkv_has_bias=True, tie_word_embeddings=False),
 }
@@ -41,15 +43,11 @@ def main() -> None:
 
     import mindspore as ms
 
-    from mindrlhf.algorithms import GRPOLossCell
-    from mindrlhf.algorithms.policy_cells import GRPOLossNet
     from mindrlhf.configs.recompute import RecomputeConfig
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
-    from mindrlhf.optim import AdamW
     from mindrlhf.parallel.host_setup import configure_cpu_memory_pool
     from mindrlhf.parallel.layers import init_random_weights
     from mindrlhf.parallel.layout import Layout
-    from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 
     worker_setup.graph_mode_on_cpu()
     configure_cpu_memory_pool(world_size=1)
@@ -60,15 +58,9 @@ def main() -> None:
         cfg.recompute = RecomputeConfig(**{"recompute" if args.granularity == "full" else "select_recompute": [count]})
     model = Qwen2ForCausalLM(cfg)
     init_random_weights(model, Layout(), seed=0)
-    loss_net = GRPOLossNet(model, GRPOLossCell(beta=0.01, epsilon_low=0.2, epsilon_high=0.28))
-    step = MicroBatchedTrainStep(loss_net, AdamW(model.trainable_params(), learning_rate=1e-6), Layout(),
-                                 grad_reduction="sum", max_grad_norm=1.0)
-    rng = np.random.default_rng(0)
+    step = grpo_train_step(model)
     rows, P, R = args.rows, args.prompt, args.response
-    batch = [rng.integers(1, cfg.vocab_size, (rows, P)).astype(np.int32), np.ones((rows, P), np.int32),
-             rng.integers(1, cfg.vocab_size, (rows, R)).astype(np.int32), np.ones((rows, R), np.int32),
-             np.full((rows, R), -1.0, np.float32), np.full((rows, R), -1.0, np.float32),
-             rng.standard_normal(rows).astype(np.float32), np.full((rows, R), 1.0 / (rows * R), np.float32)]
+    batch = grpo_train_inputs(np.random.default_rng(0), cfg.vocab_size, rows, rows, P, R)
     before = peak_gib()
     outputs, norm = step([[ms.Tensor(a) for a in batch]])
     first = peak_gib()
