@@ -261,7 +261,7 @@ def ppo_run(tmp_path_factory):
 
 
 def test_ppo_run_learns_with_a_critic(ppo_run):
-    """`ALGORITHM=ppo bash run_grpo.sh`: the same job with GAE advantages from a critic (tensor parallel over the
+    """`ALGORITHM=ppo bash run_grpo.sh`: the same job with GAE advantages from a critic (data parallel over the
     2 ranks, started from the policy with a zero head); the held-out accuracy rises and the critic's values
     follow the returns."""
     out = ppo_run

@@ -1,5 +1,5 @@
 """The decoder layers of a model are compiled once and inlined (`lazy_inline`): layers that must compile alike share
-one key, layers whose graphs differ (their recompute mode) do not, sequence-parallel layers are not inlined, and
+one key, layers whose graphs differ (their recompute mode) do not, sequence-parallel layers are inlined too, and
 recompute still changes no value."""
 import mindspore as ms
 import numpy as np
@@ -8,7 +8,7 @@ from support.configs import tiny_qwen2_config
 
 from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM
-from mindrlhf.models.qwen2.modeling import InlinedDecoderLayer, Qwen2DecoderLayer, decoder_layer_class
+from mindrlhf.models.qwen2.modeling import InlinedDecoderLayer, Qwen2DecoderLayer
 from mindrlhf.parallel.layers import init_random_weights
 from mindrlhf.parallel.layout import Layout
 
@@ -32,16 +32,14 @@ def test_layers_share_a_compiled_layer_unless_their_recompute_differs():
     assert not plain.attention._has_config_recompute and not plain.feed_forward._has_config_recompute
     with pytest.raises(ValueError, match="recompute must be one of"):
         Qwen2DecoderLayer(tiny_qwen2_config(), Layout(), "everything")
-
-
-def test_sequence_parallel_layers_are_not_inlined():
-    """Inlined, the sequence-parallel layers' collectives gave wrong values (tests/parallel: the spmd and pipeline
-    runs with sequence parallel compare against one process)."""
+    # sequence-parallel layers too (built, not run: tp 2 needs msrun; tests/parallel's spmd and pipeline runs with
+    # sequence parallel compare their values against one process)
     sequence = tiny_qwen2_config()
     sequence.parallel_config.use_seq_parallel = True
-    assert decoder_layer_class(sequence, Layout(tp=2)) is Qwen2DecoderLayer
-    assert decoder_layer_class(sequence, Layout()) is InlinedDecoderLayer  # tp 1: no sequence parallel
-    assert decoder_layer_class(tiny_qwen2_config(), Layout(tp=2)) is InlinedDecoderLayer
+    layers = list(Qwen2ForCausalLM(sequence, Layout(tp=2)).model.layers)
+    assert all(type(layer) is InlinedDecoderLayer and layer.sequence is not None for layer in layers)
+
+
 
 
 @pytest.mark.usefixtures("graph_mode")

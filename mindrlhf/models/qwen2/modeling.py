@@ -238,17 +238,11 @@ class InlinedDecoderLayer(Qwen2DecoderLayer):
     """A decoder layer compiled once and inlined (`lazy_inline`, "front"): a graph over L such layers parses, infers
     and differentiates one layer instead of L, which halves the compile time of a many-layer graph and gives the same
     graph. Layers built with equal arguments share that compiled layer, so everything that makes one layer's graph
-    differ from another's (the recompute mode) is an argument of `__init__`. Not with sequence parallel
-    (`decoder_layer_class`): the layers' sequence-parallel collectives gave wrong values when inlined this way."""
+    differ from another's (the recompute mode) is an argument of `__init__`."""
 
     @ms.lazy_inline(policy="front")
     def __init__(self, config: Qwen2Config, layout: Layout, recompute: str = "none"):
         super().__init__(config, layout, recompute)
-
-
-def decoder_layer_class(config: Qwen2Config, layout: Layout) -> type[Qwen2DecoderLayer]:
-    """The decoder layer of a net: compiled once and inlined, unless the layers run sequence parallel."""
-    return Qwen2DecoderLayer if uses_sequence_parallel(config, layout) else InlinedDecoderLayer
 
 
 def stage_layers(num_layers: int, stages: int, stage: int) -> range:
@@ -282,8 +276,7 @@ class Qwen2Model(nn.Cell):
         # a forward-only graph is unaffected by recompute, which acts in backward passes
         full, selective = config.recompute.layers_of_stage(layout.stage, layout.pp, len(owned))
         modes = ["full"] * full + ["attention"] * selective + ["none"] * (len(owned) - full - selective)
-        layer = decoder_layer_class(config, layout)
-        self.layers = nn.CellList([layer(config, layout, modes[i - owned.start]) if i in owned
+        self.layers = nn.CellList([InlinedDecoderLayer(config, layout, modes[i - owned.start]) if i in owned
                                    else nn.Cell() for i in range(config.num_layers)])
         self.sequence = sequence_parallel(config, layout)
         self.norm_out = RMSNorm(config.hidden_size, config.rms_norm_eps, to_ms_dtype(config.param_init_type),
