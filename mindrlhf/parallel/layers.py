@@ -259,7 +259,7 @@ class RMSNorm(nn.Cell):
         variance = ops.mean(ops.square(x32), -1, keep_dims=True)
         normed = (x32 * expand_as(ops.rsqrt(variance + self.eps), x32)).astype(self.compute_dtype)
         # the weight enters the custom-bprop cell through an op: a Parameter passed to it directly inside an inlined
-        # decoder layer (`lazy_inline`) was bound to another layer's weight (wrong values from the first forward)
+        # decoder layer (`lazy_inline`) gave wrong values from the first forward on (docs/performance.md)
         weight = self.weight.astype(self.compute_dtype)
         if self.sum_weight_grad is not None:
             weight = self.sum_weight_grad(weight)
