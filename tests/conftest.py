@@ -91,6 +91,14 @@ def pytest_collection_modifyitems(config, items):
                                  work_unit(item.nodeid) not in with_jobs, work_unit(item.nodeid) not in slow))
 
 
+def pytest_collection_finish(session):
+    """The test modules' imports (MindSpore, torch, transformers: ~570k objects) frozen out of the garbage collector's
+    walk, which MindSpore runs before every graph compile (0.3 s each in a test process)."""
+    from mindrlhf.trainer.launch import freeze_long_lived_objects
+
+    freeze_long_lived_objects()
+
+
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist's scope scheduling with `work_unit` as the scope (its `loadgroup` cannot rename the tests of
     pytest 9), the units in collection order."""

@@ -121,11 +121,16 @@ def test_only_save_strategy_writes_strategy_files_mindspore_reads(tmp_path, mind
 
 @pytest.mark.slow
 def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mindrecord, graph_mode):
+    """(And the trainer froze its long-lived objects before its first compile: `freeze_long_lived_objects`.)"""
+    import gc
+
     from mindspore.dataset import MindDataset
     out = tmp_path / "out"
+    frozen = gc.get_freeze_count()
     logged_run(mindrecord, out, [
         "--steps", "1", "--max_new_tokens", "24", "--dynamic_sampling", "true", "--max_sampling_retries", "2",
         "--num_iterations", "1", "--save_data_file", str(tmp_path / "exp" / "grpo")])
+    assert gc.get_freeze_count() > frozen
     metrics = metrics_lines(out)[0]
     assert_documented([metrics])
     assert 1 <= metrics["sampling/rounds"] <= 3

@@ -17,10 +17,14 @@ if str(ROOT) not in sys.path:
 
 
 def graph_mode_on_cpu() -> None:
-    """MindSpore in GRAPH_MODE on CPU, as the trainer runs."""
+    """MindSpore in GRAPH_MODE on CPU, as the trainer runs; the objects of the imports frozen out of the garbage
+    collector's walk before each compile, as the trainer's (`freeze_long_lived_objects`)."""
     import mindspore as ms
 
+    from mindrlhf.trainer.launch import freeze_long_lived_objects
+
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    freeze_long_lived_objects()
 
 
 def set_max_call_depth(depth: int) -> None:
