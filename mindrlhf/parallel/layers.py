@@ -86,16 +86,14 @@ class ColumnParallelLinear(ParallelLayer):
         if self.copy_in is not None:
             x = self.copy_in(x)
         lead = x.shape[:-1]
-        # cast before the custom-bprop `share` cell: see RMSNorm.construct
-        weight = self.weight.astype(self.compute_dtype)
-        bias = self.bias.astype(self.compute_dtype) if self.has_bias else None
-        if self.share is not None:
-            weight = self.share(weight)
+        weight, bias = self.weight, self.bias
+        if self.share is not None:  # through a cast, not as the Parameter itself: see RMSNorm.construct
+            weight = self.share(weight.astype(weight.dtype))
             if self.has_bias:
-                bias = self.share(bias)
-        y = self.matmul(x.reshape(-1, x.shape[-1]).astype(self.compute_dtype), weight)
+                bias = self.share(bias.astype(bias.dtype))
+        y = self.matmul(x.reshape(-1, x.shape[-1]).astype(self.compute_dtype), weight.astype(self.compute_dtype))
         if self.has_bias:
-            y = ops.bias_add(y, bias)
+            y = ops.bias_add(y, bias.astype(self.compute_dtype))
         y = y.reshape(lead + (self.out_local,))
         if self.gather_out is not None:
             y = self.gather_out(y)
@@ -258,12 +256,13 @@ class RMSNorm(nn.Cell):
         x32 = x.astype(ms.float32)
         variance = ops.mean(ops.square(x32), -1, keep_dims=True)
         normed = (x32 * expand_as(ops.rsqrt(variance + self.eps), x32)).astype(self.compute_dtype)
-        # the weight enters the custom-bprop cell through an op: a Parameter passed to it directly inside an inlined
-        # decoder layer (`lazy_inline`) gave wrong values from the first forward on (docs/performance.md)
-        weight = self.weight.astype(self.compute_dtype)
+        weight = self.weight
         if self.sum_weight_grad is not None:
-            weight = self.sum_weight_grad(weight)
-        return expand_as(weight, normed) * normed
+            # the weight enters the custom-bprop cell through a cast to its own dtype (its gradient summed in that
+            # dtype): passed as the Parameter itself inside an inlined decoder layer (`lazy_inline`) it gave wrong
+            # values from the first forward on (docs/performance.md)
+            weight = self.sum_weight_grad(weight.astype(weight.dtype))
+        return expand_as(weight.astype(self.compute_dtype), normed) * normed
 
 
 class SequenceParallel(ParallelLayer):
