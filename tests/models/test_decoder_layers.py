@@ -40,8 +40,6 @@ def test_layers_share_a_compiled_layer_unless_their_recompute_differs():
     assert all(type(layer) is InlinedDecoderLayer and layer.sequence is not None for layer in layers)
 
 
-
-
 @pytest.mark.usefixtures("graph_mode")
 def test_recomputed_inlined_layers_give_the_same_loss_and_gradients():
     ids = ms.Tensor(np.random.default_rng(0).integers(0, 96, (2, 12)).astype(np.int32))
