@@ -2,7 +2,8 @@
 of `mindrlhf.engine.memory_budget` measured.
 
 - `runs`: `bash run_grpo.sh` (`benchmarks/grpo_step.py`'s launcher set-up) on the bundled job (2 ranks) and on
-  SmolLM2-135M's shape (2 ranks, dp=2, 16 held-out problems) without and with full recompute of the train net; for
+  SmolLM2-135M's shape (2 ranks, dp=2, 16 held-out problems) without and with full recompute of the train net, and
+  Qwen2.5-0.5B's shape on one rank (1-row calls, as `benchmarks/grpo_step.py --model 0.5b`); for
   each, the plan's per-rank peak (the largest rank's, every term: on CPU nothing offloads) vs the largest rank's
   peak RSS the trainer logs (`perf/max_rss_gib`). Target: within 15%.
 - `recompute`: one GRPO train graph call at SmolLM2-135M's shape (4 responses of 192 tokens after 64-token prompts)
@@ -12,7 +13,7 @@ of `mindrlhf.engine.memory_budget` measured.
 - `graphs`: the resident memory a compiled graph keeps per decoder layer, at SmolLM2-135M's shape
   (`tests/workers/graph_memory.py` at 2 and 4 layers, the difference halved): the response log-prob graph and the
   train step at several calls (rows, widths), each after a wider call set the memory pool's high water; against
-  `memory_plan.GRAPH_BYTES_PER_LAYER`, the plan's one figure for every graph.
+  the plan's figure for the call (`memory_plan.GRAPH_MEMORY`, fitted on these calls).
 - `recipes`: the plan (pure arithmetic, no run) of Qwen2.5-7B on 8 devices and a Qwen2.5-32B recipe on 16/32 (the
   table of `docs/memory_plan.md`).
 
@@ -45,9 +46,10 @@ RECOMPUTE_VARIANTS = (("off", 0, 4, 49152, 64, 192), ("off", 0, 2, 49152, 64, 19
 WORKER = os.path.join(ROOT, "tests", "workers", "recompute_peak.py")
 GRAPH_WORKER = os.path.join(ROOT, "tests", "workers", "graph_memory.py")
 # [prompts, rows, prompt width, response width] per graph call, the widest first (it sets the pool's high water)
-GRAPH_CALLS = {"forward": [[1, 4, 72, 512], [1, 4, 72, 256], [1, 8, 72, 96], [1, 1, 72, 512], [1, 1, 72, 256],
-                           [1, 1, 72, 128]],
-               "train": [[1, 1, 72, 512], [1, 1, 72, 344], [1, 1, 72, 176], [1, 2, 72, 96]]}
+GRAPH_CALLS = {"forward": [[4, 64, 72, 96], [1, 4, 72, 256], [4, 32, 72, 96], [1, 8, 72, 96], [4, 32, 72, 32],
+                           [2, 16, 72, 96], [1, 1, 72, 512], [1, 8, 72, 64], [1, 1, 72, 256], [1, 1, 72, 128]],
+               "train": [[1, 8, 72, 512], [1, 1, 72, 344], [1, 8, 72, 32], [1, 1, 72, 176], [1, 4, 72, 64],
+                         [1, 2, 72, 96]]}
 GRAPH_DEPTHS = (2, 4)
 GRPO = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "grpo_one_stage.py")
 
@@ -57,7 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--parts", default="runs,recompute,recipes",
                    help="comma-separated: runs, recompute, recipes, graphs")
-    p.add_argument("--cases", default="arith,smollm2,smollm2_recompute", help="runs: which jobs")
+    p.add_argument("--cases", default="arith,smollm2,smollm2_recompute,0.5b",
+                   help="runs: which jobs (0.5b: Qwen2.5-0.5B's shape on one rank, `benchmarks/grpo_step.py`'s)")
     p.add_argument("--reuse_runs", action="store_true",
                    help="runs: a case whose folder in --workdir has a metrics.jsonl is not run again (the plan is)")
     p.add_argument("--recompute_jsonl", default=None,
@@ -119,24 +122,28 @@ def _graph_worker_line(kind: str, layers: int) -> dict:
 
 
 def graphs_part() -> dict:
-    """Per kind and call after the first: MiB a compiled graph keeps per decoder layer."""
-    from mindrlhf.engine.memory_plan import GRAPH_BYTES_PER_LAYER
+    """Per kind and call after the first: MiB a compiled graph keeps per decoder layer, measured and planned
+    (`memory_plan.forward_graph_bytes` / `train_graph_bytes` of one layer)."""
+    from mindrlhf.engine.memory_plan import Call, NetShape, forward_graph_bytes, train_graph_bytes
 
+    layer = NetShape(vocab=1024, hidden=576, layers=1, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
+                     qkv_bias=False, tied=True)
+    planned = {"forward": forward_graph_bytes, "train": train_graph_bytes}
     shallow, deep = GRAPH_DEPTHS
     rows = []
-    print(f"\ngraphs, SmolLM2-135M shape: MiB kept per decoder layer ({deep} vs {shallow} layers), after a wider call "
-          f"(plan: {GRAPH_BYTES_PER_LAYER['cpu'] / 2**20:.0f} MiB for every graph)")
-    print(f"{'graph':<9}{'prompts':>8}{'rows':>6}{'P + R':>11}{'tokens':>8}{'MiB per layer':>15}")
+    print(f"\ngraphs, SmolLM2-135M shape: MiB kept per decoder layer ({deep} vs {shallow} layers), after a wider call")
+    print(f"{'graph':<9}{'prompts':>8}{'rows':>6}{'P + R':>11}{'tokens':>8}{'MiB per layer':>15}{'plan':>8}")
     for kind in GRAPH_CALLS:
         low, high = _graph_worker_line(kind, shallow), _graph_worker_line(kind, deep)
         for a, b in list(zip(low["calls"], high["calls"]))[1:]:
-            tokens = a["prompts"] * a["prompt"] + a["rows"] * (a["response"] - 1)  # the positions the layers read
+            call = Call(a["prompts"], a["rows"], a["prompt"], a["response"])
             per_layer = (b["kept_mib"] - a["kept_mib"]) / (deep - shallow)
+            plan = planned[kind](layer, call) / 2**20
             rows.append({"kind": kind, **{k: a[k] for k in ("prompts", "rows", "prompt", "response")},
-                         "tokens": tokens, "mib_per_layer": round(per_layer, 1),
+                         "tokens": call.tokens, "mib_per_layer": round(per_layer, 1), "plan_mib": round(plan, 1),
                          "kept_mib": {str(shallow): a["kept_mib"], str(deep): b["kept_mib"]}})
             print(f"{kind:<9}{a['prompts']:>8}{a['rows']:>6}{str(a['prompt']) + ' + ' + str(a['response']):>11}"
-                  f"{tokens:>8}{per_layer:>15.1f}")
+                  f"{call.tokens:>8}{per_layer:>15.1f}{plan:>8.1f}")
     return {"calls": rows}
 
 
@@ -158,7 +165,7 @@ def _job(case: str, workdir: str) -> tuple[dict, list[str], str]:
     """(environment, run_grpo.sh flags, output folder) of a case, as `benchmarks/grpo_step.py` sets them up."""
     from grpo_step import launcher_env, parse_args
 
-    model = "smollm2" if case.startswith("smollm2") else "arith"
+    model = next((m for m in ("smollm2", "0.5b") if case.startswith(m)), "arith")
     out = os.path.join(workdir, case)
     os.makedirs(out, exist_ok=True)
     args = parse_args(["--model", model, "--steps", "2", "--workdir", workdir])

@@ -3,7 +3,7 @@ logits, what is swapped to host, and whether the peak fits a device. Pure arithm
 layouts (no MindSpore, no numpy); `mindrlhf.trainer.memory_report` fills it from a job and prints it.
 
 The activation terms come from `mindrlhf.engine.memory_budget` (the functions the trainer sizes its graph calls
-with). The runtime terms (`RUNTIME_OVERHEAD_GIB`, `GRAPH_BYTES_PER_LAYER`) were measured on this project's CPU
+with). The runtime terms (`RUNTIME_OVERHEAD_GIB`, `GRAPH_MEMORY`) were measured on this project's CPU
 backend (`benchmarks/memory_plan.py`); the Ascend ones are assumptions stated in `docs/memory_plan.md`.
 """
 from __future__ import annotations
@@ -16,16 +16,35 @@ from mindrlhf.parallel.layout import kv_head_shards
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Memory a rank holds besides tensors and compiled graphs: the MindSpore runtime, its communication, kernels and the
-# Python process. CPU, measured: an msrun rank of the tiny job peaks at 0.83 GiB, of which ~0.21 GiB its graphs
-# and ~0.02 GiB tensors (benchmarks/memory_plan.py; a lone process that has built a net and run nothing holds 0.39
-# GiB). Ascend: the HCCL buffers and workspace MindSpore reserves on the device: an assumption, not measured here.
-RUNTIME_OVERHEAD_GIB = {"cpu": 0.6, "ascend": 3.0}
-# CPU: memory of each compiled graph per decoder layer it runs (kernels, their workspaces; DESIGN.md: ~18 MiB at
-# SmolLM2-135M's shape). Ascend graphs live in the runtime overhead above.
-GRAPH_BYTES_PER_LAYER = {"cpu": 18 * 2**20, "ascend": 0}
-# CPU: a fully recomputed layer runs its forward twice in the train graph: ~20 MiB more per layer and train graph
-# (benchmarks/memory_plan.py recompute, the fixed part of the step's peak with 2 vs 4 rows).
-RECOMPUTE_GRAPH_BYTES_PER_LAYER = {"cpu": 20 * 2**20, "ascend": 0}
+# Python process. CPU, measured: a lone process that has built a net and run nothing holds 0.39 GiB; an msrun rank
+# of the tiny job peaks at 0.81 GiB and the bundled job's at 1.13, where the other terms (`GRAPH_MEMORY` among them)
+# leave 0.68 (benchmarks/memory_plan.py --parts runs, 2026-11-29). Ascend: the HCCL buffers and workspace MindSpore
+# reserves on the device: an assumption, not measured here.
+RUNTIME_OVERHEAD_GIB = {"cpu": 0.68, "ascend": 3.0}
+
+
+@dataclass(frozen=True)
+class GraphMemory:
+    """What a compiled graph keeps per decoder layer while it lives, beyond the memory pool (CPU: the Transpose
+    kernels' index tables, oneDNN primitives, heap holes; `docs/performance.md`, "A graph keeps memory that grows
+    with its call"). A forward graph (log-probs, prefill, decode) keeps `fixed` + `per_attention_element` x its
+    positions x the q, k, v and output widths (about one 8-byte index per element of the four attention
+    Transposes); a train graph keeps `train_share` of the activation bytes `memory_budget.train_bytes` counts for its
+    layers without recompute (the backward's working buffers, which recompute does not free on CPU), and
+    `per_recomputed_layer` for each layer it recomputes."""
+
+    fixed: int = 0
+    per_attention_element: float = 0.0
+    train_share: float = 0.0
+    per_recomputed_layer: int = 0
+
+
+# CPU, fitted on `benchmarks/memory_plan.py --parts graphs` (SmolLM2-135M's shape: 9 log-prob calls of 1-32 rows,
+# 199-3360 positions, within 3.3 MiB a layer of each; 5 train calls, within 2.8 MiB) and the recompute part (~20 MiB
+# a recomputed layer). Ascend's graphs live in the runtime overhead above.
+GRAPH_MEMORY = {"cpu": GraphMemory(fixed=5 * 2**20, per_attention_element=8.5, train_share=1.55,
+                                   per_recomputed_layer=20 * 2**20),
+                "ascend": GraphMemory()}
 
 
 def dtype_bytes(name: str, where: str = "dtype") -> int:
@@ -142,6 +161,24 @@ def forward_activation_bytes(shape: NetShape, call: Call, tp: int = 1) -> tuple[
     logits = memory_budget.log_prob_bytes(0, call.rows, 0, max(call.response_width, 1),
                                           hidden=0, intermediate=0, heads=0, vocab=shape.vocab, tp=tp)
     return layer * shape.compute_bytes // memory_budget.FLOAT_BYTES, logits
+
+
+def forward_graph_bytes(shape: NetShape, call: Call, tp: int = 1, device: str = "cpu") -> int:
+    """Bytes a compiled forward graph of `call` keeps over its decoder layers (`GRAPH_MEMORY`): a log-prob call, a
+    prefill (`rows` 0) or a decode step (a prefill of one position a row)."""
+    cost = GRAPH_MEMORY[device]
+    kv = shape.kv_heads // kv_head_shards(shape.kv_heads, tp)
+    attention_width = (2 * shape.heads // tp + 2 * kv) * shape.head_dim
+    per_layer = cost.fixed + cost.per_attention_element * call.tokens * attention_width
+    return int(shape.layers * per_layer)
+
+
+def train_graph_bytes(shape: NetShape, call: Call, tp: int = 1, pp: int = 1, stage: int = 0,
+                      recompute: Recompute = Recompute(), device: str = "cpu") -> int:
+    """Bytes a compiled train graph of `call` keeps over its stage's layers (`GRAPH_MEMORY`)."""
+    cost = GRAPH_MEMORY[device]
+    kept, _ = train_activation_bytes(shape, call, tp, pp, stage)
+    return int(cost.train_share * kept) + cost.per_recomputed_layer * recompute.full
 
 
 TERMS = ("weights", "gradients", "moments", "activations", "kv_cache", "logits", "runtime")

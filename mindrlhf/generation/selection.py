@@ -20,6 +20,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn, ops
 
+from mindrlhf.parallel.layers import scaled_by_temperature
+
 # float64 uniforms in [1 - 2**-25, 1) round up to 1.0 in float32, whose threshold would pass every entry
 _LARGEST_BELOW_ONE = np.nextafter(np.float32(1.0), np.float32(0.0))
 
@@ -98,7 +100,7 @@ class TokenSelection(nn.Cell):
         if self.greedy:
             tokens = ops.argmax(logits, -1).astype(ms.int32)
             return tokens, self._full_log_prob(logits, tokens)
-        scaled = logits if self.temperature == 1.0 else logits / self.temperature
+        scaled = scaled_by_temperature(logits, self.temperature)
         if self.top_k == 1:  # one candidate: the argmax (the first on ties, as greedy), whatever the draw
             tokens = ops.argmax(scaled, -1).astype(ms.int32)
             return tokens, self._full_log_prob(scaled, tokens)

@@ -14,10 +14,9 @@ import mindspore as ms
 import numpy as np
 
 from mindrlhf.configs.base import ConfigError
+from mindrlhf.engine.batches import response_widths
 from mindrlhf.engine.memory_plan import (
     GIB,
-    GRAPH_BYTES_PER_LAYER,
-    RECOMPUTE_GRAPH_BYTES_PER_LAYER,
     RUNTIME_OVERHEAD_GIB,
     TERMS,
     Call,
@@ -26,8 +25,10 @@ from mindrlhf.engine.memory_plan import (
     RankMemory,
     Recompute,
     forward_activation_bytes,
+    forward_graph_bytes,
     moment_bytes,
     train_activation_bytes,
+    train_graph_bytes,
     verdict,
 )
 from mindrlhf.engine.sizing import MicroBatchSizer
@@ -101,16 +102,48 @@ def _residency(plan) -> dict[str, tuple[str, ...]]:
     return {phase: resident[phase] for phase in phases}
 
 
-def _graph_layers(plan) -> int:
-    """Decoder layers summed over the graphs a rank compiles (CPU: each holds its kernels' memory): per response
-    width (`schedule.response_buckets`) the train graph (forward and backward: twice its layers) and the reference's
-    (and the old policy's) log-prob graph; a prefill graph per prompt bucket and the decode graph."""
-    sched, gen = plan.config.schedule, plan.generation
-    train, infer = plan.actor.train.model, plan.actor.infer.model
-    train_layers = train.num_layers // train.parallel_config.pipeline_stage
-    forward = int(bool(plan.reference)) + int(sched.num_iterations > 1)
-    return sched.response_buckets * (2 * train_layers + forward * infer.num_layers) + \
-        (len(gen.prompt_buckets) + 1) * infer.num_layers
+def _width_graph_bytes(plan, width: int, device: str) -> int:
+    """Bytes the graphs of one response width keep (`GRAPH_MEMORY`), per prompt bucket: the train graph of the
+    sizer's call, the reference's and the old policy's log-prob graphs and, with a critic, its value and train
+    graphs."""
+    sched, group = plan.config.schedule, plan.generation.num_generations
+    train, infer = plan.actor.train, plan.actor.infer
+    tl, il = train.layout, infer.layout
+    prompts, train_rows = sched.batch_size // il.dp * group, sched.prompts_per_update * group // tl.dp
+    forwards = int(bool(plan.reference)) + int(sched.num_iterations > 1)
+    critic = plan.critic.net if plan.critic else None
+    total = 0
+    for bucket in plan.generation.prompt_buckets:
+        call = largest_call("train", sched, train.model, tl, group, train_rows, bucket, width, True)
+        total += train_graph_bytes(NetShape.of(train.model), call, tl.tp, tl.pp, tl.stage,
+                                   recompute_of(train.model, tl.pp, tl.stage), device)
+        call = largest_call("log_prob", sched, infer.model, il, group, prompts, bucket, width, False)
+        total += forwards * forward_graph_bytes(NetShape.of(infer.model), call, il.tp, device)
+        if critic:
+            cs, cl = NetShape.of(critic.model), critic.layout
+            call = largest_call("critic train", sched, critic.model, cl, group, train_rows, bucket, width, True)
+            total += train_graph_bytes(cs, call, cl.tp, cl.pp, cl.stage, recompute_of(critic.model, cl.pp, cl.stage),
+                                       device)
+            call = largest_call("values", sched, critic.model, cl, group, prompts, bucket, width, False)
+            total += forward_graph_bytes(cs, call, cl.tp, device)
+    return total
+
+
+def graph_bytes(plan, device: str) -> tuple[int, int]:
+    """(bytes the graphs a rank compiles keep while the job runs, the part of them that belongs to response widths
+    narrower than `max_new_tokens`): every width of `schedule.response_buckets` (a long run reaches them: a pass
+    reads the narrowest width that holds its longest response), a prefill graph per prompt bucket and the decode
+    graph."""
+    gen, infer = plan.generation, plan.actor.infer
+    ins, il = NetShape.of(infer.model), infer.layout
+    prompts = plan.config.schedule.batch_size // il.dp
+    slots = gen.decode_rows(prompts * gen.num_generations)
+    prefilled = prompts if slots == prompts * gen.num_generations else 1  # with slots: one prompt a prefill call
+    rollout = forward_graph_bytes(ins, Call(slots, 0, 1, 0), il.tp, device) + sum(
+        forward_graph_bytes(ins, Call(prefilled, 0, bucket, 0), il.tp, device) for bucket in gen.prompt_buckets)
+    widths = [_width_graph_bytes(plan, width, device)
+              for width in response_widths(gen.max_new_tokens, plan.config.schedule.response_buckets)]
+    return rollout + sum(widths), sum(widths[:-1])
 
 
 def _transients(plan) -> dict[str, dict[str, int]]:
@@ -141,28 +174,34 @@ def _transients(plan) -> dict[str, dict[str, int]]:
     return out
 
 
+def _pooled(transient: dict[str, int]) -> int:
+    """A phase's bytes in the memory pool: its largest call's activations and logits."""
+    return transient.get("activations", 0) + transient.get("logits", 0)
+
+
 def rank_memory(plan, rank: int, device: str = "cpu") -> list[PhaseMemory]:
     """Every phase's bytes on `rank` of the job of `plan` (a `JobPlan`) on `device` ("cpu": nothing really
     offloads; "ascend": the swap plan's idle groups are on host)."""
     plan = plan.for_rank(rank)
     groups = _groups(plan)
     transients = _transients(plan)
-    gen, sched, infer, train = plan.generation, plan.config.schedule, plan.actor.infer.layout, plan.actor.train.layout
+    gen, sched, infer = plan.generation, plan.config.schedule, plan.actor.infer.layout
     kv_rows = gen.decode_rows(sched.batch_size // infer.dp * gen.num_generations)
     kv = NetShape.of(plan.actor.infer.model).kv_cache_bytes(kv_rows, gen.cache_length, infer.tp)
-    recomputed = recompute_of(plan.actor.train.model, train.pp, train.stage).full * sched.response_buckets
-    runtime = int(RUNTIME_OVERHEAD_GIB[device] * GIB) + GRAPH_BYTES_PER_LAYER[device] * _graph_layers(plan) \
-        + RECOMPUTE_GRAPH_BYTES_PER_LAYER[device] * recomputed
+    runtime = int(RUNTIME_OVERHEAD_GIB[device] * GIB) + graph_bytes(plan, device)[0]
+    residency = _residency(plan)
+    # CPU: the memory pool never gives pages back, so every phase holds the pool's high water (the largest phase's)
+    pool = max(_pooled(transients.get(p, {})) for p in residency) if device == "cpu" else 0
     phases = []
-    for phase, resident in _residency(plan).items():
+    for phase, resident in residency.items():
         on_device = groups if device == "cpu" else {g: b for g, b in groups.items() if g in resident}
         extra = transients.get(phase, {})
         terms = dict.fromkeys(TERMS, 0)
         terms["weights"] = sum(b for g, b in on_device.items() if g not in MOMENT_GROUPS)
         terms["moments"] = sum(b for g, b in on_device.items() if g in MOMENT_GROUPS)
         terms["gradients"] = transients["buffers"]["gradients"] + extra.get("gradients", 0)
-        terms.update(activations=extra.get("activations", 0), logits=extra.get("logits", 0), kv_cache=kv,
-                     runtime=runtime)
+        terms.update(activations=extra.get("activations", 0) + pool - min(pool, _pooled(extra)),
+                     logits=extra.get("logits", 0), kv_cache=kv, runtime=runtime)
         phases.append(PhaseMemory(phase, terms, host=sum(groups.values()) - sum(on_device.values())))
     return phases
 
@@ -218,4 +257,10 @@ def plan_report(config, job, tokenizer, device: str | None = None) -> str:
     t, i = plan.actor.train.layout, plan.actor.infer.layout
     header = (f"memory plan: {world} rank(s), train dp{t.dp} x tp{t.tp} x pp{t.pp}, infer dp{i.dp} x tp{i.tp}, "
               f"device {device}")
-    return format_report(job_memory(plan, device), header, device_gib)
+    report = format_report(job_memory(plan, device), header, device_gib).splitlines()
+    narrower = graph_bytes(plan, device)[1]
+    if narrower:
+        report.insert(-1, f"of rank 0's runtime, {narrower / GIB:.2f} GiB are the graphs of the response widths "
+                          f"narrower than max_new_tokens, compiled once a pass's longest response fits one "
+                          f"(schedule.response_buckets: 1 compiles the widest only)")
+    return "\n".join(report)

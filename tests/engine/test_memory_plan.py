@@ -1,5 +1,6 @@
 """The memory plan's arithmetic (mindrlhf.engine.memory_plan) and `grpo_one_stage.py --plan` on the tiny job."""
 import os
+import re
 import subprocess
 import sys
 
@@ -11,19 +12,22 @@ from mindrlhf.engine.memory_plan import (
     GIB,
     TERMS,
     Call,
+    GraphMemory,
     NetShape,
     PhaseMemory,
     RankMemory,
     Recompute,
     dtype_bytes,
     forward_activation_bytes,
+    forward_graph_bytes,
     moment_bytes,
     train_activation_bytes,
+    train_graph_bytes,
     verdict,
 )
 from mindrlhf.parallel.layout import kv_head_shards
 
-# the plan vs a run's peak RSS on this CPU (docs/memory_plan.md: the tiny job 0.87 planned vs 0.83-0.84 GiB measured;
+# the plan vs a run's peak RSS on this CPU (docs/memory_plan.md: the tiny job 0.82 planned vs 0.81 GiB measured;
 # the target of benchmarks/memory_plan.py)
 PLAN_TOLERANCE = 0.15
 TINY = NetShape(vocab=704, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128)
@@ -113,6 +117,42 @@ def test_activations_follow_the_compute_dtype_and_the_stage():
     assert fwd < acts and fwd_logits == 4 * 16 * 1024 * 3 * 152064 // 4
 
 
+# `benchmarks/memory_plan.py --parts graphs` (SmolLM2-135M's shape, vocabulary 1024, 2 vs 4 layers, each call after a
+# wider one): MiB a compiled graph kept per decoder layer, by (prompts, rows, prompt width, response width)
+MEASURED_GRAPH_MIB = {
+    "forward": {(1, 4, 72, 256): 19.9, (1, 8, 72, 96): 18.8, (1, 1, 72, 512): 9.3, (1, 1, 72, 256): 7.9,
+                (1, 1, 72, 128): 5.8, (4, 32, 72, 96): 45.3, (4, 32, 72, 32): 24.4, (2, 16, 72, 96): 25.6,
+                (1, 8, 72, 64): 12.5},
+    "train": {(1, 1, 72, 344): 63.5, (1, 1, 72, 176): 34.9, (1, 2, 72, 96): 30.2, (1, 8, 72, 32): 37.9,
+              (1, 4, 72, 64): 37.0},
+}
+SMOLLM2_LAYER = NetShape(vocab=1024, hidden=576, layers=1, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
+                         qkv_bias=False, tied=True)
+
+
+def test_a_compiled_graph_keeps_memory_that_follows_its_call_as_measured():
+    planned = {"forward": forward_graph_bytes, "train": train_graph_bytes}
+    for kind, calls in MEASURED_GRAPH_MIB.items():
+        for call, mib in calls.items():
+            assert planned[kind](SMOLLM2_LAYER, Call(*call)) / 2**20 == pytest.approx(mib, abs=3.5), (kind, call)
+    # thirty layers keep thirty times one layer's
+    thirty = NetShape(**{**SMOLLM2_LAYER.__dict__, "layers": 30})
+    call = Call(2, 16, 72, 96)
+    assert forward_graph_bytes(thirty, call) == pytest.approx(30 * forward_graph_bytes(SMOLLM2_LAYER, call), abs=30)
+    # a decode step (one position a row) keeps about a graph's fixed part; the per-position part splits over tp
+    decode = forward_graph_bytes(SMOLLM2_LAYER, Call(32, 0, 1, 0))
+    assert 5 * 2**20 < decode < 6 * 2**20
+    fixed = 5 * 2**20
+    assert forward_graph_bytes(QWEN7B, call, tp=4) - 28 * fixed == pytest.approx(
+        (forward_graph_bytes(QWEN7B, call) - 28 * fixed) / 4, rel=1e-6)
+    # recompute does not shrink what the train graph keeps on CPU (its backward's buffers), it adds a larger graph
+    recomputed = train_graph_bytes(thirty, call, recompute=Recompute(full=30))
+    assert recomputed - train_graph_bytes(thirty, call) == 30 * 20 * 2**20
+    # Ascend's graphs are in its runtime overhead
+    assert forward_graph_bytes(QWEN7B, call, device="ascend") == train_graph_bytes(QWEN7B, call, device="ascend") == 0
+    assert GraphMemory() == GraphMemory(0, 0.0, 0.0, 0)
+
+
 def _phase(name, **terms):
     return PhaseMemory(name, {t: int(terms.get(t, 0) * GIB) for t in TERMS})
 
@@ -169,10 +209,15 @@ def test_plan_flag_prints_the_table_without_msrun(tmp_path):
     # the reference's weights: the whole model on an infer rank (tp1), twice a train rank's tp2 share (= gradients)
     assert float(lean_train[1]) == pytest.approx(float(train[1]) - 2 * gradients, abs=2e-3)
     assert float(lean_train[7]) < float(train[7])  # runtime: the graphs of the two forward passes are not compiled
-    # 2 decode slots (generation.max_num_seqs) instead of the rank's 8 rows: a KV cache of a quarter
-    proc = subprocess.run(_plan_cmd(tmp_path, "--device_memory_gib", "8", "--max_num_seqs", "2"), capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "MS_WORKER_NUM": ""})
+    # 2 decode slots (generation.max_num_seqs) instead of the rank's 8 rows: a KV cache of a quarter; 3 response
+    # widths: the narrower ones' graphs are said apart
+    proc = subprocess.run(_plan_cmd(tmp_path, "--device_memory_gib", "8", "--max_num_seqs", "2", "--response_buckets",
+                                    "3"), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MS_WORKER_NUM": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.fullmatch(r"of rank 0's runtime, \d+\.\d\d GiB are the graphs of the response widths narrower than "
+                        r"max_new_tokens, .* \(schedule.response_buckets: 1 compiles the widest only\)",
+                        proc.stdout.splitlines()[-2])
     kv = 1 + TERMS.index("kv_cache")
     slots_train = next(line.split() for line in proc.stdout.splitlines() if line.strip().startswith("train"))
     assert float(slots_train[kv]) == pytest.approx(float(train[kv]) / 4, abs=2e-3) and float(train[kv]) > 0
@@ -227,3 +272,42 @@ def test_plan_is_within_its_tolerance_of_a_real_runs_peak_rss(straight_run, mind
     print(f"tiny job: plan {planned:.3f} GiB, measured {measured:.3f} GiB per rank in step 1 (after 4 steps and "
           f"2 checkpoints: {metrics[-1]['perf/max_rss_gib']:.3f})")
     assert abs(planned / measured - 1) < PLAN_TOLERANCE, (planned, measured, plan.stdout)
+
+
+def _planned_graph_bytes(tmp_path, **overrides) -> tuple[int, int]:
+    """`memory_report.graph_bytes` of the tiny job (rank 0, CPU) with `{section: {field: value}}`, checked against
+    the graphs' part of the plan's runtime term."""
+    from mindrlhf.configs.grpo_configs import GRPOConfig
+    from mindrlhf.configs.job import JobOptions
+    from mindrlhf.engine.memory_plan import RUNTIME_OVERHEAD_GIB
+    from mindrlhf.models.tokenizer import load_tokenizer
+    from mindrlhf.trainer.memory_report import graph_bytes, rank_memory
+    from mindrlhf.trainer.plan import JobPlan
+
+    data = tmp_path / "prompts.mindrecord"
+    data.write_bytes(b"")
+    config = GRPOConfig.from_yaml(str(paths.TINY / "grpo.yaml")).replace(overrides)
+    job = JobOptions(sft_path_train=str(paths.TINY / "train.yaml"), sft_path_infer=str(paths.TINY / "infer.yaml"),
+                     mind_dataset_dir=str(data))
+    plan = JobPlan.build(config, job, load_tokenizer(paths.TINY / "tokenizer"), 2, 0)
+    total, narrower = graph_bytes(plan, "cpu")
+    cpu, ascend = rank_memory(plan, 0, "cpu"), rank_memory(plan, 0, "ascend")
+    assert cpu[0].terms["runtime"] == int(RUNTIME_OVERHEAD_GIB["cpu"] * GIB) + total
+    # CPU: the memory pool keeps its high water, so every phase holds the largest phase's activations and logits
+    # (Ascend's figures: each phase its own)
+    pooled = [[p.terms["activations"] + p.terms["logits"] for p in phases] for phases in (cpu, ascend)]
+    assert pooled[0] == [max(pooled[1])] * len(cpu) and min(pooled[1]) < max(pooled[1])
+    return total, narrower
+
+
+def test_the_plan_counts_the_graphs_of_every_width_and_bucket_a_run_reaches(tmp_path):
+    one, none_narrower = _planned_graph_bytes(tmp_path)  # the tiny job: one response width, one prompt bucket
+    assert none_narrower == 0
+    widths, narrower = _planned_graph_bytes(tmp_path, schedule={"response_buckets": 3})
+    # two narrower widths (32 and 64 of 96) add their train and log-prob graphs, each keeping less than the widest's
+    assert widths - one == narrower and 0 < narrower < 2 * one
+    buckets, _ = _planned_graph_bytes(tmp_path, generation={"prompt_buckets": [128, 256]})
+    assert one < buckets < 2 * one  # a prefill, train and log-prob graph for the 128-token prompts too
+    # no reference (beta 0) and one pass over the rollout (no old log-probs): two log-prob graphs fewer
+    lean, _ = _planned_graph_bytes(tmp_path, loss={"beta": 0.0}, schedule={"num_iterations": 1})
+    assert 0 < lean < one

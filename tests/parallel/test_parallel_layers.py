@@ -1,4 +1,6 @@
 """Tensor-parallel bookkeeping that needs no second process: split axes, shards, seeded init."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -73,6 +75,33 @@ def test_loading_a_wrong_shape_names_the_parameter():
     del state["model.layers.1.feed_forward.w2.weight"]
     with pytest.raises(ValueError, match="missing from the state: model.layers.1.feed_forward.w2.weight"):
         load_full_state(target, state)
+
+
+def test_logits_scaled_by_the_temperature_keep_no_per_element_tables_on_cpu(tmp_path):
+    """The reference pass's graph at temperature 0.7 keeps what it keeps at 1.0 (`tests/workers/graph_memory.py`,
+    one decoder layer, 16 x 96 responses at a vocabulary of 8192: a division by the temperature kept 192 MiB more,
+    16 bytes an element of the logits); the scaled logits are within an ulp of the quotient."""
+    import json
+
+    import mindspore as ms
+    from support.msrun import run_command
+    from support.paths import WORKERS_DIR
+
+    from mindrlhf.parallel.layers import scaled_by_temperature
+
+    def kept_mib(temperature: float) -> float:
+        cmd = [sys.executable, str(WORKERS_DIR / "graph_memory.py"), "--layers", "1", "--vocab", "8192", "--kind",
+               "forward", "--temperature", str(temperature), "--calls", "[[2, 16, 72, 96]]"]
+        proc = run_command(cmd, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])["calls"][0]["kept_mib"]
+
+    plain = kept_mib(1.0)
+    assert 150 < plain and kept_mib(0.7) < plain + 48
+    x = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32) * 30
+    scaled = scaled_by_temperature(ms.Tensor(x), 0.7).asnumpy()
+    np.testing.assert_array_max_ulp(scaled, x / np.float32(0.7), maxulp=1)
+    assert scaled_by_temperature(x, 1.0) is x
 
 
 def test_expand_as_broadcasts_large_operands_only_and_keeps_values():

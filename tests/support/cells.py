@@ -24,7 +24,7 @@ class ApplyGrads(nn.Cell):
         return self.optimizer(grads, scale)
 
 
-def grpo_train_step(model):
+def grpo_train_step(model, temperature: float = 1.0):
     """A GRPO train step on one process (the trainer's cells: GRPO loss, micro-batched step, AdamW, clip 1.0), called
     as `step([inputs])` with `support.batches.grpo_train_inputs` as tensors."""
     from mindrlhf.algorithms import GRPOLossCell
@@ -33,6 +33,6 @@ def grpo_train_step(model):
     from mindrlhf.parallel.layout import Layout
     from mindrlhf.parallel.spmd import MicroBatchedTrainStep
 
-    loss_net = GRPOLossNet(model, GRPOLossCell(beta=0.01, epsilon_low=0.2, epsilon_high=0.28))
+    loss_net = GRPOLossNet(model, GRPOLossCell(beta=0.01, epsilon_low=0.2, epsilon_high=0.28), temperature)
     return MicroBatchedTrainStep(loss_net, AdamW(model.trainable_params(), learning_rate=1e-6), Layout(),
                                  grad_reduction="sum", max_grad_norm=1.0)

@@ -1,8 +1,9 @@
 """Resident memory each compiled graph keeps, at SmolLM2-135M's shape cut to `--layers` decoder layers (vocabulary
-1024, so that the logits stay small): the graph calls `--calls` (a JSON list of [prompts, rows, prompt width,
-response width]) run in order, the widest first, so that the memory pool's high water is set by the first and each
-later call's growth of VmRSS is what compiling and running its own graph kept. `--kind forward` runs the response
-log-prob graph (the reference pass), `train` the GRPO train step (forward, backward, AdamW). Prints a JSON line.
+`--vocab`, 1024 by default so that the logits stay small; log-probs at `--temperature`): the graph calls `--calls` (a
+JSON list of [prompts, rows, prompt width, response width]) run in order, the widest first, so that the memory
+pool's high water is set by the first and each later call's growth of VmRSS is what compiling and running its own
+graph kept. `--kind forward` runs the response log-prob graph (the reference pass), `train` the GRPO train step
+(forward, backward, AdamW). Prints a JSON line.
 
     python tests/workers/graph_memory.py --layers 4 --kind train --calls '[[1, 1, 72, 512], [1, 1, 72, 344]]'
 
@@ -33,7 +34,7 @@ def resident_mib() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def graph_call(kind: str, model):
+def graph_call(kind: str, model, temperature: float = 1.0):
     """A function running one call of the `kind` graph on `support.batches.grpo_train_inputs` (the log-prob graph
     reads the first four: prompt ids and mask, response ids and mask)."""
     import mindspore as ms
@@ -41,9 +42,9 @@ def graph_call(kind: str, model):
     from mindrlhf.algorithms.policy_cells import ResponseLogProbs
 
     if kind == "forward":
-        net = ResponseLogProbs(model)
+        net = ResponseLogProbs(model, temperature)
         return lambda inputs: net(*[ms.Tensor(a) for a in inputs[:4]]).asnumpy()
-    step = grpo_train_step(model)
+    step = grpo_train_step(model, temperature)
     return lambda inputs: step([[ms.Tensor(a) for a in inputs]])
 
 
@@ -51,6 +52,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--kind", choices=("forward", "train"), required=True)
+    p.add_argument("--vocab", type=int, default=VOCAB)
+    p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--calls", required=True, help="JSON list of [prompts, rows, prompt width, response width]")
     args = p.parse_args()
 
@@ -61,14 +64,14 @@ def main() -> None:
 
     worker_setup.graph_mode_on_cpu()
     configure_cpu_memory_pool(world_size=1)
-    shape = dict(SMOLLM2_SHAPE, vocab_size=VOCAB, num_layers=args.layers)
+    shape = dict(SMOLLM2_SHAPE, vocab_size=args.vocab, num_layers=args.layers)
     model = Qwen2ForCausalLM(Qwen2Config(**shape, seq_length=1024))
     init_random_weights(model, Layout(), seed=0)
-    run = graph_call(args.kind, model)
+    run = graph_call(args.kind, model, args.temperature)
     rng = np.random.default_rng(0)
     calls = []
     for prompts, rows, prompt_width, response_width in json.loads(args.calls):
-        inputs = grpo_train_inputs(rng, VOCAB, prompts, rows, prompt_width, response_width)
+        inputs = grpo_train_inputs(rng, args.vocab, prompts, rows, prompt_width, response_width)
         before, started = resident_mib(), time.time()
         run(inputs)
         gc.collect()

@@ -23,6 +23,7 @@ from mindrlhf.parallel.layers import (
     VocabParallelEmbedding,
     VocabParallelLogProbs,
     expand_as,
+    scaled_by_temperature,
     shard_size,
     to_ms_dtype,
 )
@@ -487,9 +488,7 @@ class Qwen2ForCausalLM(nn.Cell):
 
     def label_log_probs(self, hidden, labels, temperature=1.0, with_entropy=False):
         """The head on final hidden states [B, S, D] and log softmax(logits / temperature) at `labels` [B, S]."""
-        local_logits = self.logits(hidden, gather=False)
-        if temperature != 1.0:
-            local_logits = local_logits / temperature
+        local_logits = scaled_by_temperature(self.logits(hidden, gather=False), temperature)
         return self.log_prob_of_labels(local_logits, labels, with_entropy)
 
 
