@@ -1,4 +1,5 @@
-"""Tensor-parallel bookkeeping that needs no second process: split axes, shards, seeded init."""
+"""Tensor-parallel bookkeeping that needs no second process (split axes, shards, seeded init), and the layer
+helpers' values and memory on the CPU backend."""
 import sys
 
 import numpy as np
@@ -77,7 +78,7 @@ def test_loading_a_wrong_shape_names_the_parameter():
         load_full_state(target, state)
 
 
-def test_logits_scaled_by_the_temperature_keep_no_per_element_tables_on_cpu(tmp_path):
+def test_logits_scaled_by_the_temperature_keep_no_per_element_tables_on_cpu():
     """The reference pass's graph at temperature 0.7 keeps what it keeps at 1.0 (`tests/workers/graph_memory.py`,
     one decoder layer, 16 x 96 responses at a vocabulary of 8192: a division by the temperature kept 192 MiB more,
     16 bytes an element of the logits); the scaled logits are within an ulp of the quotient."""
