@@ -79,10 +79,14 @@ class NetShape:
                    param_bytes=dtype_bytes(cfg.param_init_type, "model_config.param_init_type"),
                    compute_bytes=dtype_bytes(cfg.compute_dtype, "model_config.compute_dtype"))
 
+    def local_kv_heads(self, tp: int = 1) -> int:
+        """Key/value heads a tp rank holds: its shard of them, or one whole head when tp is wider than the heads."""
+        return self.kv_heads // kv_head_shards(self.kv_heads, tp)
+
     def layer_elements(self, tp: int = 1) -> int:
         """Parameters of one decoder layer on a tp rank: q, o, MLP split over tp, k/v over their shards, the two
         norms replicated."""
-        q, kv = self.heads * self.head_dim // tp, self.kv_heads * self.head_dim // kv_head_shards(self.kv_heads, tp)
+        q, kv = self.heads * self.head_dim // tp, self.local_kv_heads(tp) * self.head_dim
         bias = q + 2 * kv if self.qkv_bias else 0
         return self.hidden * (2 * q + 2 * kv) + bias + 3 * self.hidden * self.intermediate // tp + 2 * self.hidden
 
@@ -100,8 +104,7 @@ class NetShape:
 
     def kv_cache_bytes(self, rows: int, length: int, tp: int = 1) -> int:
         """Bytes of the static KV cache of `rows` sequences of `length` slots on a tp rank (`KVCache`)."""
-        kv_local = self.kv_heads // kv_head_shards(self.kv_heads, tp)
-        return 2 * self.layers * rows * kv_local * length * self.head_dim * self.compute_bytes
+        return 2 * self.layers * rows * self.local_kv_heads(tp) * length * self.head_dim * self.compute_bytes
 
 
 def moment_bytes(elements: int, dp: int = 1, optimizer_shard: bool = False) -> int:
@@ -167,8 +170,7 @@ def forward_graph_bytes(shape: NetShape, call: Call, tp: int = 1, device: str = 
     """Bytes a compiled forward graph of `call` keeps over its decoder layers (`GRAPH_MEMORY`): a log-prob call, a
     prefill (`rows` 0) or a decode step (a prefill of one position a row)."""
     cost = GRAPH_MEMORY[device]
-    kv = shape.kv_heads // kv_head_shards(shape.kv_heads, tp)
-    attention_width = (2 * shape.heads // tp + 2 * kv) * shape.head_dim
+    attention_width = (2 * shape.heads // tp + 2 * shape.local_kv_heads(tp)) * shape.head_dim
     per_layer = cost.fixed + cost.per_attention_element * call.tokens * attention_width
     return int(shape.layers * per_layer)
 

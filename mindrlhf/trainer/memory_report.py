@@ -65,6 +65,28 @@ def largest_call(kind: str, schedule, cfg, layout: Layout, group: int, rows: int
     return Call(size // share, size, prompt_width, width)
 
 
+def _pass_rows(plan, layout: Layout, training: bool) -> int:
+    """Responses a rank of `layout` reads in one pass: an update's (`training`) or the whole rollout's."""
+    sched = plan.config.schedule
+    prompts = sched.prompts_per_update if training else sched.batch_size
+    return prompts * plan.generation.num_generations // layout.dp
+
+
+def _sized_call(plan, kind: str, net, prompt_width: int, response_width: int, training: bool) -> Call:
+    """`largest_call` of a rank of `net` (a `NetSpec`) over the responses of one pass (`_pass_rows`)."""
+    return largest_call(kind, plan.config.schedule, net.model, net.layout, plan.generation.num_generations,
+                        _pass_rows(plan, net.layout, training), prompt_width, response_width, training)
+
+
+def _rollout_rows(plan) -> tuple[int, int]:
+    """(prompts a prefill call reads, decode rows) on an inference rank: all of its prompts and samples, or with
+    `generation.max_num_seqs` slots one prompt a prefill call and that many rows."""
+    gen = plan.generation
+    prompts = plan.config.schedule.batch_size // plan.actor.infer.layout.dp
+    slots = gen.decode_rows(prompts * gen.num_generations)
+    return (prompts if slots == prompts * gen.num_generations else 1), slots
+
+
 def _groups(plan) -> dict[str, int]:
     """Swap group -> bytes on the plan's rank."""
     train, infer = plan.actor.train, plan.actor.infer
@@ -106,27 +128,27 @@ def _width_graph_bytes(plan, width: int, device: str) -> int:
     """Bytes the graphs of one response width keep (`GRAPH_MEMORY`), per prompt bucket: the train graph of the
     sizer's call, the reference's and the old policy's log-prob graphs and, with a critic, its value and train
     graphs."""
-    sched, group = plan.config.schedule, plan.generation.num_generations
-    train, infer = plan.actor.train, plan.actor.infer
-    tl, il = train.layout, infer.layout
-    prompts, train_rows = sched.batch_size // il.dp * group, sched.prompts_per_update * group // tl.dp
+    sched, train, infer = plan.config.schedule, plan.actor.train, plan.actor.infer
     forwards = int(bool(plan.reference)) + int(sched.num_iterations > 1)
-    critic = plan.critic.net if plan.critic else None
     total = 0
     for bucket in plan.generation.prompt_buckets:
-        call = largest_call("train", sched, train.model, tl, group, train_rows, bucket, width, True)
-        total += train_graph_bytes(NetShape.of(train.model), call, tl.tp, tl.pp, tl.stage,
-                                   recompute_of(train.model, tl.pp, tl.stage), device)
-        call = largest_call("log_prob", sched, infer.model, il, group, prompts, bucket, width, False)
-        total += forwards * forward_graph_bytes(NetShape.of(infer.model), call, il.tp, device)
-        if critic:
-            cs, cl = NetShape.of(critic.model), critic.layout
-            call = largest_call("critic train", sched, critic.model, cl, group, train_rows, bucket, width, True)
-            total += train_graph_bytes(cs, call, cl.tp, cl.pp, cl.stage, recompute_of(critic.model, cl.pp, cl.stage),
-                                       device)
-            call = largest_call("values", sched, critic.model, cl, group, prompts, bucket, width, False)
-            total += forward_graph_bytes(cs, call, cl.tp, device)
+        total += _train_graph_bytes(plan, "train", train, bucket, width, device)
+        call = _sized_call(plan, "log_prob", infer, bucket, width, False)
+        total += forwards * forward_graph_bytes(NetShape.of(infer.model), call, infer.layout.tp, device)
+        if plan.critic:
+            critic = plan.critic.net
+            total += _train_graph_bytes(plan, "critic train", critic, bucket, width, device)
+            call = _sized_call(plan, "values", critic, bucket, width, False)
+            total += forward_graph_bytes(NetShape.of(critic.model), call, critic.layout.tp, device)
     return total
+
+
+def _train_graph_bytes(plan, kind: str, net, prompt_width: int, response_width: int, device: str) -> int:
+    """`train_graph_bytes` of the sizer's train call of `net` at these widths, with its stage's recompute."""
+    layout = net.layout
+    call = _sized_call(plan, kind, net, prompt_width, response_width, True)
+    return train_graph_bytes(NetShape.of(net.model), call, layout.tp, layout.pp, layout.stage,
+                             recompute_of(net.model, layout.pp, layout.stage), device)
 
 
 def graph_bytes(plan, device: str) -> tuple[int, int]:
@@ -135,12 +157,10 @@ def graph_bytes(plan, device: str) -> tuple[int, int]:
     reads the narrowest width that holds its longest response), a prefill graph per prompt bucket and the decode
     graph."""
     gen, infer = plan.generation, plan.actor.infer
-    ins, il = NetShape.of(infer.model), infer.layout
-    prompts = plan.config.schedule.batch_size // il.dp
-    slots = gen.decode_rows(prompts * gen.num_generations)
-    prefilled = prompts if slots == prompts * gen.num_generations else 1  # with slots: one prompt a prefill call
-    rollout = forward_graph_bytes(ins, Call(slots, 0, 1, 0), il.tp, device) + sum(
-        forward_graph_bytes(ins, Call(prefilled, 0, bucket, 0), il.tp, device) for bucket in gen.prompt_buckets)
+    ins, tp = NetShape.of(infer.model), infer.layout.tp
+    prefilled, slots = _rollout_rows(plan)
+    rollout = forward_graph_bytes(ins, Call(slots, 0, 1, 0), tp, device) + sum(
+        forward_graph_bytes(ins, Call(prefilled, 0, bucket, 0), tp, device) for bucket in gen.prompt_buckets)
     widths = [_width_graph_bytes(plan, width, device)
               for width in response_widths(gen.max_new_tokens, plan.config.schedule.response_buckets)]
     return rollout + sum(widths), sum(widths[:-1])
@@ -148,21 +168,18 @@ def graph_bytes(plan, device: str) -> tuple[int, int]:
 
 def _transients(plan) -> dict[str, dict[str, int]]:
     """Phase -> the terms that exist only while it runs (activations, logits, one call's gradients)."""
-    sched, gen, group = plan.config.schedule, plan.generation, plan.generation.num_generations
+    gen = plan.generation
     P, R = max(gen.prompt_buckets), gen.max_new_tokens
     train_cfg, infer_cfg = plan.actor.train.model, plan.actor.infer.model
     train, infer = plan.actor.train.layout, plan.actor.infer.layout
     ts, ins = NetShape.of(train_cfg), NetShape.of(infer_cfg)
-    prompts = sched.batch_size // infer.dp
-    slots = gen.decode_rows(prompts * group)
-    prefilled = prompts if slots == prompts * group else 1  # with slots: one prompt a prefill call
+    prefilled, slots = _rollout_rows(plan)
     prefill, _ = forward_activation_bytes(ins, Call(prefilled, 0, P, 0), infer.tp)
     generate = {"activations": prefill, "logits": 4 * ins.vocab * (prefilled + slots)}
-    call = largest_call("log_prob", sched, infer_cfg, infer, group, prompts * group, P, R, False)
-    acts, logits = forward_activation_bytes(ins, call, infer.tp)
+    acts, logits = forward_activation_bytes(ins, _sized_call(plan, "log_prob", plan.actor.infer, P, R, False),
+                                            infer.tp)
     forward = {"activations": acts, "logits": logits}
-    rows = sched.prompts_per_update * group // train.dp
-    call = largest_call("train", sched, train_cfg, train, group, rows, P, R, True)
+    call = _sized_call(plan, "train", plan.actor.train, P, R, True)
     in_flight = train.pp - train.stage if train.stage < train.pp - 1 else 0
     recompute = recompute_of(train_cfg, train.pp, train.stage)
     acts, logits = train_activation_bytes(ts, call, train.tp, train.pp, train.stage, in_flight, recompute)
@@ -170,7 +187,7 @@ def _transients(plan) -> dict[str, dict[str, int]]:
     out = {"generate": generate, "eval": generate, "ref": forward, "old": forward, "values": forward,
            "train": {"activations": acts, "logits": logits, "gradients": grads}}
     out["update_critic"] = out["train"]
-    out["buffers"] = {"gradients": grads if train.pp > 1 or call.rows < rows else 0}
+    out["buffers"] = {"gradients": grads if train.pp > 1 or call.rows < _pass_rows(plan, train, True) else 0}
     return out
 
 
@@ -185,9 +202,8 @@ def rank_memory(plan, rank: int, device: str = "cpu") -> list[PhaseMemory]:
     plan = plan.for_rank(rank)
     groups = _groups(plan)
     transients = _transients(plan)
-    gen, sched, infer = plan.generation, plan.config.schedule, plan.actor.infer.layout
-    kv_rows = gen.decode_rows(sched.batch_size // infer.dp * gen.num_generations)
-    kv = NetShape.of(plan.actor.infer.model).kv_cache_bytes(kv_rows, gen.cache_length, infer.tp)
+    kv = NetShape.of(plan.actor.infer.model).kv_cache_bytes(_rollout_rows(plan)[1], plan.generation.cache_length,
+                                                            plan.actor.infer.layout.tp)
     runtime = int(RUNTIME_OVERHEAD_GIB[device] * GIB) + graph_bytes(plan, device)[0]
     residency = _residency(plan)
     # CPU: the memory pool never gives pages back, so every phase holds the pool's high water (the largest phase's)
@@ -200,7 +216,7 @@ def rank_memory(plan, rank: int, device: str = "cpu") -> list[PhaseMemory]:
         terms["weights"] = sum(b for g, b in on_device.items() if g not in MOMENT_GROUPS)
         terms["moments"] = sum(b for g, b in on_device.items() if g in MOMENT_GROUPS)
         terms["gradients"] = transients["buffers"]["gradients"] + extra.get("gradients", 0)
-        terms.update(activations=extra.get("activations", 0) + pool - min(pool, _pooled(extra)),
+        terms.update(activations=extra.get("activations", 0) + max(0, pool - _pooled(extra)),
                      logits=extra.get("logits", 0), kv_cache=kv, runtime=runtime)
         phases.append(PhaseMemory(phase, terms, host=sum(groups.values()) - sum(on_device.values())))
     return phases

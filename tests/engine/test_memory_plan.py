@@ -6,6 +6,7 @@ import sys
 
 import pytest
 from support import paths
+from support.configs import SMOLLM2_SHAPE
 
 from mindrlhf.engine import memory_budget
 from mindrlhf.engine.memory_plan import (
@@ -24,6 +25,7 @@ from mindrlhf.engine.memory_plan import (
     train_graph_bytes,
     verdict,
 )
+from mindrlhf.models.qwen2 import Qwen2Config
 from mindrlhf.parallel.layout import kv_head_shards
 
 # the plan vs a run's peak RSS on this CPU (docs/memory_plan.md: the tiny job 0.82 planned vs 0.81 GiB measured;
@@ -125,8 +127,8 @@ MEASURED_GRAPH_MIB = {
     "train": {(1, 1, 72, 344): 63.5, (1, 1, 72, 176): 34.9, (1, 2, 72, 96): 30.2, (1, 8, 72, 32): 37.9,
               (1, 4, 72, 64): 37.0},
 }
-SMOLLM2_LAYER = NetShape(vocab=1024, hidden=576, layers=1, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
-                         qkv_bias=False, tied=True)
+# the probe's model (`tests/workers/graph_memory.py`) cut to one layer
+SMOLLM2_LAYER = NetShape.of(Qwen2Config(**{**SMOLLM2_SHAPE, "vocab_size": 1024, "num_layers": 1}))
 
 
 def test_a_compiled_graph_keeps_memory_that_follows_its_call_as_measured():
