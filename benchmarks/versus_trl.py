@@ -22,7 +22,7 @@ Cases:
   tokens, one update per step, lr 1e-6, ours on 1 worker with 1-response micro-batches (as `grpo_step.py`).
 - `smollm2`: SmolLM2-135M-Instruct (`tools/fetch_smollm2.py`), the job of `MODEL=smollm2 bash run_grpo.sh`
   (`model_configs/smollm2`: the model's chat template, 4 prompts x 8 samples, 96 new tokens, one update per step),
-  ours on 2 workers (dp=2).
+  ours on 1 worker using both cores, as `run_grpo.sh` launches it (`--workers 2`: 2 data-parallel ranks).
 
     .venv/bin/python benchmarks/versus_trl.py                          # arith, 6 steps x 2 rounds, ~30 min
     .venv/bin/python benchmarks/versus_trl.py --steps 3 --rounds 1     # a quick look
@@ -62,7 +62,7 @@ CASES = {
     "0.5b": dict(steps=2, workers=1, micro=1, log_prob_micro=1, configs=ARITH, template="r1_think",
                  overrides=dict(batch_size=2, num_generations=4, max_new_tokens=64, mini_batch_size=0,
                                 learning_rate=1e-6)),
-    "smollm2": dict(steps=4, workers=2, overrides={}, micro=None, log_prob_micro=None, configs=SMOLLM2,
+    "smollm2": dict(steps=4, workers=1, overrides={}, micro=None, log_prob_micro=None, configs=SMOLLM2,
                     template="chat"),
 }
 # TRL's sides: its defaults (GRPOConfig's bf16 and gradient_checkpointing, what a user gets on a CPU with bf16), and
@@ -116,8 +116,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="which sides to run, comma-separated: ours, trl (TRL's defaults: bf16 autocast and gradient "
                         "checkpointing), trl_fp32")
     p.add_argument("--workers", type=int, default=None,
-                   help="msrun workers of our side (default: 2 arith, 1 0.5b); 1 on arith rewrites the train and "
-                        "infer YAMLs to dp=1 tp=1")
+                   help="msrun workers of our side (default: the case's YAMLs' layout: 2 arith, 1 0.5b and "
+                        "smollm2); another count rewrites the train and infer YAMLs to a layout over it (tensor "
+                        "parallel for 0.5b, data parallel otherwise)")
     p.add_argument("--micro_batch_size_per_device", type=int, default=None,
                    help="passed to run_grpo.sh (default: not passed for arith, 1 for 0.5b); TRL's "
                         "per_device_train_batch_size follows it (with gradient accumulation); unset or 0: TRL takes "
@@ -125,8 +126,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log_prob_micro_batch_size_per_device", type=int, default=None,
                    help="passed to run_grpo.sh (default: not passed for arith, 1 for 0.5b)")
     p.add_argument("--recompute", action="store_true",
-                   help="our train net recomputes every layer (recompute_config.recompute; the 0.5b case or "
-                        "--workers 1, whose YAMLs the benchmark writes)")
+                   help="our train net recomputes every layer (recompute_config.recompute, in YAMLs the "
+                        "benchmark writes)")
     p.add_argument("--max_new_tokens", type=int, default=None,
                    help="both sides' response length (run_grpo.sh's flag, TRL's max_completion_length); default: "
                         "the case's")
@@ -151,8 +152,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--steps and --rounds: at least 1")
     if not args.sides or set(args.sides) - set(SIDES):
         p.error(f"--sides: a comma-separated list of {', '.join(SIDES)}")
-    if args.recompute and args.case != "0.5b" and args.workers != 1:
-        p.error("--recompute: with --case 0.5b or --workers 1 (the bundled 2-worker job uses its own YAMLs)")
     return args
 
 
@@ -321,12 +320,14 @@ def ours_launch(args: argparse.Namespace, overrides: dict, out: str, model: dict
     flags = ["--steps", str(args.steps)]
     for name, value in overrides.items():
         flags += [f"--{name}", str(value)]
-    if args.case == "0.5b" or workers == 1:
-        # a model YAML of the case with every net dp=1 and tp=workers (0.5B's 2 kv heads allow tp 1 or 2)
-        source = model["yaml"]
+    if args.case == "0.5b" or workers != CASES[args.case]["workers"] or args.recompute:
+        # the case's model YAML laid out over the workers: tensor parallel for 0.5B (its 2 kv heads allow tp 1 or
+        # 2), data parallel for the others (SmolLM2's 9 heads allow tp 1 or 3)
+        data_parallel, model_parallel = (1, workers) if args.case == "0.5b" else (workers, 1)
         train, infer = os.path.join(out, "train.yaml"), os.path.join(out, "infer.yaml")
-        yaml_with_layout(source, train, 1, workers, model["seq_length"], recompute=args.recompute)
-        yaml_with_layout(source, infer, 1, workers, model["seq_length"])
+        yaml_with_layout(model["yaml"], train, data_parallel, model_parallel, model["seq_length"],
+                         recompute=args.recompute)
+        yaml_with_layout(model["yaml"], infer, data_parallel, model_parallel, model["seq_length"])
         env.update(TRAIN_YAML=train, INFER_YAML=infer)
     if args.case == "0.5b":
         env.update(MODEL_DIR=model["policy_dir"], TOKENIZER_DIR=model["tokenizer_dir"])
@@ -483,7 +484,7 @@ def prepare_case(args: argparse.Namespace, workdir: str) -> dict:
         subprocess.run([sys.executable, os.path.join(ROOT, "tools", "fetch_smollm2.py"), "--output_dir", folder],
                        check=True)
         return {"policy_dir": folder, "tokenizer_dir": folder, "yaml": os.path.join(SMOLLM2, "train.yaml"),
-                "seq_length": 256}
+                "seq_length": 1024}  # the shipped YAML's (up to 512 new tokens)
     from versus_hf import model_dir
 
     folder = model_dir(workdir, "0.5b")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import stat
 
 import pytest
+import yaml
 from support.paths import ARITH
 
 from benchmarks import versus_trl as vt
@@ -103,7 +105,7 @@ def test_trl_config_matches_the_job():
 
 def test_smollm2_case_is_run_grpo_sh_smollm2_job(tmp_path):
     args = vt.parse_args(["--case", "smollm2"])
-    assert (args.steps, args.workers, vt.job_overrides(args)) == (4, 2, {})
+    assert (args.steps, args.workers, vt.job_overrides(args)) == (4, 1, {})
     settings = vt.job_settings(os.path.join(vt.CASES["smollm2"]["configs"], "grpo.yaml"), {})
     config = vt.trl_config(settings, steps=args.steps)
     # 4 prompts x 8 samples, one update of all 32 responses per step, at the model's own chat template
@@ -113,8 +115,16 @@ def test_smollm2_case_is_run_grpo_sh_smollm2_job(tmp_path):
     assert settings["reward"]["reward_funcs"] == ["accuracy", "hash_format"] and config["reward_weights"] == [1, 0.5]
     assert vt.CASES["smollm2"]["template"] == "chat"
     env, flags = vt.ours_launch(args, {}, str(tmp_path), {"policy_dir": "/m", "tokenizer_dir": "/m"})
-    assert (env["MODEL"], env["MODEL_DIR"], env["EVAL_DATA"], env["WORKER_NUM"]) == ("smollm2", "/m", "", "2")
+    assert (env["MODEL"], env["MODEL_DIR"], env["EVAL_DATA"], env["WORKER_NUM"]) == ("smollm2", "/m", "", "1")
     assert flags == ["--steps", "4"] and "TRAIN_YAML" not in env  # run_grpo.sh's own smollm2 YAMLs
+    # --workers 2: the shipped model laid out over 2 data-parallel ranks (its 9 heads allow no tp 2)
+    model = {"policy_dir": "/m", "yaml": os.path.join(vt.SMOLLM2, "train.yaml"), "seq_length": 1024}
+    env, _ = vt.ours_launch(vt.parse_args(["--case", "smollm2", "--workers", "2"]), {}, str(tmp_path), model)
+    assert env["WORKER_NUM"] == "2"
+    for name in ("TRAIN_YAML", "INFER_YAML"):
+        doc = yaml.safe_load(pathlib.Path(env[name]).read_text())
+        assert doc["parallel_config"] == {"data_parallel": 2, "model_parallel": 1, "pipeline_stage": 1}, name
+        assert doc["model"]["model_config"]["num_layers"] == 30 and doc["model"]["model_config"]["seq_length"] == 1024
 
     # long responses: both sides' length, our passes at one width
     args = vt.parse_args(["--case", "smollm2", "--max_new_tokens", "512", "--response_buckets", "1"])

@@ -232,10 +232,12 @@ def test_train_and_infer_yamls_may_differ_in_what_does_not_change_the_network(tm
         check_model_configs(Qwen2Config.from_yaml(deeper), infer, str(deeper), str(predict))
 
 
-@pytest.mark.parametrize("model, tp_sizes", [("arith", None), ("smollm2", [1, 3]), ("qwen2_5_0_5b", [1, 2])])
-def test_the_run_grpo_models_describe_one_network_and_allow_their_tensor_parallel_sizes(model, tp_sizes):
+@pytest.mark.parametrize("model, ranks, tp_sizes",
+                         [("arith", 2, None), ("smollm2", 1, [1, 3]), ("qwen2_5_0_5b", 2, [1, 2])])
+def test_the_run_grpo_models_describe_one_network_and_allow_their_tensor_parallel_sizes(model, ranks, tp_sizes):
     """model_configs/<MODEL> (run_grpo.sh's MODEL): train and infer YAMLs describe the same network on the same
-    ranks; the tensor-parallel sizes each real model allows (what their YAML comments and the README say)."""
+    ranks (run_grpo.sh's default for the model: tests/examples/test_run_grpo_script.py); the tensor-parallel sizes
+    each real model allows (what their YAML comments and the README say)."""
     from mindrlhf.configs.grpo_configs import GRPOConfig
     from mindrlhf.parallel.layout import tensor_parallel_sizes
     from mindrlhf.trainer.plan import check_model_configs
@@ -243,8 +245,9 @@ def test_the_run_grpo_models_describe_one_network_and_allow_their_tensor_paralle
     paths = [MODEL_CONFIGS / model / f"{net}.yaml" for net in ("train", "infer")]
     train, infer = (Qwen2Config.from_yaml(path) for path in paths)
     check_model_configs(train, infer, *map(str, paths))
-    for cfg in (train, infer):  # each covers the job's 2 ranks (else LayoutError)
-        assert [Layout.from_config(cfg.parallel_config, 2, rank).rank for rank in (0, 1)] == [0, 1]
+    for cfg in (train, infer):  # each covers the job's ranks (else LayoutError)
+        assert [Layout.from_config(cfg.parallel_config, ranks, rank).rank for rank in range(ranks)] == \
+            list(range(ranks))
     GRPOConfig.from_yaml(MODEL_CONFIGS / model / "grpo.yaml").validate()
     if tp_sizes is not None:
         assert tensor_parallel_sizes(train.num_heads, train.n_kv_heads, train.vocab_size,

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import time
 
+import yaml
 from support.msrun import run_command
 from support.paths import ARITH, MODEL_CONFIGS, RUN_GRPO
 
@@ -132,6 +133,15 @@ def test_model_names_a_folder_of_model_configs(tmp_path):
     for flag, name in yamls:
         assert found["msrun"][found["msrun"].index(flag) + 1] == str(configs / name)
     assert found["rlhf_data.py"][found["rlhf_data.py"].index("--template") + 1] == "chat"  # the model's own template
+
+    # each model's job starts as many ranks as its YAMLs lay out: SmolLM2 one rank using both cores
+    devices = {}
+    for model, extra in (("arith", {}), ("qwen2_5_0_5b", {"MODEL_DIR": "/q"}), ("smollm2", {})):
+        msrun = commands(run_script({**env, "MODEL": model, **extra}).stdout)["msrun"]
+        parallel = yaml.safe_load((MODEL_CONFIGS / model / "train.yaml").read_text())["parallel_config"]
+        devices[model] = parallel["data_parallel"] * parallel["model_parallel"] * parallel.get("pipeline_stage", 1)
+        assert f"--worker_num={devices[model]}" in msrun and f"--local_worker_num={devices[model]}" in msrun, model
+    assert devices == {"arith": 2, "qwen2_5_0_5b": 2, "smollm2": 1}
 
     no_dir = run_script({**env, "MODEL": "qwen2_5_0_5b"})
     assert no_dir.returncode == 2 and "MODEL=qwen2_5_0_5b needs MODEL_DIR" in no_dir.stderr

