@@ -6,6 +6,8 @@ and whatever token selection runs on the host). Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/generation.py [--batch 16 --new-tokens 64 --output benchmarks/results/generation.json]
     .venv/bin/python benchmarks/generation.py --vocab-size 49152 --batch 32 --new-tokens 96 --top-p 0.9 --kv-cache-only
+    .venv/bin/python benchmarks/generation.py --shape smollm2 --batch 32 --new-tokens 96 --max-prompt-len 72 \
+        --buckets 72 --temperature 0.7 --kv-cache-only --repeats 2     # the SmolLM2 job's rollout, random weights
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from mindrlhf.parallel.layers import init_random_weights
 
 TINY = dict(vocab_size=1024, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=128,
             seq_length=512)
+SMOLLM2_YAML = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_configs", "smollm2",
+                            "train.yaml")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -38,7 +42,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--buckets", type=int, nargs="+", default=[32, 64], help="prompt buckets")
     p.add_argument("--repeats", type=int, default=3, help="measured calls after the warm-up (median reported)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vocab-size", type=int, default=TINY["vocab_size"], help="vocabulary (SmolLM2's: 49152)")
+    p.add_argument("--shape", choices=("tiny", "smollm2"), default="tiny",
+                   help="the model: a tiny Qwen2 (hidden 64, 2 layers) or the shipped SmolLM2-135M YAML's network "
+                        "(30 layers, vocabulary 49152), random weights either way")
+    p.add_argument("--layers", type=int, default=None, help="decoder layers (default: the shape's)")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="vocabulary (default: the shape's; tiny 1024, SmolLM2 49152)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     p.add_argument("--top-k", type=int, default=0, help="sampling's top-k (0 = off)")
     p.add_argument("--top-p", type=float, default=1.0, help="sampling's top-p (1 = off)")
     p.add_argument("--kv-cache-only", action="store_true", help="skip the run without the KV cache")
@@ -49,8 +59,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def build_model(seed: int, vocab_size: int) -> Qwen2ForCausalLM:
-    net = Qwen2ForCausalLM(Qwen2Config(**{**TINY, "vocab_size": vocab_size}))
+def model_config(shape: str, layers: int | None, vocab_size: int | None) -> Qwen2Config:
+    """The benchmark's network: the tiny one or the shipped SmolLM2 YAML's, with the layers and vocabulary asked."""
+    config = Qwen2Config(**TINY) if shape == "tiny" else Qwen2Config.from_yaml(SMOLLM2_YAML)
+    changes = {k: v for k, v in (("num_layers", layers), ("vocab_size", vocab_size)) if v is not None}
+    return dataclasses.replace(config, **changes)
+
+
+def build_model(seed: int, config: Qwen2Config) -> Qwen2ForCausalLM:
+    net = Qwen2ForCausalLM(config)
     init_random_weights(net, seed=seed)
     return net
 
@@ -118,13 +135,15 @@ def host_sampling_ms(batch: int, vocab: int, top_k: int, top_p: float, steps: in
 def main(argv=None) -> dict:
     args = parse_args(argv)
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-    model = build_model(args.seed, args.vocab_size)
+    net_config = model_config(args.shape, args.layers, args.vocab_size)
+    model = build_model(args.seed, net_config)
     rng = np.random.default_rng(args.seed)
     num_prompts = args.batch // args.num_samples
-    prompts = [rng.integers(1, TINY["vocab_size"], size=int(rng.integers(args.max_prompt_len // 2,
-                                                                          args.max_prompt_len + 1))).tolist()
+    prompts = [rng.integers(1, min(net_config.vocab_size, TINY["vocab_size"]),
+                            size=int(rng.integers(args.max_prompt_len // 2, args.max_prompt_len + 1))).tolist()
                for _ in range(num_prompts)]
-    base = GenerationConfig(max_new_tokens=args.new_tokens, num_generations=args.num_samples, temperature=1.0,
+    base = GenerationConfig(max_new_tokens=args.new_tokens, num_generations=args.num_samples,
+                            temperature=args.temperature,
                             eos_token_ids=[], pad_token_id=0, prompt_buckets=args.buckets, seed=args.seed,
                             top_k=args.top_k, top_p=args.top_p)
     rows, outputs = [], []
@@ -134,16 +153,17 @@ def main(argv=None) -> dict:
         rows.append(row)
         outputs.append(response)
     result = {
-        "model": {**TINY, "vocab_size": args.vocab_size},
+        "model": {"shape": args.shape, "num_layers": net_config.num_layers, "hidden_size": net_config.hidden_size,
+                  "vocab_size": net_config.vocab_size},
         "batch": args.batch,
         "num_samples": args.num_samples,
         "new_tokens": args.new_tokens,
         "prompt_lengths": [len(p) for p in prompts],
         "prompt_buckets": args.buckets,
         "cache_length": base.cache_length,
-        "sampling": f"temperature 1.0, top-k {args.top_k}, top-p {args.top_p}, EOS disabled",
+        "sampling": f"temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}, EOS disabled",
         "outputs_identical": bool(np.array_equal(outputs[0], outputs[-1])) if len(outputs) > 1 else None,
-        "numpy_sampling_ms_per_step": host_sampling_ms(args.batch, args.vocab_size, args.top_k, args.top_p),
+        "numpy_sampling_ms_per_step": host_sampling_ms(args.batch, net_config.vocab_size, args.top_k, args.top_p),
         "speedup_kv_cache": rows[0]["tokens_per_second"] / rows[1]["tokens_per_second"] if len(rows) > 1 else None,
         "runs": rows,
         "environment": {"mindspore": ms.__version__, "numpy": np.__version__, "python": platform.python_version(),
@@ -155,7 +175,9 @@ def main(argv=None) -> dict:
 
 
 def print_table(result: dict) -> None:
-    print(f"tiny Qwen2 (hidden 64, 2 layers, vocab {result['model']['vocab_size']}), {result['sampling']}, "
+    model = result["model"]
+    print(f"{model['shape']} Qwen2 (hidden {model['hidden_size']}, {model['num_layers']} layers, vocab "
+          f"{model['vocab_size']}), {result['sampling']}, "
           f"batch {result['batch']} "
           f"({result['batch'] // result['num_samples']} prompts x {result['num_samples']}), "
           f"{result['new_tokens']} new tokens, prompt bucket {result['runs'][0]['prompt_bucket']}, "

@@ -79,6 +79,7 @@ class Qwen2Attention(nn.Cell):
         self.kv_repeat = self.heads_local // self.kv_heads_local  # local query heads per local kv head
         self.scale = 1.0 / math.sqrt(hd)
         self.scores_matmul = ops.BatchMatMul(transpose_b=True)
+        self.write_rows = ops.ScatterUpdate()
         self.rotate_half = Tensor(rotate_half_matrix(hd))
         kw = dict(layout=layout, param_dtype=param_dtype, compute_dtype=self.compute_dtype)
         bias = config.qkv_has_bias
@@ -115,13 +116,15 @@ class Qwen2Attention(nn.Cell):
                 self._fill_prompt_slots(key_cache, k, prefill_rows)
                 self._fill_prompt_slots(value_cache, v, prefill_rows)
             else:
-                # decode: the new position is written in place at the (batch, head, slot) triples of
-                # `slot_index` [B, kv_heads, 3]; only B x kv_heads x head_dim values move
+                # decode: the new position's key and value go in place into the cache's rows `slot_index`
+                # [B, kv_heads] (KVCache: one row of head_dim values a sample, head and position); a ScatterUpdate
+                # moves B x kv_heads x head_dim values, where a ScatterNdUpdate on the 4-D cache copied all of it
                 new_shape = (batch, self.kv_heads_local, hd)  # seq is 1: a reshape, not a slice
-                k = ops.scatter_nd_update(key_cache, slot_index, k.reshape(new_shape).astype(key_cache.dtype))
-                v = ops.scatter_nd_update(value_cache, slot_index, v.reshape(new_shape).astype(value_cache.dtype))
-                k = k.astype(self.compute_dtype)
-                v = v.astype(self.compute_dtype)
+                cache_shape = (batch, self.kv_heads_local, key_cache.shape[0] // (batch * self.kv_heads_local), hd)
+                k = self.write_rows(key_cache, slot_index, k.reshape(new_shape).astype(key_cache.dtype))
+                v = self.write_rows(value_cache, slot_index, v.reshape(new_shape).astype(value_cache.dtype))
+                k = k.reshape(cache_shape).astype(self.compute_dtype)
+                v = v.reshape(cache_shape).astype(self.compute_dtype)
         length = k.shape[2]
         scores = self.scores_matmul(self._by_kv_head(q, batch, seq), k)  # q k^T without a transposed copy of k
         probs = self._probs(scores.reshape(batch, self.heads_local, seq, length), attn_bias)
@@ -132,14 +135,18 @@ class Qwen2Attention(nn.Cell):
     @staticmethod
     def _fill_prompt_slots(cache, x, prefill_rows):
         """cache[b, :, :S] = x[source[b]] where written[b] (`prefill_rows` = (source [B] int32, written [B] 0/1)), for
-        prompts' keys or values x [B', heads, S, hd]; the rest of the cache is unchanged."""
+        prompts' keys or values x [B', heads, S, hd] and the cache's rows seen as [B, heads, L, hd]; the rest of the
+        cache is unchanged."""
         source, written = prefill_rows
-        seq, length = x.shape[2], cache.shape[2]
+        batch, heads, seq, hd = source.shape[0], x.shape[1], x.shape[2], x.shape[3]
+        length = cache.shape[0] // (batch * heads)
+        full = cache.reshape(batch, heads, length, hd)
         rows = ops.gather(x.astype(cache.dtype), source, 0)
-        head = cache[:, :, :seq] if seq < length else cache
+        head = full[:, :, :seq] if seq < length else full
         keep = ops.broadcast_to(written.reshape(-1, 1, 1, 1) > 0, rows.shape)
         head = ops.select(keep, rows, head)
-        ops.assign(cache, ops.concat((head, cache[:, :, seq:]), 2) if seq < length else head)
+        filled = ops.concat((head, full[:, :, seq:]), 2) if seq < length else head
+        ops.assign(cache, filled.reshape(cache.shape))
 
     def _shared_prompt_attention(self, q, k, v, prompt_bias, response_bias):
         """Attention over rows [prompt (P) | K responses (W each)], q [Bg, P + K W, heads, hd], k/v [.., kv_heads,
@@ -543,14 +550,15 @@ class Qwen2ForValue(nn.Cell):
 
 
 class _CachedCell(nn.Cell):
-    """A graph over `model` that reads and writes the KV cache Parameters (names unchanged)."""
+    """A graph over `model` that reads and writes the KV cache Parameters (names unchanged) of `shape`
+    (batch, kv_heads, length, head_dim), each stored as its rows [batch x kv_heads x length, head_dim]."""
 
-    def __init__(self, model: Qwen2ForCausalLM, key_caches, value_caches):
+    def __init__(self, model: Qwen2ForCausalLM, key_caches, value_caches, shape: tuple[int, int, int, int]):
         super().__init__(auto_prefix=False)
         self.model = model
         self.key_caches = key_caches
         self.value_caches = value_caches
-        self.cache_length = key_caches[0].shape[2]
+        self.cache_length = shape[2]
 
 
 class _PrefillCell(_CachedCell):
@@ -562,16 +570,15 @@ class _PrefillCell(_CachedCell):
 
 
 class _DecodeCell(_CachedCell):
-    def __init__(self, model: Qwen2ForCausalLM, key_caches, value_caches):
-        super().__init__(model, key_caches, value_caches)
-        batch, kv_heads = key_caches[0].shape[:2]
-        grid = np.stack(np.meshgrid(np.arange(batch), np.arange(kv_heads), indexing="ij"), -1).astype(np.int32)
-        self.batch_head_grid = Tensor(grid)  # [B, kv_heads, 2]: (b, h) of every cache row
+    def __init__(self, model: Qwen2ForCausalLM, key_caches, value_caches, shape: tuple[int, int, int, int]):
+        super().__init__(model, key_caches, value_caches, shape)
+        batch, kv_heads, length, _ = shape
+        # [B, kv_heads]: the row of position 0 of sample b, head h
+        self.first_rows = Tensor((np.arange(batch * kv_heads, dtype=np.int32) * length).reshape(batch, kv_heads))
 
     def construct(self, token_ids, position_ids, slots, valid_slots):
-        grid = self.batch_head_grid
         batch = token_ids.shape[0]
-        slot_index = ops.concat((grid, ops.broadcast_to(slots.reshape(batch, 1, 1), grid.shape[:2] + (1,))), -1)
+        slot_index = self.first_rows + slots.reshape(batch, 1)
         attn_bias = ((1.0 - valid_slots.astype(ms.float32)) * MASK_VALUE).reshape(batch, 1, 1, self.cache_length)
         h = self.model.model(token_ids, position_ids, attn_bias, self.key_caches, self.value_caches, slot_index)
         # one position per row: a reshape (a strided slice of [B, 1, D] costs as much as a small matmul here)
@@ -598,15 +605,17 @@ class KVCache:
             raise ValueError(f"KV cache length {self.length} exceeds model_config.seq_length={config.seq_length}")
         self.batch_size = batch_size
         kv_local = config.n_kv_heads // kv_head_shards(config.n_kv_heads, model.layout.tp)
-        shape = (batch_size, kv_local, self.length, config.get_head_dim())
+        self.shape = (batch_size, kv_local, self.length, config.get_head_dim())
+        # stored as rows of head_dim values, one a (sample, head, position): a decode step writes its rows in place
+        rows = (batch_size * kv_local * self.length, self.shape[3])
         dtype = to_ms_dtype(config.compute_dtype)
-        zeros = lambda: Tensor(np.zeros(shape, np.float32), dtype)
+        zeros = lambda: Tensor(np.zeros(rows, np.float32), dtype)
         self.key_caches = ParameterTuple(
             [Parameter(zeros(), name=f"kv_cache.key.{i}", requires_grad=False) for i in range(config.num_layers)])
         self.value_caches = ParameterTuple(
             [Parameter(zeros(), name=f"kv_cache.value.{i}", requires_grad=False) for i in range(config.num_layers)])
-        self.prefill = _PrefillCell(model, self.key_caches, self.value_caches)
-        self.decode = _DecodeCell(model, self.key_caches, self.value_caches)
+        self.prefill = _PrefillCell(model, self.key_caches, self.value_caches, self.shape)
+        self.decode = _DecodeCell(model, self.key_caches, self.value_caches, self.shape)
 
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.key_caches) * 2
