@@ -54,6 +54,7 @@ def test_the_fetched_folder_is_the_gguf_model_and_a_second_fetch_finds_it(model_
                                         add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
     with torch.no_grad():
         theirs, ours = source(ids).logits, folder(ids).logits
+    assert fetch_smollm2.different_weights(source, folder) == []  # every tensor, bit for bit
     assert float(ours.abs().max()) > 1  # real logits, not an empty model
     assert float((ours - theirs).abs().max()) <= fetch_smollm2.LOGITS_TOLERANCE
     record = json.loads((model_dir / fetch_smollm2.RECORD).read_text())
