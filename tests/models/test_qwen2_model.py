@@ -116,6 +116,13 @@ def test_kv_cache_decode_equals_full_forward_with_left_padding(converted):
         logits = cache.decode(ms.Tensor(token[:, None]), ms.Tensor(positions[:, None].astype(np.int32)),
                               ms.Tensor(np.full(batch, seq + step, np.int32)), ms.Tensor(valid)).asnumpy()
         decoded.append(logits)
+    # the cache holds rows of head_dim values (one a sample, kv head and position): prefill and the decode steps wrote
+    # positions 0 .. seq + steps - 1 of every row and nothing after them
+    batch_rows, kv_heads, _, head_dim = cache.shape
+    for layer_cache in (cache.key_caches[-1], cache.value_caches[0]):
+        assert layer_cache.shape == (batch_rows * kv_heads * length, head_dim)
+        values = layer_cache.asnumpy().reshape(cache.shape)
+        assert values[:, :, :seq + steps].any(-1).all() and not values[:, :, seq + steps:].any()
     full = net(ms.Tensor(ids), ms.Tensor(mask)).asnumpy()
     assert full.shape[1] == FULL_WIDTH
     np.testing.assert_allclose(decoded[0], full[:, seq - 1], atol=1e-5, err_msg="prefill")
