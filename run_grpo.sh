@@ -112,8 +112,9 @@ JOB=(examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML
     --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$NODE_DIR/prompts.mindrecord" "${JOB_ARGS[@]}"
     --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard"
     "${EVAL_ARGS[@]}" "$@")
-# the flags and YAMLs, checked before the conversions (the files those write need not exist yet)
-run "$PY" "${JOB[@]}" --check_flags
+# the flags and YAMLs, checked before the conversions (the files those write need not exist yet), for the ranks
+# msrun will start
+MS_WORKER_NUM="$WORKER_NUM" run "$PY" "${JOB[@]}" --check_flags
 run "$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$NODE_DIR/policy.ckpt" \
     --config_path "$TRAIN_YAML"
 # prompts FILE OUTPUT: the problems of FILE as a prompt MindRecord

@@ -134,6 +134,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--response_buckets", type=int, default=None,
                    help="passed to run_grpo.sh (the widths our train and log-prob passes compile; 1 at long "
                         "responses); TRL pads to the batch's longest response")
+    p.add_argument("--min_decode_rows", type=int, default=None,
+                   help="passed to run_grpo.sh (our rollout's tail steps down to fewer decode rows); default: "
+                        "grpo.yaml's")
     p.add_argument("--seed", type=int, default=None,
                    help="passed to run_grpo.sh (data order and sampling) and to TRL; default: grpo.yaml's")
     p.add_argument("--torch_threads", type=int, default=2, help="TRL side's torch threads")
@@ -159,7 +162,7 @@ def job_overrides(args: argparse.Namespace) -> dict:
     """The GRPO fields the case and the options change from grpo.yaml (flat, as grpo_one_stage.py's flags)."""
     overrides = dict(CASES[args.case]["overrides"])
     for name in ("micro_batch_size_per_device", "log_prob_micro_batch_size_per_device", "max_new_tokens",
-                 "response_buckets"):
+                 "response_buckets", "min_decode_rows"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.seed is not None:
@@ -428,6 +431,10 @@ def run_summary(run: dict, prompt_tokens: list[int], responses: int) -> dict:
     summary["wall_s"] = run["wall_s"]
     summary["peak_rss_gib"] = run["peak_rss_gib"]
     summary["first_step_s"] = steps[0]["timing/step"]
+    # ours only: the share of the rows its decode calls computed for responses that had ended (the issue's
+    # "empty-slot decode work"; TRL's generate computes finished rows too, but does not report them)
+    idle = [line["perf/idle_decode_rows"] for line in steps if "perf/idle_decode_rows" in line]
+    summary["idle_decode_rows"] = statistics.fmean(idle) if idle else None
     return summary
 
 
@@ -435,14 +442,16 @@ def compare(summaries: dict[str, list[dict]]) -> list[dict]:
     """Table rows: per side the value of each round and the mean over rounds; per TRL side `ratio_<side>`, ours'
     mean over that side's."""
     keys = [(phase, f"{label} s") for phase, label in TABLE_PHASES] + [
-        ("tokens_per_s", "tokens/s (step)"), ("mean_reward", "mean reward"), ("first_step_s", "first step s"),
+        ("tokens_per_s", "tokens/s (step)"), ("idle_decode_rows", "idle decode rows"),
+        ("mean_reward", "mean reward"), ("first_step_s", "first step s"),
         ("wall_s", "run wall s"), ("peak_rss_gib", "peak RSS GiB (all)")]
     rows = []
     for key, label in keys:
         row = {"key": key, "label": label}
         for side, runs in summaries.items():
             row[side] = [run[key] for run in runs]
-            row[f"{side}_mean"] = statistics.fmean(row[side]) if runs else None
+            known = [value for value in row[side] if value is not None]
+            row[f"{side}_mean"] = statistics.fmean(known) if known else None
         ours = row.get("ours_mean")
         for side in TRL_SIDES:
             if side in summaries:

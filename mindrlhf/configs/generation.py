@@ -93,6 +93,14 @@ class GenerationConfig:
            "batch. 0 = every row of the batch at once (one fixed batch: a row that ended waits for the longest). "
            "Samples are the same for any value (a sample's random numbers follow the sample, not the slot) up to "
            "the float rounding of another batch shape.")
+    min_decode_rows: int = help_field(
+        0, "Stepping down for a rollout's tail: 0 = off (every decode call computes all of the batch's rows, or all "
+           "max_num_seqs slots, until the last response ends). N > 0: once no sample waits for a slot and the "
+           "responses still running fit in a smaller row count of the ladder rows, rows / 2, rows / 4, ... (rounded "
+           "up, down to N), their KV-cache rows move into that count's cache and decoding goes on there, so rows "
+           "whose response ended stop being computed. Each count compiles its own decode graph and holds its own KV "
+           "cache (the memory plan counts them). Samples are the same for any value up to the float rounding of "
+           "another batch shape.")
     use_kv_cache: bool = help_field(
         True, "Prefill once, then decode one token per step against the static KV cache. False recomputes the "
               "full forward over a fixed [prompt bucket + max_new_tokens] buffer each step (for comparison).")
@@ -111,6 +119,14 @@ class GenerationConfig:
         """The KV-cache rows a batch of `rows` samples decodes in: `max_num_seqs` slots when fewer (continuous
         batching), else the whole batch."""
         return min(rows, self.max_num_seqs) if self.max_num_seqs else rows
+
+    def decode_row_counts(self, rows: int) -> list[int]:
+        """The row counts a rollout that starts decoding `rows` rows steps down through (`min_decode_rows`), largest
+        first: rows, then halved (rounded up) down to min_decode_rows; [rows] when off."""
+        counts = [rows]
+        while self.min_decode_rows and counts[-1] > self.min_decode_rows:
+            counts.append(max(self.min_decode_rows, -(-counts[-1] // 2)))
+        return counts
 
     def bucket_for(self, prompt_length: int) -> int:
         """The smallest bucket >= prompt_length; a ConfigError when none is long enough."""
@@ -147,6 +163,10 @@ class GenerationConfig:
               "must be an integer >= 0 (0 = the whole batch at once)")
         check(self.use_kv_cache or not self.max_num_seqs, "max_num_seqs",
               "needs use_kv_cache (the slots are KV-cache rows)")
+        check(_is_int(self.min_decode_rows) and self.min_decode_rows >= 0, "min_decode_rows",
+              "must be an integer >= 0 (0 = never step down)")
+        check(self.use_kv_cache or not self.min_decode_rows, "min_decode_rows",
+              "needs use_kv_cache (stepping down moves KV-cache rows)")
 
     def check_model(self, vocab_size: int, seq_length: int) -> None:
         """Checks the fields that depend on the network: token ids in the vocabulary, cache within seq_length."""

@@ -29,7 +29,7 @@ from mindrlhf.models.qwen2.modeling import KVCache, Qwen2ForCausalLM, positions_
 
 logger = logging.getLogger(__name__)
 
-GRAPHS = ("prefill", "decode", "forward")
+GRAPHS = ("prefill", "decode", "forward", "move")
 
 
 @dataclass
@@ -152,6 +152,7 @@ class Generator:
         for cache in self._graphs.caches.values():
             counts["prefill"] += len(getattr(cache.prefill, "compile_cache", ()) or ())
             counts["decode"] += len(getattr(cache.decode, "compile_cache", ()) or ())
+            counts["move"] += sum(len(getattr(cell, "compile_cache", ()) or ()) for cell in cache.moves.values())
         if self._graphs.forward_cell is not None:
             counts["forward"] += len(getattr(self._graphs.forward_cell, "compile_cache", ()) or ())
         return counts
@@ -197,21 +198,21 @@ class Generator:
                    disable=not (progress and sys.stderr.isatty()))
         with bar:
             if cfg.use_kv_cache and cfg.decode_rows(batch) < batch:
-                response, resp_mask, log_probs, steps = self._run_slots(prompts, prompts_mask, lengths,
-                                                                        return_log_probs, bar)
+                response, resp_mask, log_probs, steps, computed = self._run_slots(prompts, prompts_mask, lengths,
+                                                                                  return_log_probs, bar)
             elif cfg.use_kv_cache:
-                response, resp_mask, log_probs, steps = self._run_cached(prompts, prompts_mask, lengths,
-                                                                         return_log_probs, bar)
+                response, resp_mask, log_probs, steps, computed = self._run_cached(prompts, prompts_mask, lengths,
+                                                                                   return_log_probs, bar)
             else:
                 response, resp_mask, log_probs, steps = self._run_uncached(ids, mask, return_log_probs, bar)
+                computed = batch * (steps - 1)
         elapsed = time.perf_counter() - start
-        rows = cfg.decode_rows(batch) if cfg.use_kv_cache else batch
         tokens = int(resp_mask.sum())
-        # decode calls compute `rows` rows each; the first token of every sample came from a prefill call
-        decode_calls = steps - 1 if rows == batch else steps
-        self.last_stats = {"batch_size": batch, "rows": rows, "prompt_bucket": bucket, "steps": steps,
-                           "seconds": elapsed, "response_tokens": tokens,
-                           "idle_row_share": 1.0 - (tokens - batch) / (rows * decode_calls) if decode_calls else 0.0}
+        # `computed`: the rows the decode calls computed; the first token of every sample came from a prefill call
+        self.last_stats = {"batch_size": batch, "rows": cfg.decode_rows(batch) if cfg.use_kv_cache else batch,
+                           "prompt_bucket": bucket, "steps": steps, "seconds": elapsed, "response_tokens": tokens,
+                           "computed_rows": computed,
+                           "idle_row_share": 1.0 - (tokens - batch) / computed if computed else 0.0}
         logger.debug("generated %s", self.last_stats)
         return GenerationOutput(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=resp_mask,
                                 response_lengths=resp_mask.sum(axis=1).astype(np.int32),
@@ -311,18 +312,19 @@ class Generator:
 
     def _run_cached(self, prompts, prompts_mask, prompt_lengths, return_log_probs, bar):
         """Prefill reads each prompt once and fills the cache rows of its `num_generations` samples; each decode
-        step runs every sample."""
+        step runs every sample still running, in the smallest row count of `decode_row_counts` they fit
+        (`_step_down`). Returns the buffers, the steps and the rows the decode calls computed."""
         cfg = self.config
         n = cfg.num_generations
         bucket = prompts.shape[1]
         batch = len(prompts) * n
         cache = self.cache(batch)
-        key = (batch, cache.length)
         response, resp_mask, log_probs, finished = self._buffers(batch, return_log_probs)
         valid = np.zeros((batch, cache.length), np.float32)
         valid[:, :bucket] = np.repeat(prompts_mask, n, 0)
-        chosen = self._prefill(cache, key, prompts, prompts_mask, n, return_log_probs)
-        steps = cfg.max_new_tokens
+        chosen = self._prefill(cache, (batch, cache.length), prompts, prompts_mask, n, return_log_probs)
+        sample_of = np.arange(batch)  # the sample each cache row decodes, -1: none
+        steps, computed = cfg.max_new_tokens, 0
         for t in range(cfg.max_new_tokens):
             tokens = self._step(t, *chosen, finished, response, resp_mask, log_probs)
             bar.update()
@@ -331,29 +333,63 @@ class Generator:
                 break
             slot = bucket + t
             valid[:, slot] = 1.0
-            positions = (prompt_lengths + t).astype(np.int32)[:, None]
-            chosen = self._run("decode", key, cache.decode, Tensor(tokens[:, None]), Tensor(positions),
-                               Tensor(np.full(batch, slot, np.int32)), Tensor(valid), uniforms=self._uniforms(batch),
-                               with_log_probs=return_log_probs)
-        return response, resp_mask, log_probs, steps
+            running = np.flatnonzero((sample_of >= 0) & ~finished[np.maximum(sample_of, 0)])
+            cache, source = self._step_down(cache, cfg.decode_row_counts(batch), running)
+            if source is not None:
+                sample_of = np.where(source >= 0, sample_of[np.maximum(source, 0)], -1)
+            rows = np.maximum(sample_of, 0)  # a row without a sample repeats sample 0's inputs, its output unused
+            uniforms = self._uniforms(batch)[rows] * (sample_of >= 0)
+            positions = (prompt_lengths[rows] + t).astype(np.int32)[:, None]
+            decoded = self._run("decode", (cache.batch_size, cache.length), cache.decode, Tensor(tokens[rows][:, None]),
+                                Tensor(positions), Tensor(np.full(cache.batch_size, slot, np.int32)),
+                                Tensor(valid[rows]), uniforms=uniforms, with_log_probs=return_log_probs)
+            computed += cache.batch_size
+            chosen = _by_sample(decoded, sample_of, batch)
+        return response, resp_mask, log_probs, steps, computed
+
+    def _step_down(self, cache: KVCache, counts: list[int], running: np.ndarray) -> tuple[KVCache, np.ndarray | None]:
+        """When the cache rows `running` fit a smaller row count of `counts` than `cache` has, moves them into rows
+        0, 1, ... of the smallest such count's cache; returns that cache and, for each of its rows, the row of
+        `cache` it came from (-1: none). Else `cache` and None."""
+        target = min(c for c in counts if c >= running.size)
+        if target >= cache.batch_size:
+            return cache, None
+        source = np.full(target, -1)
+        source[:running.size] = running
+        small = self.cache(target)
+        signature = ("move", cache.batch_size, target, cache.length)
+        first = signature not in self._graphs.signatures["move"]
+        begin = time.perf_counter()
+        cache.move_rows(small, np.maximum(source, 0))
+        if first:
+            self._graphs.signatures["move"].add(signature)
+            self.first_call_seconds[signature] = time.perf_counter() - begin
+        return small, source
 
     def _run_slots(self, prompts, prompts_mask, prompt_lengths, return_log_probs, bar):
         """Continuous batching over `max_num_seqs` slots (KV-cache rows): a slot whose response ended takes the next
         waiting sample (samples in order: prompt j's are j n .. j n + n - 1); a prompt is prefilled once into all
         the free slots its waiting samples take; then every occupied slot decodes one token a call, each at its own
-        position. Returns the fixed batch's buffers and the number of decode calls."""
+        position. Once no sample waits, the running ones step down to fewer slots (`_step_down`). Returns the fixed
+        batch's buffers, the number of decode calls and the rows they computed."""
         cfg = self.config
-        bucket, slots = prompts.shape[1], cfg.max_num_seqs
-        state = _Slots(self, slots, len(prompts) * cfg.num_generations, return_log_probs)
-        cache = self.cache(slots)
-        key = (slots, cache.length)
-        valid = np.zeros((slots, cache.length), np.float32)
-        calls = 0
+        bucket = prompts.shape[1]
+        state = _Slots(self, cfg.max_num_seqs, len(prompts) * cfg.num_generations, return_log_probs)
+        cache = self.cache(cfg.max_num_seqs)
+        valid = np.zeros((cache.batch_size, cache.length), np.float32)
+        calls = computed = 0
         while True:
-            self._fill_slots(state, cache, key, prompts, prompts_mask, valid)
+            self._fill_slots(state, cache, (cache.batch_size, cache.length), prompts, prompts_mask, valid)
             occupied = np.flatnonzero(state.sample_of >= 0)
             if not occupied.size:
-                return state.response, state.resp_mask, state.log_probs, calls
+                return state.response, state.resp_mask, state.log_probs, calls, computed
+            if not state.waiting:
+                cache, source = self._step_down(cache, cfg.decode_row_counts(cfg.max_num_seqs), occupied)
+                if source is not None:
+                    state.keep_slots(source)
+                    valid = np.where(source[:, None] >= 0, valid[np.maximum(source, 0)], 0.0).astype(np.float32)
+                    occupied = np.flatnonzero(state.sample_of >= 0)
+            slots = cache.batch_size
             samples, t = state.sample_of[occupied], state.next_token[occupied]
             tokens = np.full(slots, cfg.pad_token_id, np.int32)
             tokens[occupied] = state.response[samples, t - 1]
@@ -362,10 +398,11 @@ class Generator:
             positions = np.zeros(slots, np.int32)
             positions[occupied] = prompt_lengths[samples] + t - 1
             valid[occupied, write_at[occupied]] = 1.0
-            chosen = self._run("decode", key, cache.decode, Tensor(tokens[:, None]), Tensor(positions[:, None]),
-                               Tensor(write_at), Tensor(valid), uniforms=state.uniforms(occupied),
-                               with_log_probs=return_log_probs)
+            chosen = self._run("decode", (slots, cache.length), cache.decode, Tensor(tokens[:, None]),
+                               Tensor(positions[:, None]), Tensor(write_at), Tensor(valid),
+                               uniforms=state.uniforms(occupied), with_log_probs=return_log_probs)
             calls += 1
+            computed += slots
             bar.update()
             state.record(occupied, chosen)
 
@@ -428,6 +465,20 @@ class Generator:
         return response, resp_mask, log_probs, steps
 
 
+def _by_sample(chosen: tuple, sample_of: np.ndarray, batch: int) -> tuple:
+    """A decode call's (tokens, log-probs or None) of cache rows, at their samples' places in arrays of `batch` (0
+    for a sample no row decoded: one that has ended)."""
+    held = sample_of >= 0
+    spread = []
+    for values in chosen:
+        if values is not None:
+            full = np.zeros(batch, values.dtype)
+            full[sample_of[held]] = values[held]
+            values = full
+        spread.append(values)
+    return tuple(spread)
+
+
 class _Slots:
     """The decode slots of one continuous-batching call (`Generator._run_slots`): the sample each slot holds (-1:
     empty) and the index of the token it produces next, the samples waiting for a slot, and the whole batch's
@@ -453,6 +504,12 @@ class _Slots:
         drawn = np.zeros(self.sample_of.size, np.float32)
         drawn[rows] = self.uniform_rows[t, self.sample_of[rows]]
         return drawn
+
+    def keep_slots(self, source: np.ndarray) -> None:
+        """Fewer slots: slot i now holds what slot source[i] held (-1: empty), as `Generator._step_down` moved them."""
+        held = source >= 0
+        self.sample_of = np.where(held, self.sample_of[np.maximum(source, 0)], -1)
+        self.next_token = np.where(held, self.next_token[np.maximum(source, 0)], 0)
 
     def record(self, rows: np.ndarray, chosen) -> None:
         """Writes the tokens chosen for slots `rows` into their samples' responses; a slot whose sample ended (an

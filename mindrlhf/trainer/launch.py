@@ -107,13 +107,14 @@ def parallel_run(use_parallel: str) -> bool:
 
 def planned_world_size(job: JobOptions) -> int | None:
     """The ranks the job's plan is built for before MindSpore's communication forms the cluster: the train YAML's
-    layout with `--check_flags` (no msrun), 1 for a single process, msrun's worker count; None when only the
-    cluster can tell (`--use_parallel true` without msrun's variables)."""
+    layout with `--check_flags` (no msrun; `MS_WORKER_NUM` when set, as run_grpo.sh sets it to the ranks it will
+    start), 1 for a single process, msrun's worker count; None when only the cluster can tell (`--use_parallel
+    true` without msrun's variables)."""
+    workers = os.environ.get("MS_WORKER_NUM", "")
     if job.check_flags:
-        return yaml_world_size(job)
+        return int(workers) if workers.isdigit() else yaml_world_size(job)
     if not parallel_run(job.use_parallel):
         return 1
-    workers = os.environ.get("MS_WORKER_NUM", "")
     return int(workers) if workers.isdigit() else None
 
 

@@ -159,7 +159,8 @@ def graph_bytes(plan, device: str) -> tuple[int, int]:
     gen, infer = plan.generation, plan.actor.infer
     ins, tp = NetShape.of(infer.model), infer.layout.tp
     prefilled, slots = _rollout_rows(plan)
-    rollout = forward_graph_bytes(ins, Call(slots, 0, 1, 0), tp, device) + sum(
+    decodes = sum(forward_graph_bytes(ins, Call(rows, 0, 1, 0), tp, device) for rows in gen.decode_row_counts(slots))
+    rollout = decodes + sum(
         forward_graph_bytes(ins, Call(prefilled, 0, bucket, 0), tp, device) for bucket in gen.prompt_buckets)
     widths = [_width_graph_bytes(plan, width, device)
               for width in response_widths(gen.max_new_tokens, plan.config.schedule.response_buckets)]
@@ -202,8 +203,10 @@ def rank_memory(plan, rank: int, device: str = "cpu") -> list[PhaseMemory]:
     plan = plan.for_rank(rank)
     groups = _groups(plan)
     transients = _transients(plan)
-    kv = NetShape.of(plan.actor.infer.model).kv_cache_bytes(_rollout_rows(plan)[1], plan.generation.cache_length,
-                                                            plan.actor.infer.layout.tp)
+    gen, ins = plan.generation, NetShape.of(plan.actor.infer.model)
+    # a KV cache for each row count the rollout's tail can step down to (`generation.min_decode_rows`)
+    kv = sum(ins.kv_cache_bytes(rows, gen.cache_length, plan.actor.infer.layout.tp)
+             for rows in gen.decode_row_counts(_rollout_rows(plan)[1]))
     runtime = int(RUNTIME_OVERHEAD_GIB[device] * GIB) + graph_bytes(plan, device)[0]
     residency = _residency(plan)
     # CPU: the memory pool never gives pages back, so every phase holds the pool's high water (the largest phase's)

@@ -145,7 +145,8 @@ def test_smollm2_case_is_run_grpo_sh_smollm2_job(tmp_path):
 def ours_line(step_s, generate, ref, train, reward, length, reward_mean):
     return {"timing/step": step_s, "timing/generate": generate, "timing/ref": ref, "timing/train": train,
             "timing/reward": reward, "timing/reshard": 0.1, "response_length/mean": length,
-            "critic/score/mean": reward_mean, "perf/max_rss_gib": 2.0, "perf/sum_rss_gib": 4.0}
+            "critic/score/mean": reward_mean, "perf/max_rss_gib": 2.0, "perf/sum_rss_gib": 4.0,
+            "perf/idle_decode_rows": length / 100}
 
 
 def test_summary_and_table_arithmetic():
@@ -171,6 +172,8 @@ def test_summary_and_table_arithmetic():
     theirs_summary = vt.run_summary(theirs, prompt_tokens, responses=10)
     assert theirs_summary["step"] == 21.0 and theirs_summary["ref"] == 2.0
     assert theirs_summary["tokens_per_s"] == pytest.approx((1000 / 20 + 1100 / 22) / 2)
+    # the idle decode rows: ours' mean over every step (the first's rows are real work too); TRL does not report them
+    assert ours_summary["idle_decode_rows"] == pytest.approx(0.7 / 3) and theirs_summary["idle_decode_rows"] is None
 
     slower = dict(theirs_summary, step=42.0)
     rows = {row["key"]: row for row in vt.compare({"ours": [ours_summary, ours_summary],
@@ -180,6 +183,8 @@ def test_summary_and_table_arithmetic():
     assert rows["step"]["ratio_trl_fp32"] == pytest.approx(11.0 / 42.0)
     assert rows["tokens_per_s"]["ratio_trl"] == pytest.approx(ours_summary["tokens_per_s"] / 50.0)
     assert rows["wall_s"]["ratio_trl"] == pytest.approx(100 / 80)
+    assert rows["idle_decode_rows"]["ours_mean"] == pytest.approx(0.7 / 3)
+    assert rows["idle_decode_rows"]["trl_mean"] is None and rows["idle_decode_rows"]["ratio_trl"] is None
     table = vt.format_table(list(rows.values()), rounds=2)
     assert "whole step s" in table and f"{11 / 21:.2f}x" in table and f"{11 / 42:.2f}x" in table
     assert "ours r2" in table and "trl r1" in table and "trl_fp32 r2" in table and "ours/trl_fp32" in table

@@ -209,10 +209,11 @@ def test_plan_flag_prints_the_table_without_msrun(tmp_path):
     # the reference's weights: the whole model on an infer rank (tp1), twice a train rank's tp2 share (= gradients)
     assert float(lean_train[1]) == pytest.approx(float(train[1]) - 2 * gradients, abs=2e-3)
     assert float(lean_train[7]) < float(train[7])  # runtime: the graphs of the two forward passes are not compiled
-    # 2 decode slots (generation.max_num_seqs) instead of the rank's 8 rows: a KV cache of a quarter; 3 response
-    # widths: the narrower ones' graphs are said apart
-    proc = subprocess.run(_plan_cmd(tmp_path, "--device_memory_gib", "8", "--max_num_seqs", "2", "--response_buckets",
-                                    "3"), capture_output=True, text=True, timeout=120,
+    # 2 decode slots (generation.max_num_seqs) instead of the rank's 8 rows, stepping down to 1 for the tail
+    # (generation.min_decode_rows): KV caches of 2 + 1 rows, 3/8 of 8 rows'; 3 response widths: the narrower ones'
+    # graphs are said apart
+    proc = subprocess.run(_plan_cmd(tmp_path, "--device_memory_gib", "8", "--max_num_seqs", "2", "--min_decode_rows",
+                                    "1", "--response_buckets", "3"), capture_output=True, text=True, timeout=120,
                           env={**os.environ, "MS_WORKER_NUM": ""})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.fullmatch(r"of rank 0's runtime, \d+\.\d\d GiB are the graphs of the response widths narrower than "
@@ -220,7 +221,7 @@ def test_plan_flag_prints_the_table_without_msrun(tmp_path):
                         proc.stdout.splitlines()[-2])
     kv = 1 + TERMS.index("kv_cache")
     slots_train = next(line.split() for line in proc.stdout.splitlines() if line.strip().startswith("train"))
-    assert float(slots_train[kv]) == pytest.approx(float(train[kv]) / 4, abs=2e-3) and float(train[kv]) > 0
+    assert float(slots_train[kv]) == pytest.approx(float(train[kv]) * 3 / 8, abs=2e-3) and float(train[kv]) > 0
     proc = subprocess.run(_plan_cmd(tmp_path, "--device_memory_gib", "0.01"), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0

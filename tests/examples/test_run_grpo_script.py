@@ -57,8 +57,9 @@ def test_run_grpo_fails_at_once_when_the_master_port_is_taken(tmp_path):
 
 def test_bad_flags_and_values_stop_the_script_before_the_conversions(tmp_path):
     """grpo_one_stage.py --check_flags runs before the policy and the prompts are converted: an unknown flag, a
-    value the config refuses, a checkpoint folder that cannot be written and a bfloat16 model on this CPU each end
-    the script with exit 2 and the job's one line (no msrun), and nothing converted."""
+    value the config refuses, a checkpoint folder that cannot be written, a bfloat16 model on this CPU and a
+    WORKER_NUM the YAMLs do not lay out each end the script with exit 2 and the job's one line (no msrun), and
+    nothing converted."""
     port = str(free_port_near("127.0.0.1", 20200))
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -69,10 +70,13 @@ def test_bad_flags_and_values_stop_the_script_before_the_conversions(tmp_path):
                                                      "must be an integer >= 1, got 0"),
              "unwritable": (["--save_ckpt_dir", str(blocker / "ckpt")],
                             f"error: {blocker / 'ckpt'}: --save_ckpt_dir cannot be written (Not a directory)"),
-             "bfloat16": ([], f"error: {bf16}: model_config.compute_dtype: bfloat16 has no CPU kernels")}
+             "bfloat16": ([], f"error: {bf16}: model_config.compute_dtype: bfloat16 has no CPU kernels"),
+             "ranks": ([], f"error: {ARITH / 'train.yaml'}: parallel_config: data_parallel=2 x model_parallel=1 = 2 "
+                           "ranks, but the job has 3")}
+    special = {"bfloat16": {"TRAIN_YAML": str(bf16)}, "ranks": {"WORKER_NUM": "3"}}  # msrun would start 3 ranks
     for name, (flags, message) in cases.items():
         out = tmp_path / name
-        env = {"OUTPUT": str(out), "MASTER_PORT": port, **({"TRAIN_YAML": str(bf16)} if name == "bfloat16" else {})}
+        env = {"OUTPUT": str(out), "MASTER_PORT": port, **special.get(name, {})}
         proc = run_script(env, *flags)
         assert proc.returncode == 2 and proc.stderr.startswith(message), (name, proc.stderr[-2000:])
         assert not (out / "policy.ckpt").exists() and not (out / "prompts.mindrecord").exists(), name

@@ -179,6 +179,38 @@ def test_slots_refilled_mid_rollout_give_the_fixed_batchs_samples(generator, do_
     assert prefills == {(1, 16)}  # one prompt a prefill call, into the slots its samples take
 
 
+@pytest.mark.parametrize("max_num_seqs", [0, 5], ids=["fixed-batch", "slots"])
+def test_stepping_down_for_the_tail_gives_the_same_samples_in_fewer_rows(generator, max_num_seqs):
+    """3 prompts x 4 samples with `min_decode_rows` 2: once the running responses fit in fewer rows (12 -> 6 -> 3 -> 2,
+    or 5 slots -> 3 -> 2 once no sample waits), their KV rows move into a smaller cache and decoding goes on there.
+    Responses, masks and log-probs equal the fixed batch's (each sample keeps its uniforms); the decode calls
+    compute fewer rows, and each row count compiles one decode graph and one move."""
+    kw = dict(num_generations=4, max_new_tokens=12, do_sample=True, temperature=1.5, seed=8,
+              max_num_seqs=max_num_seqs)
+    free = run(generator, **{**kw, "max_num_seqs": 0}).response_ids
+    tokens, counts = np.unique(free[:, 1:6], return_counts=True)
+    eos = tokens[np.argsort(-counts)[:3]].tolist()  # frequent early: responses end at many steps
+    whole = run(generator, return_log_probs=True, eos_token_ids=eos, **kw)
+    whole_stats = generator.last_stats
+    moves = generator.compile_counts()["move"]
+    down = run(generator, return_log_probs=True, eos_token_ids=eos, min_decode_rows=2, **kw)
+    lengths = np.sort(whole.response_lengths)
+    assert lengths[5] < 8 and lengths[9] < 11 and lengths[-1] == 12  # 6, then 2 still running near the end
+    np.testing.assert_array_equal(down.response_ids, whole.response_ids)
+    np.testing.assert_array_equal(down.response_mask, whole.response_mask)
+    np.testing.assert_allclose(down.log_probs, whole.log_probs, atol=1e-5)
+    decoded = lengths.sum() - 12
+    stats = generator.last_stats
+    assert stats["computed_rows"] < whole_stats["computed_rows"]
+    assert stats["idle_row_share"] == pytest.approx(1 - decoded / stats["computed_rows"])
+    assert stats["idle_row_share"] < whole_stats["idle_row_share"]
+    counts = [12, 6, 3, 2] if max_num_seqs == 0 else [5, 3, 2]
+    assert GenerationConfig(min_decode_rows=2).decode_row_counts(counts[0]) == counts
+    # a row count the tail reached has its cache and decode graph; the ladder's steps each compiled a move
+    reached = {sig[1] for sig in generator.first_call_seconds if sig[0] == "decode"}
+    assert counts[-1] in reached and generator.compile_counts()["move"] > moves
+
+
 def test_as_many_slots_as_rows_is_the_fixed_batch(generator):
     fixed = run(generator, num_generations=2, do_sample=True, seed=9)
     same = run(generator, num_generations=2, do_sample=True, seed=9, max_num_seqs=6)
@@ -334,7 +366,7 @@ def test_compiles_once_per_bucket_and_once_for_decode(model):
     for length in (5, 9, 30, 33, 9):
         prompts = rng.integers(1, MODEL["vocab_size"], size=(2, length)).tolist()
         gen.generate(prompts)
-    expected = {"prefill": 3, "decode": 1, "forward": 0}
+    expected = {"prefill": 3, "decode": 1, "forward": 0, "move": 0}
     assert gen.compile_counts() == expected
     assert gen.graph_compile_counts() == expected  # MindSpore's own record (Cell.compile_cache)
     assert sorted(sig[3][1] for sig in gen.first_call_seconds if sig[0] == "prefill") == [16, 32, 64]
@@ -358,7 +390,7 @@ def test_a_generator_sharing_graphs_runs_the_other_ones(model):
     np.testing.assert_array_equal(out_shared.response_ids, out_alone.response_ids)
     np.testing.assert_array_equal(out_shared.response_mask, out_alone.response_mask)
     assert shared.cache(4) is rollout.cache(4) and alone.cache(4) is not rollout.cache(4)
-    graphs = {"prefill": 1, "decode": 1, "forward": 0}
+    graphs = {"prefill": 1, "decode": 1, "forward": 0, "move": 0}
     assert rollout.graph_compile_counts() == alone.graph_compile_counts() == graphs  # nothing compiled twice
     assert shared.compile_counts() == rollout.compile_counts() == graphs
     prefills = [sig for sig in rollout.first_call_seconds if sig[0] == "prefill"]

@@ -595,7 +595,7 @@ class KVCache:
     new token per sequence, writes row b's at cache position `slots[b]` (int32 [B]: rows may be at different points
     of their responses) and attends to the positions where `valid_slots` [B, L] is 1.
     Each graph compiles once per input shape. The cache Parameters are not part of the model's
-    checkpoint (they live here, named `kv_cache.*`).
+    checkpoint (they live here, named `kv_cache.<batch size>.*`).
     """
 
     def __init__(self, model: Qwen2ForCausalLM, batch_size: int, length: int | None = None):
@@ -609,13 +609,14 @@ class KVCache:
         # stored as rows of head_dim values, one a (sample, head, position): a decode step writes its rows in place
         rows = (batch_size * kv_local * self.length, self.shape[3])
         dtype = to_ms_dtype(config.compute_dtype)
-        zeros = lambda: Tensor(np.zeros(rows, np.float32), dtype)
-        self.key_caches = ParameterTuple(
-            [Parameter(zeros(), name=f"kv_cache.key.{i}", requires_grad=False) for i in range(config.num_layers)])
-        self.value_caches = ParameterTuple(
-            [Parameter(zeros(), name=f"kv_cache.value.{i}", requires_grad=False) for i in range(config.num_layers)])
+        # named by batch size: a graph that moves rows between two caches holds both
+        layer_caches = lambda part: ParameterTuple(
+            [Parameter(Tensor(np.zeros(rows, np.float32), dtype), name=f"kv_cache.{batch_size}.{part}.{i}",
+                       requires_grad=False) for i in range(config.num_layers)])
+        self.key_caches, self.value_caches = layer_caches("key"), layer_caches("value")
         self.prefill = _PrefillCell(model, self.key_caches, self.value_caches, self.shape)
         self.decode = _DecodeCell(model, self.key_caches, self.value_caches, self.shape)
+        self.moves: dict[int, _MoveRowsCell] = {}  # by the batch size of the cache they write
 
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.key_caches) * 2
@@ -633,3 +634,33 @@ class KVCache:
         source[rows] = np.arange(prompts * samples) // samples
         written[rows] = 1.0
         return Tensor(source), Tensor(written)
+
+    def move_rows(self, target: KVCache, source: np.ndarray) -> None:
+        """Copies this cache's sample rows `source` (int [target.batch_size]) into `target`'s rows 0, 1, ..., every
+        layer's keys and values (a graph compiled once per pair of batch sizes): a rollout's tail moves its running
+        samples into a smaller cache."""
+        if target.length != self.length or target.shape[1:] != self.shape[1:]:
+            raise ValueError(f"cannot move KV rows from a cache of shape {self.shape} to one of {target.shape}")
+        if target.batch_size not in self.moves:
+            self.moves[target.batch_size] = _MoveRowsCell(self, target)
+        self.moves[target.batch_size](Tensor(np.asarray(source, np.int32)))
+
+
+class _MoveRowsCell(nn.Cell):
+    """target's cache rows [b] = source's cache rows [index[b]], for every layer (`KVCache.move_rows`)."""
+
+    def __init__(self, source: KVCache, target: KVCache):
+        super().__init__(auto_prefix=False)
+        self.source_keys, self.source_values = source.key_caches, source.value_caches
+        self.target_keys, self.target_values = target.key_caches, target.value_caches
+        self.sample_shape = (source.batch_size, -1)  # one sample's rows (all heads and positions) a row
+        self.target_rows = target.key_caches[0].shape
+        self.layers = len(source.key_caches)
+
+    def construct(self, index):
+        for layer in range(self.layers):
+            keys = ops.gather(self.source_keys[layer].reshape(self.sample_shape), index, 0)
+            ops.assign(self.target_keys[layer], keys.reshape(self.target_rows))
+            values = ops.gather(self.source_values[layer].reshape(self.sample_shape), index, 0)
+            ops.assign(self.target_values[layer], values.reshape(self.target_rows))
+        return index
