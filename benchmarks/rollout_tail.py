@@ -1,0 +1,119 @@
+"""A rollout's tail: the same rollouts with `generation.min_decode_rows` values side by side (A/B interleaved in one
+process), on a real checkpoint and real prompts, with the EOS on: seconds, the decode rows computed, the share of
+them computed for responses that had ended, and whether the responses are the same. Prints a table, writes JSON.
+
+    .venv/bin/python benchmarks/rollout_tail.py --checkpoint output/smollm2_grpo/policy.ckpt \
+        --prompts output/smollm2_grpo/prompts.mindrecord --new_tokens 256 --min_decode_rows 0 4 --rounds 3
+
+(`MODEL=smollm2 bash run_grpo.sh` writes the checkpoint and the prompts.) Round r generates prompts 4r .. 4r + 3,
+8 samples each, at seed r; the first round also compiles (its times are kept apart).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+import mindspore as ms
+import numpy as np
+from mindspore.mindrecord import FileReader
+from results_io import write_results
+
+from mindrlhf.configs.generation import GenerationConfig
+from mindrlhf.generation import Generator
+from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--infer_yaml", default=os.path.join(ROOT, "model_configs", "smollm2", "infer.yaml"))
+    p.add_argument("--checkpoint", required=True, help="the policy's MindSpore checkpoint")
+    p.add_argument("--prompts", required=True, help="a prompt MindRecord (rlhf_data.py: prompt_ids)")
+    p.add_argument("--new_tokens", type=int, default=256)
+    p.add_argument("--prompts_per_round", type=int, default=4)
+    p.add_argument("--num_generations", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--bucket", type=int, default=72, help="the prompt bucket")
+    p.add_argument("--eos", type=int, nargs="+", default=[2], help="stop token ids (SmolLM2's <|im_end|>: 2)")
+    p.add_argument("--min_decode_rows", type=int, nargs="+", default=[0, 4], help="the values compared")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "rollout_tail.json"))
+    return p.parse_args(argv)
+
+
+def read_prompts(path: str, count: int) -> list[list[int]]:
+    prompts = []
+    for row in FileReader(path).get_next():
+        prompts.append(np.asarray(row["prompt_ids"]).astype(int).tolist())
+        if len(prompts) == count:
+            return prompts
+    raise SystemExit(f"error: {path}: {len(prompts)} prompts, the rounds need {count}")
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    net = Qwen2ForCausalLM(Qwen2Config.from_yaml(args.infer_yaml))
+    ms.load_param_into_net(net, ms.load_checkpoint(args.checkpoint))
+    prompts = read_prompts(args.prompts, args.rounds * args.prompts_per_round)
+
+    def config(rows: int, seed: int) -> GenerationConfig:
+        return GenerationConfig(max_new_tokens=args.new_tokens, num_generations=args.num_generations,
+                                temperature=args.temperature, prompt_buckets=[args.bucket], eos_token_ids=args.eos,
+                                pad_token_id=args.eos[0], seed=seed, min_decode_rows=rows)
+
+    generator = Generator(net, config(0, 0))
+    runs = {rows: [] for rows in args.min_decode_rows}
+    for r in range(args.rounds):
+        batch = prompts[r * args.prompts_per_round:(r + 1) * args.prompts_per_round]
+        order = args.min_decode_rows if r % 2 == 0 else args.min_decode_rows[::-1]
+        for rows in order:
+            generator.config = config(rows, r)
+            start = time.perf_counter()
+            out = generator.generate(batch)
+            stats = generator.last_stats
+            runs[rows].append({"seconds": time.perf_counter() - start, "idle_row_share": stats["idle_row_share"],
+                               "computed_rows": stats["computed_rows"], "steps": stats["steps"],
+                               "mean_length": float(out.response_lengths.mean()),
+                               "responses": out.response_ids.tolist()})
+    result = {"checkpoint": args.checkpoint, "new_tokens": args.new_tokens,
+              "batch": args.prompts_per_round * args.num_generations, "temperature": args.temperature,
+              "rows": [summary(rows, rounds, runs[args.min_decode_rows[0]]) for rows, rounds in runs.items()],
+              "environment": {"mindspore": ms.__version__, "python": platform.python_version(),
+                              "cpus": os.cpu_count()}}
+    print_table(result)
+    write_results(result, args.output)
+    return result
+
+
+def summary(rows: int, rounds: list[dict], first: list[dict]) -> dict:
+    """One value's figures: seconds of the rounds after the first (which compiles), and whether every round's
+    responses equal those of the first value compared."""
+    warm = rounds[1:] or rounds
+    return {"min_decode_rows": rows, "seconds": statistics.median(r["seconds"] for r in warm),
+            "first_round_seconds": rounds[0]["seconds"],
+            "idle_row_share": statistics.fmean(r["idle_row_share"] for r in rounds),
+            "computed_rows": sum(r["computed_rows"] for r in rounds),
+            "mean_length": statistics.fmean(r["mean_length"] for r in rounds),
+            "same_responses": all(a["responses"] == b["responses"] for a, b in zip(rounds, first)),
+            "rounds": [{k: v for k, v in r.items() if k != "responses"} for r in rounds]}
+
+
+def print_table(result: dict) -> None:
+    print(f"{result['batch']} rows, {result['new_tokens']} new tokens, temperature {result['temperature']}")
+    header = f"{'min_decode_rows':>15} {'s (warm)':>9} {'first s':>8} {'idle rows':>9} {'rows computed':>13} " \
+             f"{'mean length':>11} {'same responses':>14}"
+    print(header)
+    print("-" * len(header))
+    for row in result["rows"]:
+        print(f"{row['min_decode_rows']:>15} {row['seconds']:>9.2f} {row['first_round_seconds']:>8.2f} "
+              f"{row['idle_row_share']:>9.3f} {row['computed_rows']:>13} {row['mean_length']:>11.1f} "
+              f"{str(row['same_responses']):>14}")
+
+
+if __name__ == "__main__":
+    main()
