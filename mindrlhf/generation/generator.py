@@ -364,6 +364,8 @@ class Generator:
         if first:
             self._graphs.signatures["move"].add(signature)
             self.first_call_seconds[signature] = time.perf_counter() - begin
+            logger.info("compiled move of KV rows %d -> %d in %.2f s", cache.batch_size, target,
+                        self.first_call_seconds[signature])
         return small, source
 
     def _run_slots(self, prompts, prompts_mask, prompt_lengths, return_log_probs, bar):
