@@ -58,7 +58,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     net = Qwen2ForCausalLM(Qwen2Config.from_yaml(args.infer_yaml))
-    ms.load_param_into_net(net, ms.load_checkpoint(args.checkpoint))
+    missing, _ = ms.load_param_into_net(net, ms.load_checkpoint(args.checkpoint))
+    if missing:
+        raise SystemExit(f"error: {args.checkpoint}: no value for {len(missing)} of the network's parameters, e.g. "
+                         f"{missing[0]} (a training checkpoint's rank_0/train.ckpt or run_grpo.sh's policy.ckpt)")
     prompts = read_prompts(args.prompts, args.rounds * args.prompts_per_round)
 
     def config(rows: int, seed: int) -> GenerationConfig:
