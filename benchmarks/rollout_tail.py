@@ -18,10 +18,10 @@ import time
 
 import mindspore as ms
 import numpy as np
-from mindspore.mindrecord import FileReader
 from results_io import write_results
 
 from mindrlhf.configs.generation import GenerationConfig
+from mindrlhf.data.reader import read_prompt_records
 from mindrlhf.generation import Generator
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 
@@ -46,12 +46,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def read_prompts(path: str, count: int) -> list[list[int]]:
-    prompts = []
-    for row in FileReader(path).get_next():
-        prompts.append(np.asarray(row["prompt_ids"]).astype(int).tolist())
-        if len(prompts) == count:
-            return prompts
-    raise SystemExit(f"error: {path}: {len(prompts)} prompts, the rounds need {count}")
+    """The first `count` prompts' token ids of a prompt MindRecord."""
+    prompt_ids, _ = read_prompt_records(path)
+    if len(prompt_ids) < count:
+        raise SystemExit(f"error: {path}: {len(prompt_ids)} prompts, the rounds need {count}")
+    return [np.asarray(ids).astype(int).tolist() for ids in prompt_ids[:count]]
 
 
 def main(argv=None) -> dict:

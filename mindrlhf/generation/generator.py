@@ -258,11 +258,14 @@ class Generator:
         tokens, log_probs = self._selection(with_log_probs)(logits, Tensor(uniforms))
         tokens, log_probs = tokens.asnumpy(), None if log_probs is None else log_probs.asnumpy()
         if first:
-            self._graphs.signatures[graph].add(signature)
-            self.first_call_seconds[signature] = time.perf_counter() - start
-            logger.info("compiled %s for input shapes %s in %.2f s", graph, signature[len(key) + 1:],
-                        self.first_call_seconds[signature])
+            self._record_first_call(signature, start, f"input shapes {signature[len(key) + 1:]}")
         return tokens, log_probs
+
+    def _record_first_call(self, signature: tuple, start: float, what: str) -> None:
+        """Counts the (graph, ...) `signature` as compiled and keeps the seconds of its first call, begun at `start`."""
+        self._graphs.signatures[signature[0]].add(signature)
+        self.first_call_seconds[signature] = time.perf_counter() - start
+        logger.info("compiled %s for %s in %.2f s", signature[0], what, self.first_call_seconds[signature])
 
     def _selection(self, with_log_probs: bool) -> TokenSelection:
         """The token selection cell of the config's sampling settings (built on first use, shared like the caches)."""
@@ -324,6 +327,7 @@ class Generator:
         valid[:, :bucket] = np.repeat(prompts_mask, n, 0)
         chosen = self._prefill(cache, (batch, cache.length), prompts, prompts_mask, n, return_log_probs)
         sample_of = np.arange(batch)  # the sample each cache row decodes, -1: none
+        counts = cfg.decode_row_counts(batch)
         steps, computed = cfg.max_new_tokens, 0
         for t in range(cfg.max_new_tokens):
             tokens = self._step(t, *chosen, finished, response, resp_mask, log_probs)
@@ -334,7 +338,7 @@ class Generator:
             slot = bucket + t
             valid[:, slot] = 1.0
             running = np.flatnonzero((sample_of >= 0) & ~finished[np.maximum(sample_of, 0)])
-            cache, source = self._step_down(cache, cfg.decode_row_counts(batch), running)
+            cache, source = self._step_down(cache, counts, running)
             if source is not None:
                 sample_of = np.where(source >= 0, sample_of[np.maximum(source, 0)], -1)
             rows = np.maximum(sample_of, 0)  # a row without a sample repeats sample 0's inputs, its output unused
@@ -359,13 +363,10 @@ class Generator:
         small = self.cache(target)
         signature = ("move", cache.batch_size, target, cache.length)
         first = signature not in self._graphs.signatures["move"]
-        begin = time.perf_counter()
+        start = time.perf_counter()
         cache.move_rows(small, np.maximum(source, 0))
         if first:
-            self._graphs.signatures["move"].add(signature)
-            self.first_call_seconds[signature] = time.perf_counter() - begin
-            logger.info("compiled move of KV rows %d -> %d in %.2f s", cache.batch_size, target,
-                        self.first_call_seconds[signature])
+            self._record_first_call(signature, start, f"KV rows {cache.batch_size} -> {target}")
         return small, source
 
     def _run_slots(self, prompts, prompts_mask, prompt_lengths, return_log_probs, bar):
@@ -379,6 +380,7 @@ class Generator:
         state = _Slots(self, cfg.max_num_seqs, len(prompts) * cfg.num_generations, return_log_probs)
         cache = self.cache(cfg.max_num_seqs)
         valid = np.zeros((cache.batch_size, cache.length), np.float32)
+        counts = cfg.decode_row_counts(cfg.max_num_seqs)
         calls = computed = 0
         while True:
             self._fill_slots(state, cache, (cache.batch_size, cache.length), prompts, prompts_mask, valid)
@@ -386,7 +388,7 @@ class Generator:
             if not occupied.size:
                 return state.response, state.resp_mask, state.log_probs, calls, computed
             if not state.waiting:
-                cache, source = self._step_down(cache, cfg.decode_row_counts(cfg.max_num_seqs), occupied)
+                cache, source = self._step_down(cache, counts, occupied)
                 if source is not None:
                     state.keep_slots(source)
                     valid = np.where(source[:, None] >= 0, valid[np.maximum(source, 0)], 0.0).astype(np.float32)
