@@ -19,7 +19,8 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo_paths import results_path
+
 ROUTES = ("mindspore", "mindrlhf")
 TENSOR_ELEMENTS = 16 << 20  # 64 MiB of float32
 
@@ -55,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, default=1.5, help="size of the rank file")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of both routes")
-    parser.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "checkpoint_load.json"))
+    parser.add_argument("--output", default=results_path("checkpoint_load.json"))
     parser.add_argument("--child", nargs=3, metavar=("ROUTE", "PATH", "TENSORS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

@@ -29,15 +29,14 @@ import statistics
 import subprocess
 import tempfile
 
+from repo_paths import ARITH_CONFIGS, ROOT, RUN_GRPO, results_path
 from results_io import write_results
 from versus_hf import model_dir, prepare_model
 
 from mindrlhf.trainer.phases import PHASES
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 STEP_PHASES = tuple(p for p in PHASES if p != "eval")  # evaluation is timed apart from the step
-ARITH = os.path.join(ROOT, "model_configs", "arith")
+ARITH = ARITH_CONFIGS
 HELDOUT = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data", "arithmetic_heldout.jsonl")
 
 
@@ -171,7 +170,7 @@ def main(argv=None) -> dict:
     out = os.path.join(args.workdir, f"grpo_step_{args.model}")
     os.makedirs(out, exist_ok=True)
     env, flags = launcher_env(args, out)
-    proc = subprocess.run(["bash", os.path.join(ROOT, "run_grpo.sh"), *flags], env=env, cwd=ROOT,
+    proc = subprocess.run(["bash", RUN_GRPO, *flags], env=env, cwd=ROOT,
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"error: run_grpo.sh failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
@@ -199,7 +198,7 @@ def main(argv=None) -> dict:
     result = {"benchmark": "grpo_step", "model": args.model, "workers": args.workers, "flags": flags,
               "phases": rows, **summary, "steps": lines, "machine": platform.machine(),
               "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
-    write_results(result, args.output or os.path.join(ROOT, "benchmarks", "results", f"grpo_step_{args.model}.json"))
+    write_results(result, args.output or results_path(f"grpo_step_{args.model}.json"))
     return result
 
 

@@ -34,9 +34,8 @@ import subprocess
 import sys
 import tempfile
 
+from repo_paths import ARITH_CONFIGS, ROOT, RUN_GRPO, SMOLLM2_CONFIGS, results_path
 from results_io import write_results
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TARGET = 0.15
 # (granularity, layers recomputed (0 = all), rows, vocabulary, prompt width, response width)
@@ -68,7 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="recompute: read the workers' JSON lines from this file instead of running them (a previous "
                         "run's, e.g. when other parts are re-run)")
     p.add_argument("--workdir", default=None, help="keeps the runs' outputs (default: a temporary folder)")
-    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "memory_plan.json"))
+    p.add_argument("--output", default=results_path("memory_plan.json"))
     return p.parse_args(argv)
 
 
@@ -129,7 +128,7 @@ def graphs_part() -> dict:
     from mindrlhf.models.qwen2.config import Qwen2Config
 
     # one decoder layer of the shipped SmolLM2 YAML at the probe's vocabulary (graph_memory.py's default)
-    smollm2 = NetShape.of(Qwen2Config.from_yaml(os.path.join(ROOT, "model_configs", "smollm2", "train.yaml")))
+    smollm2 = NetShape.of(Qwen2Config.from_yaml(os.path.join(SMOLLM2_CONFIGS, "train.yaml")))
     layer = dataclasses.replace(smollm2, layers=1, vocab=1024)
     planned = {"forward": forward_graph_bytes, "train": train_graph_bytes}
     shallow, deep = GRAPH_DEPTHS
@@ -184,7 +183,7 @@ def _job(case: str, workdir: str) -> tuple[dict, list[str], str]:
 def _plan_flags(env: dict, flags: list[str], out: str) -> list[str]:
     """grpo_one_stage.py's flags of the run run_grpo.sh launched (its inputs are in `out`)."""
     heldout = os.path.join(out, "heldout.mindrecord")
-    arith = os.path.join(ROOT, "model_configs", "arith")
+    arith = ARITH_CONFIGS
     return ["--sft_path_train", env.get("TRAIN_YAML", os.path.join(arith, "train.yaml")),
             "--sft_path_infer", env.get("INFER_YAML", os.path.join(arith, "infer.yaml")),
             "--tokenizer_dir", env.get("TOKENIZER_DIR", os.path.join(arith, "policy")),
@@ -208,7 +207,7 @@ def run_case(case: str, workdir: str, reuse: bool = False) -> dict:
     the plan's."""
     env, flags, out = _job(case, workdir)
     ran = reuse and os.path.exists(os.path.join(out, "metrics.jsonl"))
-    proc = None if ran else subprocess.run(["bash", os.path.join(ROOT, "run_grpo.sh"), *flags], env=env, cwd=ROOT,
+    proc = None if ran else subprocess.run(["bash", RUN_GRPO, *flags], env=env, cwd=ROOT,
                                            capture_output=True, text=True)
     if proc is not None and proc.returncode:
         raise SystemExit(f"error: run_grpo.sh ({case}) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
@@ -291,7 +290,7 @@ def recipe_plan(recipe: tuple, workdir: str) -> dict:
     open(data, "w").close()
     args = build_parser().parse_args(
         ["--sft_path_train", train_yaml, "--sft_path_infer", infer_yaml, "--mind_dataset_dir", data,
-         "--tokenizer_dir", os.path.join(ROOT, "model_configs", "arith", "policy"), *RECIPE_FLAGS,
+         "--tokenizer_dir", os.path.join(ARITH_CONFIGS, "policy"), *RECIPE_FLAGS,
          "--micro_batch_size_per_device", "0" if train[2] > 1 else "1"])
     from mindrlhf.configs.job import JobOptions
 

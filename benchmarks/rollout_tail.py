@@ -18,6 +18,7 @@ import time
 
 import mindspore as ms
 import numpy as np
+from repo_paths import SMOLLM2_CONFIGS, results_path
 from results_io import write_results
 
 from mindrlhf.configs.generation import GenerationConfig
@@ -25,12 +26,10 @@ from mindrlhf.data.reader import read_prompt_records
 from mindrlhf.generation import Generator
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--infer_yaml", default=os.path.join(ROOT, "model_configs", "smollm2", "infer.yaml"))
+    p.add_argument("--infer_yaml", default=os.path.join(SMOLLM2_CONFIGS, "infer.yaml"))
     p.add_argument("--checkpoint", required=True, help="the policy's MindSpore checkpoint")
     p.add_argument("--prompts", required=True, help="a prompt MindRecord (rlhf_data.py: prompt_ids)")
     p.add_argument("--new_tokens", type=int, default=256)
@@ -41,7 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eos", type=int, nargs="+", default=[2], help="stop token ids (SmolLM2's <|im_end|>: 2)")
     p.add_argument("--min_decode_rows", type=int, nargs="+", default=[0, 4], help="the values compared")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--output", default=os.path.join(ROOT, "benchmarks", "results", "rollout_tail.json"))
+    p.add_argument("--output", default=results_path("rollout_tail.json"))
     return p.parse_args(argv)
 
 

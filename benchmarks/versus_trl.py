@@ -43,16 +43,16 @@ import sys
 import tempfile
 import time
 
+from repo_paths import ARITH_CONFIGS, ROOT, RUN_GRPO, SMOLLM2_CONFIGS, SMOLLM2_MODEL_DIR, results_path
 from results_io import write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # benchmarks/
-ROOT = os.path.dirname(HERE)
 TRL_VENV = os.path.join(HERE, ".venv-trl")
 # torch 2.13.0 CPU: the wheel on the machine (a looser pin pulls a multi-GB CUDA build; requirements-test.txt);
 # transformers as in the project's test venv, so both HF sides run the same Qwen2 code
 TRL_REQUIREMENTS = ("trl==1.16.0", "datasets==5.2.0", "accelerate==1.15.0", "torch==2.13.0", "transformers==5.23.0")
-ARITH = os.path.join(ROOT, "model_configs", "arith")
-SMOLLM2 = os.path.join(ROOT, "model_configs", "smollm2")
+ARITH = ARITH_CONFIGS
+SMOLLM2 = SMOLLM2_CONFIGS
 DATA = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data", "arithmetic_train.jsonl")
 MAX_PROMPT_LENGTH = 256  # run_grpo.sh's default
 # configs: the model_configs folder whose grpo.yaml is the job; template: rlhf_data.py's --template (run_grpo.sh's)
@@ -344,7 +344,7 @@ def run_ours(args, overrides: dict, model: dict, out: str) -> dict:
     env, flags = ours_launch(args, overrides, out, model)
     start = time.perf_counter()
     with open(os.path.join(out, "run_grpo.log"), "w") as log:
-        proc = subprocess.run(["bash", os.path.join(ROOT, "run_grpo.sh"), *flags], env=env, cwd=ROOT, stdout=log,
+        proc = subprocess.run(["bash", RUN_GRPO, *flags], env=env, cwd=ROOT, stdout=log,
                               stderr=subprocess.STDOUT)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
@@ -489,7 +489,7 @@ def prepare_case(args: argparse.Namespace, workdir: str) -> dict:
         return {"policy_dir": os.path.join(ARITH, "policy"), "tokenizer_dir": os.path.join(ARITH, "policy"),
                 "yaml": os.path.join(ARITH, "train.yaml"), "seq_length": 256}
     if args.case == "smollm2":
-        folder = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct")
+        folder = SMOLLM2_MODEL_DIR
         subprocess.run([sys.executable, os.path.join(ROOT, "tools", "fetch_smollm2.py"), "--output_dir", folder],
                        check=True)
         return {"policy_dir": folder, "tokenizer_dir": folder, "yaml": os.path.join(SMOLLM2, "train.yaml"),
@@ -582,7 +582,7 @@ def main(argv=None) -> dict:
               "environment": {"python": platform.python_version(), "machine": platform.machine(),
                               "cpus": os.cpu_count(), "load_average_before": load_before,
                               "load_average_after": load_after}}
-    write_results(result, args.output or os.path.join(ROOT, "benchmarks", "results", f"versus_trl_{args.case}.json"))
+    write_results(result, args.output or results_path(f"versus_trl_{args.case}.json"))
     return result
 
 
