@@ -74,6 +74,11 @@ class GenerationConfig:
         "the tokenizer's stop tokens (its eos_token and generation_config.json's eos_token_id) unless this is set "
         "in the YAML or by flag: a value set there is used instead (logged). Empty = always generate "
         "max_new_tokens."), "the tokenizer's")
+    stop_strings: list[str] = help_field(
+        [], "A response also ends at the token that completes one of these strings in its text (vLLM's `stop`, "
+            "transformers' `stop_strings`; e.g. '</answer>'); the token is kept in the response and its mask, as an "
+            "EOS is. The text is the rewards' (special tokens skipped). Empty = off. Each decode step decodes the "
+            "tail of every running response on the host.")
     pad_token_id: int = shown_as(help_field(
         QWEN_ENDOFTEXT_ID, "Fills prompts on the left and responses after their EOS. A training job takes the "
                            "tokenizer's pad_token (else its eos_token) unless this is set in the YAML or by flag: a "
@@ -154,6 +159,8 @@ class GenerationConfig:
         check(isinstance(self.eos_token_ids, (list, tuple)) and all(_is_int(t) and t >= 0 for t in self.eos_token_ids),
               "eos_token_ids", "must be a list of token ids >= 0")
         check(_is_int(self.pad_token_id) and self.pad_token_id >= 0, "pad_token_id", "must be a token id >= 0")
+        check(isinstance(self.stop_strings, (list, tuple)) and all(isinstance(x, str) and x for x in self.stop_strings),
+              "stop_strings", "must be a list of non-empty strings")
         buckets = self.prompt_buckets
         check(isinstance(buckets, (list, tuple)) and len(buckets) > 0 and all(_is_int(b) and b >= 1 for b in buckets),
               "prompt_buckets", "must be a non-empty list of positive lengths")

@@ -14,7 +14,7 @@ import copy
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mindspore as ms
@@ -22,9 +22,11 @@ import numpy as np
 from mindspore import Tensor, nn, ops
 from tqdm import tqdm
 
+from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.data.reader import pad_rows
 from mindrlhf.generation.selection import TokenSelection, float32_uniforms
+from mindrlhf.generation.stopping import StopStrings
 from mindrlhf.models.qwen2.modeling import KVCache, Qwen2ForCausalLM, positions_and_bias
 
 logger = logging.getLogger(__name__)
@@ -111,10 +113,11 @@ class Generator:
     """
 
     def __init__(self, model: Qwen2ForCausalLM, config: GenerationConfig, share_graphs_with: Generator | None = None,
-                 prefill_prompts: int = 0):
+                 prefill_prompts: int = 0, detokenize: Callable[[Sequence[int]], str] | None = None):
         if share_graphs_with is not None and share_graphs_with.model is not model:
             raise ValueError("share_graphs_with: a Generator of another model cannot share its graphs")
         self.model = model
+        self.detokenize = detokenize
         self.prefill_prompts = prefill_prompts
         self._graphs = _CompiledGraphs() if share_graphs_with is None else share_graphs_with._graphs
         self.last_stats: dict = {}
@@ -130,6 +133,10 @@ class Generator:
         config.validate()
         config.check_model(self.model.config.vocab_size, self.model.config.seq_length)
         self._config = copy.deepcopy(config)  # later edits of the caller's object do not leak in
+        if config.stop_strings and self.detokenize is None:
+            raise ConfigError("generation.stop_strings: the generator needs the tokenizer's text of the responses "
+                              "(detokenize) to find them")
+        self._stop = StopStrings(config.stop_strings, self.detokenize) if config.stop_strings else None
         self.reseed()
 
     def reseed(self, seed: int | None = None) -> None:
@@ -293,8 +300,18 @@ class Generator:
         tokens = np.where(alive, tokens, cfg.pad_token_id).astype(np.int32)
         response[:, t] = tokens
         resp_mask[:, t] = alive
-        finished |= alive & np.isin(tokens, cfg.eos_token_ids)
+        running = np.flatnonzero(alive)
+        finished[running] = self._ended(tokens[running], response, running, np.full(running.size, t))
         return tokens
+
+    def _ended(self, tokens: np.ndarray, response: np.ndarray, samples: np.ndarray, last: np.ndarray) -> np.ndarray:
+        """Whether each of `samples` ended with its newest token `tokens` (at index `last` of its `response` row): an
+        EOS, or the completion of a stop string."""
+        ended = np.isin(tokens, self.config.eos_token_ids)
+        if self._stop is not None:
+            check = np.flatnonzero(~ended)
+            ended[check] = self._stop.completed(response, samples[check], last[check])
+        return ended
 
     def _buffers(self, batch: int, return_log_probs: bool):
         cfg = self.config
@@ -517,7 +534,7 @@ class _Slots:
 
     def record(self, rows: np.ndarray, chosen) -> None:
         """Writes the tokens chosen for slots `rows` into their samples' responses; a slot whose sample ended (an
-        EOS, or its last token) is emptied."""
+        EOS, a stop string, or its last token) is emptied."""
         cfg = self.generator.config
         tokens, token_lp = chosen
         samples, t = self.sample_of[rows], self.next_token[rows]
@@ -525,6 +542,6 @@ class _Slots:
         self.resp_mask[samples, t] = 1
         if self.log_probs is not None:
             self.log_probs[samples, t] = token_lp[rows]
-        ended = np.isin(tokens[rows], cfg.eos_token_ids) | (t == cfg.max_new_tokens - 1)
+        ended = self.generator._ended(tokens[rows], self.response, samples, t) | (t == cfg.max_new_tokens - 1)
         self.sample_of[rows[ended]] = -1
         self.next_token[rows[~ended]] += 1

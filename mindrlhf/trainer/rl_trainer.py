@@ -129,7 +129,7 @@ class RLTrainer:
         """The roles' nets (their strategy files need nothing else)."""
         plan = self.plan
         self.reward = Reward(plan.reward, self.tokenizer)
-        self.actor = Actor(plan.actor)
+        self.actor = Actor(plan.actor, self.reward.detokenize)
         self.reference = Reference(plan.reference) if plan.reference else None
         self.critic = Critic(plan.critic) if plan.critic else None
         self.roles: list[Role] = [role for role in (self.actor, self.reference, self.reward, self.critic) if role]

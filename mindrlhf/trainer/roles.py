@@ -153,8 +153,9 @@ class Actor(Role):
 
     name = "actor"
 
-    def __init__(self, spec: ActorSpec):
+    def __init__(self, spec: ActorSpec, detokenize=None):
         self.spec = spec
+        self.detokenize = detokenize  # token ids -> the rewards' text: the generators' stop strings read it
         self.train_layout, self.infer_layout = spec.train.layout, spec.infer.layout
         self.train_net = Qwen2ForCausalLM(spec.train.model, self.train_layout)
         self.train_strategy = net_layouts(self.train_net, self.train_layout)  # of this rank's stage
@@ -202,12 +203,13 @@ class Actor(Role):
 
     def _build_generators(self) -> None:
         spec, gen = self.spec, self.spec.generation
-        self.generator = Generator(self.infer_net, gen)
+        self.generator = Generator(self.infer_net, gen, detokenize=self.detokenize)
         self.generator.rng = np.random.default_rng([gen.seed, self.infer_layout.dp_rank])
         # the evaluation prefills as many prompts a call as the rollout: both run one prefill graph
         self.eval_generator = Generator(self.infer_net, dataclasses.replace(
             gen, do_sample=False, num_generations=1, max_new_tokens=spec.eval_max_new_tokens),
-            share_graphs_with=self.generator, prefill_prompts=spec.schedule.batch_size // self.infer_layout.dp)
+            share_graphs_with=self.generator, prefill_prompts=spec.schedule.batch_size // self.infer_layout.dp,
+            detokenize=self.detokenize)
 
     def resharder_to(self, net, strategy: dict, prefix: str):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
@@ -435,6 +437,10 @@ class Reward(Role):
             "reward model", self.spec.schedule, model.model, self.layout, self.spec.group_size, training=False))
         logger.info("reward model %s (weight %g)%s", path, self.spec.reward.reward_model_weight,
                     f" + rule rewards {self.rules}" if self.rules else "")
+
+    def detokenize(self, ids) -> str:
+        """The text the rule rewards read of a response's token ids (special tokens skipped)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def swap_groups(self) -> dict[str, list]:
         return {REWARD_MODEL_WEIGHTS: list(self.net.trainable_params())} if self.net is not None else {}

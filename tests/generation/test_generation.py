@@ -211,6 +211,44 @@ def test_stepping_down_for_the_tail_gives_the_same_samples_in_fewer_rows(generat
     assert counts[-1] in reached and generator.compile_counts()["move"] > moves
 
 
+def letters(ids) -> str:
+    """A toy detokenizer of the tiny vocabulary: token i is one or two copies of a letter."""
+    return "".join("abcdefgh"[i % 8] * (1 + i // 8 % 2) for i in map(int, ids))
+
+
+def first_completion(tokens, stop: str) -> int | None:
+    """The length of the shortest prefix of `tokens` whose text holds `stop` (None: none does)."""
+    return next((k for k in range(1, len(tokens) + 1) if stop in letters(tokens[:k])), None)
+
+
+@pytest.mark.parametrize("paths", [{}, {"max_num_seqs": 5}, {"min_decode_rows": 2}, {"use_kv_cache": False}],
+                         ids=["fixed-batch", "slots", "step-down", "no-cache"])
+def test_a_stop_string_ends_a_response_at_the_token_that_completes_it(model, generator, paths):
+    """Each response is the one sampled without the stop string, cut after the first token whose text completes it
+    (kept, as an EOS is; padded after), with the same log-probs, on every decode path: a stopped sample frees its
+    slot for a waiting one, and the tail steps down past it."""
+    kw = dict(num_generations=4, max_new_tokens=12, do_sample=True, temperature=1.5, seed=8)
+    free = run(generator, return_log_probs=True, **kw)
+    texts = [letters(row) for row in free.response_ids]
+    pairs = {text[i:i + 2] for text in texts for i in range(len(text) - 1)}
+    stop = max(sorted(pairs), key=lambda p: sum(p in text[4:] and p not in text[:6] for text in texts))
+    stopper = Generator(model, gen_config(), share_graphs_with=generator, detokenize=letters)
+    stopper.config = gen_config(stop_strings=[stop], **kw, **paths)
+    out = stopper.generate(PROMPTS, return_log_probs=True)
+    ends = [first_completion(row, stop) or 12 for row in free.response_ids]
+    assert len({e for e in ends if e < 12}) >= 3 and max(ends) == 12  # several ends, and one that never stops
+    for r, end in enumerate(ends):
+        np.testing.assert_array_equal(out.response_ids[r, :end], free.response_ids[r, :end])
+        assert (out.response_ids[r, end:] == PAD).all() and out.response_lengths[r] == end
+        np.testing.assert_allclose(out.log_probs[r, :end], free.log_probs[r, :end], atol=1e-5)
+        assert (out.log_probs[r, end:] == 0).all()
+
+
+def test_stop_strings_need_the_text_of_the_responses(model):
+    with pytest.raises(ConfigError, match="generation.stop_strings.*detokenize"):
+        Generator(model, gen_config(stop_strings=["ab"]))
+
+
 def test_as_many_slots_as_rows_is_the_fixed_batch(generator):
     fixed = run(generator, num_generations=2, do_sample=True, seed=9)
     same = run(generator, num_generations=2, do_sample=True, seed=9, max_num_seqs=6)
@@ -407,7 +445,8 @@ def test_a_generator_sharing_graphs_runs_the_other_ones(model):
 @pytest.mark.parametrize("field,value", [
     ("top_p", 0.0), ("top_p", 1.5), ("temperature", -0.1), ("top_k", -1), ("max_new_tokens", 0),
     ("num_generations", 0), ("prompt_buckets", []), ("prompt_buckets", [32, 16]), ("seed", -1),
-    ("eos_token_ids", [-2]), ("pad_token_id", -1), ("max_num_seqs", -1),
+    ("eos_token_ids", [-2]), ("pad_token_id", -1), ("max_num_seqs", -1), ("stop_strings", [""]),
+    ("stop_strings", "ab"),
 ])
 def test_bad_config_names_field(field, value):
     with pytest.raises(ConfigError, match=f"generation.{field}"):

@@ -126,3 +126,57 @@ def test_one_greedy_grpo_step_of_smollm2_matches_transformers(model_dir, tmp_pat
     assert all(math.isfinite(metrics[name]) for name in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm"))
     # one rank holding the model, its AdamW moments and gradients (134.5M float32 values each: 0.5 GiB)
     assert metrics["perf/max_rss_gib"] == metrics["perf/sum_rss_gib"] > 2.0
+
+
+# the rollout engine against transformers: 512 new tokens, more samples than decode slots, two prompt buckets and a
+# stop string (" =" ends the answers that write an equation; the others end at the EOS)
+LONG_QUESTION = ("You are a careful assistant who answers arithmetic questions for students. Keep the answer short, "
+                 "and show the calculation before the result so that the student can follow it. Here is the "
+                 "question. What is 12 + 30?")
+STOP = " ="
+
+
+def test_greedy_rollouts_with_slots_buckets_and_a_stop_string_match_transformers(model_dir, tmp_path, graph_mode):
+    import mindspore as ms
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mindrlhf.configs.generation import GenerationConfig
+    from mindrlhf.generation import Generator
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindrlhf.models.tokenizer import load_tokenizer
+
+    policy = tmp_path / "policy.ckpt"
+    done = run_command([sys.executable, str(TOOLS / "convert_weight.py"), "--torch_ckpt_dir", str(model_dir),
+                        "--mindspore_ckpt_path", str(policy)], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    net = Qwen2ForCausalLM(Qwen2Config.from_yaml(str(ROOT / "model_configs" / "smollm2" / "infer.yaml")))
+    missing, _ = ms.load_param_into_net(net, ms.load_checkpoint(str(policy)))
+    assert not missing
+    hf_tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ours = load_tokenizer(model_dir)
+    eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
+    chat = lambda q: hf_tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                      return_dict=True)["input_ids"]
+    generator = Generator(net, GenerationConfig(
+        max_new_tokens=512, num_generations=2, do_sample=False, eos_token_ids=[eos], pad_token_id=eos,
+        prompt_buckets=[72, 128], max_num_seqs=3, stop_strings=[STOP]),
+        detokenize=lambda ids: ours.decode(ids, skip_special_tokens=True))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ends = set()
+    for questions, bucket in (([q for q, _ in PROBLEMS], 72), ([LONG_QUESTION, "What is 6 * 7?"], 128)):
+        prompts = [chat(q) for q in questions]
+        out = generator.generate(prompts)
+        assert generator.last_stats["prompt_bucket"] == bucket and generator.last_stats["rows"] == 3
+        for i, ids in enumerate(prompts):
+            with torch.no_grad():
+                generated = model.generate(torch.tensor([ids]), max_new_tokens=512, do_sample=False,
+                                           stop_strings=[STOP], tokenizer=hf_tokenizer)
+            expected = generated[0, len(ids):].tolist()
+            for row in (2 * i, 2 * i + 1):  # both samples of the prompt (greedy: the same)
+                response = out.response_ids[row, :out.response_lengths[row]].tolist()
+                assert response == expected, (questions[i], hf_tokenizer.decode(response),
+                                              hf_tokenizer.decode(expected))
+            text = ours.decode(expected, skip_special_tokens=True)
+            ends.add("eos" if expected[-1] == eos else "stop" if text.endswith(STOP) else "length")
+    assert ends == {"eos", "stop"}

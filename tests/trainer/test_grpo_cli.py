@@ -18,6 +18,7 @@ from support.paths import GRPO_SCRIPT, GSM8K_SAMPLE, TINY, TINY_SFT_CKPT, TOKENI
 from support.tolerances import assert_weights_close_after_adam
 
 from mindrlhf.cli import train
+from mindrlhf.models.tokenizer import load_tokenizer
 
 
 def bad_checkpoint(tmp_path):
@@ -119,9 +120,13 @@ def test_only_save_strategy_writes_strategy_files_mindspore_reads(tmp_path, mind
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
+STOP = " dollars."
+
+
 @pytest.mark.slow
 def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mindrecord, graph_mode):
-    """(And the trainer froze its long-lived objects before its first compile: `freeze_long_lived_objects`.)"""
+    """With a stop string (the bundled answers write " dollars." in some equations, not in others). (And the trainer
+    froze its long-lived objects before its first compile: `freeze_long_lived_objects`.)"""
     import gc
 
     from mindspore.dataset import MindDataset
@@ -129,7 +134,7 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
     frozen = gc.get_freeze_count()
     logged_run(mindrecord, out, [
         "--steps", "1", "--max_new_tokens", "24", "--dynamic_sampling", "true", "--max_sampling_retries", "2",
-        "--num_iterations", "1", "--save_data_file", str(tmp_path / "exp" / "grpo")])
+        "--num_iterations", "1", "--save_data_file", str(tmp_path / "exp" / "grpo"), "--stop_strings", STOP])
     assert gc.get_freeze_count() > frozen
     metrics = metrics_lines(out)[0]
     assert_documented([metrics])
@@ -150,6 +155,18 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
     np.testing.assert_allclose(advantages, group_advantages(rewards, 4)[:, None] * masks, atol=1e-6)
     np.testing.assert_array_equal(np.stack([r["returns"] for r in records]), advantages)
     assert (out / "checkpoints" / "step_000001" / "meta.json").is_file()
+    # the stop string ends a response at the token that completes it in the rewards' text (the tokenizer's)
+    tokenizer = load_tokenizer(TOKENIZER)
+    text = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    stopped = 0
+    for length, record in zip(lengths, records):
+        response = record["response_ids"][:length].tolist()
+        if STOP in text(response):
+            assert STOP not in text(response[:-1]), text(response)
+            stopped += 1
+        else:
+            assert length == 24 or response[-1] in tokenizer.stop_token_ids, text(response)
+    assert 0 < stopped < len(records)
 
 
 @pytest.mark.slow
