@@ -202,6 +202,7 @@ def trl_config(settings: dict, steps: int, side: str = "trl") -> dict:
         (algo["dynamic_sampling"], "algorithm.dynamic_sampling"),
         (sched["ref_model_sync_steps"] != 0, "schedule.ref_model_sync_steps"),
         (not gen["do_sample"], "generation.do_sample false"),
+        (bool(gen["stop_strings"]), "generation.stop_strings (TRL's GRPOConfig has none)"),
     ]
     bad = [what for failed, what in unsupported if failed]
     if bad:
@@ -219,7 +220,8 @@ def trl_config(settings: dict, steps: int, side: str = "trl") -> dict:
         steps_per_generation=updates * accumulation, num_iterations=sched["num_iterations"],
         max_steps=steps * updates * sched["num_iterations"], shuffle_dataset=False, seed=sched["seed"],
         max_completion_length=gen["max_new_tokens"], temperature=gen["temperature"], top_k=gen["top_k"],
-        top_p=gen["top_p"], beta=loss["beta"], epsilon=loss["epsilon_low"], epsilon_high=loss["epsilon_high"],
+        top_p=gen["top_p"], min_p=gen["min_p"] or None, beta=loss["beta"], epsilon=loss["epsilon_low"],
+        epsilon_high=loss["epsilon_high"],
         loss_type=LOSS_TYPES[loss["aggregation"]], scale_rewards=SCALE_REWARDS[algo["adv_estimator"]],
         reward_weights=_weights(settings["reward"]["reward_weights"]), learning_rate=opt["learning_rate"],
         adam_beta1=opt["beta1"], adam_beta2=opt["beta2"], adam_epsilon=opt["eps"], weight_decay=opt["weight_decay"],

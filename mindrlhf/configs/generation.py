@@ -43,10 +43,11 @@ class GenerationConfig:
     In a training job `eos_token_ids` and `pad_token_id` come from the tokenizer unless the YAML or a flag sets
     them (`mindrlhf.trainer.plan.resolve_token_ids`); the Qwen defaults here serve a config built in code.
 
-    Sampling order follows Hugging Face `generate` and vLLM: logits / temperature, then top-k, then top-p,
-    then a categorical draw, on the device (`mindrlhf.generation.selection`), at a uniform a row from the host's
-    seeded stream. `do_sample`, `temperature`, `top_k` and `top_p` are constants of that small token-selection
-    graph (one compiled per setting); the fields that fix the shapes of the model's graphs are `max_new_tokens`,
+    Sampling order follows Hugging Face `generate` (and vLLM but for min-p, which vLLM applies before top-p):
+    logits / temperature, then top-k, then top-p, then min-p, then a categorical draw, on the device
+    (`mindrlhf.generation.selection`), at a uniform a row from the host's seeded stream. `do_sample`, `temperature`,
+    `top_k`, `top_p` and `min_p` are constants of that small token-selection graph (one compiled per setting); the
+    fields that fix the shapes of the model's graphs are `max_new_tokens`,
     `prompt_buckets`, `use_kv_cache`, and the batch size `num_generations` contributes to.
     """
 
@@ -68,6 +69,10 @@ class GenerationConfig:
     top_p: float = help_field(
         1.0, "Nucleus sampling: keep the smallest set of tokens whose probability sums to >= top_p (the most "
              "likely token always kept); 1.0 = off. In (0, 1].")
+    min_p: float = help_field(
+        0.0, "Min-p sampling (Nguyen et al. 2024; vLLM's and transformers' min_p): after top-k and top-p, drop the "
+             "tokens whose probability is below min_p times the most likely one's, so the cut follows the model's "
+             "confidence. 0.0 = off. In [0, 1].")
     eos_token_ids: list[int] = shown_as(help_field(
         [QWEN_IM_END_ID, QWEN_ENDOFTEXT_ID],
         "A response ends at the first of these tokens (kept in the response and its mask). A training job takes "
@@ -156,6 +161,7 @@ class GenerationConfig:
               "temperature", "must be a finite number >= 0 (0 = greedy)")
         check(_is_int(self.top_k) and self.top_k >= 0, "top_k", "must be an integer >= 0 (0 = off)")
         check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1] (1.0 = off)")
+        check(_is_number(self.min_p) and 0 <= self.min_p <= 1, "min_p", "must be in [0, 1] (0.0 = off)")
         check(isinstance(self.eos_token_ids, (list, tuple)) and all(_is_int(t) and t >= 0 for t in self.eos_token_ids),
               "eos_token_ids", "must be a list of token ids >= 0")
         check(_is_int(self.pad_token_id) and self.pad_token_id >= 0, "pad_token_id", "must be a token id >= 0")

@@ -242,8 +242,7 @@ SAMPLING_KEYS: dict[str, Rule] = {
     "temperature": ToFields(("generation.temperature",), float),
     "top_p": ToFields(("generation.top_p",), float),
     "top_k": COMPUTED,
-    "min_p": ForeignKey(_zero, REFUSE, "mindrlhf does not implement min-p sampling yet; set min_p: 0 (top_p and "
-                                       "top_k are read)"),
+    "min_p": ToFields(("generation.min_p",), float),
     "logprobs": ForeignKey(always, WARN, "the sampled tokens' log-probs are always kept"),
     "detokenize": ForeignKey(always, WARN, "responses are decoded for the rewards anyway"),
 }

@@ -277,12 +277,12 @@ class Generator:
     def _selection(self, with_log_probs: bool) -> TokenSelection:
         """The token selection cell of the config's sampling settings (built on first use, shared like the caches)."""
         cfg = self.config
-        settings = (1.0, 0, 1.0) if cfg.greedy else (cfg.temperature, cfg.top_k, cfg.top_p)
+        settings = (1.0, 0, 1.0, 0.0) if cfg.greedy else (cfg.temperature, cfg.top_k, cfg.top_p, cfg.min_p)
         key = (cfg.greedy, *settings, with_log_probs)
         if key not in self._graphs.selections:
-            temperature, top_k, top_p = settings
+            temperature, top_k, top_p, min_p = settings
             self._graphs.selections[key] = TokenSelection(self.model.config.vocab_size, temperature, top_k, top_p,
-                                                          cfg.greedy, with_log_probs)
+                                                          cfg.greedy, with_log_probs, min_p)
         return self._graphs.selections[key]
 
     def _uniforms(self, rows: int) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""Token selection on [B, V] logits as pure numpy functions (temperature, top-k, top-p, draw): the reference of the
-graph cell the Generator runs on the device (:mod:`mindrlhf.generation.selection`), and the host-side tools.
+"""Token selection on [B, V] logits as pure numpy functions (temperature, top-k, top-p, min-p, draw): the reference
+of the graph cell the Generator runs on the device (:mod:`mindrlhf.generation.selection`), and the host-side tools.
 
 Filtered-out tokens get logit -inf. Probabilities are computed in float64.
 """
@@ -55,6 +55,21 @@ def nucleus_mask(sorted_logits: np.ndarray, top_p: float) -> np.ndarray:
     return keep
 
 
+def min_p_mask(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Keep-mask of the tokens whose probability is at least `min_p` times their row's largest (min-p sampling,
+    Nguyen et al. 2024); the same tokens whatever the rows' normalisation, so whether top-k/top-p ran first."""
+    probs = softmax(logits)
+    return probs >= min_p * probs.max(axis=-1, keepdims=True)
+
+
+def min_p_filter(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Logits of the tokens `min_p_mask` drops set to -inf; min_p 0 = unchanged."""
+    logits = np.asarray(logits)
+    if min_p <= 0:
+        return logits.copy()
+    return np.where(min_p_mask(logits, min_p), logits, -np.inf).astype(logits.dtype, copy=False)
+
+
 def top_k_filter(logits: np.ndarray, top_k: int) -> np.ndarray:
     """Logits with everything but each row's `top_k` largest set to -inf; top_k 0 (or >= V) = unchanged."""
     logits = np.asarray(logits)
@@ -90,11 +105,13 @@ def categorical(probs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def sample_tokens(logits: np.ndarray, rng: np.random.Generator, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0, return_log_probs: bool = False):
-    """Token ids [B] drawn from logits [B, V]: / temperature, then top-k, then top-p, then a categorical draw.
+                  top_p: float = 1.0, return_log_probs: bool = False, min_p: float = 0.0):
+    """Token ids [B] drawn from logits [B, V]: / temperature, then top-k, then top-p, then min-p, then a categorical
+    draw.
 
     Consumes exactly B uniforms from `rng` per call. Top-p acts on the distribution renormalised after
-    top-k (as Hugging Face's warpers do); with top-k set, only the k candidates are sorted. With
+    top-k (as Hugging Face's warpers do; min-p keeps the same tokens in any order); with top-k set, only the k
+    candidates are sorted. With
     `return_log_probs`, returns `(tokens, token_log_probs(logits, tokens, temperature))`, from the same
     log-softmax that the unfiltered draw uses (the same numbers as computing them apart).
     """
@@ -110,11 +127,11 @@ def sample_tokens(logits: np.ndarray, rng: np.random.Generator, temperature: flo
         candidates = np.take_along_axis(scaled, indices, axis=-1)
     full_log_probs = log_softmax(scaled) if indices is None or return_log_probs else None
     if indices is None:
-        tokens = categorical(np.exp(full_log_probs), rng)
+        tokens = categorical(np.exp(min_p_filter(full_log_probs, min_p)), rng)
     else:
         if top_p < 1.0:
             candidates = np.where(nucleus_mask(candidates, top_p), candidates, -np.inf)
-        choice = categorical(softmax(candidates), rng)
+        choice = categorical(softmax(min_p_filter(candidates, min_p)), rng)
         tokens = np.take_along_axis(indices, choice[:, None], axis=-1)[:, 0]
     tokens = tokens.astype(np.int64)
     if not return_log_probs:

@@ -2,8 +2,9 @@
 log-prob a row instead of the [B, V] logits.
 
 The rule is the numpy reference's (:mod:`mindrlhf.generation.sampling`: `sample_tokens`, `greedy_tokens`,
-`token_log_probs`) in float32: logits / temperature, top-k, top-p on the distribution renormalised after top-k, then
-the inverse CDF at one uniform a row drawn on the host; greedy is argmax (the first index on ties). The settings are
+`token_log_probs`) in float32: logits / temperature, top-k, top-p on the distribution renormalised after top-k, min-p
+(a token's scaled logit at least the row's largest + log(min_p)), then the inverse CDF at one uniform a row drawn on
+the host; greedy is argmax (the first index on ties). The settings are
 constants of the compiled graph, so without top-k and top-p it is a softmax, block sums and two short prefix sums, no
 sort (top-p alone sorts the vocabulary with a TopK of all of it: faster than Sort on CPU). Ties among equal logits
 may be ordered otherwise than numpy's stable sort (the same distribution, another token id).
@@ -76,11 +77,12 @@ class TokenSelection(nn.Cell):
     int32 [B] and their log-probs float32 [B] (None unless `with_log_probs`).
 
     log-prob = log_softmax(logits / T) at the token, T = `temperature` (1 when `greedy`), before top-k/top-p
-    (`Generator.generate`'s convention). `top_k` 0 (or >= V) and `top_p` 1 are off. Greedy ignores the uniforms.
+    (`Generator.generate`'s convention). `top_k` 0 (or >= V), `top_p` 1 and `min_p` 0 are off. Greedy ignores the
+    uniforms.
     """
 
     def __init__(self, vocab_size: int, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 greedy: bool = False, with_log_probs: bool = True):
+                 greedy: bool = False, with_log_probs: bool = True, min_p: float = 0.0):
         super().__init__()
         if not greedy and temperature <= 0:
             raise ValueError(f"temperature={temperature} must be > 0 for sampling; greedy=True for argmax")
@@ -88,6 +90,7 @@ class TokenSelection(nn.Cell):
         self.temperature = 1.0 if greedy else float(temperature)
         self.top_k = top_k if 0 < top_k < vocab_size else 0
         self.top_p = float(top_p)
+        self.log_min_p = math.log(min_p) if min_p > 0 else None
         self.with_log_probs = with_log_probs
         self.candidates = self.top_k or vocab_size  # top-p alone sorts the whole vocabulary
         self.vocab_block = block_length(vocab_size)
@@ -108,7 +111,11 @@ class TokenSelection(nn.Cell):
         if not self.top_k and self.top_p >= 1.0:
             probs = ops.softmax(scaled, -1)
             ends = block_ends(probs, self.block)
-            tokens = inverse_cdf(probs, ends, fraction, self.block)
+            if self.log_min_p is None:
+                tokens = inverse_cdf(probs, ends, fraction, self.block)
+            else:
+                weights = self._min_p(probs, scaled, scaled.max(-1, keepdims=True))
+                tokens = inverse_cdf(weights, block_ends(weights, self.block), fraction, self.block)
             return tokens, self._log_prob(probs, ends[:, -1:], tokens)
         values, indices = ops.topk(scaled, self.candidates)
         probs = ops.softmax(values, -1)
@@ -117,11 +124,19 @@ class TokenSelection(nn.Cell):
         if self.top_p < 1.0:
             kept = 1 + inverse_cdf(probs, ends, self.top_p, self.block, strict=True)
             weights = probs * (self.positions < kept.reshape(rows, 1)).astype(ms.float32)
+        weights = self._min_p(weights, values, values[:, :1])
         choice = inverse_cdf(weights, block_ends(weights, self.block), fraction, self.block)
         tokens = ops.gather_elements(indices, 1, choice.reshape(rows, 1)).reshape(rows)
         if self.top_k:
             return tokens, self._full_log_prob(scaled, tokens)
         return tokens, self._log_prob(probs, ends[:, -1:], choice)  # all V candidates: their softmax is the full one
+
+    def _min_p(self, weights, scaled, largest):
+        """`weights` without the tokens min-p drops: those whose scaled logit is below the row's `largest` + log(min_p)
+        (probability below min_p times the largest); `weights` itself when min-p is off."""
+        if self.log_min_p is None:
+            return weights
+        return weights * (scaled >= largest + self.log_min_p).astype(ms.float32)
 
     def _full_log_prob(self, scaled, tokens):
         """log_softmax(scaled) at `tokens` (None unless `with_log_probs`)."""

@@ -103,6 +103,10 @@ def test_the_sample_says_what_it_ignores_in_one_line(caplog):
         assert quiet not in line, quiet
 
 
+def test_sampling_configs_min_p_is_the_generations(tmp_path):
+    assert GRPOConfig.from_yaml(_edited(tmp_path, "generate_config.sampling_config", min_p=0.1)).generation.min_p == 0.1
+
+
 def test_mini_batch_size_counts_prompts_and_must_divide_the_batch(tmp_path):
     config = GRPOConfig.from_yaml(_edited(tmp_path, "rl_config", mini_batch_size=8))
     assert config.schedule.mini_batch_size == 8 and config.schedule.batch_size == 32  # 4 updates per step
@@ -118,7 +122,6 @@ def test_mini_batch_size_counts_prompts_and_must_divide_the_batch(tmp_path):
 
 
 @pytest.mark.parametrize("section,key,value,advice", [
-    ("generate_config.sampling_config", "min_p", 0.1, "mindrlhf does not implement min-p sampling yet; set min_p: 0"),
     ("rl_config", "entropy_coeff", 0.001, "mindrlhf's loss has no entropy term; set entropy_coeff: 0"),
     ("rl_config", "adv_estimator", "gae", "MindSpeed-RL's GAE is its PPO trainer's; here write a mindrlhf config "
                                           "with algorithm.adv_estimator: gae"),

@@ -19,7 +19,7 @@ from mindrlhf.generation import (  # noqa: E402
     top_k_filter,
     top_p_filter,
 )
-from mindrlhf.generation.sampling import categorical, log_softmax  # noqa: E402
+from mindrlhf.generation.sampling import categorical, log_softmax, min_p_filter  # noqa: E402
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from mindrlhf.parallel.layers import load_full_state, random_full_state  # noqa: E402
 
@@ -361,6 +361,21 @@ def test_sample_tokens_follows_filtered_distribution():
     np.testing.assert_allclose(freq(top_k=3, top_p=0.6), [0, 0.4 / 0.65, 0, 0.25 / 0.65, 0], atol=0.01)
     tempered = probs ** 2 / (probs ** 2).sum()
     np.testing.assert_allclose(freq(temperature=0.5), tempered, atol=0.01)
+    # min-p: the tokens of at least min_p x the largest probability (0.3 x 0.4 = 0.12)
+    np.testing.assert_allclose(freq(min_p=0.3), [0, 0.4 / 0.85, 0, 0.25 / 0.85, 0.2 / 0.85], atol=0.01)
+    # after top-p (0.4, 0.25, 0.2, 0.1 kept) min-p 0.5 cuts at 0.2 all the same: the cut ignores the normalisation
+    np.testing.assert_allclose(freq(top_p=0.9, min_p=0.5), [0, 0.4 / 0.85, 0, 0.25 / 0.85, 0.2 / 0.85], atol=0.01)
+    np.testing.assert_allclose(freq(top_k=2, min_p=0.7), [0, 1, 0, 0, 0], atol=0)  # 0.25 < 0.7 x 0.4
+
+
+@pytest.mark.parametrize("min_p,kept", [(0.0, 4), (0.1, 4), (0.2, 3), (0.5, 2), (0.6, 2), (0.61, 1), (1.0, 1)])
+def test_min_p_filter_keeps_the_tokens_within_a_factor_of_the_top(min_p, kept):
+    probs = np.array([0.15, 0.5, 0.05, 0.3])  # / 0.5: 0.3, 1, 0.1, 0.6
+    logits = np.log(probs)[None, :]
+    out = min_p_filter(logits, min_p)
+    order = np.argsort(-probs)
+    np.testing.assert_array_equal(np.isfinite(out[0, order]), np.arange(4) < kept)
+    np.testing.assert_array_equal(out[np.isfinite(out)], logits[np.isfinite(out)])
 
 
 def test_sampling_is_seeded_and_never_draws_zero_probability():
@@ -445,7 +460,8 @@ def test_a_generator_sharing_graphs_runs_the_other_ones(model):
 @pytest.mark.parametrize("field,value", [
     ("top_p", 0.0), ("top_p", 1.5), ("temperature", -0.1), ("top_k", -1), ("max_new_tokens", 0),
     ("num_generations", 0), ("prompt_buckets", []), ("prompt_buckets", [32, 16]), ("seed", -1),
-    ("eos_token_ids", [-2]), ("pad_token_id", -1), ("max_num_seqs", -1), ("stop_strings", [""]),
+    ("eos_token_ids", [-2]), ("pad_token_id", -1), ("max_num_seqs", -1), ("stop_strings", [""]), ("min_p", -0.1),
+    ("min_p", 1.5),
     ("stop_strings", "ab"),
 ])
 def test_bad_config_names_field(field, value):

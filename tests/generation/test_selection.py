@@ -11,6 +11,7 @@ from mindrlhf.configs.generation import GenerationConfig  # noqa: E402
 from mindrlhf.generation import Generator  # noqa: E402
 from mindrlhf.generation.sampling import (  # noqa: E402
     greedy_tokens,
+    min_p_mask,
     nucleus_mask,
     sample_tokens,
     softmax,
@@ -36,20 +37,22 @@ def select(logits, uniforms, **settings):
     return tokens.asnumpy(), None if log_probs is None else log_probs.asnumpy()
 
 
-def edge_distance(logits, uniforms, temperature=1.0, top_k=0, top_p=1.0):
+def edge_distance(logits, uniforms, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):
     """Per row, how far the reference's choices are from flipping: the uniform from the nearest edge of the CDF it
-    inverts, and the nucleus' cumulative probabilities from top_p (fractions of the total)."""
+    inverts, the nucleus' cumulative probabilities from top_p (fractions of the total), and the probabilities over
+    the largest from min_p."""
     scaled = np.asarray(logits, np.float64) / temperature
-    if not 0 < top_k < scaled.shape[-1] and top_p >= 1.0:
+    if not 0 < top_k < scaled.shape[-1] and top_p >= 1.0 and min_p <= 0:
         cdf = np.cumsum(softmax(scaled), -1)
         return np.abs(cdf - uniforms[:, None]).min(-1)
     candidates, _ = top_k_candidates(scaled, top_k or scaled.shape[-1])
     probs = softmax(candidates)
     before = np.cumsum(probs, -1) - probs
     nucleus_edge = np.abs(before[:, 1:] - top_p).min(-1) if top_p < 1.0 else np.inf
-    kept = np.where(nucleus_mask(candidates, top_p), probs, 0.0)
+    min_p_edge = np.abs(probs / probs[:, :1] - min_p).min(-1) if min_p > 0 else np.inf
+    kept = np.where(nucleus_mask(candidates, top_p) & min_p_mask(candidates, min_p), probs, 0.0)
     cdf = np.cumsum(kept, -1) / kept.sum(-1, keepdims=True)
-    return np.minimum(np.abs(cdf - uniforms[:, None]).min(-1), nucleus_edge)
+    return np.minimum(np.minimum(np.abs(cdf - uniforms[:, None]).min(-1), nucleus_edge), min_p_edge)
 
 
 SETTINGS = {
@@ -57,13 +60,15 @@ SETTINGS = {
     "top_k": dict(top_k=20),
     "top_p": dict(top_p=0.8),
     "top_k_and_top_p": dict(temperature=1.3, top_k=50, top_p=0.7),
+    "min_p": dict(min_p=0.05),
+    "top_k_top_p_and_min_p": dict(temperature=1.3, top_k=50, top_p=0.9, min_p=0.02),
     "plain": dict(),
 }
 
 
 # (vocabulary, settings, rows whose uniform lies within BOUNDARY of an edge, with these seeds); at SmolLM2's vocabulary
 # the CDF's steps are ~2e-5 apart, so 7 and 4 rows lie within 1e-5
-CASES = [(1000, name, 0) for name in SETTINGS] + [(49152, "plain", 2), (49152, "top_p", 0)]
+CASES = [(1000, name, 0) for name in SETTINGS] + [(49152, "plain", 2), (49152, "top_p", 0), (49152, "min_p", 0)]
 
 
 @pytest.mark.parametrize("vocab,name,near_edges", CASES)
@@ -106,7 +111,8 @@ def test_top_k_1_is_greedy_at_the_sampling_temperature():
     np.testing.assert_allclose(log_probs, token_log_probs(logits, tokens, 0.7), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("settings", [dict(), dict(top_k=3), dict(top_p=0.9)], ids=["plain", "top_k", "top_p"])
+@pytest.mark.parametrize("settings", [dict(), dict(top_k=3), dict(top_p=0.9), dict(min_p=0.5)],
+                         ids=["plain", "top_k", "top_p", "min_p"])
 def test_a_zero_probability_token_is_never_drawn(settings):
     """Even at the ends of [0, 1): a uniform that rounds to 1.0 in float32 would pass the last entry."""
     row = np.full(12, -np.inf, np.float32)
@@ -116,6 +122,24 @@ def test_a_zero_probability_token_is_never_drawn(settings):
     tokens, _ = select(logits, uniforms, **settings)
     assert set(tokens.tolist()) <= {2, 7} and tokens[0] == 2 and tokens[3] == 7
     np.testing.assert_array_equal(float32_uniforms(uniforms) < 1, True)
+
+
+@pytest.mark.parametrize("settings,kept", [
+    (dict(top_k=2), [1, 3]), (dict(top_p=0.7), [1, 3, 4]), (dict(min_p=0.3), [1, 3, 4]),
+    (dict(top_p=0.9, min_p=0.5), [1, 3, 4]), (dict(top_k=4, min_p=0.6), [1, 3]),
+], ids=["top_k", "top_p", "min_p", "top_p_min_p", "top_k_min_p"])
+def test_the_graphs_filters_never_draw_an_excluded_token_and_follow_the_filtered_distribution(settings, kept):
+    """40000 draws from one 5-token distribution: the excluded tokens never come, the kept ones as often as their
+    renormalised probabilities say."""
+    probs = np.array([0.05, 0.4, 0.1, 0.25, 0.2])
+    rows = 40000
+    tokens, _ = select(np.tile(np.log(probs), (rows, 1)).astype(np.float32), np.random.default_rng(11).random(rows),
+                       **settings)
+    frequency = np.bincount(tokens, minlength=5) / rows
+    expected = np.zeros(5)
+    expected[kept] = probs[kept] / probs[kept].sum()
+    assert set(np.flatnonzero(frequency)) == set(kept)
+    np.testing.assert_allclose(frequency, expected, atol=0.01)
 
 
 def test_block_length_is_the_largest_divisor_up_to_the_square_root():
