@@ -103,6 +103,15 @@ class GenerationConfig:
            "batch. 0 = every row of the batch at once (one fixed batch: a row that ended waits for the longest). "
            "Samples are the same for any value (a sample's random numbers follow the sample, not the slot) up to "
            "the float rounding of another batch shape.")
+    max_num_batched_tokens: int = help_field(
+        0, "Prefill budget (vLLM's max_num_batched_tokens): at most this many prompt positions (prompts x their "
+           "bucket) go through one prefill call, so a rank's prompts are prefilled in chunks of the largest count "
+           "that divides them and fits (one compiled shape a bucket); the memory plan counts that many. 0 = all of "
+           "a rank's prompts in one call. With max_num_seqs a call reads one prompt. At least the largest prompt "
+           "bucket (a prompt is prefilled in one call).")
+    max_model_len: int = help_field(
+        0, "vLLM's context limit: when set, the largest prompt bucket + max_new_tokens (the KV cache's positions) "
+           "must be at most this. 0 = the model's seq_length is the only limit.")
     min_decode_rows: int = help_field(
         0, "Stepping down for a rollout's tail: 0 = off (every decode call computes all of the batch's rows, or all "
            "max_num_seqs slots, until the last response ends). N > 0: once no sample waits for a slot and the "
@@ -137,6 +146,14 @@ class GenerationConfig:
         while self.min_decode_rows and counts[-1] > self.min_decode_rows:
             counts.append(max(self.min_decode_rows, -(-counts[-1] // 2)))
         return counts
+
+    def prefill_prompts(self, prompts: int, bucket: int) -> int:
+        """Prompts of `bucket` positions a prefill call reads out of `prompts`: all of them, or with
+        `max_num_batched_tokens` the largest count that divides them and fits the budget (at least 1)."""
+        if not self.max_num_batched_tokens:
+            return prompts
+        fit = max(1, self.max_num_batched_tokens // bucket)
+        return max(d for d in range(1, min(prompts, fit) + 1) if prompts % d == 0)
 
     def bucket_for(self, prompt_length: int) -> int:
         """The smallest bucket >= prompt_length; a ConfigError when none is long enough."""
@@ -180,6 +197,14 @@ class GenerationConfig:
               "must be an integer >= 0 (0 = never step down)")
         check(self.use_kv_cache or not self.min_decode_rows, "min_decode_rows",
               "needs use_kv_cache (stepping down moves KV-cache rows)")
+        check(_is_int(self.max_num_batched_tokens) and self.max_num_batched_tokens >= 0, "max_num_batched_tokens",
+              "must be an integer >= 0 (0 = every prompt of a rank in one prefill call)")
+        check(not self.max_num_batched_tokens or self.max_num_batched_tokens >= max(buckets), "max_num_batched_tokens",
+              f"must be at least the largest prompt bucket {max(buckets)} (a prompt is prefilled in one call)")
+        check(_is_int(self.max_model_len) and self.max_model_len >= 0, "max_model_len", "must be an integer >= 0")
+        check(not self.max_model_len or self.cache_length <= self.max_model_len, "max_model_len",
+              f"must hold the largest prompt bucket {max(buckets)} + max_new_tokens {self.max_new_tokens} = "
+              f"{max(buckets) + self.max_new_tokens} positions")
 
     def check_model(self, vocab_size: int, seq_length: int) -> None:
         """Checks the fields that depend on the network: token ids in the vocabulary, cache within seq_length."""

@@ -78,13 +78,18 @@ def _sized_call(plan, kind: str, net, prompt_width: int, response_width: int, tr
                         _pass_rows(plan, net.layout, training), prompt_width, response_width, training)
 
 
-def _rollout_rows(plan) -> tuple[int, int]:
-    """(prompts a prefill call reads, decode rows) on an inference rank: all of its prompts and samples, or with
-    `generation.max_num_seqs` slots one prompt a prefill call and that many rows."""
+def _decode_rows(plan) -> int:
+    """The rows an inference rank starts decoding: all of its samples, or `generation.max_num_seqs` slots."""
+    gen = plan.generation
+    return gen.decode_rows(plan.config.schedule.batch_size // plan.actor.infer.layout.dp * gen.num_generations)
+
+
+def _prefilled(plan, bucket: int) -> int:
+    """Prompts of `bucket` positions a prefill call of an inference rank reads: all of its prompts (in chunks within
+    `generation.max_num_batched_tokens`), or with `generation.max_num_seqs` slots one."""
     gen = plan.generation
     prompts = plan.config.schedule.batch_size // plan.actor.infer.layout.dp
-    slots = gen.decode_rows(prompts * gen.num_generations)
-    return (prompts if slots == prompts * gen.num_generations else 1), slots
+    return gen.prefill_prompts(prompts, bucket) if _decode_rows(plan) == prompts * gen.num_generations else 1
 
 
 def _groups(plan) -> dict[str, int]:
@@ -158,10 +163,10 @@ def graph_bytes(plan, device: str) -> tuple[int, int]:
     graph."""
     gen, infer = plan.generation, plan.actor.infer
     ins, tp = NetShape.of(infer.model), infer.layout.tp
-    prefilled, slots = _rollout_rows(plan)
-    decodes = sum(forward_graph_bytes(ins, Call(rows, 0, 1, 0), tp, device) for rows in gen.decode_row_counts(slots))
-    rollout = decodes + sum(
-        forward_graph_bytes(ins, Call(prefilled, 0, bucket, 0), tp, device) for bucket in gen.prompt_buckets)
+    decodes = sum(forward_graph_bytes(ins, Call(rows, 0, 1, 0), tp, device)
+                  for rows in gen.decode_row_counts(_decode_rows(plan)))
+    rollout = decodes + sum(forward_graph_bytes(ins, Call(_prefilled(plan, bucket), 0, bucket, 0), tp, device)
+                            for bucket in gen.prompt_buckets)
     widths = [_width_graph_bytes(plan, width, device)
               for width in response_widths(gen.max_new_tokens, plan.config.schedule.response_buckets)]
     return rollout + sum(widths), sum(widths[:-1])
@@ -174,9 +179,10 @@ def _transients(plan) -> dict[str, dict[str, int]]:
     train_cfg, infer_cfg = plan.actor.train.model, plan.actor.infer.model
     train, infer = plan.actor.train.layout, plan.actor.infer.layout
     ts, ins = NetShape.of(train_cfg), NetShape.of(infer_cfg)
-    prefilled, slots = _rollout_rows(plan)
-    prefill, _ = forward_activation_bytes(ins, Call(prefilled, 0, P, 0), infer.tp)
-    generate = {"activations": prefill, "logits": 4 * ins.vocab * (prefilled + slots)}
+    prefill = max(forward_activation_bytes(ins, Call(_prefilled(plan, bucket), 0, bucket, 0), infer.tp)[0]
+                  for bucket in gen.prompt_buckets)
+    prefilled = max(_prefilled(plan, bucket) for bucket in gen.prompt_buckets)
+    generate = {"activations": prefill, "logits": 4 * ins.vocab * (prefilled + _decode_rows(plan))}
     acts, logits = forward_activation_bytes(ins, _sized_call(plan, "log_prob", plan.actor.infer, P, R, False),
                                             infer.tp)
     forward = {"activations": acts, "logits": logits}
@@ -206,7 +212,7 @@ def rank_memory(plan, rank: int, device: str = "cpu") -> list[PhaseMemory]:
     gen, ins = plan.generation, NetShape.of(plan.actor.infer.model)
     # a KV cache for each row count the rollout's tail can step down to (`generation.min_decode_rows`)
     kv = sum(ins.kv_cache_bytes(rows, gen.cache_length, plan.actor.infer.layout.tp)
-             for rows in gen.decode_row_counts(_rollout_rows(plan)[1]))
+             for rows in gen.decode_row_counts(_decode_rows(plan)))
     runtime = int(RUNTIME_OVERHEAD_GIB[device] * GIB) + graph_bytes(plan, device)[0]
     residency = _residency(plan)
     # CPU: the memory pool never gives pages back, so every phase holds the pool's high water (the largest phase's)

@@ -62,6 +62,7 @@ def test_the_sample_maps_onto_the_fields(caplog):
     assert gen.max_new_tokens == 2048 and gen.temperature == 1.0 and gen.top_p == 1.0
     assert gen.top_k == 0  # vLLM's -1 (off)
     assert gen.max_num_seqs == 1024  # decode slots of an inference rank
+    assert gen.max_num_batched_tokens == 8192 and gen.max_model_len == 4096  # prefill budget, context limit
     assert gen.prompt_buckets == [64, 128, 256, 512, 1024, 2048]  # max_prompt_length 2048
     assert opt.learning_rate == 1e-6 and opt.lr_schedule == "constant" and opt.warmup_steps == 0
     assert opt.weight_decay == 0.01 and opt.max_grad_norm == 1.0 and opt.beta2 == 0.95
@@ -92,12 +93,12 @@ def test_the_sample_says_what_it_ignores_in_one_line(caplog):
                  "--load_sft_checkpoint_train",
                  "actor_config.save='./ckpt' has no effect here: checkpoints are written to --save_ckpt_dir",
                  "rl_config.use_tensorboard=True has no effect here: pass --tensorboard_dir",
-                 "generate_config.max_num_batched_tokens=8192, generate_config.max_model_len=4096, "
-                 "generate_config.gpu_memory_utilization=0.4 have no effect here: vLLM engine settings: mindrlhf's "
+                 "generate_config.gpu_memory_utilization=0.4 has no effect here: vLLM engine settings: mindrlhf's "
                  "generator decodes at most generation.max_num_seqs rows of an inference rank at once"):
         assert said in line, said
     # values that mean what is done here pass without a word
-    for quiet in ("generate_config.max_num_seqs", "infer_tensor_parallel_size", "offload_train", "use_flash_attn",
+    for quiet in ("generate_config.max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                  "infer_tensor_parallel_size", "offload_train", "use_flash_attn",
                   "min_p", "no_load_optim", "attention_softmax_in_fp32", "ref_forward_micro_batch_size", "kl_ctrl_type",
                   "split"):
         assert quiet not in line, quiet

@@ -312,3 +312,8 @@ def test_the_plan_counts_the_graphs_of_every_width_and_bucket_a_run_reaches(tmp_
     # no reference (beta 0) and one pass over the rollout (no old log-probs): two log-prob graphs fewer
     lean, _ = _planned_graph_bytes(tmp_path, loss={"beta": 0.0}, schedule={"num_iterations": 1})
     assert 0 < lean < one
+    # a prefill budget of one 256-token prompt (generation.max_num_batched_tokens): a rank's 2 prompts in 2 calls,
+    # a prefill graph of 1 prompt, not 2
+    budget, _ = _planned_graph_bytes(tmp_path, generation={"max_num_batched_tokens": 256})
+    both, _ = _planned_graph_bytes(tmp_path, generation={"max_num_batched_tokens": 512})
+    assert budget < one == both

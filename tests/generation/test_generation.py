@@ -249,6 +249,25 @@ def test_stop_strings_need_the_text_of_the_responses(model):
         Generator(model, gen_config(stop_strings=["ab"]))
 
 
+def test_a_prefill_budget_prefills_fewer_prompts_a_call_with_the_same_samples(generator):
+    """3 prompts of bucket 16 with `max_num_batched_tokens` 40: two would take 32 positions but do not divide 3, so one
+    a call; the samples are the whole batch's."""
+    kw = dict(num_generations=2, do_sample=True, temperature=1.5, seed=3)
+    whole = run(generator, return_log_probs=True, **kw)
+    chunked = run(generator, return_log_probs=True, max_num_batched_tokens=40, **kw)
+    np.testing.assert_array_equal(chunked.response_ids, whole.response_ids)
+    np.testing.assert_allclose(chunked.log_probs, whole.log_probs, atol=1e-5)
+    prefills = {sig[-4] for sig in generator.first_call_seconds if sig[0] == "prefill" and sig[1] == 6}
+    assert prefills == {(3, 16), (1, 16)}
+
+
+@pytest.mark.parametrize("prompts,bucket,budget,per_call", [
+    (8, 72, 0, 8), (8, 72, 300, 4), (6, 72, 300, 3), (5, 72, 300, 1), (8, 72, 72, 1), (8, 72, 10_000, 8)])
+def test_prefill_prompts_is_the_largest_divisor_within_the_budget(prompts, bucket, budget, per_call):
+    config = gen_config(max_num_batched_tokens=budget, prompt_buckets=[bucket])
+    assert config.prefill_prompts(prompts, bucket) == per_call
+
+
 def test_as_many_slots_as_rows_is_the_fixed_batch(generator):
     fixed = run(generator, num_generations=2, do_sample=True, seed=9)
     same = run(generator, num_generations=2, do_sample=True, seed=9, max_num_seqs=6)
@@ -461,7 +480,7 @@ def test_a_generator_sharing_graphs_runs_the_other_ones(model):
     ("top_p", 0.0), ("top_p", 1.5), ("temperature", -0.1), ("top_k", -1), ("max_new_tokens", 0),
     ("num_generations", 0), ("prompt_buckets", []), ("prompt_buckets", [32, 16]), ("seed", -1),
     ("eos_token_ids", [-2]), ("pad_token_id", -1), ("max_num_seqs", -1), ("stop_strings", [""]), ("min_p", -0.1),
-    ("min_p", 1.5),
+    ("min_p", 1.5), ("max_num_batched_tokens", 15), ("max_num_batched_tokens", -1), ("max_model_len", 21),
     ("stop_strings", "ab"),
 ])
 def test_bad_config_names_field(field, value):
