@@ -451,8 +451,8 @@ class Generator:
                  with_log_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Fills the cache rows of every prompt's `n` samples (prompt j: rows j n .. j n + n - 1), `prefill_prompts`
         prompts a call (all of them when it does not divide their number), fewer to fit `max_num_batched_tokens`;
-        returns the first tokens of the U n rows
-        and their log-probs (each sample's own draw from its prompt's logits)."""
+        returns the first tokens of the U n rows and their log-probs (each sample's own draw from its prompt's
+        logits)."""
         count = len(prompts)
         chunk = self.prefill_prompts if self.prefill_prompts and count % self.prefill_prompts == 0 else count
         chunk = self.config.prefill_prompts(chunk, prompts.shape[1])  # a divisor of chunk: within the token budget
