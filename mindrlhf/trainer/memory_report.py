@@ -179,10 +179,10 @@ def _transients(plan) -> dict[str, dict[str, int]]:
     train_cfg, infer_cfg = plan.actor.train.model, plan.actor.infer.model
     train, infer = plan.actor.train.layout, plan.actor.infer.layout
     ts, ins = NetShape.of(train_cfg), NetShape.of(infer_cfg)
-    prefill = max(forward_activation_bytes(ins, Call(_prefilled(plan, bucket), 0, bucket, 0), infer.tp)[0]
-                  for bucket in gen.prompt_buckets)
-    prefilled = max(_prefilled(plan, bucket) for bucket in gen.prompt_buckets)
-    generate = {"activations": prefill, "logits": 4 * ins.vocab * (prefilled + _decode_rows(plan))}
+    prefilled = {bucket: _prefilled(plan, bucket) for bucket in gen.prompt_buckets}
+    prefill = max(forward_activation_bytes(ins, Call(prompts, 0, bucket, 0), infer.tp)[0]
+                  for bucket, prompts in prefilled.items())
+    generate = {"activations": prefill, "logits": 4 * ins.vocab * (max(prefilled.values()) + _decode_rows(plan))}
     acts, logits = forward_activation_bytes(ins, _sized_call(plan, "log_prob", plan.actor.infer, P, R, False),
                                             infer.tp)
     forward = {"activations": acts, "logits": logits}
