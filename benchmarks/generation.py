@@ -20,7 +20,7 @@ import time
 
 import mindspore as ms
 import numpy as np
-from repo_paths import SMOLLM2_CONFIGS
+from repo_paths import SMOLLM2
 from results_io import write_results
 
 from mindrlhf.configs.generation import GenerationConfig
@@ -30,7 +30,7 @@ from mindrlhf.parallel.layers import init_random_weights
 
 TINY = dict(vocab_size=1024, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=128,
             seq_length=512)
-SMOLLM2_YAML = os.path.join(SMOLLM2_CONFIGS, "train.yaml")
+SMOLLM2_YAML = os.path.join(SMOLLM2, "train.yaml")
 
 
 def parse_args(argv=None) -> argparse.Namespace:

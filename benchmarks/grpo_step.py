@@ -29,14 +29,13 @@ import statistics
 import subprocess
 import tempfile
 
-from repo_paths import ARITH_CONFIGS, ROOT, RUN_GRPO, results_path
+from repo_paths import ARITH, ROOT, RUN_GRPO, results_path
 from results_io import write_results
 from versus_hf import model_dir, prepare_model
 
 from mindrlhf.trainer.phases import PHASES
 
 STEP_PHASES = tuple(p for p in PHASES if p != "eval")  # evaluation is timed apart from the step
-ARITH = ARITH_CONFIGS
 HELDOUT = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data", "arithmetic_heldout.jsonl")
 
 

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 
-from repo_paths import ARITH_CONFIGS, ROOT, RUN_GRPO, SMOLLM2_CONFIGS, results_path
+from repo_paths import ARITH, ROOT, RUN_GRPO, SMOLLM2, results_path
 from results_io import write_results
 
 TARGET = 0.15
@@ -128,7 +128,7 @@ def graphs_part() -> dict:
     from mindrlhf.models.qwen2.config import Qwen2Config
 
     # one decoder layer of the shipped SmolLM2 YAML at the probe's vocabulary (graph_memory.py's default)
-    smollm2 = NetShape.of(Qwen2Config.from_yaml(os.path.join(SMOLLM2_CONFIGS, "train.yaml")))
+    smollm2 = NetShape.of(Qwen2Config.from_yaml(os.path.join(SMOLLM2, "train.yaml")))
     layer = dataclasses.replace(smollm2, layers=1, vocab=1024)
     planned = {"forward": forward_graph_bytes, "train": train_graph_bytes}
     shallow, deep = GRAPH_DEPTHS
@@ -183,12 +183,11 @@ def _job(case: str, workdir: str) -> tuple[dict, list[str], str]:
 def _plan_flags(env: dict, flags: list[str], out: str) -> list[str]:
     """grpo_one_stage.py's flags of the run run_grpo.sh launched (its inputs are in `out`)."""
     heldout = os.path.join(out, "heldout.mindrecord")
-    arith = ARITH_CONFIGS
-    return ["--sft_path_train", env.get("TRAIN_YAML", os.path.join(arith, "train.yaml")),
-            "--sft_path_infer", env.get("INFER_YAML", os.path.join(arith, "infer.yaml")),
-            "--tokenizer_dir", env.get("TOKENIZER_DIR", os.path.join(arith, "policy")),
+    return ["--sft_path_train", env.get("TRAIN_YAML", os.path.join(ARITH, "train.yaml")),
+            "--sft_path_infer", env.get("INFER_YAML", os.path.join(ARITH, "infer.yaml")),
+            "--tokenizer_dir", env.get("TOKENIZER_DIR", os.path.join(ARITH, "policy")),
             "--mind_dataset_dir", os.path.join(out, "prompts.mindrecord"),
-            "--config", os.path.join(arith, "grpo.yaml"),
+            "--config", os.path.join(ARITH, "grpo.yaml"),
             "--load_sft_checkpoint_train", os.path.join(out, "policy.ckpt"),
             *(["--eval_dataset_file", heldout] if env.get("EVAL_DATA") else []), *flags]
 
@@ -290,7 +289,7 @@ def recipe_plan(recipe: tuple, workdir: str) -> dict:
     open(data, "w").close()
     args = build_parser().parse_args(
         ["--sft_path_train", train_yaml, "--sft_path_infer", infer_yaml, "--mind_dataset_dir", data,
-         "--tokenizer_dir", os.path.join(ARITH_CONFIGS, "policy"), *RECIPE_FLAGS,
+         "--tokenizer_dir", os.path.join(ARITH, "policy"), *RECIPE_FLAGS,
          "--micro_batch_size_per_device", "0" if train[2] > 1 else "1"])
     from mindrlhf.configs.job import JobOptions
 

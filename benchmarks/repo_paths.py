@@ -5,8 +5,8 @@ import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-ARITH_CONFIGS = os.path.join(ROOT, "model_configs", "arith")
-SMOLLM2_CONFIGS = os.path.join(ROOT, "model_configs", "smollm2")
+ARITH = os.path.join(ROOT, "model_configs", "arith")
+SMOLLM2 = os.path.join(ROOT, "model_configs", "smollm2")
 SMOLLM2_MODEL_DIR = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct")
 RUN_GRPO = os.path.join(ROOT, "run_grpo.sh")
 

@@ -18,7 +18,7 @@ import time
 
 import mindspore as ms
 import numpy as np
-from repo_paths import SMOLLM2_CONFIGS, results_path
+from repo_paths import SMOLLM2, results_path
 from results_io import write_results
 
 from mindrlhf.configs.generation import GenerationConfig
@@ -29,7 +29,7 @@ from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--infer_yaml", default=os.path.join(SMOLLM2_CONFIGS, "infer.yaml"))
+    p.add_argument("--infer_yaml", default=os.path.join(SMOLLM2, "infer.yaml"))
     p.add_argument("--checkpoint", required=True, help="the policy's MindSpore checkpoint")
     p.add_argument("--prompts", required=True, help="a prompt MindRecord (rlhf_data.py: prompt_ids)")
     p.add_argument("--new_tokens", type=int, default=256)

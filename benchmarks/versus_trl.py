@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 
-from repo_paths import ARITH_CONFIGS, ROOT, RUN_GRPO, SMOLLM2_CONFIGS, SMOLLM2_MODEL_DIR, results_path
+from repo_paths import ARITH, ROOT, RUN_GRPO, SMOLLM2, SMOLLM2_MODEL_DIR, results_path
 from results_io import write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))  # benchmarks/
@@ -51,8 +51,6 @@ TRL_VENV = os.path.join(HERE, ".venv-trl")
 # torch 2.13.0 CPU: the wheel on the machine (a looser pin pulls a multi-GB CUDA build; requirements-test.txt);
 # transformers as in the project's test venv, so both HF sides run the same Qwen2 code
 TRL_REQUIREMENTS = ("trl==1.16.0", "datasets==5.2.0", "accelerate==1.15.0", "torch==2.13.0", "transformers==5.23.0")
-ARITH = ARITH_CONFIGS
-SMOLLM2 = SMOLLM2_CONFIGS
 DATA = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data", "arithmetic_train.jsonl")
 MAX_PROMPT_LENGTH = 256  # run_grpo.sh's default
 # configs: the model_configs folder whose grpo.yaml is the job; template: rlhf_data.py's --template (run_grpo.sh's)
