@@ -135,6 +135,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min_decode_rows", type=int, default=None,
                    help="passed to run_grpo.sh (our rollout's tail steps down to fewer decode rows); default: "
                         "grpo.yaml's")
+    p.add_argument("--step_down_ratio", type=float, default=None,
+                   help="passed to run_grpo.sh (the step-down ladder's ratio: 0.5 halves); default: grpo.yaml's")
     p.add_argument("--seed", type=int, default=None,
                    help="passed to run_grpo.sh (data order and sampling) and to TRL; default: grpo.yaml's")
     p.add_argument("--torch_threads", type=int, default=2, help="TRL side's torch threads")
@@ -160,7 +162,7 @@ def job_overrides(args: argparse.Namespace) -> dict:
     """The GRPO fields the case and the options change from grpo.yaml (flat, as grpo_one_stage.py's flags)."""
     overrides = dict(CASES[args.case]["overrides"])
     for name in ("micro_batch_size_per_device", "log_prob_micro_batch_size_per_device", "max_new_tokens",
-                 "response_buckets", "min_decode_rows"):
+                 "response_buckets", "min_decode_rows", "step_down_ratio"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     if args.seed is not None:

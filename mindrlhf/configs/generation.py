@@ -120,6 +120,11 @@ class GenerationConfig:
            "whose response ended stop being computed. Each count compiles its own decode graph and holds its own KV "
            "cache (the memory plan counts them). Samples are the same for any value up to the float rounding of "
            "another batch shape.")
+    step_down_ratio: float = help_field(
+        0.5, "The step-down ladder's ratio (with min_decode_rows): each smaller row count is this fraction of the one "
+             "above, rounded up and at least one row fewer. 0.5 halves (rows, rows / 2, ...: the fewest decode graphs "
+             "and KV caches; up to half of a count's rows idle); 0.67 leaves at most a third of them idle for about "
+             "twice the caches' rows and twice the decode graphs (measured in docs/performance.md).")
     use_kv_cache: bool = help_field(
         True, "Prefill once, then decode one token per step against the static KV cache. False recomputes the "
               "full forward over a fixed [prompt bucket + max_new_tokens] buffer each step (for comparison).")
@@ -141,10 +146,12 @@ class GenerationConfig:
 
     def decode_row_counts(self, rows: int) -> list[int]:
         """The row counts a rollout that starts decoding `rows` rows steps down through (`min_decode_rows`), largest
-        first: rows, then halved (rounded up) down to min_decode_rows; [rows] when off."""
+        first: rows, then each the one above times `step_down_ratio` (rounded up, at least one fewer) down to
+        min_decode_rows; [rows] when off."""
         counts = [rows]
         while self.min_decode_rows and counts[-1] > self.min_decode_rows:
-            counts.append(max(self.min_decode_rows, -(-counts[-1] // 2)))
+            smaller = min(counts[-1] - 1, math.ceil(counts[-1] * self.step_down_ratio - 1e-9))
+            counts.append(max(self.min_decode_rows, smaller))
         return counts
 
     def prefill_prompts(self, prompts: int, bucket: int) -> int:
@@ -197,6 +204,8 @@ class GenerationConfig:
               "must be an integer >= 0 (0 = never step down)")
         check(self.use_kv_cache or not self.min_decode_rows, "min_decode_rows",
               "needs use_kv_cache (stepping down moves KV-cache rows)")
+        check(_is_number(self.step_down_ratio) and 0 < self.step_down_ratio < 1, "step_down_ratio",
+              "must be in (0, 1) (0.5 = halve the rows at each step down)")
         check(_is_int(self.max_num_batched_tokens) and self.max_num_batched_tokens >= 0, "max_num_batched_tokens",
               "must be an integer >= 0 (0 = every prompt of a rank in one prefill call)")
         check(not self.max_num_batched_tokens or self.max_num_batched_tokens >= max(buckets), "max_num_batched_tokens",

@@ -164,11 +164,6 @@ class Generator:
             counts["forward"] += len(getattr(self._graphs.forward_cell, "compile_cache", ()) or ())
         return counts
 
-    def release_caches(self) -> None:
-        """Drops the KV caches and their graphs (freed once nothing else refers to them; no longer counted), for
-        the Generators that share them too."""
-        self._graphs.caches.clear()
-
     # ------------------------------------------------------------- generation
     def generate(self, prompt_ids: Sequence[Sequence[int]] | np.ndarray, attention_mask: np.ndarray | None = None,
                  return_log_probs: bool = False, progress: bool = False,

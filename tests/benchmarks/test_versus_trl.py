@@ -134,6 +134,11 @@ def test_smollm2_case_is_run_grpo_sh_smollm2_job(tmp_path):
     assert vt.trl_config(long, steps=2)["max_completion_length"] == 512 and long["schedule"]["response_buckets"] == 1
     assert vt.ours_launch(args, overrides, str(tmp_path), {"policy_dir": "/m"})[1] == \
         ["--steps", "4", "--max_new_tokens", "512", "--response_buckets", "1"]
+    ladder = vt.job_overrides(vt.parse_args(["--case", "smollm2", "--min_decode_rows", "1",
+                                             "--step_down_ratio", "0.67"]))
+    assert ladder == {"min_decode_rows": 1, "step_down_ratio": 0.67}
+    assert vt.job_settings(os.path.join(vt.CASES["smollm2"]["configs"], "grpo.yaml"), ladder)["generation"][
+        "step_down_ratio"] == 0.67
 
     with pytest.raises(ValueError, match="lr_schedule"):
         vt.trl_config(vt.job_settings(GRPO_YAML, {"lr_schedule": "cosine"}), steps=1)

@@ -211,6 +211,16 @@ def test_stepping_down_for_the_tail_gives_the_same_samples_in_fewer_rows(generat
     assert counts[-1] in reached and generator.compile_counts()["move"] > moves
 
 
+@pytest.mark.parametrize("rows,minimum,ratio,counts", [
+    (32, 4, 0.5, [32, 16, 8, 4]), (12, 2, 0.5, [12, 6, 3, 2]), (16, 1, 0.67, [16, 11, 8, 6, 5, 4, 3, 2, 1]),
+    (10, 1, 0.6, [10, 6, 4, 3, 2, 1]),  # 0.6 x 10 is 6.000000000000001 in floats: 6, not 7
+    (8, 1, 0.9, [8, 7, 6, 5, 4, 3, 2, 1]),  # at least one row fewer a step
+    (8, 3, 0.25, [8, 3]), (8, 0, 0.67, [8]), (4, 4, 0.5, [4]),
+])
+def test_the_step_down_ladder_is_each_count_times_the_ratio_rounded_up(rows, minimum, ratio, counts):
+    assert GenerationConfig(min_decode_rows=minimum, step_down_ratio=ratio).decode_row_counts(rows) == counts
+
+
 def letters(ids) -> str:
     """A toy detokenizer of the tiny vocabulary: token i is one or two copies of a letter."""
     return "".join("abcdefgh"[i % 8] * (1 + i // 8 % 2) for i in map(int, ids))
@@ -481,7 +491,7 @@ def test_a_generator_sharing_graphs_runs_the_other_ones(model):
     ("num_generations", 0), ("prompt_buckets", []), ("prompt_buckets", [32, 16]), ("seed", -1),
     ("eos_token_ids", [-2]), ("pad_token_id", -1), ("max_num_seqs", -1), ("stop_strings", [""]), ("min_p", -0.1),
     ("min_p", 1.5), ("max_num_batched_tokens", 15), ("max_num_batched_tokens", -1), ("max_model_len", 21),
-    ("stop_strings", "ab"),
+    ("stop_strings", "ab"), ("step_down_ratio", 0.0), ("step_down_ratio", 1.0), ("step_down_ratio", "half"),
 ])
 def test_bad_config_names_field(field, value):
     with pytest.raises(ConfigError, match=f"generation.{field}"):
