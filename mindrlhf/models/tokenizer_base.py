@@ -62,5 +62,13 @@ class TokenizersBackend:
         return self.batch_decode([ids[mask.astype(bool)].tolist() for ids, mask in zip(token_ids, token_mask)],
                                  skip_special_tokens=skip_special_tokens)
 
+    def completion(self, ids: Sequence[int]) -> str:
+        """The text rewards, evaluations and stop strings read of a response's token ids: special tokens skipped."""
+        return self.decode(ids, skip_special_tokens=True)
+
+    def completions(self, token_ids, token_mask) -> list[str]:
+        """`completion` of each row of `token_ids` [N, L], its tokens where `token_mask` is set only."""
+        return self.decode_masked(token_ids, token_mask, skip_special_tokens=True)
+
     def __len__(self) -> int:
         return self.vocab_size

@@ -20,8 +20,7 @@ def score_greedy(generator, tokenizer, prompts: Sequence[Sequence[int]], solutio
         rows = len(batch)
         batch += [batch[0]] * (batch_size - rows)
         out = generator.generate(batch, progress=progress)
-        completions = tokenizer.decode_masked(out.response_ids[:rows], out.response_mask[:rows],
-                                              skip_special_tokens=True)
+        completions = tokenizer.completions(out.response_ids[:rows], out.response_mask[:rows])
         for name, scorer in scorers.items():
             totals[name] += float(sum(scorer(completions, list(solutions[start:start + rows]))))
     return totals

@@ -439,8 +439,8 @@ class Reward(Role):
                     f" + rule rewards {self.rules}" if self.rules else "")
 
     def detokenize(self, ids) -> str:
-        """The text the rule rewards read of a response's token ids (special tokens skipped)."""
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """The text the rule rewards read of a response's token ids (`completion`: special tokens skipped)."""
+        return self.tokenizer.completion(ids)
 
     def swap_groups(self) -> dict[str, list]:
         return {REWARD_MODEL_WEIGHTS: list(self.net.trainable_params())} if self.net is not None else {}
@@ -457,7 +457,7 @@ class Reward(Role):
         """(rewards [N], per-term rewards (unweighted; `reward_model` for the model), decoded completions).
         `columns`: the prompts' other dataset fields, one list per name with a value per response, passed to
         TRL-form reward functions as keyword arguments."""
-        completions = self.tokenizer.decode_masked(response_ids, response_mask, skip_special_tokens=True)
+        completions = self.tokenizer.completions(response_ids, response_mask)
         rewards, terms = np.zeros(len(completions), np.float32), {}
         if self.rules is not None:
             extra = {}

@@ -299,3 +299,6 @@ def test_decode_masked_reads_each_rows_masked_tokens_only(ours):
         ids[i, start:start + len(row)], mask[i, start:start + len(row)] = row, 1
     assert ours.decode_masked(ids, mask, skip_special_tokens=False) == [ours.decode(r) for r in rows]
     assert ours.decode_masked(ids, mask, skip_special_tokens=True)[0] == "12 + 30 = 42"
+    # the rewards' text: special tokens skipped, the same for one response and for masked rows
+    assert ours.completions(ids, mask) == [ours.completion(r) for r in rows]
+    assert ours.completion(rows[0]) == "12 + 30 = 42" != ours.decode(rows[0])
