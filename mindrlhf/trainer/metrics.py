@@ -108,6 +108,16 @@ def memory_metrics(rank_peaks_gib: Iterable[float]) -> dict:
     return {"perf/max_rss_gib": max(peaks), "perf/sum_rss_gib": round(sum(peaks), 3)}
 
 
+def rollout_rank_metrics(generate_seconds: Iterable[float], computed_rows: Iterable[float],
+                         idle_rows: Iterable[float]) -> dict:
+    """Over every rank's rollouts of a step: `perf/idle_decode_rows`, the share of all the decode rows computed for
+    a response that had already ended or for an empty slot, and `timing/generate_spread`, the slowest rank's
+    generation seconds minus the fastest's (what the others wait for at the gather)."""
+    computed, seconds = float(np.sum(computed_rows)), np.asarray(generate_seconds, np.float64)
+    return {"perf/idle_decode_rows": round(float(np.sum(idle_rows)) / computed, 4) if computed else 0.0,
+            "timing/generate_spread": round(float(seconds.max() - seconds.min()), 4)}
+
+
 def critic_metrics(values: np.ndarray, returns: np.ndarray, advantages: np.ndarray,
                    response_mask: np.ndarray) -> dict:
     """PPO: `critic/{values,returns,advantages}/{mean,max,min}` over the response tokens and

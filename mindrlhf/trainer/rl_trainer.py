@@ -69,6 +69,7 @@ from mindrlhf.trainer.metrics import (
     critic_metrics,
     length_metrics,
     memory_metrics,
+    rollout_rank_metrics,
     row_statistics,
     score_metrics,
     throughput_metrics,
@@ -112,6 +113,7 @@ class RLTrainer:
             return
         self._build_engines(host_sums or {})
         self.step = 0
+        self.decode_rows = np.zeros(2)  # this step's rollouts' decode rows on this rank: computed, idle
         if resume_dir:
             self._resume(resume_dir)
         self.metrics_writer = MetricsWriter(job.output_dir, job.tensorboard_dir or None, enabled=self.rank == 0,
@@ -254,6 +256,10 @@ class RLTrainer:
         batch = self.dataset.next_batch()
         with self.phases("generate"):
             out = self.actor.generate(batch["prompt_ids"], batch["attention_mask"], progress=self.rank == 0)
+        stats = self.actor.generator.last_stats
+        # the step's decode rows: computed, and computed for no running response (a sample's first token: a prefill)
+        decoded = stats["response_tokens"] - out.batch_size
+        self.decode_rows += (stats["computed_rows"], stats["computed_rows"] - decoded)
         with self.phases("reward"):
             solutions = [s for s in batch["solution"] for _ in range(group_size)]
             rewards, terms, _ = self.reward(out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,
@@ -358,6 +364,7 @@ class RLTrainer:
         """Runs one RL step; returns its metrics (the same on every rank)."""
         start = time.perf_counter()
         self.phases.start_step()
+        self.decode_rows = np.zeros(2)
         self.step += 1
         batch = self._collect_experience()
         critic = {}
@@ -407,9 +414,11 @@ class RLTrainer:
         metrics.update(batch.sampling)
         metrics.update(self.phases.step_metrics())
         metrics["timing/step"] = round(elapsed, 4)
-        metrics["perf/idle_decode_rows"] = round(self.actor.generator.last_stats.get("idle_row_share", 0.0), 4)
         metrics.update(throughput_metrics(token_count(rows), trained_tokens, self.world_size, metrics))
-        metrics.update(memory_metrics(self.comm.all_gather(np.array([peak_rss_gib()], np.float32))))
+        own = np.array([peak_rss_gib(), self.phases.seconds.get("generate", 0.0), *self.decode_rows], np.float32)
+        ranks = self.comm.all_gather(own).reshape(-1, own.size)
+        metrics.update(memory_metrics(ranks[:, 0]))
+        metrics.update(rollout_rank_metrics(ranks[:, 1], ranks[:, 2], ranks[:, 3]))
         return metrics
 
     def evaluate(self) -> dict[str, float]:

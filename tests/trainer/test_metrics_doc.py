@@ -33,7 +33,7 @@ def stand_in_trainer():
     trainer.kl_ctrl = build_kl_controller("adaptive", 0.001, 0.1, 10000)
     trainer.comm = SimpleNamespace(all_gather=lambda array: np.concatenate([array, 2 * array]))
     trainer.evaluate = lambda: {"accuracy": 0.5, "hash_format": 0.25}
-    trainer.actor = SimpleNamespace(generator=SimpleNamespace(last_stats={"idle_row_share": 0.375}))
+    trainer.decode_rows = np.array([40.0, 15.0])  # the step's rollouts on this rank: computed, idle
     trainer.phases = Phases(SwapManager(), {name: () for name in PHASES})
     trainer.phases.start_step()
     for name in PHASES:
@@ -80,7 +80,9 @@ def test_every_metric_written_has_one_row_and_every_row_is_written(tmp_path):
                 "update_tps", "vllm_tps", "prompt_length/min", "timing/values", "eval/hash_format", "step"):
         assert key in written, key  # the stand-ins reach every kind of metric
     step = next(record for record in records if record.get("step") == 1 and "timing/step" in record)
-    assert step["perf/idle_decode_rows"] == 0.375  # the rollout generator's last call
+    # this rank's rows and a second rank's twice as many (the stand-in all_gather): (15 + 30) / (40 + 80)
+    assert step["perf/idle_decode_rows"] == 0.375
+    assert 0.0005 < step["timing/generate_spread"] < 1  # the second rank's generate phase took twice as long
     never = [name for name in metric_rows() if not any(name_pattern(name).match(key) for key in written)]
     assert not never, f"rows of docs/metrics.md for metrics nothing writes: {never}"
 

@@ -389,6 +389,16 @@ def test_a_rank_that_keeps_its_rows_trains_and_reports_as_if_the_rollout_were_ga
                                                                       whole.response_mask.sum())
 
 
+def test_rollout_rank_metrics_pool_the_ranks_rows_and_spread_their_times():
+    from mindrlhf.trainer.metrics import rollout_rank_metrics
+
+    # the share over all rows, not the mean of the ranks' shares (0.5 and 0.1 would give 0.3)
+    assert rollout_rank_metrics([10.0, 12.5], [100, 300], [50, 30]) == {"perf/idle_decode_rows": 0.2,
+                                                                         "timing/generate_spread": 2.5}
+    assert rollout_rank_metrics(np.array([3.0], np.float32), [0], [0]) == {"perf/idle_decode_rows": 0.0,
+                                                                           "timing/generate_spread": 0.0}
+
+
 def test_memory_metrics_sum_the_rounded_peaks():
     from mindrlhf.trainer.metrics import memory_metrics
 
