@@ -210,11 +210,13 @@ class Generator:
                 computed = batch * (steps - 1)
         elapsed = time.perf_counter() - start
         tokens = int(resp_mask.sum())
-        # `computed`: the rows the decode calls computed; the first token of every sample came from a prefill call
+        # `computed`: the rows the decode calls computed; the first token of every sample came from a prefill call,
+        # so the decode rows that made a token were tokens - batch, and the others were idle
+        idle = computed - (tokens - batch)
         self.last_stats = {"batch_size": batch, "rows": cfg.decode_rows(batch) if cfg.use_kv_cache else batch,
                            "prompt_bucket": bucket, "steps": steps, "seconds": elapsed, "response_tokens": tokens,
-                           "computed_rows": computed,
-                           "idle_row_share": 1.0 - (tokens - batch) / computed if computed else 0.0}
+                           "computed_rows": computed, "idle_rows": idle,
+                           "idle_row_share": idle / computed if computed else 0.0}
         logger.debug("generated %s", self.last_stats)
         return GenerationOutput(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=resp_mask,
                                 response_lengths=resp_mask.sum(axis=1).astype(np.int32),

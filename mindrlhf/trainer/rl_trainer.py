@@ -131,7 +131,7 @@ class RLTrainer:
         """The roles' nets (their strategy files need nothing else)."""
         plan = self.plan
         self.reward = Reward(plan.reward, self.tokenizer)
-        self.actor = Actor(plan.actor, self.reward.detokenize)
+        self.actor = Actor(plan.actor, self.tokenizer.completion)
         self.reference = Reference(plan.reference) if plan.reference else None
         self.critic = Critic(plan.critic) if plan.critic else None
         self.roles: list[Role] = [role for role in (self.actor, self.reference, self.reward, self.critic) if role]
@@ -257,9 +257,7 @@ class RLTrainer:
         with self.phases("generate"):
             out = self.actor.generate(batch["prompt_ids"], batch["attention_mask"], progress=self.rank == 0)
         stats = self.actor.generator.last_stats
-        # the step's decode rows: computed, and computed for no running response (a sample's first token: a prefill)
-        decoded = stats["response_tokens"] - out.batch_size
-        self.decode_rows += (stats["computed_rows"], stats["computed_rows"] - decoded)
+        self.decode_rows += (stats["computed_rows"], stats["idle_rows"])
         with self.phases("reward"):
             solutions = [s for s in batch["solution"] for _ in range(group_size)]
             rewards, terms, _ = self.reward(out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,

@@ -203,6 +203,7 @@ def test_stepping_down_for_the_tail_gives_the_same_samples_in_fewer_rows(generat
     stats = generator.last_stats
     assert stats["computed_rows"] < whole_stats["computed_rows"]
     assert stats["idle_row_share"] == pytest.approx(1 - decoded / stats["computed_rows"])
+    assert stats["idle_rows"] == stats["computed_rows"] - decoded  # what the trainer sums over a step's rollouts
     assert stats["idle_row_share"] < whole_stats["idle_row_share"]
     counts = [12, 6, 3, 2] if max_num_seqs == 0 else [5, 3, 2]
     assert GenerationConfig(min_decode_rows=2).decode_row_counts(counts[0]) == counts
