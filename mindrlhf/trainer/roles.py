@@ -438,10 +438,6 @@ class Reward(Role):
         logger.info("reward model %s (weight %g)%s", path, self.spec.reward.reward_model_weight,
                     f" + rule rewards {self.rules}" if self.rules else "")
 
-    def detokenize(self, ids) -> str:
-        """The text the rule rewards read of a response's token ids (`completion`: special tokens skipped)."""
-        return self.tokenizer.completion(ids)
-
     def swap_groups(self) -> dict[str, list]:
         return {REWARD_MODEL_WEIGHTS: list(self.net.trainable_params())} if self.net is not None else {}
 

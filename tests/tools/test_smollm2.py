@@ -161,7 +161,7 @@ def test_greedy_rollouts_with_slots_buckets_and_a_stop_string_match_transformers
     generator = Generator(net, GenerationConfig(
         max_new_tokens=512, num_generations=2, do_sample=False, eos_token_ids=[eos], pad_token_id=eos,
         prompt_buckets=[72, 128], max_num_seqs=3, stop_strings=[STOP]),
-        detokenize=lambda ids: ours.decode(ids, skip_special_tokens=True))
+        detokenize=ours.completion)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ends = set()
     for questions, bucket in (([q for q, _ in PROBLEMS], 72), ([LONG_QUESTION, "What is 6 * 7?"], 128)):
