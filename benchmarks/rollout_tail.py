@@ -97,9 +97,11 @@ def main(argv=None) -> dict:
                                "computed_rows": stats["computed_rows"], "steps": stats["steps"],
                                "mean_length": float(out.response_lengths.mean()),
                                "responses": out.response_ids.tolist()})
-    result = {"checkpoint": args.checkpoint, "new_tokens": args.new_tokens,
-              "batch": args.prompts_per_round * args.num_generations, "temperature": args.temperature,
-              "rows": [summary(config(steps, 0), net, rounds, runs[args.ladders[0]]) for steps, rounds in runs.items()],
+    rows = args.prompts_per_round * args.num_generations
+    result = {"checkpoint": args.checkpoint, "new_tokens": args.new_tokens, "batch": rows,
+              "temperature": args.temperature,
+              "rows": [summary(config(steps, 0), NetShape.of(net.config), rows, rounds, runs[args.ladders[0]])
+                       for steps, rounds in runs.items()],
               "environment": {"mindspore": ms.__version__, "python": platform.python_version(),
                               "cpus": os.cpu_count()}}
     print_table(result)
@@ -107,14 +109,14 @@ def main(argv=None) -> dict:
     return result
 
 
-def summary(cfg: GenerationConfig, net: Qwen2ForCausalLM, rounds: list[dict], first: list[dict]) -> dict:
-    """One ladder's figures: seconds of the rounds after the first (which compiles), the KV-cache rows (and bytes) its
-    row counts hold, and whether every round's responses equal those of the first ladder compared."""
+def summary(cfg: GenerationConfig, shape: NetShape, batch: int, rounds: list[dict], first: list[dict]) -> dict:
+    """One ladder's figures for a batch of `batch` rows: seconds of the rounds after the first (which compiles), the
+    KV-cache rows (and bytes) its row counts hold, and whether every round's responses equal those of the first
+    ladder compared."""
     warm = rounds[1:] or rounds
-    counts = cfg.decode_row_counts(len(first[0]["responses"]))
+    counts = cfg.decode_row_counts(batch)
     return {"min_decode_rows": cfg.min_decode_rows, "step_down_ratio": cfg.step_down_ratio, "row_counts": counts,
-            "kv_cache_rows": sum(counts),
-            "kv_cache_gib": NetShape.of(net.config).kv_cache_bytes(sum(counts), cfg.cache_length) / 2**30,
+            "kv_cache_rows": sum(counts), "kv_cache_gib": shape.kv_cache_bytes(sum(counts), cfg.cache_length) / 2**30,
             "seconds": statistics.median(r["seconds"] for r in warm),
             "first_round_seconds": rounds[0]["seconds"],
             "idle_row_share": statistics.fmean(r["idle_row_share"] for r in rounds),
