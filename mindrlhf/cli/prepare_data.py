@@ -58,8 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip_bad_lines", action="store_true",
                         help="skip and count malformed lines (Parquet: rows) instead of stopping at the first one")
     parser.add_argument("--allow_non_numeric_answers", action="store_true",
-                        help="accept answers without a gold number (only for custom reward functions: the built-in "
-                             "accuracy reward could never reward such a prompt)")
+                        help="accept answers with neither a gold number nor a final \\boxed{...} LaTeX answer (MATH's "
+                             "solutions, which the accuracy reward checks by meaning, need no flag); for custom reward "
+                             "functions")
     return parser
 
 

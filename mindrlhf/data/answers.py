@@ -1,15 +1,16 @@
-"""Extracting and comparing final numeric answers of math problems (GSM8K / MATH style).
+"""Extracting and comparing final answers of math problems (GSM8K / MATH style).
 
 Gold answer, from a solution: the text after the last ``####`` (GSM8K), else the last ``\\boxed{...}``,
-else the whole solution. It must read as one number (see `parse_number`); anything else (``x+1``,
-``\\sqrt{2}``, an interval) is unparseable, and an unparseable gold never earns a reward.
+else the whole solution (`gold_answer_region`). Here it is read as one number (see `parse_number`); anything
+else (``x+1``, ``\\sqrt{2}``, an interval) has no numeric gold, and the accuracy reward checks it by meaning
+(`mindrlhf.reward.rules`) from the same regions.
 
 Predicted answer, from a completion: the region is the content of the last ``<answer>...</answer>`` if
 there is one (then it is authoritative: nothing outside it is looked at), else the last ``\\boxed{...}``
 (braces may nest), else the rest of the line after the first ``####`` (GSM8K's answer line, as verl's strict
 GSM8K reward reads it: a model that writes several has committed to the first), else the whole text; a
-``\\boxed{}`` inside the answer tag narrows the region further. The region is read as one number if it is one,
-else its last number is taken.
+``\\boxed{}`` inside the answer tag narrows the region further (`completion_answer_region`). The region is read
+as one number if it is one, else its last number is taken.
 
 Number normalisation (both sides):
   - thousands separators ``1,000`` / ``1{,}000``, a ``$`` or ``\\$`` sign, LaTeX spacing, ``\\text{}``;
@@ -114,29 +115,49 @@ def last_number(text: str) -> float | None:
     return None
 
 
-def extract_gold_answer(solution: str) -> float | None:
-    """The numeric gold answer of a solution (``#### N``, else ``\\boxed{N}``, else a bare number)."""
+def gold_answer_region(solution: str) -> str:
+    """The part of a solution holding its gold answer: the rest of the line after the last ``####``, else the
+    last ``\\boxed{}``'s content, else the whole solution."""
     if "####" in solution:
         lines = solution.rsplit("####", 1)[1].strip().splitlines()
-        region = lines[0] if lines else ""
-    else:
-        boxed = last_boxed_content(solution)
-        region = boxed if boxed is not None else solution
-    return parse_number(region)
+        return lines[0] if lines else ""
+    boxed = last_boxed_content(solution)
+    return boxed if boxed is not None else solution
+
+
+def boxed_gold_answer(solution: str) -> str | None:
+    """The LaTeX inside a solution's last ``\\boxed{...}`` when that is its gold answer (no ``####`` line) and
+    not blank (MATH's solutions), else None."""
+    if "####" in solution:
+        return None
+    boxed = last_boxed_content(solution)
+    return boxed if boxed is not None and boxed.strip() else None
+
+
+def extract_gold_answer(solution: str) -> float | None:
+    """The numeric gold answer of a solution (``#### N``, else ``\\boxed{N}``, else a bare number)."""
+    return parse_number(gold_answer_region(solution))
+
+
+def completion_answer_region(completion: str) -> tuple[str, bool]:
+    """(region, narrowed): the part of a completion holding its answer (see the module doc) and whether it is
+    narrower than the whole text (an ``<answer>`` tag, a ``\\boxed{}`` or a ``####`` line)."""
+    answers = _ANSWER_TAG.findall(completion)
+    region = answers[-1] if answers else completion
+    boxed = last_boxed_content(region)
+    if boxed is not None:
+        return boxed, True
+    if not answers:
+        hash_line = _HASH_ANSWER.search(completion)
+        if hash_line is not None:
+            return hash_line.group(1), True
+    return region, bool(answers)
 
 
 def extract_completion_answer(completion: str) -> float | None:
     """The numeric answer of a completion: last ``<answer>`` tag, else last ``\\boxed{}``, else the first ``####``
     line, else last number."""
-    answers = _ANSWER_TAG.findall(completion)
-    region = answers[-1] if answers else completion
-    boxed = last_boxed_content(region)
-    if boxed is not None:
-        region = boxed
-    elif not answers:
-        hash_line = _HASH_ANSWER.search(completion)
-        if hash_line is not None:
-            region = hash_line.group(1)
+    region, _ = completion_answer_region(completion)
     value = parse_number(region)
     return value if value is not None else last_number(region)
 

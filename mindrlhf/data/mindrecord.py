@@ -25,7 +25,7 @@ from typing import Protocol
 
 import numpy as np
 
-from mindrlhf.data.answers import extract_gold_answer
+from mindrlhf.data.answers import boxed_gold_answer, extract_gold_answer
 from mindrlhf.data.sources import CHOOSE_KEYS, DataError, is_parquet, list_input_files, location, read_records
 from mindrlhf.data.templates import TEMPLATE_NAMES, build_prompt
 
@@ -102,9 +102,10 @@ def _check_record(record: object, prompt_key: str, answer_key: str, numeric_answ
         if not value.strip():
             raise ValueError(f"{key!r} is empty")
         values.append(value)
-    if numeric_answers and extract_gold_answer(values[1]) is None:
+    if numeric_answers and extract_gold_answer(values[1]) is None and boxed_gold_answer(values[1]) is None:
         raise ValueError(f"{answer_key!r} has no gold number the accuracy reward can parse (expected '#### 42', "
-                         f"'\\boxed{{42}}' or a bare number), got {values[1][-60:]!r}")
+                         f"'\\boxed{{42}}' or a bare number, or a LaTeX answer in '\\boxed{{...}}'), got "
+                         f"{values[1][-60:]!r}")
     return values[0], values[1]
 
 
@@ -114,8 +115,9 @@ def read_problems(path: str | os.PathLike, prompt_key: str = "question", answer_
     """Yields the problems of a JSON list, JSONL or Parquet file, or of every such file in a folder (in sorted
     file-name order, see `mindrlhf.data.sources`), each file's records in their order.
 
-    A bad record (invalid JSON, missing key, non-string or empty value, with `numeric_answers` an answer without
-    a gold number `extract_gold_answer` can parse) raises `DataError("file:line: ...")` (`file:row N:` for
+    A bad record (invalid JSON, missing key, non-string or empty value, with `numeric_answers` an answer with
+    neither a gold number `extract_gold_answer` can parse nor a final ``\\boxed{...}`` LaTeX answer, which the
+    accuracy reward checks by meaning) raises `DataError("file:line: ...")` (`file:row N:` for
     Parquet), or with `skip_bad_lines` is counted in `stats` and skipped. Invalid JSON inside a JSON list and a
     Parquet file without the `prompt_key` / `answer_key` columns are always fatal.
     """

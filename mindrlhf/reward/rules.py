@@ -3,15 +3,61 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Sequence
 
-from mindrlhf.data.answers import answers_match, extract_completion_answer, extract_gold_answer, parse_number
+import math_verify
+
+from mindrlhf.data.answers import (
+    answers_match,
+    completion_answer_region,
+    extract_completion_answer,
+    gold_answer_region,
+    parse_number,
+)
+from mindrlhf.utils.deadline import TimeLimitExceeded, call_with_time_limit
 
 logger = logging.getLogger(__name__)
+
+ANSWER_TIME_LIMIT = 5.0  # seconds for one answer's check by meaning (parse + verify), in the main thread
 
 _THINK_THEN_ANSWER = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
 _FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _warned_about_gold = False
+_warned_about_latex_gold = False
+# What math-verify reads on both sides: LaTeX (as Open-R1's and TRL's accuracy rewards read answers), a
+# \boxed{} first; one config object, so that its compiled patterns stay in math-verify's cache.
+_LATEX_TARGETS = (math_verify.LatexExtractionConfig(boxed_match_priority=0),)
+_MATH_DELIMITER = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
+_TIMED_OUT = object()  # a gold whose parse ran past the limit (its other answers time out at once)
+_timeouts_lock = threading.Lock()
+_timeouts = 0
+
+
+class _DropTimeoutNotice(logging.Filter):
+    """Drops math-verify's notice that its own (signal-based) timeouts are off: `call_with_time_limit` bounds it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_DropTimeoutNotice())
+
+
+def take_answer_check_timeouts() -> int:
+    """The number of answer checks by meaning that ran past their time limit (and scored 0.0) in this process
+    since the last call; the count restarts at 0."""
+    global _timeouts
+    with _timeouts_lock:
+        count, _timeouts = _timeouts, 0
+    return count
+
+
+def _count_timeout() -> None:
+    global _timeouts
+    with _timeouts_lock:
+        _timeouts += 1
 
 
 def check_reward_inputs(completions: Sequence[str], solutions: Sequence[str]) -> None:
@@ -27,29 +73,85 @@ def check_reward_inputs(completions: Sequence[str], solutions: Sequence[str]) ->
                          f"completions and {len(solutions)} solutions")
 
 
-def _warn_unparseable_gold(solution: str) -> None:
+def _warn_non_numeric_gold(solution: str) -> None:
     global _warned_about_gold
     if not _warned_about_gold:
         _warned_about_gold = True
-        logger.warning("accuracy reward: no numeric gold answer in solution %r; such samples get 0.0 "
-                       "(this warning is logged once)", solution[-200:])
+        logger.warning("accuracy reward: no numeric gold answer in solution %r; such answers are checked by meaning "
+                       "with math-verify (this warning is logged once)", solution[-200:])
 
 
-def accuracy_reward(completions: Sequence[str], solutions: Sequence[str]) -> list[float]:
-    """1.0 where the completion's final number equals the solution's gold number, else 0.0.
+def _warn_unparseable_latex_gold(gold: str) -> None:
+    global _warned_about_latex_gold
+    if not _warned_about_latex_gold:
+        _warned_about_latex_gold = True
+        logger.warning("accuracy reward: math-verify reads no answer in the gold %r either; such samples get 0.0 "
+                       "(this warning is logged once)", gold[-200:])
 
-    The math-verifier reward of DeepSeek-R1 / Open-R1, for numeric answers; the extraction and
-    normalisation rules are those of `mindrlhf.data.answers`. An unparseable gold gives 0.0.
+
+def _parse(text: str, narrowed: bool) -> list:
+    """math-verify's reading of `text` (its own signal timeout off); an answer region without math delimiters is
+    read as one LaTeX formula."""
+    if narrowed and not _MATH_DELIMITER.search(text):
+        text = f"${text}$"
+    return math_verify.parse(text, extraction_config=_LATEX_TARGETS, extraction_mode="first_match",
+                             parsing_timeout=None)
+
+
+def _matches_by_meaning(completion: str, gold_text: str, golds: dict) -> bool:
+    """Whether the completion's answer equals the gold by meaning; `golds` caches the parsed golds of one call."""
+    if gold_text not in golds:
+        golds[gold_text] = _TIMED_OUT  # stays if the limit passes while the gold is parsed
+        try:
+            golds[gold_text] = _parse(gold_text, narrowed=True)
+        except Exception:
+            golds[gold_text] = []  # an error, not a timeout: its answers score 0.0 uncounted
+            raise
+        if not golds[gold_text]:
+            _warn_unparseable_latex_gold(gold_text)
+    gold = golds[gold_text]
+    if gold is _TIMED_OUT:
+        raise TimeLimitExceeded("the gold answer's parse ran past the limit")
+    if not gold:
+        return False
+    answer = _parse(*completion_answer_region(completion))
+    return bool(answer) and math_verify.verify(gold, answer, timeout_seconds=None)
+
+
+def _reward_by_meaning(completion: str, gold_text: str, golds: dict, seconds: float | None) -> float:
+    """1.0 or 0.0 from `_matches_by_meaning` within `seconds` (a timeout is 0.0 and counted); never raises for
+    a malformed answer (math-verify reads it as a string or not at all)."""
+    try:
+        return 1.0 if call_with_time_limit(_matches_by_meaning, seconds, completion, gold_text, golds) else 0.0
+    except TimeLimitExceeded:
+        _count_timeout()
+        return 0.0
+    except Exception:  # math-verify catches its own errors; this guards the reward against the rest
+        logger.debug("accuracy reward: checking %r against %r failed", completion[-200:], gold_text, exc_info=True)
+        return 0.0
+
+
+def accuracy_reward(completions: Sequence[str], solutions: Sequence[str], *,
+                    answer_time_limit: float | None = ANSWER_TIME_LIMIT) -> list[float]:
+    """1.0 where the completion's final answer equals the solution's gold, else 0.0 (DeepSeek-R1 / Open-R1's
+    math-verifier reward).
+
+    A numeric gold is compared with the completion's final number (`mindrlhf.data.answers`); any other gold
+    (``\\sqrt{12}``, a tuple, an interval) by meaning with math-verify, each answer's check limited to
+    `answer_time_limit` seconds (None or 0: none) in the main thread and unbounded in others (signals reach the
+    main thread only); a timeout scores 0.0 and is counted (`take_answer_check_timeouts`).
     """
     check_reward_inputs(completions, solutions)
     rewards = []
+    golds: dict = {}
     for completion, solution in zip(completions, solutions):
-        gold = extract_gold_answer(solution)
-        if gold is None:
-            _warn_unparseable_gold(solution)
-            rewards.append(0.0)
+        gold_text = gold_answer_region(solution)
+        gold = parse_number(gold_text)
+        if gold is not None:
+            rewards.append(1.0 if answers_match(extract_completion_answer(completion), gold) else 0.0)
             continue
-        rewards.append(1.0 if answers_match(extract_completion_answer(completion), gold) else 0.0)
+        _warn_non_numeric_gold(solution)
+        rewards.append(_reward_by_meaning(completion, gold_text, golds, answer_time_limit))
     return rewards
 
 

@@ -91,6 +91,39 @@ def test_non_numeric_answers_only_when_allowed(tmp_path):
     assert [p.answer for p in read_problems(source, numeric_answers=False)] == [PROBLEMS[0]["answer"], "blue"]
 
 
+MATH_SOLUTIONS = [
+    "The side is $\\sqrt{12}$, so the answer is $\\boxed{2\\sqrt{3}}$.",
+    "Halving, $\\theta = \\boxed{\\frac{\\pi}{2}}$.",
+    "The point is $\\boxed{(1, 2)}$.",
+    "Solving, $x \\in \\boxed{[1, 2)}$ and nothing else.",
+]
+
+
+def test_math_boxed_latex_answers_need_no_flag(tmp_path, tokenizer):
+    from mindrlhf.reward.rules import accuracy_reward
+
+    source = write_jsonl(tmp_path / "math.jsonl", [{"problem": f"p{i}?", "solution": s}
+                                                   for i, s in enumerate(MATH_SOLUTIONS)])
+    output = str(tmp_path / "math.mindrecord")
+    assert prepare_data.main(["--tokenizer_dir", TINY_DIR, "--file_path", source, "--output_path", output,
+                              "--template", "raw", "--prompt_key", "problem", "--answer_key", "solution"]) == 0
+    solutions = read_prompt_records(output)[1]
+    assert solutions == MATH_SOLUTIONS  # stored as given: accuracy reads the \boxed{} from it
+    completions = ["<answer>\\sqrt{12}</answer>", "\\boxed{\\pi/2}", "<answer>(1,2)</answer>", "<answer>[1,2]</answer>"]
+    assert accuracy_reward(completions, solutions) == [1.0, 1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("answer", ["blue", "#### x + 1", "\\boxed{}", "it is \\boxed{ } or so", "\\boxed{x",
+                                    "\\boxed{\\sqrt{2}}\n#### many"])
+def test_answers_neither_numeric_nor_boxed_are_still_refused(tmp_path, answer):
+    source = write_jsonl(tmp_path / "d.jsonl", [PROBLEMS[0], {"question": "q?", "answer": answer}])
+    with pytest.raises(DataError, match=rf"^{re.escape(source)}:2: 'answer' has no gold number the accuracy reward "
+                                        r"can parse \(expected '#### 42', '\\boxed\{42\}' or a bare number, or a "
+                                        r"LaTeX answer in '\\boxed\{\.\.\.\}'\), got "):
+        list(read_problems(source))
+    assert [p.answer for p in read_problems(source, numeric_answers=False)] == [PROBLEMS[0]["answer"], answer]
+
+
 # ---------------------------------------------------------------- conversion
 
 @pytest.mark.parametrize("template", ["qwen_chat", "r1_think", "raw"])
