@@ -47,6 +47,13 @@ class ArrayCollectives:
         """Returns once every rank has called it."""
         self.world_sum(np.ones(1, np.float32))
 
+    def failed_ranks(self, failed: bool) -> list[int]:
+        """The ranks that called it with `failed` true, on every rank (`mindrlhf.utils.agreement`): a barrier that
+        carries one flag per rank."""
+        flags = np.zeros(self.world_size, np.float32)
+        flags[self.rank] = float(failed)
+        return np.flatnonzero(self.world_sum(flags)).tolist()
+
     def gather_data_parallel_rows(self, array: np.ndarray, layout: Layout) -> np.ndarray:
         """The global batch from per-dp-rank rows: every rank's rows gathered, one tp rank per dp rank kept
         (tp peers hold identical rows; with pipeline stages, those of the first stage), in dp order."""
@@ -54,5 +61,4 @@ class ArrayCollectives:
         if self.world_size == 1:
             return gathered
         rows = array.shape[0]
-        owners = [r for r in range(self.world_size) if layout.coords(r)[1] == 0 and layout.stage_of(r) == 0]
-        return np.concatenate([gathered[r * rows:(r + 1) * rows] for r in owners], axis=0)
+        return np.concatenate([gathered[r * rows:(r + 1) * rows] for r in layout.row_owners()], axis=0)

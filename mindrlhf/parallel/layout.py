@@ -87,6 +87,11 @@ class Layout:
     def dp_rank(self) -> int:
         return self.coords()[0]
 
+    def row_owners(self) -> list[int]:
+        """The ranks whose rows are the batch's, in dp order: one tp rank a dp rank (tp peers hold identical rows),
+        of the first pipeline stage."""
+        return [r for r in range(self.world_size) if self.coords(r)[1] == 0 and self.stage_of(r) == 0]
+
     @property
     def tp_rank(self) -> int:
         return self.coords()[1]

@@ -9,6 +9,7 @@ from mindrlhf.data.answers import (
 )
 from mindrlhf.reward.registry import (
     REWARD_FUNCTIONS,
+    RewardError,
     RewardFn,
     WeightedRewards,
     build_reward_fn,
@@ -26,8 +27,8 @@ from mindrlhf.reward.rules import (
 )
 
 __all__ = [
-    "REWARD_FUNCTIONS", "RewardFn", "WeightedRewards", "accuracy_reward", "answers_match", "build_reward_fn",
-    "check_reward_inputs", "columns_per_completion", "extract_completion_answer", "extract_gold_answer",
-    "format_reward", "get_reward_function", "hash_format_reward", "is_hash_answer_format", "is_think_answer_format",
-    "last_boxed_content", "last_number", "parse_number", "register_reward",
+    "REWARD_FUNCTIONS", "RewardError", "RewardFn", "WeightedRewards", "accuracy_reward", "answers_match",
+    "build_reward_fn", "check_reward_inputs", "columns_per_completion", "extract_completion_answer",
+    "extract_gold_answer", "format_reward", "get_reward_function", "hash_format_reward", "is_hash_answer_format",
+    "is_think_answer_format", "last_boxed_content", "last_number", "parse_number", "register_reward",
 ]

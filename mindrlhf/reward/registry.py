@@ -11,6 +11,10 @@ Two signatures are accepted, told apart once from the function's signature:
 Either may return `None` for a sample ("no opinion"): that function's term is then left out of the sample's
 weighted sum (a NaN summed with `nansum`, as TRL does), and its per-function term holds NaN; a sample every
 function skipped gets 0, with a warning.
+
+A function that raises, returns anything but one finite number (or None) per completion, or runs past its time
+limit (`reward.reward_timeout`) is a `RewardError` naming it and what it did (where it raised); so is one that
+cannot be loaded, whatever its module raises on import.
 """
 from __future__ import annotations
 
@@ -19,11 +23,16 @@ import inspect
 import logging
 import math
 import numbers
+import site
+import sys
+import traceback
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
 from mindrlhf.reward.rules import accuracy_reward, check_reward_inputs, format_reward, hash_format_reward
+from mindrlhf.utils.deadline import TimeLimitExceeded, call_with_time_limit
 from mindrlhf.utils.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -52,21 +61,47 @@ def takes_trl_keywords(fn: Callable) -> bool:
     return any(p.kind is p.VAR_KEYWORD or p.name == "prompts" for p in parameters)
 
 
+class RewardError(ValueError):
+    """A reward function that cannot be loaded, or that failed, hung or returned something other than one number
+    (or None) per completion; the message names the function and what it did."""
+
+
+def _where_raised(err: BaseException) -> str:
+    """'file:line' where `err` was raised in the user's own code: the innermost frame of its traceback outside
+    Python's own and installed libraries (the innermost of all when every frame is there), or ''."""
+    frames = traceback.extract_tb(err.__traceback__)
+    libraries = tuple({sys.prefix, sys.base_prefix, *site.getsitepackages()})
+    own = [frame for frame in frames if not frame.filename.startswith(("<", *libraries))]
+    frame = (own or frames or [None])[-1]
+    return f"{frame.filename}:{frame.lineno}" if frame else ""
+
+
+def _raised(what: str, err: BaseException) -> RewardError:
+    if isinstance(err, SyntaxError):
+        return RewardError(f"{what}: {err.filename}:{err.lineno}: SyntaxError: {err.msg}")
+    where = _where_raised(err)
+    text = str(err).strip().splitlines()
+    return RewardError(f"{what} raised {type(err).__name__}{': ' + text[0] if text else ''}"
+                       f"{f' at {where}' if where else ''}")
+
+
 def _import_reward_function(path: str) -> RewardFn:
     module_name, _, attribute_path = path.rpartition(":")
     if not module_name or not attribute_path:
-        raise ValueError(f"reward function import path {path!r} must look like 'package.module:function'")
+        raise RewardError(f"reward function import path {path!r} must look like 'package.module:function'")
     try:
         target = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ImportError(f"reward function {path!r}: cannot import module {module_name!r}: {err}") from err
+    except ModuleNotFoundError as err:
+        raise RewardError(f"reward function {path!r}: cannot import module {module_name!r}: {err}") from None
+    except Exception as err:  # whatever the module raises while it is imported
+        raise _raised(f"reward function {path!r}: importing module {module_name!r}", err) from None
     for attribute in attribute_path.split("."):
         if not hasattr(target, attribute):
-            raise AttributeError(f"reward function {path!r}: {type(target).__name__} "
-                                 f"{getattr(target, '__name__', target)!r} has no attribute {attribute!r}")
+            raise RewardError(f"reward function {path!r}: {type(target).__name__} "
+                              f"{getattr(target, '__name__', target)!r} has no attribute {attribute!r}")
         target = getattr(target, attribute)
     if not callable(target):
-        raise TypeError(f"reward function {path!r} is not callable (it is a {type(target).__name__})")
+        raise RewardError(f"reward function {path!r} is not callable (it is a {type(target).__name__})")
     return target
 
 
@@ -77,25 +112,26 @@ def get_reward_function(name_or_path: str) -> RewardFn:
     if ":" in name_or_path:
         return _import_reward_function(name_or_path)
     if name_or_path not in REWARD_FUNCTIONS:
-        raise ValueError(f"unknown reward function {name_or_path!r}; expected one of {list(REWARD_FUNCTIONS.names())} "
-                         f"or an import path 'package.module:function'")
+        raise RewardError(f"unknown reward function {name_or_path!r}; expected one of "
+                          f"{list(REWARD_FUNCTIONS.names())} or an import path 'package.module:function'")
     return REWARD_FUNCTIONS.get(name_or_path)
 
 
 def _checked_rewards(name: str, values, expected_length: int) -> np.ndarray:
     if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
-        raise TypeError(f"reward function {name!r} must return a list of numbers, got {type(values).__name__}")
+        raise RewardError(f"reward function {name!r} must return a list of numbers, got {type(values).__name__}")
     if len(values) != expected_length:
-        raise ValueError(f"reward function {name!r} returned {len(values)} values for {expected_length} completions")
+        raise RewardError(f"reward function {name!r} returned {len(values)} values for {expected_length} "
+                          "completions")
     for index, value in enumerate(values):
         if value is None:
             continue
         if not isinstance(value, numbers.Real):
-            raise TypeError(f"reward function {name!r} returned {type(value).__name__} at index {index}, "
-                            f"expected a number or None")
+            raise RewardError(f"reward function {name!r} returned {type(value).__name__} {value!r:.40} at index "
+                              f"{index}, expected a number or None")
         if not math.isfinite(value):
-            raise ValueError(f"reward function {name!r} returned {value} at index {index}, expected a finite number "
-                             "(or None for no opinion)")
+            raise RewardError(f"reward function {name!r} returned {value} at index {index}, expected a finite "
+                              "number (or None for no opinion)")
     return np.array([np.nan if v is None else v for v in values], dtype=np.float64).reshape(expected_length)
 
 
@@ -105,8 +141,10 @@ class WeightedRewards:
     given) to its unweighted rewards (float32 [n], NaN where it returned None). `prompts`, `completion_ids` and
     `columns` are passed to the TRL-form functions only (see the module doc)."""
 
-    def __init__(self, names: Sequence[str], functions: Sequence[RewardFn], weights: Sequence[float]):
+    def __init__(self, names: Sequence[str], functions: Sequence[RewardFn], weights: Sequence[float],
+                 timeout: float | None = None):
         self.names = tuple(names)
+        self.timeout = timeout
         self.functions = tuple(functions)
         self.weights = tuple(weights)
         self.trl_form = tuple(takes_trl_keywords(fn) for fn in self.functions)
@@ -123,15 +161,18 @@ class WeightedRewards:
         per_function = {}
         for index, (name, fn, weight, trl_form) in enumerate(zip(self.names, self.functions, self.weights,
                                                                   self.trl_form)):
+            if trl_form:
+                call = partial(fn, prompts=prompts, completions=list(completions), completion_ids=completion_ids,
+                               solution=list(solutions), **columns)
+            else:
+                call = partial(fn, completions, solutions)
             try:
-                if trl_form:
-                    values = fn(prompts=prompts, completions=list(completions), completion_ids=completion_ids,
-                                solution=list(solutions), **columns)
-                else:
-                    values = fn(completions, solutions)
+                values = call_with_time_limit(call, self.timeout)
+            except TimeLimitExceeded:
+                raise RewardError(f"reward function {name!r} did not return within {self.timeout:g} s for "
+                                  f"{len(completions)} completions (reward.reward_timeout)") from None
             except Exception as err:
-                err.add_note(f"raised by reward function {name!r}")
-                raise
+                raise _raised(f"reward function {name!r}", err) from err
             rewards = _checked_rewards(name, values, len(completions))
             weighted[index] = weight * rewards
             per_function[name] = rewards.astype(np.float32)
@@ -153,8 +194,10 @@ def columns_per_completion(rows: Sequence[dict], repeats: int) -> dict[str, list
     return {name: [row.get(name) for row in rows for _ in range(repeats)] for name in names}
 
 
-def build_reward_fn(names_or_paths: Sequence[str], weights: Sequence[float] | None = None) -> WeightedRewards:
-    """The weighted sum of the named reward functions (weights default to 1.0 each, as in TRL)."""
+def build_reward_fn(names_or_paths: Sequence[str], weights: Sequence[float] | None = None,
+                    timeout: float | None = None) -> WeightedRewards:
+    """The weighted sum of the named reward functions (weights default to 1.0 each, as in TRL); each call of a
+    function is limited to `timeout` seconds (None or 0: no limit; `mindrlhf.utils.deadline`)."""
     if isinstance(names_or_paths, str) or not isinstance(names_or_paths, Sequence) or not names_or_paths:
         raise TypeError(f"names_or_paths must be a non-empty list of reward function names, got {names_or_paths!r}")
     names = list(names_or_paths)
@@ -171,4 +214,4 @@ def build_reward_fn(names_or_paths: Sequence[str], weights: Sequence[float] | No
     for name, weight in zip(names, weights):
         if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not math.isfinite(weight):
             raise ValueError(f"weight of reward function {name!r} must be a finite number, got {weight!r}")
-    return WeightedRewards(names, functions, [float(weight) for weight in weights])
+    return WeightedRewards(names, functions, [float(weight) for weight in weights], timeout)

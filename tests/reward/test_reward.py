@@ -1,12 +1,14 @@
 """Rule rewards (accuracy, format), answer extraction, the registry and user functions by import path."""
 import logging
 import textwrap
+import time
 
 import numpy as np
 import pytest
 
 from mindrlhf.reward import (
     REWARD_FUNCTIONS,
+    RewardError,
     accuracy_reward,
     build_reward_fn,
     extract_completion_answer,
@@ -220,6 +222,14 @@ USER_MODULE = textwrap.dedent("""
     def failing_reward(completions, solutions):
         raise KeyError("solution_key")
 
+    def slow_reward(completions, solutions):
+        import time
+        try:
+            time.sleep(30)
+        except Exception:  # the time limit is not an Exception a user's handler swallows
+            return [0.0 for _ in completions]
+        return [1.0 for _ in completions]
+
     class Scorer:
         @staticmethod
         def score(completions, solutions):
@@ -244,19 +254,34 @@ def test_user_function_by_import_path(user_module):
     np.testing.assert_allclose(total, [1.0 + 6.6 + 1.0, 1.0 + 1.0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("attribute,error,message", [
-    ("nan_reward", ValueError, r"reward function '.*:nan_reward' returned nan at index 1"),
-    ("short_reward", ValueError, r"'.*:short_reward' returned 1 values for 2 completions"),
-    ("string_reward", TypeError, r"'.*:string_reward' returned str at index 0, expected a number or None"),
-    ("scalar_reward", TypeError, r"'.*:scalar_reward' must return a list of numbers, got float"),
-    ("failing_reward", KeyError, "solution_key"),
+@pytest.mark.parametrize("attribute,message", [
+    ("nan_reward", r"^reward function '.*:nan_reward' returned nan at index 1, expected a finite number"),
+    ("short_reward", r"^reward function '.*:short_reward' returned 1 values for 2 completions$"),
+    ("string_reward", r"^reward function '.*:string_reward' returned str '1' at index 0, expected a number or None$"),
+    ("scalar_reward", r"^reward function '.*:scalar_reward' must return a list of numbers, got float$"),
+    ("failing_reward", r"^reward function '.*:failing_reward' raised KeyError: 'solution_key' at "
+                       r".*mindrlhf_test_user_rewards.py:\d+$"),
 ])
-def test_user_function_bad_output(user_module, attribute, error, message):
+def test_user_function_bad_output(user_module, attribute, message):
+    """Whatever a function does wrong is one RewardError naming it and what it did (a raise: the type, the message
+    and the user's own line)."""
     reward_fn = build_reward_fn([f"{user_module}:{attribute}"])
-    with pytest.raises(error, match=message) as info:
+    with pytest.raises(RewardError, match=message) as info:
         reward_fn(["a", "b"], ["1", "2"])
-    if error is KeyError:
-        assert f"raised by reward function '{user_module}:failing_reward'" in info.value.__notes__[0]
+    assert len(str(info.value).splitlines()) == 1
+    if attribute == "failing_reward":
+        assert isinstance(info.value.__cause__, KeyError)  # the traceback the job writes to a file
+
+
+def test_a_reward_function_past_its_time_limit_is_one_error(user_module):
+    """`reward.reward_timeout` bounds each call, even of a function that catches every Exception around its wait."""
+    reward_fn = build_reward_fn([f"{user_module}:slow_reward"], timeout=0.3)
+    start = time.monotonic()
+    with pytest.raises(RewardError, match=r"^reward function '.*:slow_reward' did not return within 0.3 s for 2 "
+                                          r"completions \(reward.reward_timeout\)$"):
+        reward_fn(["a", "b"], ["1", "2"])
+    assert time.monotonic() - start < 5
+    assert build_reward_fn(["format"], timeout=0.3)(["a"], ["1"])[0].tolist() == [0.0]  # a quick one is unaffected
 
 
 def test_trl_signature_functions_get_keywords_and_none_means_no_opinion(user_module):
@@ -279,12 +304,21 @@ def test_trl_signature_functions_get_keywords_and_none_means_no_opinion(user_mod
     np.testing.assert_array_equal(only_none(["a"], ["1"])[0], [0.0])
 
 
-def test_user_function_resolution_errors(user_module):
-    with pytest.raises(ImportError, match="cannot import module 'no_such_pkg_xyz.rewards'"):
-        build_reward_fn(["no_such_pkg_xyz.rewards:fn"])
-    with pytest.raises(AttributeError, match=f"'{user_module}:missing'.*has no attribute 'missing'"):
-        build_reward_fn([f"{user_module}:missing"])
-    with pytest.raises(TypeError, match=f"'{user_module}:NOT_A_FUNCTION' is not callable"):
-        build_reward_fn([f"{user_module}:NOT_A_FUNCTION"])
-    with pytest.raises(ValueError, match="must look like 'package.module:function'"):
-        build_reward_fn([f"{user_module}:"])
+def test_user_function_resolution_errors(user_module, tmp_path):
+    """Every way a function can fail to load is one RewardError line, whatever its module raises on import."""
+    (tmp_path / "mindrlhf_test_syntax.py").write_text("def fn(completions, solutions)\n    return []\n")
+    (tmp_path / "mindrlhf_test_raises.py").write_text("import os\nos.environ['MINDRLHF_NO_SUCH_KEY']\n")
+    cases = [
+        ("no_such_pkg_xyz.rewards:fn", r"cannot import module 'no_such_pkg_xyz.rewards'"),
+        (f"{user_module}:missing", f"'{user_module}:missing'.*has no attribute 'missing'"),
+        (f"{user_module}:NOT_A_FUNCTION", f"'{user_module}:NOT_A_FUNCTION' is not callable"),
+        (f"{user_module}:", "must look like 'package.module:function'"),
+        ("mindrlhf_test_syntax:fn", r"importing module 'mindrlhf_test_syntax': .*mindrlhf_test_syntax.py:1: "
+                                    r"SyntaxError: expected ':'$"),
+        ("mindrlhf_test_raises:fn", r"importing module 'mindrlhf_test_raises' raised KeyError: "
+                                    r"'MINDRLHF_NO_SUCH_KEY' at .*mindrlhf_test_raises.py:2$"),
+    ]
+    for path, message in cases:
+        with pytest.raises(RewardError, match=message) as info:
+            build_reward_fn([path])
+        assert len(str(info.value).splitlines()) == 1, info.value
