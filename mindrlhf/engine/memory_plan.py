@@ -18,7 +18,7 @@ DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # Memory a rank holds besides tensors and compiled graphs: the MindSpore runtime, its communication, kernels and the
 # Python process. CPU, measured: a lone process that has built a net and run nothing holds 0.39 GiB; an msrun rank
 # of the tiny job peaks at 0.81 GiB and the bundled job's at 1.13, where the other terms (`GRAPH_MEMORY` among them)
-# leave 0.68 (benchmarks/memory_plan.py --parts runs, 2026-11-29). Ascend: the HCCL buffers and workspace MindSpore
+# leave 0.68 (benchmarks/memory_plan.py --parts runs). Ascend: the HCCL buffers and workspace MindSpore
 # reserves on the device: an assumption, not measured here.
 RUNTIME_OVERHEAD_GIB = {"cpu": 0.68, "ascend": 3.0}
 
