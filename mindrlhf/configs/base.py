@@ -6,7 +6,7 @@ import difflib
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -111,19 +111,62 @@ def _check_type(value: Any, annotation: Any) -> Any:
     return value
 
 
-def from_mapping(cls, values: Mapping, source: str, ignored_keys: frozenset = frozenset()):
+def one_edit_apart(a: str, b: str) -> bool:
+    """Whether `b` is `a` with one character inserted, deleted or replaced, or two neighbours swapped."""
+    if a == b or abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    start = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    if len(a) < len(b):
+        return a[start:] == b[start + 1:]
+    swapped = a[start:start + 2] == b[start:start + 2][::-1] and a[start + 2:] == b[start + 2:]
+    return a[start + 1:] == b[start + 1:] or swapped
+
+
+def closest_key(key: Any, known: Iterable[str], one_edit: bool = False) -> str | None:
+    """The known key a did-you-mean hint names for `key`: one within one edit of it (`one_edit_apart`) when there is
+    one, else (unless `one_edit`) difflib's closest match; None when nothing is close."""
+    key, known = str(key), list(known)
+    near = [name for name in known if one_edit_apart(key, name)]
+    if near or one_edit:
+        return (difflib.get_close_matches(key, near, n=1, cutoff=0) or [None])[0]
+    close = difflib.get_close_matches(key, known, n=1)
+    return close[0] if close else None
+
+
+def _unknown_key_hint(key: Any, known: list[str], elsewhere: Mapping[str, Iterable[str]]) -> str:
+    """What an unknown field's error adds: the other sections (of `elsewhere`: section -> its field names) that
+    have a field of that very name, else a did-you-mean naming the closest of `known` and the other sections'
+    fields (`section.name` for one of another section); empty when nothing is close."""
+    key = str(key)
+    owners = [section for section, names in elsewhere.items() if key in names]
+    if owners:
+        return f" ({' and '.join(owners)} {'has' if len(owners) == 1 else 'have'} a field '{key}')"
+    others = {}
+    for section, names in elsewhere.items():
+        for name in names:
+            others.setdefault(name, section)
+    close = closest_key(key, known + [name for name in others if name not in known])
+    if close is None:
+        return ""
+    return f" (did you mean '{close}'?)" if close in known else f" (did you mean '{others[close]}.{close}'?)"
+
+
+def from_mapping(cls, values: Mapping, source: str, ignored_keys: frozenset = frozenset(),
+                 elsewhere: Mapping[str, Iterable[str]] | None = None):
     """Builds dataclass `cls` from a mapping, naming `source` and the field in every error.
 
-    Unknown keys are an error (with a did-you-mean hint) unless listed in `ignored_keys`.
+    Unknown keys are an error (with a did-you-mean hint) unless listed in `ignored_keys`; `elsewhere` (section ->
+    its field names) are the fields of the other sections of the file, which the hint also names (a field put in
+    the wrong section).
     """
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     unknown = [k for k in values if k not in fields and k not in ignored_keys]
     if unknown:
-        msgs = []
-        for key in unknown:
-            close = difflib.get_close_matches(str(key), list(fields) + sorted(ignored_keys), n=1)
-            msgs.append(f"'{key}'" + (f" (did you mean '{close[0]}'?)" if close else ""))
+        known = list(fields) + sorted(ignored_keys)
+        msgs = [f"'{key}'" + _unknown_key_hint(key, known, elsewhere or {}) for key in unknown]
         raise ConfigError(f"{source}: unknown field(s) {', '.join(msgs)}; known fields: {', '.join(fields)}")
     kwargs = {}
     for name, value in values.items():

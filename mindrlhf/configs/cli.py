@@ -4,22 +4,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import logging
 import types
 import typing
 from collections.abc import Iterable
 from typing import Any
 
 from mindrlhf.configs.grpo_configs import (
-    MOVED_FIELDS,
     PLAIN_FLAG_SECTION,
-    RENAMED_FIELDS,
     SECTIONS,
     GRPOConfig,
     field_paths,
 )
-
-logger = logging.getLogger("mindrlhf.configs")
 
 _DEST_PREFIX = "cfg__"
 _SHARED_PREFIX = "cfg_shared__"
@@ -111,18 +106,6 @@ def _flag_kwargs(annotation: Any) -> dict:
     return {"type": str, "metavar": metavar}
 
 
-class DeprecatedFlag(argparse.Action):
-    """Stores like a plain flag and logs a warning naming the new spelling `new_flag`."""
-
-    def __init__(self, option_strings, dest, new_flag: str, **kwargs):
-        super().__init__(option_strings, dest, **kwargs)
-        self.new_flag = new_flag
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        logger.warning("%s is deprecated, use %s", option_string, self.new_flag)
-        setattr(namespace, self.dest, values)
-
-
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Adds one flag per GRPOConfig field, `--section.name`, and `--name`: for a name that several sections
     share (`seed`), `--name` sets it in all of them and `--section.name` in one (and wins), unless
@@ -146,19 +129,6 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*flags, dest=f"{_DEST_PREFIX}{section}__{name}", default=None,
                                 help=flag_help(f"[{section}] {field.metadata.get('help', '')}", field, value),
                                 **_flag_kwargs(hints[section][name]))
-    _add_old_flags(parser, hints)
-
-
-def _add_old_flags(parser: argparse.ArgumentParser, hints: dict) -> None:
-    """The flags of `MOVED_FIELDS` and (deprecated, with a warning) `RENAMED_FIELDS` at their old names."""
-    taken = set(field_paths())
-    for (old_section, old_name), (section, name) in {**MOVED_FIELDS, **RENAMED_FIELDS}.items():
-        flags = [f"--{old_section}.{old_name}"] + ([f"--{old_name}"] if old_name not in taken else [])
-        extra = {"action": DeprecatedFlag, "new_flag": f"--{section}.{name}"} \
-            if (old_section, old_name) in RENAMED_FIELDS else {}
-        parser.add_argument(*flags, dest=f"{_DEST_PREFIX}{section}__{name}", default=None,
-                            help=f"{'deprecated ' if extra else ''}old name of --{section}.{name}",
-                            **_flag_kwargs(hints[section][name]), **extra)
 
 
 def config_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:

@@ -1,19 +1,20 @@
 """Keys of MindFormers / MindRLHF model YAMLs that are not fields of this implementation's configs, and what each
 does here: a value that means what this implementation does anyway passes; any other value is ignored with a reason
 (it has no effect on results or memory here) or refused (it asks for something not built here; the error says what
-to set instead). The keys one YAML load ignores are said in ONE warning line naming each key and why
-(`IgnoredKeys`). Other names of fields (`MODEL_ALIASES`) are read as the field. No key is dropped without a word.
-`docs/yaml_keys.md` lists them.
+to set instead). The keys one YAML load ignores are said in short warning lines, one per reason naming its keys
+(`IgnoredKeys`). An unknown key one edit away from a known one is taken for a typo of it and refused with a
+did-you-mean (`refuse_typo`). Other names of fields (`MODEL_ALIASES`) are read as the field. No key is dropped without
+a word. `docs/yaml_keys.md` lists them.
 """
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mindrlhf.configs.base import ConfigError
+from mindrlhf.configs.base import ConfigError, closest_key
 
 logger = logging.getLogger("mindrlhf.config")
 
@@ -181,6 +182,8 @@ TOP_LEVEL_KEYS: dict[str, ForeignKey] = {
 }
 
 
+UNREAD = "it is not a key this implementation reads"
+
 # top-level sections of a MindFormers YAML besides model, parallel_config, recompute_config and parallel
 SECTIONS: dict[str, str] = {
     "context": "MindSpore's context is set by mindrlhf (graph mode, on the device the installed MindSpore targets)",
@@ -203,7 +206,7 @@ SECTIONS: dict[str, str] = {
 
 
 class IgnoredKeys:
-    """The keys one YAML load ignores, grouped by reason (`add`), said in one warning line (`warn`)."""
+    """The keys one YAML load ignores, grouped by reason (`add`), each reason said in a short warning line (`warn`)."""
 
     def __init__(self, source: str):
         self.source = source
@@ -212,15 +215,23 @@ class IgnoredKeys:
     def add(self, where: str, reason: str) -> None:
         self.by_reason.setdefault(reason, []).append(where)
 
-    def message(self) -> str:
-        """'<source>: a=1, b=2 have no effect here: <reason> | c has no effect here: <reason>'."""
-        groups = [f"{', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no effect here: {reason}"
-                  for reason, keys in self.by_reason.items()]
-        return f"{self.source}: {' | '.join(groups)}"
+    def messages(self) -> list[str]:
+        """One line a reason: '<source>: a=1, b=2 have no effect here: <reason>'."""
+        return [f"{self.source}: {', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no effect here: {reason}"
+                for reason, keys in self.by_reason.items()]
 
     def warn(self) -> None:
-        if self.by_reason:
-            warn_once(self.message())
+        for message in self.messages():
+            warn_once(message)
+
+
+def refuse_typo(key: str, where: str, known: Iterable[str], source: str) -> None:
+    """A key no rule knows that is one edit away from a known one (`closest_key`) is taken for a typo of it: a
+    ConfigError '<source>: <where>: unknown key (did you mean '<known>'?)'. A key farther away passes (the caller
+    warns that it is ignored)."""
+    close = closest_key(key, known, one_edit=True)
+    if close is not None:
+        raise ConfigError(f"{source}: {where}: unknown key (did you mean '{close}'?)")
 
 
 def check_foreign_keys(values: Mapping, rules: Mapping[str, ForeignKey], section: str, ignored: IgnoredKeys) -> None:
@@ -237,12 +248,16 @@ def check_foreign_keys(values: Mapping, rules: Mapping[str, ForeignKey], section
 
 def check_top_level(data: Mapping, known: tuple[str, ...], ignored: IgnoredKeys) -> None:
     """Checks the top-level keys of a model YAML besides the sections read here (`known`): settings by
-    `TOP_LEVEL_KEYS`, other sections and settings added to `ignored` with the reason (`SECTIONS`)."""
+    `TOP_LEVEL_KEYS`, other sections and settings added to `ignored` with the reason (`SECTIONS`); an unknown key one
+    edit away from a known one is refused (`refuse_typo`)."""
     rest = {key: value for key, value in data.items() if key not in known}
     check_foreign_keys({k: v for k, v in rest.items() if k in TOP_LEVEL_KEYS}, TOP_LEVEL_KEYS, "", ignored)
     for name in rest:
-        if name not in TOP_LEVEL_KEYS:
-            ignored.add(repr(name), SECTIONS.get(name, "it is not a key this implementation reads"))
+        if name in TOP_LEVEL_KEYS:
+            continue
+        if name not in SECTIONS:
+            refuse_typo(name, str(name), (*known, *TOP_LEVEL_KEYS, *SECTIONS), ignored.source)
+        ignored.add(repr(name), SECTIONS.get(name, UNREAD))
 
 
 def read_aliases(values: dict, aliases: Mapping[str, str], section: str, source: str) -> dict:

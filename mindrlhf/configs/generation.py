@@ -215,18 +215,37 @@ class GenerationConfig:
               f"must hold the largest prompt bucket {max(buckets)} + max_new_tokens {self.max_new_tokens} = "
               f"{max(buckets) + self.max_new_tokens} positions")
 
-    def check_model(self, vocab_size: int, seq_length: int) -> None:
-        """Checks the fields that depend on the network: token ids in the vocabulary, cache within seq_length."""
+    def check_model(self, vocab_size: int, seq_length: int, model_yaml: str = "") -> None:
+        """Checks the fields that depend on the network (`model_yaml`, named in the error when given): token ids in
+        the vocabulary (`check_token_ids`), cache within seq_length (`check_cache_length`)."""
+        self.check_token_ids(vocab_size, model_yaml)
+        self.check_cache_length(seq_length, model_yaml)
+
+    def check_token_ids(self, vocab_size: int, model_yaml: str = "") -> None:
+        """The stop and pad ids are in the vocabulary of the net `model_yaml` describes."""
+        of = f" of {model_yaml}" if model_yaml else ""
         for name, ids in (("eos_token_ids", list(self.eos_token_ids)), ("pad_token_id", [self.pad_token_id])):
             bad = [t for t in ids if t >= vocab_size]
             if bad:
                 raise ConfigError(f"generation.{name}: token id(s) {bad} outside the model vocabulary "
-                                  f"(vocab_size={vocab_size})")
+                                  f"(vocab_size={vocab_size}{of})")
+
+    def check_cache_length(self, seq_length: int, model_yaml: str = "") -> None:
+        """The largest prompt bucket + max_new_tokens fit the seq_length of the net `model_yaml` describes."""
         if self.cache_length > seq_length:
+            of = f" of {model_yaml}" if model_yaml else ""
             raise ConfigError(
                 f"generation.max_new_tokens={self.max_new_tokens} + largest of generation.prompt_buckets="
-                f"{max(self.prompt_buckets)} = {self.cache_length} exceeds model_config.seq_length={seq_length} "
+                f"{max(self.prompt_buckets)} = {self.cache_length} exceeds model_config.seq_length={seq_length}{of} "
                 f"(the KV cache / generation buffer length)")
+
+    def check_min_decode_rows(self, rows: int, counted: str) -> None:
+        """`min_decode_rows` must be able to step down from the `rows` an inference rank decodes at most (`counted`
+        says how they are counted): a value >= rows leaves every row count at `rows`, so it would do nothing."""
+        if self.min_decode_rows >= rows > 0:
+            useful = f"the largest useful value is {rows - 1} (0 = off)" if rows > 1 else "set 0 (off)"
+            raise ConfigError(f"generation.min_decode_rows={self.min_decode_rows} has no effect: an inference rank "
+                              f"decodes at most {rows} row{'s' if rows > 1 else ''} ({counted}); {useful}")
 
 
 def _is_int(value) -> bool:

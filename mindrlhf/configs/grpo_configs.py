@@ -25,7 +25,6 @@ Only what a config can check alone is checked here; the names looked up in the a
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,8 +33,6 @@ from typing import Any
 from mindrlhf.configs.base import ConfigError, from_mapping, help_field, load_yaml
 from mindrlhf.configs.generation import GenerationConfig, shown_as
 from mindrlhf.configs.mindspeed import is_mindspeed_yaml, translate
-
-logger = logging.getLogger("mindrlhf.configs")
 
 
 @dataclass
@@ -115,7 +112,7 @@ class CriticConfig:
 
     learning_rate: float = help_field(
         1e-5, "Critic peak learning rate (verl's default; usually above the actor's: the value head starts from "
-              "zero and has to catch up with the returns). Old name: lr (--lr), deprecated.")
+              "zero and has to catch up with the returns).")
     lr_warmup_steps: int = help_field(0, "Linear warmup of the critic's learning rate over this many updates.")
     grad_clip: float = help_field(1.0, "Clip the critic's global gradient norm to this (0 = no clipping).")
     cliprange_value: float = help_field(
@@ -145,7 +142,8 @@ class RewardConfig:
 
     reward_funcs: list[str] = help_field(
         ["accuracy", "format"], "Reward functions summed with reward_weights. 'accuracy' (1 when the answer, from "
-        "<answer>, else \\boxed{}, else the first '#### N' line, else the last number, matches the gold number) and "
+        "<answer>, else \\boxed{}, else the first '#### N' line, else the last number, matches the gold: a number by "
+        "value, a LaTeX answer such as \\sqrt{12} by meaning through math-verify, within 5 s per answer) and "
         "'format' (1 for <think>...</think><answer>...</answer>), as in DeepSeek-R1; 'hash_format' (1 when the "
         "response ends with one GSM8K answer line '#### N'); or 'package.module:function'. May be empty when a "
         "reward model is given.")
@@ -161,6 +159,10 @@ class RewardConfig:
     reward_model_weight: float = help_field(
         1.0, "Weight of the reward model's score in the sum with the reward functions (logged as "
              "reward/reward_model, unweighted).")
+    reward_timeout: float = help_field(
+        300.0, "Seconds one reward function may take for one step's responses on a rank; past it the job stops "
+               "on every rank with one line naming the function (a hung verifier must not hang the job until the "
+               "collectives time out). 0: no limit.")
 
     def validate(self) -> None:
         if not self.reward_funcs and not self.reward_model_path:
@@ -173,6 +175,9 @@ class RewardConfig:
                               f"unset for 1.0 each)")
         if not math.isfinite(self.reward_model_weight):
             raise ConfigError(f"reward.reward_model_weight must be a finite number, got {self.reward_model_weight}")
+        if not math.isfinite(self.reward_timeout) or self.reward_timeout < 0:
+            raise ConfigError(f"reward.reward_timeout must be a number of seconds >= 0 (0 = no limit), got "
+                              f"{self.reward_timeout}")
 
 
 @dataclass
@@ -332,19 +337,6 @@ class EvalConfig:
                               f"{self.eval_batch_size}")
 
 
-# Fields that moved to another section: the old place keeps working in YAML files and as a flag.
-MOVED_FIELDS: dict[tuple[str, str], tuple[str, str]] = {
-    ("loss", "advantage_estimator"): ("algorithm", "adv_estimator"),
-    ("loss", "advantage_eps"): ("algorithm", "advantage_eps"),
-    ("schedule", "dynamic_sampling"): ("algorithm", "dynamic_sampling"),
-    ("schedule", "max_sampling_retries"): ("algorithm", "max_sampling_retries"),
-}
-
-# Fields renamed because the old name misled: the old name keeps working (YAML and flag) with a warning.
-RENAMED_FIELDS: dict[tuple[str, str], tuple[str, str]] = {
-    ("critic", "lr"): ("critic", "learning_rate"),  # `--lr` read as the policy's learning rate
-}
-
 # Names of several sections whose plain flag `--name` sets one section only (not all of them, as `--seed`).
 PLAIN_FLAG_SECTION: dict[str, str] = {
     "learning_rate": "optimizer",  # the policy's; the critic's is --critic.learning_rate
@@ -384,14 +376,13 @@ class GRPOConfig:
     @classmethod
     def from_dict(cls, data: Mapping, source: str = "<dict>") -> GRPOConfig:
         """Builds the config from a mapping of sections; unknown sections or fields are errors naming them."""
-        data = _move_old_fields(data, source)
         config = cls._build(data, source)
         config.sources = _given_fields(data, {}, source)
         return config
 
     @classmethod
     def _build(cls, data: Mapping, source: str) -> GRPOConfig:
-        """The config of `data` (new field names) over the defaults, each section built and checked."""
+        """The config of `data` over the defaults, each section built and checked."""
         unknown = sorted(set(data) - set(SECTIONS))
         if unknown:
             raise ConfigError(f"{source}: unknown section(s) {unknown}; known sections: {list(SECTIONS)}")
@@ -403,7 +394,9 @@ class GRPOConfig:
             if not isinstance(given, Mapping):
                 raise ConfigError(f"{source}: section '{name}' must be a mapping, got {type(given).__name__}")
             values.update(given)
-            sections[name] = from_mapping(section_cls, values, f"{source}: {name}")
+            elsewhere = {other: [f.name for f in dataclasses.fields(other_cls)]
+                         for other, other_cls in SECTIONS.items() if other != name}
+            sections[name] = from_mapping(section_cls, values, f"{source}: {name}", elsewhere=elsewhere)
         return cls(**sections)
 
     @classmethod
@@ -420,7 +413,6 @@ class GRPOConfig:
 
     def replace(self, overrides: Mapping[str, Mapping[str, Any]], source: str = "command line") -> GRPOConfig:
         """A copy with `{section: {field: value}}` applied, validated like a YAML."""
-        overrides = _move_old_fields(overrides, source)
         data = self.to_dict()
         for section, values in overrides.items():
             if isinstance(values, Mapping) and section in data:
@@ -469,7 +461,8 @@ class GRPOConfig:
 
 def read_config_yaml(path: str) -> dict:
     """The sections of a config YAML: a mindrlhf one as written; MindSpeed-RL's GRPO trainer YAML translated
-    (`mindrlhf.configs.mindspeed`), what it ignores or reads approximately said in one warning line."""
+    (`mindrlhf.configs.mindspeed`), what it ignores or reads approximately said in short warning lines, one per
+    reason."""
     data = load_yaml(path)
     if not is_mindspeed_yaml(data):
         return data
@@ -491,28 +484,6 @@ def _given_fields(data: Mapping, previous: Mapping[str, str], source: str) -> di
                 sources.pop(f"{section}.{name}", None)
                 sources[f"{section}.{name}"] = source
     return sources
-
-
-def _move_old_fields(data: Mapping, source: str) -> dict:
-    """`data` with fields given at their old place (`MOVED_FIELDS`) or name (`RENAMED_FIELDS`, with a warning)
-    moved to the new one."""
-    moved = {name: dict(values) if isinstance(values, Mapping) else values for name, values in data.items()}
-    for (old_section, old_name), (new_section, new_name) in {**MOVED_FIELDS, **RENAMED_FIELDS}.items():
-        section = moved.get(old_section)
-        if not isinstance(section, dict) or old_name not in section:
-            continue
-        if (old_section, old_name) in RENAMED_FIELDS:
-            logger.warning("%s: %s.%s is deprecated, use %s.%s", source, old_section, old_name, new_section,
-                           new_name)
-        value = section.pop(old_name)
-        target = moved.setdefault(new_section, {}) or {}
-        moved[new_section] = target
-        if new_name in target and target[new_name] != value:
-            raise ConfigError(f"{source}: {old_section}.{old_name}={value!r} and {new_section}.{new_name}="
-                              f"{target[new_name]!r} disagree ({old_section}.{old_name} is the old name of "
-                              f"{new_section}.{new_name}: give one)")
-        target[new_name] = value
-    return moved
 
 
 def field_paths() -> dict[str, list[tuple[str, dataclasses.Field]]]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass
 
 from mindrlhf.configs.base import help_field
-from mindrlhf.configs.cli import DeprecatedFlag, flag_help, parse_bool, type_metavar
+from mindrlhf.configs.cli import flag_help, parse_bool, type_metavar
 
 
 def _flag(default, help: str, required: bool = False, **argparse_kwargs):
@@ -30,8 +31,15 @@ def _choice_parser(choices):
     return parse
 
 
-# flags renamed: old spelling -> field; the old one still works, with a warning
-RENAMED_FLAGS = {"eval_dataset_dir": "eval_dataset_file"}
+def _finite_float(text: str) -> float:
+    """A flag's number; nan and inf are refused (argparse's float takes them)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 @dataclass
@@ -57,7 +65,9 @@ class JobOptions:
                                   "critic, schedule, checkpoint, eval), or MindSpeed-RL's GRPO trainer YAML as it is "
                                   "(docs/yaml_keys.md); several are merged field by field, later ones winning; flags "
                                   "override them.", nargs="+")
-    output_dir: str = _flag("output/grpo", "Logs, metrics.jsonl, strategy files.")
+    output_dir: str = _flag("output/grpo", "Logs, metrics.jsonl, strategy files: one run's (it holds the lock "
+                                           "<output_dir>/run.lock while it runs; a rerun needs --resume or "
+                                           "--overwrite_output).")
     save_ckpt_dir: str = _flag("", "Checkpoint folder (default: <output_dir>/checkpoints).")
     load_sft_checkpoint_train: str = _flag(
         "", "Starting policy: a whole .ckpt (split onto the train layout at load time), a folder of per-rank shards "
@@ -79,6 +89,10 @@ class JobOptions:
     resume: str = _flag("", "'auto' (newest complete checkpoint in save_ckpt_dir; with none there the run starts "
                             "from step 0 and logs so) or a step folder; --resume alone means auto.", nargs="?",
                         const="auto")
+    overwrite_output: bool = _flag(False, "Start afresh in an --output_dir that holds a run's checkpoints (step_* or "
+                                          ".step_*.partial in the checkpoint folder) or metrics.jsonl: delete "
+                                          "them, its TensorBoard event files and progress.png first (Hugging Face's "
+                                          "overwrite_output_dir). Without it or --resume such a rerun is refused.")
     use_parallel: str = _flag("auto", "Initialise MindSpore communication (auto: when launched by msrun).",
                               choices=["auto", "true", "false"])
     only_save_strategy: bool = _flag(False, "Build the nets, write their strategy files and stop.")
@@ -104,7 +118,7 @@ class JobOptions:
                               "--device_memory_gib, then exit: reads the YAMLs and flags only, needs no msrun or "
                               "devices (the world size comes from the YAML layouts).")
     device_memory_gib: float = _flag(0.0, "With --plan: memory of one device, GiB (0 = this host's memory divided by "
-                                          "the job's ranks, as on CPU).")
+                                          "the job's ranks, as on CPU).", type=_finite_float)
     check_flags: bool = _flag(False, "Check the flags and the YAMLs (the config, the model YAMLs, their layouts and "
                                      "batch splits, the tokenizer) and exit: 0, or 2 with a one-line error. The files "
                                      "the job reads need not exist yet: run_grpo.sh runs it before converting the "
@@ -138,9 +152,6 @@ class JobOptions:
                 kwargs.pop("default", None)
                 help_text = f"{field.metadata['help']} (required)".replace("%", "%%")
             parser.add_argument(f"--{field.name}", help=help_text, **kwargs)
-        for old, new in RENAMED_FLAGS.items():
-            parser.add_argument(f"--{old}", dest=new, action=DeprecatedFlag, new_flag=f"--{new}", metavar="STR",
-                                default=argparse.SUPPRESS, help=f"deprecated old name of --{new}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> JobOptions:

@@ -6,10 +6,12 @@ MindSpeed-RL describes a GRPO job in one YAML, `configs/grpo_trainer_<model>_<si
 read as MindSpeed-RL reads it (`actor_config` over `megatron_training`, Megatron's `a-b` or `a_b` spelling;
 `rl_config.mini_batch_size` in prompts, which its `RLConfig` multiplies by n_samples_per_prompt) and is mapped onto a
 field, accepted (its value means what mindrlhf does anyway), ignored with its reason, or refused with what to set
-instead (a `ConfigError` naming the file and `section.key=value`). The keys a file ignores, an unknown key included,
-and the keys read only approximately (a verifier that scores a little differently, ...) are said in ONE warning line
-(`MindSpeedNotes`, the `IgnoredKeys` way). Only what the file says is translated: a key it leaves out keeps
-mindrlhf's value. docs/yaml_keys.md lists every key.
+instead (a `ConfigError` naming the file and `section.key=value`). An unknown key (or section, or verifier name) one
+edit away from a known one is taken for a typo and refused with a did-you-mean (MindSpeed-RL itself would train on
+its default); the keys a file ignores, an unknown key farther from every known one included, and the keys read only
+approximately (a verifier that scores a little differently, ...) are said in short warning lines, one a reason or
+approximation (`MindSpeedNotes`, the `IgnoredKeys` way). Only what the file says is translated: a key it leaves out
+keeps mindrlhf's value. docs/yaml_keys.md lists every key.
 """
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mindrlhf.configs.base import ConfigError
-from mindrlhf.configs.foreign_keys import REFUSE, WARN, ForeignKey, IgnoredKeys, always, never, warn_once
+from mindrlhf.configs.base import ConfigError, closest_key
+from mindrlhf.configs.foreign_keys import REFUSE, WARN, ForeignKey, IgnoredKeys, always, never, refuse_typo
 
 TOP_SECTIONS = ("defaults", "megatron_training", "actor_config", "ref_config", "reward_config", "rl_config",
                 "generate_config")
@@ -84,7 +86,7 @@ _LOAD_STATE = ("--load_sft_checkpoint_train loads the weights only and starts at
 _SAVE_STATE = "checkpoints always hold the AdamW moments and the sampling stream (--resume needs them)"
 _VLLM = ("vLLM engine settings: mindrlhf's generator decodes at most generation.max_num_seqs rows of an inference "
          "rank at once against a static KV cache of max(generation.prompt_buckets) + generation.max_new_tokens "
-         "positions a row, which model_config.seq_length of the inference model YAML must hold")
+         "positions a row")
 _OFFLOAD = "mindrlhf swaps idle nets to host memory by itself (docs/memory_plan.md); there is no switch"
 _COLOCATED = "every net shares each device here (the integrated worker's placement), idle ones swapped to host"
 _RESOURCES = ("the devices are the model YAMLs' layouts (data_parallel x model_parallel x pipeline_stage), launched "
@@ -256,6 +258,11 @@ VERIFIERS: dict[str, tuple[str, str]] = {
                         "or 0, numeric answers"),
     "math_17k_acc": ("accuracy", "both give 1 to a right \\boxed{} answer, else 0; accuracy here compares numbers and "
                                  "reads an <answer> tag first"),
+    "acc_for_ppo": ("accuracy", "both give 1 to a right \\boxed{} answer, else 0; accuracy here compares numbers and "
+                                "reads an <answer> tag first"),
+    "acc_for_dapo": ("accuracy", "MindSpeed-RL's acc_for_dapo gives 1 (right) or -1 (wrong) to the 'Answer:' line at "
+                                 "the response's end; accuracy here gives 1 or 0 to its final number (<answer>, else "
+                                 "\\boxed{}, else the last number)"),
     "format": ("format", ""),
     "strict_format": ("format", "MindSpeed-RL's strict_format also wants \\boxed{} inside <answer> and gives -0.5 "
                                 "otherwise; format here gives 1 or 0"),
@@ -281,7 +288,7 @@ def is_mindspeed_yaml(data: Mapping) -> bool:
 
 class MindSpeedNotes(IgnoredKeys):
     """The keys one MindSpeed-RL YAML ignores (`add`, by reason) and the keys it reads only approximately
-    (`read_as`), said together in one warning line (`warn`)."""
+    (`read_as`), each said in a short warning line (`warn`)."""
 
     def __init__(self, source: str):
         super().__init__(source)
@@ -290,15 +297,9 @@ class MindSpeedNotes(IgnoredKeys):
     def read_as(self, where: str, meaning: str) -> None:
         self.approximate.append(f"{where} is read as {meaning}")
 
-    def message(self) -> str:
-        """'<source>: a=1 is read as <meaning> | b=2, c=3 have no effect here: <reason> | ...'."""
-        ignored = [f"{', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no effect here: {reason}"
-                   for reason, keys in self.by_reason.items()]
-        return f"{self.source}: {' | '.join(self.approximate + ignored)}"
-
-    def warn(self) -> None:
-        if self.by_reason or self.approximate:
-            warn_once(self.message())
+    def messages(self) -> list[str]:
+        """'<source>: a=1 is read as <meaning>' for each approximate key, then the ignored keys' lines."""
+        return [f"{self.source}: {line}" for line in self.approximate] + super().messages()
 
 
 class _Translation:
@@ -341,8 +342,9 @@ class _Translation:
 
 def translate(data: Mapping, source: str) -> tuple[dict[str, dict[str, Any]], MindSpeedNotes]:
     """The GRPO config sections of MindSpeed-RL GRPO trainer YAML `data` (read from `source`), and what it ignores or
-    reads approximately (`notes.warn()` says it in one line); a key asking for what is not built here raises a
-    ConfigError naming the file, `section.key=value` and what to set instead."""
+    reads approximately (`notes.warn()` says it in short lines); a key asking for what is not built here raises a
+    ConfigError naming the file, `section.key=value` and what to set instead, and so does a key one edit away from a
+    known one (`refuse_typo`)."""
     t = _Translation(source)
     for name, value in data.items():
         if name == "defaults":
@@ -350,6 +352,7 @@ def translate(data: Mapping, source: str) -> tuple[dict[str, dict[str, Any]], Mi
         elif name == "reward_config":
             t.notes.add("'reward_config'", _REWARD_MODEL)
         elif name not in TOP_SECTIONS:
+            refuse_typo(name, str(name), TOP_SECTIONS, source)
             t.notes.add(repr(name), UNKNOWN_SECTION)
     actor = _actor_view(data, t)
     ref = _view("ref_config", _section(data, "ref_config", source))
@@ -399,10 +402,12 @@ def _actor_view(data: Mapping, t: _Translation) -> _View:
 
 def _apply(view: _View, rules: Mapping[str, Rule], t: _Translation) -> None:
     """Maps (`ToFields`), accepts, ignores or refuses (`ForeignKey`) each key of `view` by `rules`; COMPUTED keys are
-    read by their section's function; a key `rules` does not name is named in the notes."""
+    read by their section's function; a key `rules` does not name is refused when one edit away from one it names
+    (a typo), else named in the notes."""
     for name, (where, value) in view.items():
         rule = rules.get(name)
         if rule is None:
+            refuse_typo(name, where, rules, t.source)
             t.notes.add(f"{where}={value!r}", UNKNOWN_KEY)
         elif isinstance(rule, ToFields):
             t.set(*rule.fields, value=t.number(where, value, rule.kind))
@@ -532,6 +537,10 @@ def _read_reward(rl: _View, t: _Translation) -> None:
         functions = []
         for index, name in enumerate(names):
             item = f"{where}[{index}]={name!r}"
+            close = closest_key(name, VERIFIERS, one_edit=True)
+            if name not in VERIFIERS and close:
+                raise ConfigError(f"{t.source}: {where}[{index}]: unknown verifier {name!r} (did you mean "
+                                  f"'{close}'?)")
             if name not in VERIFIERS:
                 raise t.refuse(item, f"the MindSpeed-RL verifiers read here are {', '.join(VERIFIERS)}; for another "
                                      "rule give a function 'package.module:function' in reward.reward_funcs of a "

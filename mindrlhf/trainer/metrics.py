@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from mindrlhf.algorithms import dynamic_sampling_mask, explained_variance
-from mindrlhf.trainer.experience import REWARD_TERM_PREFIX, Experience
+from mindrlhf.data.experience import REWARD_TERM_PREFIX, Experience
 from mindrlhf.utils.logging import format_metrics
 
 logger = logging.getLogger("mindrlhf.trainer")
@@ -32,6 +32,10 @@ LINE_UNITS = {"timing/step": "s"}
 NOT_ON_THE_LINE = ("reward/frac_zero_std",)
 # metrics that measure the machine (clock, throughput, memory), not the job: names or name prefixes
 MACHINE_METRICS = ("timing/", "perf/", "memory/", "e2e_tps", "update_tps", "vllm_tps")
+# what a resumed run need not give again on the steps it shares with the run it resumes (docs/metrics.md): the
+# machine's metrics, and swap/bytes_moved, which counts the moves from what was on device when the step began, and a
+# fresh process starts its first step from another residency than the run that went on
+NOT_REPRODUCED_ON_RESUME = (*MACHINE_METRICS, "swap/bytes_moved")
 
 
 def step_line(step: int, total_steps: int, metrics: Mapping[str, float]) -> str:
@@ -139,7 +143,7 @@ class MetricsError(ValueError):
 def summary_writer_class():
     """tensorboardX's `SummaryWriter` (1.5 s to import: only with --tensorboard_dir), imported without torch:
     tensorboardX's writer module imports torch whenever it is installed, which put ~190 MB on rank 0's RSS
-    (measured on the bundled job, 2026-11-28) for scalars that never meet a torch tensor."""
+    (measured on the bundled job) for scalars that never meet a torch tensor."""
     hidden = "torch" not in sys.modules
     if hidden:
         sys.modules["torch"] = None  # `import torch` raises ImportError: tensorboardX's fallback
@@ -208,7 +212,10 @@ def _append_line(path: str, line: str) -> None:
 
 
 def _plain(metrics: Mapping[str, float]) -> dict:
-    return {k: (float(v) if isinstance(v, float) else v) for k, v in metrics.items()}
+    """`metrics` as JSON takes them: floats as Python floats, NaN and inf as None (JSON null: strict JSON has no
+    NaN; the log line still shows nan)."""
+    return {k: (float(v) if math.isfinite(v) else None) if isinstance(v, (float, np.floating)) else v
+            for k, v in metrics.items()}
 
 
 def _truncate_after_step(path: str, step: int) -> None:

@@ -11,14 +11,15 @@ def progress_series(records: list[dict]) -> dict[str, tuple[list[int], list[floa
     """(steps, values) of `critic/score/mean`, `reward/accuracy`, `eval/accuracy` and any other held-out score
     `eval/<reward>` (step 0 = before training).
 
-    A step logged twice (a resumed run rewrote it) keeps its last record."""
+    A step logged twice (a resumed run rewrote it) keeps its last record; a value written as null (NaN) is left
+    out."""
     by_step: dict[int, dict] = {}
     for record in records:
         by_step.setdefault(int(record["step"]), {}).update(record)
     series = {}
     evals = sorted({key for r in records for key in r if key.startswith("eval/") and key != "eval/accuracy"})
     for key in ("critic/score/mean", "reward/accuracy", "eval/accuracy", *evals):
-        points = [(step, float(r[key])) for step, r in sorted(by_step.items()) if key in r]
+        points = [(step, float(r[key])) for step, r in sorted(by_step.items()) if r.get(key) is not None]
         series[key] = ([s for s, _ in points], [v for _, v in points])
     return series
 

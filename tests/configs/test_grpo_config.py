@@ -51,21 +51,41 @@ def test_flags_override_yaml_and_are_typed(tmp_path):
     assert config.optimizer.learning_rate == 1e-5  # untouched by the flags
 
 
-def test_fields_that_moved_to_algorithm_keep_their_old_names(tmp_path):
-    path = tmp_path / "old.yaml"
-    path.write_text("loss:\n  advantage_estimator: dr_grpo\n  advantage_eps: 0.01\n  beta: 0.0\n"
-                    "schedule:\n  dynamic_sampling: true\n  max_sampling_retries: 5\n")
+def test_fields_at_their_old_place_are_refused_naming_the_section_that_has_them(tmp_path):
+    """loss.advantage_estimator, loss.advantage_eps, schedule.dynamic_sampling and schedule.max_sampling_retries
+    are algorithm's: at the old place a field is refused in one line naming where it is."""
+    path = tmp_path / "grpo.yaml"
+    path.write_text("loss:\n  beta: 0.0\nalgorithm:\n  adv_estimator: dr_grpo\n  advantage_eps: 0.01\n"
+                    "  dynamic_sampling: true\n  max_sampling_retries: 5\n")
     config = GRPOConfig.from_yaml(str(path))
     assert config.algorithm.adv_estimator == "dr_grpo" and config.algorithm.advantage_eps == 0.01
     assert config.algorithm.dynamic_sampling is True and config.algorithm.max_sampling_retries == 5
     assert config.loss.beta == 0.0
-    config = GRPOConfig().replace(parse(["--advantage_estimator", "rloo", "--schedule.dynamic_sampling", "true"]))
+    config = GRPOConfig().replace(parse(["--adv_estimator", "rloo", "--algorithm.dynamic_sampling", "true"]))
     assert config.algorithm.adv_estimator == "rloo" and config.algorithm.dynamic_sampling is True
     assert GRPOConfig().replace(parse(["--adv_estimator", "dr_grpo"])).algorithm.adv_estimator == "dr_grpo"
-    path.write_text("loss:\n  advantage_estimator: dr_grpo\nalgorithm:\n  adv_estimator: grpo\n")
-    with pytest.raises(ConfigError, match="loss.advantage_estimator='dr_grpo' and algorithm.adv_estimator='grpo' "
-                                          "disagree"):
-        GRPOConfig.from_yaml(str(path))
+    for text, error in [
+        ("loss:\n  advantage_estimator: rloo\n",
+         "loss: unknown field(s) 'advantage_estimator' (did you mean 'algorithm.adv_estimator'?); known fields: "),
+        ("loss:\n  advantage_eps: 0.01\n",
+         "loss: unknown field(s) 'advantage_eps' (algorithm has a field 'advantage_eps'); known fields: beta, "),
+        ("schedule:\n  dynamic_sampling: true\n",
+         "schedule: unknown field(s) 'dynamic_sampling' (algorithm has a field 'dynamic_sampling'); known fields: "),
+        ("schedule:\n  max_sampling_retries: 5\n",
+         "schedule: unknown field(s) 'max_sampling_retries' (algorithm has a field 'max_sampling_retries'); known "),
+        # any field in the wrong section, not only the ones that moved; a typo of the section's own field wins
+        ("loss:\n  seed: 1\n", "loss: unknown field(s) 'seed' (generation and schedule have a field 'seed'); "),
+        ("schedule:\n  num_generation: 4\n",
+         "schedule: unknown field(s) 'num_generation' (did you mean 'generation.num_generations'?); "),
+        ("schedule:\n  step: 4\n", "schedule: unknown field(s) 'step' (did you mean 'steps'?); "),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ConfigError) as err:
+            GRPOConfig.from_yaml(str(path))
+        assert str(err.value).startswith(f"{path}: {error}") and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"^command line: schedule: unknown field\(s\) 'dynamic_sampling' "
+                                          r"\(algorithm has a field 'dynamic_sampling'\)"):
+        GRPOConfig().replace({"schedule": {"dynamic_sampling": True}})
     with pytest.raises(ConfigError, match="algorithm.adv_estimator: unknown advantage estimator 'ppo'"):
         check_registered_names(GRPOConfig().replace({"algorithm": {"adv_estimator": "ppo"}}))
 
@@ -157,6 +177,23 @@ def test_job_flags_are_generated_from_the_job_options():
                            "--use_parallel", "maybe"])
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "lots"])
+def test_device_memory_gib_must_be_a_finite_number(value, capsys):
+    """argparse's float takes nan and inf; --plan then printed 'fits ... of nan GiB per device'."""
+    from mindrlhf.configs.cli import OneLineErrorParser
+    from mindrlhf.configs.job import JobOptions
+
+    parser = OneLineErrorParser(prog="grpo_one_stage.py")
+    JobOptions.add_flags(parser)
+    required = ["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d"]
+    assert JobOptions.from_args(parser.parse_args([*required, "--device_memory_gib", "59.6"])).device_memory_gib == 59.6
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args([*required, f"--device_memory_gib={value}"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[0] == f"grpo_one_stage.py: error: argument --device_memory_gib: " \
+                                                      f"expected a finite number, got '{value}'"
+
+
 def test_a_compile_cache_serves_only_a_rerun_of_the_same_job_from_the_same_start(tmp_path):
     # MindSpore loads cached graphs by compile order: a resumed run or another seed must not get this run's graphs
     from mindrlhf.configs.job import JobOptions
@@ -182,20 +219,40 @@ def test_a_compile_cache_serves_only_a_rerun_of_the_same_job_from_the_same_start
     assert len({path, *others}) == 5
 
 
-def test_a_renamed_job_flag_still_works_under_its_old_name_with_a_warning(caplog):
+def test_the_eval_dataset_flag_is_eval_dataset_file():
     from mindrlhf.configs.job import JobOptions
 
     parser = argparse.ArgumentParser()
     JobOptions.add_flags(parser)
     required = ["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d"]
     assert JobOptions.from_args(parser.parse_args(required)).eval_dataset_file == ""
-    with caplog.at_level("WARNING"):
-        job = JobOptions.from_args(parser.parse_args(required + ["--eval_dataset_dir", "held.mindrecord"]))
-    assert job.eval_dataset_file == "held.mindrecord"
-    assert "--eval_dataset_dir is deprecated, use --eval_dataset_file" in caplog.text
-    caplog.clear()
     assert JobOptions.from_args(parser.parse_args(required + ["--eval_dataset_file", "x"])).eval_dataset_file == "x"
-    assert "deprecated" not in caplog.text
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["--eval_dataset_dir", "held.mindrecord"], " (did you mean --eval_dataset_file?)"),
+    (["--eval_dataset_dir=held.mindrecord"], " (did you mean --eval_dataset_file?)"),
+    (["--schedule.dynamic_sampling", "true"], " (did you mean --dynamic_sampling?)"),
+    (["--schedule.max_sampling_retries", "2"], " (did you mean --max_sampling_retries?)"),
+    (["--advantage_estimator", "rloo"], " (did you mean --adv_estimator?)"),
+    (["--loss.advantage_eps", "0.1"], " (did you mean --advantage_eps?)"),
+    (["--critic.lr", "1e-3"], None),
+    (["--lr", "1e-3"], None),  # not read as --lr_warmup_steps: flags are matched exactly
+])
+def test_an_old_flag_name_is_refused_in_one_line(argv, hint, capsys):
+    from mindrlhf.cli.train import build_parser
+
+    parser = build_parser()
+    parser.prog = "grpo_one_stage.py"
+    required = ["--sft_path_train", "t", "--sft_path_infer", "i", "--mind_dataset_dir", "d"]
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args([*required, *argv])
+    assert exit_.value.code == 2
+    error, see_help = capsys.readouterr().err.splitlines()
+    assert error.startswith(f"grpo_one_stage.py: error: unrecognized arguments: {' '.join(argv)}")
+    if hint is not None:
+        assert error.endswith(hint)
+    assert see_help == "see grpo_one_stage.py --help"
 
 
 def test_several_yaml_files_merge_field_by_field(tmp_path):
@@ -213,31 +270,25 @@ def test_several_yaml_files_merge_field_by_field(tmp_path):
         GRPOConfig.from_yaml(str(base), str(extra))
 
 
-def test_the_critics_learning_rate_has_its_own_name(tmp_path, caplog):
-    """critic.learning_rate (formerly lr: `--lr` read as the policy's): the old name works, with a warning."""
+def test_the_critics_learning_rate_has_its_own_name(tmp_path):
+    """critic.learning_rate (once lr, which `--lr` read as the policy's); the old name is refused in one line."""
     parser = argparse.ArgumentParser()
     add_config_flags(parser)
     # --learning_rate stays the policy's alone; the critic's is the dotted flag
     assert config_overrides(parser.parse_args(["--learning_rate", "1e-5"])) == {"optimizer": {"learning_rate": 1e-5}}
     assert config_overrides(parser.parse_args(["--critic.learning_rate", "1e-3"])) == {
         "critic": {"learning_rate": 1e-3}}
-    for flag in ("--lr", "--critic.lr"):
-        caplog.clear()
-        with caplog.at_level("WARNING", logger="mindrlhf.configs"):
-            assert config_overrides(parser.parse_args([flag, "1e-3"])) == {"critic": {"learning_rate": 1e-3}}
-        assert f"{flag} is deprecated, use --critic.learning_rate" in caplog.text
     path = tmp_path / "ppo.yaml"
-    path.write_text("critic:\n  lr: 1.0e-3\n")
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="mindrlhf.configs"):
-        config = GRPOConfig.from_yaml(str(path))
+    path.write_text("critic:\n  learning_rate: 1.0e-3\n")
+    config = GRPOConfig.from_yaml(str(path))
     assert config.critic.learning_rate == 1e-3 and config.optimizer.learning_rate == 1e-6
-    assert f"{path}: critic.lr is deprecated, use critic.learning_rate" in caplog.text
-    path.write_text("critic:\n  lr: 1.0e-3\n  learning_rate: 1.0e-4\n")
-    with pytest.raises(ConfigError, match=r"critic.lr=0.001 and critic.learning_rate=0.0001 disagree"):
+    path.write_text("critic:\n  lr: 1.0e-3\n")
+    with pytest.raises(ConfigError) as err:
         GRPOConfig.from_yaml(str(path))
+    assert str(err.value) == f"{path}: critic: unknown field(s) 'lr'; known fields: learning_rate, lr_warmup_steps, " \
+                             "grad_clip, cliprange_value, critic_warmup"
     with pytest.raises(ConfigError, match=r"critic.learning_rate must be > 0, got 0.0"):
-        GRPOConfig().replace({"critic": {"lr": 0.0}})
+        GRPOConfig().replace({"critic": {"learning_rate": 0.0}})
 
 
 def run_script(*argv: str) -> subprocess.CompletedProcess:
@@ -261,10 +312,12 @@ def test_help_shows_each_flags_type_and_default():
     assert epsilon.endswith("(default: 0.2)")
     assert flag_help(proc.stdout, "--use_parallel").startswith("--use_parallel {auto,true,false} ")
     assert flag_help(proc.stdout, "--use_parallel").endswith("(default: auto)")
-    # a field that moved to another section: its old flag reads like the new one, not like its dest
-    assert flag_help(proc.stdout, "--schedule.max_sampling_retries") == \
-        "--schedule.max_sampling_retries INT old name of --algorithm.max_sampling_retries"
+    assert flag_help(proc.stdout, "--max_sampling_retries").startswith(
+        "--max_sampling_retries INT, --algorithm.max_sampling_retries INT [algorithm] ")
     assert flag_help(proc.stdout, "--max_sampling_retries").endswith("(default: 3)")
+    # no old names: fields that moved or were renamed have their new flags only
+    for old in ("--schedule.max_sampling_retries", "--critic.lr ", "--eval_dataset_dir", "old name", "deprecated"):
+        assert old not in proc.stdout
     assert flag_help(proc.stdout, "--max_new_tokens").endswith("(default: 256)")  # GRPOConfig's, not the class's
     assert flag_help(proc.stdout, "--reward_funcs").endswith("(default: accuracy format)")
     assert flag_help(proc.stdout, "--reward_weights").endswith("(default: 1.0 per function)")

@@ -1,6 +1,7 @@
 """MindSpeed-RL's GRPO trainer YAML given to --config as it is (`mindrlhf.configs.mindspeed`): each key mapped onto a
-field, accepted, ignored (ONE warning line naming each key and why) or refused with the file, `section.key=value`
-and what to set instead; docs/yaml_keys.md lists every key."""
+field, accepted, ignored (a short warning line a reason, naming its keys) or refused with the file,
+`section.key=value` and what to set instead; a key one edit away from a known one is refused as a typo with a
+did-you-mean; docs/yaml_keys.md lists every key."""
 import logging
 import re
 
@@ -11,14 +12,14 @@ from support.paths import DOCS, MODEL_CONFIGS
 from mindrlhf.configs import foreign_keys
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.grpo_configs import GRPOConfig
-from mindrlhf.configs.mindspeed import known_keys
+from mindrlhf.configs.mindspeed import UNKNOWN_KEY, VERIFIERS, known_keys
 
 SAMPLE = MODEL_CONFIGS / "mindspeed" / "grpo_trainer_qwen25_7b.yaml"
 
 
 @pytest.fixture(autouse=True)
 def said_again():
-    """Each test sees its warning line (a line is logged once per process)."""
+    """Each test sees its warning lines (a line is logged once per process)."""
     foreign_keys.warn_once.cache_clear()
 
 
@@ -68,15 +69,20 @@ def test_the_sample_maps_onto_the_fields(caplog):
     assert opt.weight_decay == 0.01 and opt.max_grad_norm == 1.0 and opt.beta2 == 0.95
     assert config.checkpoint.save_interval == 100
     assert config.source_of("loss", "beta") == str(SAMPLE)
-    assert len(_warnings(caplog)) == 1
+    assert all(line.startswith(f"{SAMPLE}: ") for line in _warnings(caplog))
 
 
-def test_the_sample_says_what_it_ignores_in_one_line(caplog):
+def test_the_sample_says_what_it_ignores_in_a_short_line_a_reason(caplog):
     with caplog.at_level(logging.WARNING, "mindrlhf.config"):
         GRPOConfig.from_yaml(str(SAMPLE))
         GRPOConfig.from_yaml(str(SAMPLE))  # read twice, said once
-    (line,) = _warnings(caplog)
-    assert line.startswith(f"{SAMPLE}: rl_config.verifier_function[0]='acc' is read as reward 'accuracy': ")
+    lines = _warnings(caplog)
+    assert len(lines) == len(set(lines)) == 17  # 3 keys read approximately, 14 reasons keys are ignored for
+    assert lines[0] == f"{SAMPLE}: rl_config.verifier_function[0]='acc' is read as reward 'accuracy': " \
+                       f"{VERIFIERS['acc'][1]}"
+    assert all(line.startswith(f"{SAMPLE}: ") and " | " not in line and len(line) < 300 + len(str(SAMPLE))
+               for line in lines)
+    text = "\n".join(lines)
     for said in ("rl_config.verifier_function[1]='strict_format' is read as reward 'format'",
                  "rl_config.max_prompt_length=2048 is read as generation.prompt_buckets [64, 128, 256, 512, 1024, "
                  "2048]", "mindrlhf-prepare-data --max_prompt_length 2048",
@@ -95,13 +101,13 @@ def test_the_sample_says_what_it_ignores_in_one_line(caplog):
                  "rl_config.use_tensorboard=True has no effect here: pass --tensorboard_dir",
                  "generate_config.gpu_memory_utilization=0.4 has no effect here: vLLM engine settings: mindrlhf's "
                  "generator decodes at most generation.max_num_seqs rows of an inference rank at once"):
-        assert said in line, said
+        assert said in text, said
     # values that mean what is done here pass without a word
     for quiet in ("generate_config.max_num_seqs", "max_num_batched_tokens", "max_model_len",
                   "infer_tensor_parallel_size", "offload_train", "use_flash_attn",
                   "min_p", "no_load_optim", "attention_softmax_in_fp32", "ref_forward_micro_batch_size", "kl_ctrl_type",
                   "split"):
-        assert quiet not in line, quiet
+        assert quiet not in text, quiet
 
 
 def test_sampling_configs_min_p_is_the_generations(tmp_path):
@@ -141,28 +147,43 @@ def test_a_refusal_names_the_file_the_key_and_what_to_set(tmp_path, section, key
         GRPOConfig.from_yaml(path)
 
 
-def test_an_unknown_verifier_is_refused_with_the_known_ones(tmp_path):
-    path = _edited(tmp_path, "rl_config", verifier_function=["base_acc", "math_verify_reward"], verifier_weight=[1, 1])
+@pytest.mark.parametrize("name", ["math_verify_reward", "step", "retool_reward", "my_acc"])
+def test_an_unknown_verifier_is_refused_with_the_known_ones(tmp_path, name):
+    """MindSpeed-RL skips a verifier name it does not know (the job trains without that reward); here it is
+    refused, the accepted names listed."""
+    path = _edited(tmp_path, "rl_config", verifier_function=["base_acc", name], verifier_weight=[1, 1])
     with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: rl_config.verifier_function\[1\]="
-                                          r"'math_verify_reward' is not supported: the MindSpeed-RL verifiers read "
-                                          r"here are base_acc, acc, math_17k_acc, format, strict_format; for another "
-                                          r"rule give a function 'package.module:function'"):
+                                          rf"'{name}' is not supported: the MindSpeed-RL verifiers read "
+                                          r"here are base_acc, acc, math_17k_acc, acc_for_ppo, acc_for_dapo, format, "
+                                          r"strict_format; for another rule give a function 'package.module:function'"):
         GRPOConfig.from_yaml(path)
+
+
+def test_the_weights_count_the_verifiers(tmp_path):
     with pytest.raises(ConfigError, match=r"rl_config.verifier_weight=\[1.0\] has 1 weight\(s\) for the 2 verifier "
                                           r"function\(s\) \['acc', 'strict_format'\]: give one weight per function"):
         GRPOConfig.from_yaml(_edited(tmp_path, "rl_config", verifier_weight=[1.0]))
 
 
 def test_verifiers_map_onto_the_rule_rewards(tmp_path, caplog):
-    path = _edited(tmp_path, "rl_config", verifier_function=["base_acc", "format", "math_17k_acc"],
-                   verifier_weight=[1.0, 0.5, 2])
+    path = _edited(tmp_path, "rl_config", verifier_function=["base_acc", "format", "math_17k_acc", "acc_for_ppo",
+                                                             "acc_for_dapo"], verifier_weight=[1.0, 0.5, 2, 1, 1])
     with caplog.at_level(logging.WARNING, "mindrlhf.config"):
         config = GRPOConfig.from_yaml(path)
-    assert config.reward.reward_funcs == ["accuracy", "format", "accuracy"]
-    assert config.reward.reward_weights == [1.0, 0.5, 2.0]
-    (line,) = _warnings(caplog)
-    assert "rl_config.verifier_function[0]='base_acc' is read as reward 'accuracy'" in line
-    assert "verifier_function[1]" not in line  # MindSpeed-RL's format is the same template, 1 or 0
+    assert config.reward.reward_funcs == ["accuracy", "format", "accuracy", "accuracy", "accuracy"]
+    assert config.reward.reward_weights == [1.0, 0.5, 2.0, 1.0, 1.0]
+    lines = _warnings(caplog)
+    for index, name in ((0, "base_acc"), (2, "math_17k_acc"), (3, "acc_for_ppo"), (4, "acc_for_dapo")):
+        assert f"{path}: rl_config.verifier_function[{index}]='{name}' is read as reward 'accuracy': " \
+               f"{VERIFIERS[name][1]}" in lines, name
+    assert not any("verifier_function[1]" in line for line in lines)  # MindSpeed-RL's format: the same template
+
+
+def test_a_verifier_name_one_edit_from_a_known_one_is_taken_for_a_typo(tmp_path):
+    path = _edited(tmp_path, "rl_config", verifier_function=["acc", "strict_fromat"])
+    with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: rl_config.verifier_function\[1\]: unknown "
+                                          r"verifier 'strict_fromat' \(did you mean 'strict_format'\?\)$"):
+        GRPOConfig.from_yaml(path)
 
 
 def test_learning_rate_schedule_and_warmup(tmp_path):
@@ -194,13 +215,44 @@ def test_actor_config_wins_over_megatron_training_and_unknown_keys_are_named(tmp
     with caplog.at_level(logging.WARNING, "mindrlhf.config"):
         config = GRPOConfig.from_yaml(_write(tmp_path, data))
     assert config.optimizer.learning_rate == 1e-6  # actor_config.lr
-    (line,) = _warnings(caplog)
-    assert "megatron_training.lr=5e-06 has no effect here: actor_config gives it too, and wins" in line
-    assert "megatron_training.recompute-granularity='full' has no effect here: recompute is set in the train model " \
-           "YAML" in line
-    assert "megatron_training.my_knob=3, rl_config.my_rl_knob=True have no effect here: not a key of MindSpeed-RL's " \
-           "GRPO trainer YAML that this reader knows" in line
-    assert "'profiler_config' has no effect here: not a section of MindSpeed-RL's GRPO trainer YAML" in line
+    path, lines = _write(tmp_path, data), _warnings(caplog)
+    assert f"{path}: megatron_training.lr=5e-06 has no effect here: actor_config gives it too, and wins (as in " \
+           "MindSpeed-RL)" in lines
+    assert any(line.startswith(f"{path}: megatron_training.recompute-granularity='full' has no effect here: recompute "
+                               "is set in the train model YAML") for line in lines)
+    # unknown keys far from every known one: a line of their own, not lost among the ignored keys
+    assert f"{path}: megatron_training.my_knob=3, rl_config.my_rl_knob=True have no effect here: {UNKNOWN_KEY}" in lines
+    assert f"{path}: 'profiler_config' has no effect here: not a section of MindSpeed-RL's GRPO trainer YAML" in lines
+
+
+def test_a_key_one_edit_from_a_known_one_is_taken_for_a_typo(tmp_path, caplog):
+    """The issue's case: `n_samples_per_promt: 4` read as an unknown key would train with the default group size;
+    it is refused, with the key it is one edit away from (a letter left out, added, replaced or two swapped)."""
+    data = _sample()
+    data["rl_config"]["n_samples_per_promt"] = data["rl_config"].pop("n_samples_per_prompt") // 2
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: rl_config.n_samples_per_promt: unknown key \(did you "
+                                          r"mean 'n_samples_per_prompt'\?\)$"):
+        GRPOConfig.from_yaml(path)
+    for section, key, meant in (("megatron_training", "global_bacth_size", "global_batch_size"),
+                                ("actor_config", "lr-decay-styles", "lr_decay_style"),
+                                ("rl_config", "init_kl_coeff", "init_kl_coef"),
+                                ("rl_config", "verifier_weigth", "verifier_weight"),
+                                ("generate_config", "max_num_seq", "max_num_seqs"),
+                                ("generate_config", "sampling_confg", "sampling_config"),
+                                ("generate_config.sampling_config", "temperatur", "temperature"),
+                                ("ref_config", "micro_batch_sise", "micro_batch_size")):
+        with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: {re.escape(section)}.{key}: unknown key "
+                                              rf"\(did you mean '{meant}'\?\)$"):
+            GRPOConfig.from_yaml(_edited(tmp_path, section, **{key: 1}) if section != "ref_config" else
+                                 _write(tmp_path, {**_sample(), "ref_config": {key: 1}}))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: generate_confg: unknown key \(did you mean "
+                                          r"'generate_config'\?\)$"):
+        GRPOConfig.from_yaml(_write(tmp_path, {**_sample(), "generate_confg": {}}))
+    # two edits away: an unknown key, warned about in its own line
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        GRPOConfig.from_yaml(_edited(tmp_path, "rl_config", n_samples_per_pmt=4))
+    assert f"{path}: rl_config.n_samples_per_pmt=4 has no effect here: {UNKNOWN_KEY}" in _warnings(caplog)
 
 
 def test_log_prob_micro_batches_and_kl_settings(tmp_path, caplog):
@@ -212,11 +264,11 @@ def test_log_prob_micro_batches_and_kl_settings(tmp_path, caplog):
     assert config.schedule.log_prob_micro_batch_size_per_device == 2
     assert config.loss.kl_estimator == "k1" and config.loss.beta == 0.05
     assert config.algorithm.use_kl_in_reward is False  # MindSpeed-RL's GRPO trainer keeps the KL in the loss
-    (line,) = _warnings(caplog)
+    text = "\n".join(_warnings(caplog))
     assert "rl_config.actor_forward_micro_batch_size=8, rl_config.ref_forward_micro_batch_size=2 is read as " \
-           "schedule.log_prob_micro_batch_size_per_device=2" in line
+           "schedule.log_prob_micro_batch_size_per_device=2" in text
     assert "rl_config.kl_ctrl_type='adaptive' has no effect here: MindSpeed-RL's GRPO trainer never updates the KL " \
-           "controller" in line
+           "controller" in text
 
 
 def test_ref_config_gives_the_reference_pass_and_its_weights(tmp_path, caplog):
@@ -227,14 +279,14 @@ def test_ref_config_gives_the_reference_pass_and_its_weights(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, "mindrlhf.config"):
         config = GRPOConfig.from_yaml(_write(tmp_path, data))
     assert config.schedule.log_prob_micro_batch_size_per_device == 2  # the smaller of the actor's 4 and the ref's 2
-    assert "ref_config.load" not in _warnings(caplog)[0]  # the actor's checkpoint: the default here
+    assert "ref_config.load" not in "\n".join(_warnings(caplog))  # the actor's checkpoint: the default here
     data["ref_config"]["load"] = "./ref_ckpt"
     foreign_keys.warn_once.cache_clear()
     caplog.clear()
     with caplog.at_level(logging.WARNING, "mindrlhf.config"):
         GRPOConfig.from_yaml(_write(tmp_path, data))
     assert "ref_config.load='./ref_ckpt' has no effect here: pass the reference weights as --load_ref_checkpoint" \
-        in _warnings(caplog)[0]
+        in "\n".join(_warnings(caplog))
 
 
 def test_a_mindrlhf_yaml_is_read_as_before(tmp_path, caplog):

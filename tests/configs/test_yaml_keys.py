@@ -1,6 +1,7 @@
 """Every key of a MindFormers / MindRLHF model YAML that is not a field here is honoured, mapped onto a field,
-ignored with its reason (the keys a YAML load ignores in ONE warning line), or refused with what to set instead
-(`mindrlhf.configs.foreign_keys`); `docs/yaml_keys.md` lists them."""
+ignored with its reason (a short warning line a reason, naming its keys), or refused with what to set instead
+(`mindrlhf.configs.foreign_keys`); an unknown key one edit away from a known one is refused as a typo with a
+did-you-mean; `docs/yaml_keys.md` lists them."""
 import logging
 import re
 from pathlib import Path
@@ -98,7 +99,7 @@ def test_values_that_mean_what_is_done_here_pass_silently(caplog):
     assert caplog.text == ""
 
 
-def test_sections_not_read_here_are_named_in_one_line_once(caplog):
+def test_sections_not_read_here_are_named_a_line_a_reason_once(caplog):
     foreign_keys.warn_once.cache_clear()
     data = _yaml("", "runner_config", {"epochs": 2})
     data["my_section"] = {"a": 1}  # an unknown top-level key: in the same line, with its reason
@@ -107,10 +108,33 @@ def test_sections_not_read_here_are_named_in_one_line_once(caplog):
         Qwen2Config.from_dict(data, "job.yaml")
         Qwen2Config.from_dict(data, "job.yaml")  # read twice, said once
     assert [r.getMessage() for r in caplog.records] == [
-        "job.yaml: 'runner_config' has no effect here: epochs and batch sizes come from the GRPO config | "
-        "'my_section' has no effect here: it is not a key this implementation reads | "
-        "parallel.parallel_mode, parallel.full_batch have no effect here: layouts are explicit per network "
+        "job.yaml: 'runner_config' has no effect here: epochs and batch sizes come from the GRPO config",
+        "job.yaml: 'my_section' has no effect here: it is not a key this implementation reads",
+        "job.yaml: parallel.parallel_mode, parallel.full_batch have no effect here: layouts are explicit per network "
         "(parallel_config), not MindSpore's semi-auto parallel"]
+
+
+@pytest.mark.parametrize("where,meant", [
+    ("paralel_config", "parallel_config"), ("recompute_confg", "recompute_config"), ("sed", "seed"),
+    ("runer_config", "runner_config"), ("load_checkpiont", "load_checkpoint"), ("model.arc", "arch"),
+    ("model.model_configs", "model_config"), ("parallel.enable_parallel_optimiser", "enable_parallel_optimizer"),
+])
+def test_a_key_one_edit_from_a_known_one_is_refused_as_a_typo(where, meant, caplog):
+    """A misspelt section read here would be dropped (`paralel_config`: the default layout, `recompute_confg`: no
+    recompute): a key one edit away from a known one is refused by name; a farther one is warned about as before."""
+    data = _yaml("model.model_config", "type", "Qwen2Config")
+    section, _, key = where.rpartition(".")
+    (data.setdefault(section, {}) if section else data)[key] = {"data_parallel": 1} if "config" in key else True
+    with pytest.raises(ConfigError, match=rf"^job.yaml: {re.escape(where)}: unknown key \(did you mean "
+                                          rf"'{meant}'\?\)$"):
+        Qwen2Config.from_dict(data, "job.yaml")
+    foreign_keys.warn_once.cache_clear()
+    far = _yaml("model.model_config", "type", "Qwen2Config")
+    far["model"]["my_key"] = 1
+    with caplog.at_level(logging.WARNING, "mindrlhf.config"):
+        Qwen2Config.from_dict(far, "job.yaml")
+    assert [r.getMessage() for r in caplog.records] == [
+        "job.yaml: model.my_key has no effect here: it is not a key this implementation reads"]
 
 
 def test_an_unknown_key_is_still_an_error_with_a_hint():
@@ -176,9 +200,9 @@ def test_mindrlhfs_qwen_keys_load_with_one_warning_and_mapped_values(tmp_path, c
     sampling = ", ".join(f"model.model_config.{k}={MINDRLHF_KEYS[k]!r}" for k in
                          ("max_decode_length", "min_decode_length", "temperature", "top_k", "top_p", "do_sample"))
     assert [r.getMessage() for r in caplog.records] == [
-        f"{path}: model.model_config.eos_token_id[1:]=[700] has no effect here: {EOS_LIST_REASON} | "
-        f"model.model_config.compute_in_2d=True has no effect here: {MODEL_KEYS['compute_in_2d'].advice} | "
-        f"{sampling} have no effect here: {MODEL_KEYS['temperature'].advice}"]
+        f"{path}: model.model_config.eos_token_id[1:]=[700] has no effect here: {EOS_LIST_REASON}",
+        f"{path}: model.model_config.compute_in_2d=True has no effect here: {MODEL_KEYS['compute_in_2d'].advice}",
+        f"{path}: {sampling} have no effect here: {MODEL_KEYS['temperature'].advice}"]
     assert "grpo.yaml" in MODEL_KEYS["temperature"].advice and "generation.temperature" in caplog.text
     assert "tokenizer's stop ids" in caplog.text
 
@@ -227,5 +251,21 @@ def test_mindrlhfs_trainer_sections_are_named_with_their_reason(caplog):
         Qwen2Config.from_dict(data, "job.yaml")
     assert [r.getMessage() for r in caplog.records] == [
         "job.yaml: micro_batch_interleave_num=2 has no effect here: "
-        f"{TOP_LEVEL_KEYS['micro_batch_interleave_num'].advice} | 'callbacks' has no effect here: "
-        f"{SECTIONS['callbacks']} | 'train_dataset' has no effect here: {SECTIONS['train_dataset']}"]
+        f"{TOP_LEVEL_KEYS['micro_batch_interleave_num'].advice}",
+        f"job.yaml: 'callbacks' has no effect here: {SECTIONS['callbacks']}",
+        f"job.yaml: 'train_dataset' has no effect here: {SECTIONS['train_dataset']}"]
+
+
+@pytest.mark.parametrize("key,known,near", [
+    ("n_samples_per_promt", "n_samples_per_prompt", True),  # a character left out
+    ("n_samples_per_prompts", "n_samples_per_prompt", True),  # one added
+    ("n_sample_per_promt", "n_samples_per_prompt", False),  # two left out
+    ("seqd", "seed", True),  # replaced
+    ("sede", "seed", True), ("esed", "seed", True),  # two neighbours swapped
+    ("edes", "seed", False), ("seed", "seed", False), ("parallel", "parallel_config", False),
+])
+def test_one_edit_apart(key, known, near):
+    from mindrlhf.configs.base import closest_key, one_edit_apart
+
+    assert one_edit_apart(key, known) is near and one_edit_apart(known, key) is near
+    assert closest_key(key, [known, "other"], one_edit=True) == (known if near else None)

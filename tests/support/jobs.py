@@ -81,9 +81,11 @@ def run_job(tmp_path, monkeypatch, name, args, workers=2):
 
 
 def without_timing(metrics):
-    from mindrlhf.trainer.metrics import MACHINE_METRICS
+    """`metrics` without those a resumed run (or another layout) need not give again: the machine's and
+    `swap/bytes_moved` (`NOT_REPRODUCED_ON_RESUME`, docs/metrics.md)."""
+    from mindrlhf.trainer.metrics import NOT_REPRODUCED_ON_RESUME
 
-    return {k: v for k, v in metrics.items() if not k.startswith((*MACHINE_METRICS, "swap/"))}
+    return {k: v for k, v in metrics.items() if not k.startswith(NOT_REPRODUCED_ON_RESUME)}
 
 
 def module_run(tmp_path_factory, name, make_args):

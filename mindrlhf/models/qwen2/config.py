@@ -14,10 +14,12 @@ from mindrlhf.configs.foreign_keys import (
     MODEL_ALIASES,
     MODEL_KEYS,
     PARALLEL_KEYS,
+    UNREAD,
     IgnoredKeys,
     check_foreign_keys,
     check_top_level,
     read_aliases,
+    refuse_typo,
 )
 from mindrlhf.configs.parallel import ParallelConfig
 from mindrlhf.configs.recompute import RecomputeConfig
@@ -32,6 +34,7 @@ SUPPORTED_HF_ARCHS = {"qwen2": True, "llama": False}  # model_type -> default qk
 ARCHS = {"Qwen2ForCausalLM": "Qwen2ForCausalLM", "LlamaForCausalLM": "Qwen2ForCausalLM",
          "Qwen2ForValue": "Qwen2ForValue"}
 DEFAULT_ARCH = "Qwen2ForCausalLM"
+MODEL_SECTION_KEYS = ("model_config", "arch")  # the keys of a model YAML's `model` section
 
 
 @dataclass
@@ -144,7 +147,8 @@ class Qwen2Config:
     @classmethod
     def from_dict(cls, data: dict, source: str = "<dict>") -> Qwen2Config:
         """The config of a MindFormers-layout mapping. Foreign keys (`mindrlhf.configs.foreign_keys`) pass, are
-        refused, or are ignored: the keys ignored are said in one warning line naming each and why."""
+        refused, or are ignored: the keys ignored are said in short warning lines, one a reason; an unknown key one
+        edit away from a known one is refused with a did-you-mean."""
         model_cfg = get_section(data, "model.model_config", source)
         model_cfg.pop("parallel_config", None)
         if "arch" in model_cfg:
@@ -153,6 +157,10 @@ class Qwen2Config:
         arch = read_arch(data, source)
         ignored = IgnoredKeys(source)
         check_top_level(data, ("model", "parallel_config", "recompute_config", "parallel"), ignored)
+        for key in get_section(data, "model", source):
+            if key not in MODEL_SECTION_KEYS:
+                refuse_typo(key, f"model.{key}", MODEL_SECTION_KEYS, source)
+                ignored.add(f"model.{key}", UNREAD)
         model_cfg, kv_channels = read_mindformers_names(model_cfg, ignored)
         check_foreign_keys(model_cfg, MODEL_KEYS, "model.model_config", ignored)
         cfg = from_mapping(cls, model_cfg, f"{source}: model.model_config",
@@ -282,6 +290,7 @@ def read_parallel(data: dict, source: str, ignored: IgnoredKeys) -> tuple[Parall
     if context.pop("enable_parallel_optimizer", False):
         parallel.optimizer_shard = True
     for key in context:
+        refuse_typo(key, f"parallel.{key}", ("enable_parallel_optimizer",), source)
         ignored.add(f"parallel.{key}", "layouts are explicit per network (parallel_config), not MindSpore's "
                                        "semi-auto parallel")
     recompute = get_section(data, "recompute_config", source, required=False)
