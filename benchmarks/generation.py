@@ -100,7 +100,7 @@ def measure(model, config: GenerationConfig, prompts, repeats: int) -> tuple[dic
         graph_times.append(gen.graph_seconds)
     seconds = statistics.median(times)
     host_share = statistics.median(1 - g / t for g, t in zip(graph_times, times))
-    tokens = gen.last_stats["batch_size"] * gen.last_stats["steps"]
+    tokens = out.stats["batch_size"] * out.stats["steps"]
     first_calls = {}
     for signature, sec in gen.first_call_seconds.items():
         first_calls[signature[0]] = first_calls.get(signature[0], 0.0) + sec
@@ -111,13 +111,13 @@ def measure(model, config: GenerationConfig, prompts, repeats: int) -> tuple[dic
         "all_seconds": times,
         "tokens": tokens,
         "tokens_per_second": tokens / seconds,
-        "ms_per_step": 1000 * seconds / gen.last_stats["steps"],
+        "ms_per_step": 1000 * seconds / out.stats["steps"],
         "host_share": host_share,
         "all_graph_seconds": graph_times,
         "compilations": gen.compile_counts(),
         "mindspore_compiled_graphs": gen.graph_compile_counts(),
         "first_call_seconds": first_calls,
-        "prompt_bucket": gen.last_stats["prompt_bucket"],
+        "prompt_bucket": out.stats["prompt_bucket"],
     }
     return row, out.response_ids
 

@@ -92,7 +92,7 @@ def main(argv=None) -> dict:
             generator.config = config(steps, r)
             start = time.perf_counter()
             out = generator.generate(batch)
-            stats = generator.last_stats
+            stats = out.stats
             runs[steps].append({"seconds": time.perf_counter() - start, "idle_row_share": stats["idle_row_share"],
                                "computed_rows": stats["computed_rows"], "steps": stats["steps"],
                                "mean_length": float(out.response_lengths.mean()),

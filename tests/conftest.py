@@ -118,7 +118,7 @@ def pytest_sessionfinish(session, exitstatus):
         return  # the controller checks, once its workers are done
     left = stop_leftovers()
     if left:
-        session.config.get_terminal_reporter().write_line(
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
             "processes started by the tests were still running at the end (killed now):\n  " + "\n  ".join(left),
             red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,7 +1,7 @@
 """The shape of the library (docs/architecture.md): packages import only packages below them, no two modules import
-each other (imports inside functions count), no function runs longer than a screen, the modules of
-`MINDSPORE_FREE` import without MindSpore and an import sits inside a function only for that (or a reason in
-`DEFERRED_IMPORTS`). And the shape of tests/:
+each other (imports inside functions count), no function runs longer than a screen nor a class past 250 lines, the
+modules of `MINDSPORE_FREE` import without MindSpore and an import sits inside a function only for that (or a reason
+in `DEFERRED_IMPORTS`). And the shape of tests/:
 each test module in the folder of what it tests, shared helpers in `support` (no test module imports another), the
 repository's paths derived in one place, the worker scripts on one set-up."""
 import ast
@@ -18,6 +18,7 @@ from support.paths import BENCHMARKS, EXAMPLES, LIBRARY, TESTS, TOOLS, WORKERS_D
 LAYERS = ["utils", "optim", "configs", "parallel", "models", "data", "reward", "algorithms", "generation",
           "checkpoint", "engine", "trainer", "cli"]
 MAX_FUNCTION_LINES = 60
+MAX_CLASS_LINES = 250  # a class that grows past it holds more than one job (the trainer's loop was 403 lines)
 # Modules that import without loading MindSpore (2-3 s), so that what they serve answers at once: the configs and
 # the job's checks (`mindrlhf-train --help` and a bad flag import trainer.launch), the memory plan, the numpy math,
 # the data and tokenizer tools, postmortem ("pkg.*": the package and every module in it). They import MindSpore, or
@@ -135,6 +136,16 @@ def test_functions_fit_a_screen(package):
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(LIBRARY.parent)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, "functions longer than a screen: " + ", ".join(long)
+
+
+def test_classes_hold_one_job():
+    long = []
+    for path in sorted(LIBRARY.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:
+                long.append(f"{path.relative_to(LIBRARY.parent)}:{node.lineno} {node.name} "
+                            f"({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, f"classes longer than {MAX_CLASS_LINES} lines: " + ", ".join(long)
 
 
 # ---------------------------------------------------------------------------------------- imports inside functions

@@ -14,9 +14,10 @@ Layout of one checkpoint::
         rank_<r>/state.json     each role's state on this rank (`Role.state_dict`: the training engines'
                                 update counts, the sampling stream), by role name
 
-Every rank writes into `.step_000004.partial/`; after a barrier rank 0 writes `meta.json` and renames the
-folder, so a checkpoint cut off mid-write is never a `step_*` folder with a meta and is never picked. The
-folder must be on a file system all nodes share (as MindSpore's own distributed checkpoints assume).
+Every rank writes into `.step_000004.partial/`; once every rank has written its files (an agreement: a rank that
+cannot write ends every rank there) rank 0 writes `meta.json` and renames the folder, so a checkpoint cut off
+mid-write is never a `step_*` folder with a meta and is never picked. The folder must be on a file system all nodes
+share (as MindSpore's own distributed checkpoints assume).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mindrlhf.utils.agreement import FailedRanks, agreed
 from mindrlhf.utils.checkpoint_file import StoredTensor, stored_tensors, write_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -103,42 +105,52 @@ def read_arrays(path: str, keep: Callable[[str], bool] = lambda name: True) -> d
 
 @dataclass
 class CheckpointWriter:
-    """Writes one checkpoint with every rank taking part; `barrier` synchronises the ranks."""
+    """Writes one checkpoint with every rank taking part; `failed_ranks` synchronises the ranks and tells each which
+    failed (`mindrlhf.utils.agreement`), so that a rank that cannot write ends every rank at once."""
 
     save_dir: str
     rank: int
     world_size: int
-    barrier: Callable[[], None]
+    failed_ranks: FailedRanks
 
     def save(self, step: int, write_rank_files: Callable[[str], None], write_shared_files: Callable[[str], None],
              meta: dict, keep_last: int) -> str:
         """Runs the writers into a partial folder, then commits it as `step_<step>`; returns its path."""
         final = os.path.join(self.save_dir, step_dir_name(step))
         partial = os.path.join(self.save_dir, "." + step_dir_name(step) + ".partial")
-        if self.rank == 0:
-            os.makedirs(self.save_dir, exist_ok=True)
-            shutil.rmtree(partial, ignore_errors=True)
-            os.makedirs(partial)
-        self.barrier()
-        try:
+        where = f"writing {final}"
+        with agreed(self.failed_ranks, where), self._one_error(final, partial):
+            if self.rank == 0:
+                os.makedirs(self.save_dir, exist_ok=True)
+                shutil.rmtree(partial, ignore_errors=True)
+                os.makedirs(partial)
+        with agreed(self.failed_ranks, where), self._one_error(final, partial):
             os.makedirs(rank_dir(partial, self.rank), exist_ok=True)
             write_rank_files(rank_dir(partial, self.rank))
             if self.rank == 0:
                 write_shared_files(partial)
-        except OSError as err:  # e.g. a full disk: free what this rank wrote, say which checkpoint is intact
+        with agreed(self.failed_ranks, where), self._one_error(final, partial):
+            if self.rank == 0:
+                with open(os.path.join(partial, META), "w", encoding="utf-8") as f:
+                    json.dump(meta, f, indent=1, sort_keys=True)
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(partial, final)
+                self._prune(keep_last)
+        return final
+
+    @contextlib.contextmanager
+    def _one_error(self, final: str, partial: str) -> Iterator[None]:
+        """An OSError inside (e.g. a full disk) as one CheckpointError, with this rank's partial files removed."""
+        try:
+            yield
+        except OSError as err:
             shutil.rmtree(rank_dir(partial, self.rank), ignore_errors=True)
+            if self.rank == 0:
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(partial, META))
             last = complete_checkpoints(self.save_dir)
             raise CheckpointError(f"{final}: cannot write this checkpoint ({err.strerror or err}); the last complete "
                                   f"one ({last[-1] if last else 'none'}) is untouched") from None
-        self.barrier()
-        if self.rank == 0:
-            with open(os.path.join(partial, META), "w", encoding="utf-8") as f:
-                json.dump(meta, f, indent=1, sort_keys=True)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(partial, final)
-            self._prune(keep_last)
-        self.barrier()
-        return final
 
     def _prune(self, keep_last: int) -> None:
         for old in complete_checkpoints(self.save_dir)[:-keep_last]:
@@ -156,19 +168,6 @@ def complete_checkpoints(save_dir: str) -> list[str]:
         if match and os.path.isfile(os.path.join(path, META)):
             found.append((int(match.group(1)), path))
     return [path for _, path in sorted(found)]
-
-
-def role_states(rank_state: dict, meta: dict) -> dict[str, dict]:
-    """Role name -> its saved state, from a rank's `RANK_STATE` and the step's meta. Checkpoints written before
-    2026-11-28 kept a flat rank state (the actor's `generator_rng`) and the engines' update counts in the meta
-    (`updates`, `critic_updates`): they read as the roles' states of today."""
-    if "generator_rng" not in rank_state:
-        return rank_state
-    states = {"actor": {"generator_rng": rank_state["generator_rng"],
-                        "engine": {"updates": meta["updates"], "consecutive_skips": 0}}}
-    if "critic_updates" in meta:
-        states["critic"] = {"engine": {"updates": meta["critic_updates"], "consecutive_skips": 0}}
-    return states
 
 
 def read_meta(step_dir: str) -> dict:

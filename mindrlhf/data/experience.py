@@ -1,5 +1,6 @@
 """Experience of one RL step as a table of named host-array columns: packed for one gather, concatenated across
-sampling rounds (the engines split it into updates, ranks and graph calls: `mindrlhf.engine.batches`).
+sampling rounds (the engines split it into updates, ranks and graph calls: `mindrlhf.engine.batches`), and written
+as a MindRecord (`--save_data_file`).
 
 Rows are responses, in groups of G (sample i of prompt j is row j * G + i; nothing compares rows to find them).
 Columns the loop fills, by phase:
@@ -16,11 +17,10 @@ Columns the loop fills, by phase:
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from mindrlhf.data.mindrecord import write_mindrecord_atomically
 from mindrlhf.data.reader import pad_rows
 
 PROMPT_COLUMNS = ("prompt_ids", "prompt_mask")
@@ -97,21 +97,6 @@ class Experience:
         return Experience(out)
 
 
-@dataclass(frozen=True)
-class StepBatch:
-    """What one step trains on and reports: `rows`, per-row statistics of every generated row of the step
-    (`metrics.row_statistics`, on every rank); `generated`, every generated row, when the rollout was gathered
-    (None when each rank kept its own rows); `rank_rows`, each trained role's rows on this rank (`RankRows`) by role
-    name; `trained_tokens`, the prompt and response tokens of the rows trained on; `sampling`, the sampling
-    rounds' metrics."""
-
-    rows: Experience
-    generated: Experience | None
-    rank_rows: dict[str, Any]
-    trained_tokens: int
-    sampling: dict
-
-
 def concat_experiences(parts: list[Experience], pad_token_id: int) -> Experience:
     """Rows of all parts (same columns); prompts are left-padded to the widest part."""
     if len(parts) == 1:
@@ -130,3 +115,28 @@ def concat_experiences(parts: list[Experience], pad_token_id: int) -> Experience
                                      prompt_mask=mask.astype(part.prompt_mask.dtype))
         padded.append(part)
     return Experience({name: np.concatenate([p[name] for p in padded], axis=0) for name in names})
+
+
+EXPERIENCE_SCHEMA = {
+    "prompt_ids": {"type": "int32", "shape": [-1]}, "response_ids": {"type": "int32", "shape": [-1]},
+    "response_mask": {"type": "int32", "shape": [-1]}, "ref_logp": {"type": "float32", "shape": [-1]},
+    "old_logp": {"type": "float32", "shape": [-1]}, "reward": {"type": "float32"},
+    "advantages": {"type": "float32", "shape": [-1]}, "returns": {"type": "float32", "shape": [-1]},
+}
+
+
+def write_experience(path: str, exp: Experience) -> None:
+    """One step's experience as MindRecord (real prompt tokens only; responses padded to the step's width; no
+    `ref_logp` in a job without a reference model)."""
+    per_token = [name for name in ("ref_logp", "old_logp", "advantages", "returns") if name in exp]
+    records = []
+    for i in range(exp.num_rows):
+        record = {"prompt_ids": exp.prompt_ids[i][exp.prompt_mask[i].astype(bool)].astype(np.int32),
+                  "reward": float(exp.rewards[i])}
+        for name in ("response_ids", "response_mask"):
+            record[name] = exp[name][i].astype(np.int32)
+        for name in per_token:
+            record[name] = exp[name][i].astype(np.float32)
+        records.append(record)
+    schema = {name: field for name, field in EXPERIENCE_SCHEMA.items() if name != "ref_logp" or "ref_logp" in exp}
+    write_mindrecord_atomically(records, path, "mindrlhf experience", schema=schema)

@@ -122,10 +122,10 @@ def _residency(plan) -> dict[str, tuple[str, ...]]:
     phases += ["ref"] if plan.reference else []
     phases += ["old"] if plan.config.schedule.num_iterations > 1 else []
     phases += ["values", "update_critic"] if plan.critic else []
-    phases += ["train", "reshard"] + (["eval"] if plan.job.eval_dataset_file else [])
+    phases += ["train", "reshard"] + (["sync_ref"] if plan.reference and plan.config.schedule.ref_model_sync_steps
+                                      else [])
+    phases += ["eval"] if plan.job.eval_dataset_file else []
     resident = phase_plan(plan.roles(), phases)
-    if plan.reference and plan.config.schedule.ref_model_sync_steps:
-        resident["reshard"] += (REF_WEIGHTS,)
     return {phase: resident[phase] for phase in phases}
 
 

@@ -15,7 +15,8 @@ from mindrlhf.parallel.swap import SwapManager
 
 # The phases of a step, in order (eval runs between steps). What is resident in each follows from the roles
 # (`mindrlhf.trainer.roles`); a phase no role claims runs with every group offloaded.
-PHASES = ("generate", "reward", "ref", "old", "gather", "values", "update_critic", "train", "reshard", "eval")
+PHASES = ("generate", "reward", "ref", "old", "gather", "values", "update_critic", "train", "reshard", "sync_ref",
+          "eval")
 
 
 def peak_rss_gib() -> float:
@@ -45,10 +46,10 @@ class Phases:
         self.swap_bytes = 0
 
     @contextlib.contextmanager
-    def __call__(self, name: str, also_resident: tuple[str, ...] = ()) -> Iterator[None]:
+    def __call__(self, name: str) -> Iterator[None]:
         if name not in self.resident:
             raise KeyError(f"unknown phase {name!r}; phases: {list(self.resident)}")
-        resident = tuple(g for g in self.swap.groups if g in self.resident[name] or g in also_resident)
+        resident = tuple(g for g in self.swap.groups if g in self.resident[name])
         offloaded = tuple(g for g in self.swap.groups if g not in resident)
         start = time.perf_counter()
         self.swap_bytes += self.swap.apply_plan(name, resident=resident, offloaded=offloaded)

@@ -68,6 +68,7 @@ from mindrlhf.trainer.specs import (
     ReferenceSpec,
     RewardSpec,
 )
+from mindrlhf.utils.agreement import FailedRanks, agreed
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -204,11 +205,11 @@ class Actor(Role):
     def _build_generators(self) -> None:
         spec, gen = self.spec, self.spec.generation
         self.generator = Generator(self.infer_net, gen, detokenize=self.detokenize)
-        self.generator.rng = np.random.default_rng([gen.seed, self.infer_layout.dp_rank])
+        self.generator.reseed([gen.seed, self.infer_layout.dp_rank])  # each dp rank samples a stream of its own
         # the evaluation prefills as many prompts a call as the rollout: both run one prefill graph
         self.eval_generator = Generator(self.infer_net, dataclasses.replace(
             gen, do_sample=False, num_generations=1, max_new_tokens=spec.eval_max_new_tokens),
-            share_graphs_with=self.generator, prefill_prompts=spec.schedule.batch_size // self.infer_layout.dp,
+            graphs=self.generator.graphs, prefill_prompts=spec.schedule.batch_size // self.infer_layout.dp,
             detokenize=self.detokenize)
 
     def resharder_to(self, net, strategy: dict, prefix: str):
@@ -238,11 +239,11 @@ class Actor(Role):
         return self.train_layout.stage if net == "train" else 0
 
     def state_dict(self) -> dict:
-        return {"engine": self.engine.state_dict(), "generator_rng": self.generator.rng.bit_generator.state}
+        return {"engine": self.engine.state_dict(), "generator_rng": self.generator.rng_state()}
 
     def load_state_dict(self, state: dict) -> None:
         self.engine.load_state_dict(state["engine"])
-        self.generator.rng.bit_generator.state = state["generator_rng"]
+        self.generator.load_rng_state(state["generator_rng"])
 
     def after_resume(self) -> None:
         self.sync_inference()
@@ -418,16 +419,20 @@ class Reward(Role):
     def __init__(self, spec: RewardSpec, tokenizer):
         reward = spec.reward
         self.spec, self.tokenizer = spec, tokenizer
-        self.rules = build_reward_fn(reward.reward_funcs, reward.reward_weights) if reward.reward_funcs else None
+        self.rules = build_reward_fn(reward.reward_funcs, reward.reward_weights, reward.reward_timeout) \
+            if reward.reward_funcs else None
         self.net = None
+        self.failed_ranks: FailedRanks = lambda failed: [0] if failed else []
         if spec.model is not None:
             self.layout = spec.model.layout
             self.net = Qwen2ForValue(spec.model.model, self.layout)
             self.net.update_parameters_name(REWARD_MODEL_PREFIX)
             self.strategy = net_layouts(self.net, self.layout)
 
-    def build(self) -> None:
-        """Loads the reward model (a checkpoint with a value head) and its scoring engine."""
+    def build(self, failed_ranks: FailedRanks) -> None:
+        """Loads the reward model (a checkpoint with a value head) and its scoring engine; `failed_ranks` is the
+        job's agreement (`ArrayCollectives.failed_ranks`): the ranks agree that their rule rewards succeeded."""
+        self.failed_ranks = failed_ranks
         if self.net is None:
             return
         model, path = self.spec.model, self.spec.model.checkpoint
@@ -455,14 +460,18 @@ class Reward(Role):
         TRL-form reward functions as keyword arguments."""
         completions = self.tokenizer.completions(response_ids, response_mask)
         rewards, terms = np.zeros(len(completions), np.float32), {}
-        if self.rules is not None:
-            extra = {}
-            if self.rules.needs_prompts:  # TRL-form functions also get the prompts, completion ids and columns
-                extra.update(columns or {})
-                extra["prompts"] = self.tokenizer.decode_masked(prompt_ids, prompt_mask, skip_special_tokens=False)
-                extra["completion_ids"] = [ids[mask.astype(bool)].tolist()
-                                           for ids, mask in zip(response_ids, response_mask)]
-            rewards, terms = self.rules(completions, solutions, **extra)
+        # every rank's rule functions, agreed on before the reward model's collectives: one rank's failing or hung
+        # function stops every rank here, in one line each
+        with agreed(self.failed_ranks, "the reward functions"):
+            if self.rules is not None:
+                extra = {}
+                if self.rules.needs_prompts:  # TRL-form functions also get the prompts, completion ids and columns
+                    extra.update(columns or {})
+                    extra["prompts"] = self.tokenizer.decode_masked(prompt_ids, prompt_mask,
+                                                                    skip_special_tokens=False)
+                    extra["completion_ids"] = [ids[mask.astype(bool)].tolist()
+                                               for ids, mask in zip(response_ids, response_mask)]
+                rewards, terms = self.rules(completions, solutions, **extra)
         if self.net is not None:
             scores = self.model_scores({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
                                         "response_ids": response_ids, "response_mask": response_mask})

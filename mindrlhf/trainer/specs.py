@@ -71,17 +71,19 @@ class ActorSpec:
     @property
     def resident_in(self) -> dict[str, tuple[str, ...]]:
         infer = (self.infer_group,)
+        # the inference weights stay on device while the reference syncs: the next phase (generate) reads them
         return {"generate": infer, "eval": infer, "old": infer, "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
-                "reshard": tuple(dict.fromkeys((TRAIN_WEIGHTS, self.infer_group)))}
+                "reshard": tuple(dict.fromkeys((TRAIN_WEIGHTS, self.infer_group))), "sync_ref": infer}
 
 
 @dataclass(frozen=True)
 class ReferenceSpec:
     """The reference policy: a net in the inference layout, loaded from `net.checkpoint` or resharded from the
-    actor's train net (and again every `ref_model_sync_steps`, when the trainer adds it to the reshard phase)."""
+    actor's train net (and again every `ref_model_sync_steps`, in the `sync_ref` phase after the actor's reshard)."""
 
     name: ClassVar[str] = "reference"
-    resident_in: ClassVar[dict[str, tuple[str, ...]]] = {"ref": (REF_WEIGHTS,)}
+    resident_in: ClassVar[dict[str, tuple[str, ...]]] = {"ref": (REF_WEIGHTS,),
+                                                         "sync_ref": (TRAIN_WEIGHTS, REF_WEIGHTS)}
     net: NetSpec
     temperature: float
 

@@ -178,15 +178,15 @@ def test_each_sample_of_a_prompt_draws_its_own_first_token_as_the_reference_does
 
 
 def test_a_restored_stream_draws_what_the_straight_run_drew(model):
-    """The trainer saves `rng.bit_generator.state` with a checkpoint: a resumed run samples the straight run's
+    """The trainer saves `rng_state()` with a checkpoint: a resumed run samples the straight run's
     tokens (the host draws the uniforms in the same order as the numpy reference did)."""
     config = sampling_config()
     straight = Generator(model, config)
     straight.generate(PROMPTS)
-    state = straight.rng.bit_generator.state
+    state = straight.rng_state()
     second = straight.generate(PROMPTS, return_log_probs=True)
     resumed = Generator(model, config)
-    resumed.rng.bit_generator.state = state
+    resumed.load_rng_state(state)
     again = resumed.generate(PROMPTS, return_log_probs=True)
     np.testing.assert_array_equal(again.response_ids, second.response_ids)
     np.testing.assert_array_equal(again.log_probs, second.log_probs)

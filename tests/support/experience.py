@@ -1,7 +1,7 @@
 """A random `Experience` (a rollout's columns) for tests of what consumes one."""
 import numpy as np
 
-from mindrlhf.trainer.experience import Experience
+from mindrlhf.data.experience import Experience
 
 
 def make_experience(rows, prompt_width, response_width, seed=0, pad=0):

@@ -167,7 +167,7 @@ def test_greedy_rollouts_with_slots_buckets_and_a_stop_string_match_transformers
     for questions, bucket in (([q for q, _ in PROBLEMS], 72), ([LONG_QUESTION, "What is 6 * 7?"], 128)):
         prompts = [chat(q) for q in questions]
         out = generator.generate(prompts)
-        assert generator.last_stats["prompt_bucket"] == bucket and generator.last_stats["rows"] == 3
+        assert out.stats["prompt_bucket"] == bucket and out.stats["rows"] == 3
         for i, ids in enumerate(prompts):
             with torch.no_grad():
                 generated = model.generate(torch.tensor([ids]), max_new_tokens=512, do_sample=False,

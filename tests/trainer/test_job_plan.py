@@ -291,9 +291,83 @@ def test_tokenizer_and_generation_lengths_fit_the_model(files, tokenizer):
                                           r"model_config.vocab_size is 704: tokenizer and model do not belong "
                                           r"together"):
         build(files, tokenizer=big)
-    with pytest.raises(ConfigError, match=rf"{files.infer}: generation.max_new_tokens=400 \+ largest of "
-                                          r"generation.prompt_buckets=256 = 656 exceeds model_config.seq_length=512"):
+    with pytest.raises(ConfigError, match=rf"^command line: generation.max_new_tokens=400 \+ largest of "
+                                          r"generation.prompt_buckets=256 = 656 exceeds model_config.seq_length=512 "
+                                          rf"of {files.infer} \(the KV cache"):
         build(files, tokenizer, config_of(generation={"max_new_tokens": 400}))
+
+
+def test_a_generation_length_error_names_where_the_lengths_were_given(files, tokenizer, tmp_path):
+    """`--max_new_tokens` given by flag is the command line's, not the inference YAML's (which gives seq_length);
+    a YAML that gives it is named; a default is not attributed to any file."""
+    longer = tmp_path / "longer.yaml"
+    longer.write_text("generation:\n  prompt_buckets: [128, 480]\n")
+    config = GRPOConfig.from_yaml(str(TINY / "grpo.yaml"), str(longer))
+    with pytest.raises(ConfigError, match=rf"^{longer}: generation.max_new_tokens=96 \+ largest of generation."
+                                          rf"prompt_buckets=480 = 576 exceeds model_config.seq_length=512 of "
+                                          rf"{files.infer} "):
+        build(files, tokenizer, config)
+    with pytest.raises(ConfigError, match=r"^generation.max_new_tokens=256 \+ largest of generation.prompt_buckets="
+                                          r"512 = 768 exceeds"):
+        build(files, tokenizer, GRPOConfig(schedule=config.schedule))  # the defaults: no file to name
+    with pytest.raises(ConfigError, match=r"^command line: generation.pad_token_id: token id\(s\) \[900\] outside the "
+                                          rf"model vocabulary \(vocab_size=704 of {files.infer}\)$"):
+        build(files, tokenizer, config_of(generation={"pad_token_id": 900}))
+
+
+def test_a_min_decode_rows_that_cannot_step_down_is_refused(files, tokenizer, mindrecord):
+    """The tiny job decodes 4 prompts / 2 inference ranks x 4 generations = 8 rows a rank: stepping down to 8 or
+    more rows does nothing (a silent no-op before), 7 is the largest that does something."""
+    build(files, tokenizer, config_of(generation={"min_decode_rows": 7}))
+    with pytest.raises(ConfigError, match=r"^command line: generation.min_decode_rows=1000 has no effect: an "
+                                          r"inference rank decodes at most 8 rows \(4 prompts / inference "
+                                          r"data_parallel=2 x 4 generations\); the largest useful value is 7 "
+                                          r"\(0 = off\)$"):
+        build(files, tokenizer, config_of(generation={"min_decode_rows": 1000}))
+    with pytest.raises(ConfigError, match=r"min_decode_rows=8 has no effect"):
+        build(files, tokenizer, config_of(generation={"min_decode_rows": 8}))
+    slots = {"max_num_seqs": 3, "min_decode_rows": 3}
+    with pytest.raises(ConfigError, match=r"min_decode_rows=3 has no effect: an inference rank decodes at most 3 "
+                                          r"rows \(generation.max_num_seqs=3 slots\); the largest useful value is 2"):
+        build(files, tokenizer, config_of(generation=slots))
+    # a held-out call of 16 prompts decodes more rows than the rollout: 8 steps those down
+    wide_eval = config_of(generation={"min_decode_rows": 8}, eval={"eval_batch_size": 16})
+    with pytest.raises(ConfigError, match=r"min_decode_rows=8 has no effect"):
+        build(files, tokenizer, wide_eval)  # without --eval_dataset_file there is no evaluation
+    build(files, tokenizer, wide_eval, eval_dataset_file=str(mindrecord))
+    with pytest.raises(ConfigError, match=r"min_decode_rows=16 has no effect: an inference rank decodes at most 16 "
+                                          r"rows \(eval.eval_batch_size=16 held-out prompts\); the largest useful "
+                                          r"value is 15"):
+        build(files, tokenizer, config_of(generation={"min_decode_rows": 16}, eval={"eval_batch_size": 16}),
+              eval_dataset_file=str(mindrecord))
+
+
+def test_prompts_longer_than_the_largest_bucket_are_found_before_the_cluster_forms(files, tokenizer, mindrecord,
+                                                                                   tmp_path):
+    """The plan reads the prompts' lengths once (the data reader of every rank found them after the cluster
+    formed); a bucket from a MindSpeed-RL YAML is named by its max_prompt_length."""
+    from mindrlhf.data.reader import read_prompt_records
+
+    lengths = sorted(len(row) for row in read_prompt_records(str(mindrecord))[0])
+    build(files, tokenizer, mind_dataset_dir=str(mindrecord))
+    bucket = lengths[-1] - 1  # the longest prompts do not fit
+    longer = sum(length > bucket for length in lengths)
+    too_short = config_of(generation={"prompt_buckets": [bucket]})
+    with pytest.raises(ConfigError, match=rf"^{mindrecord}: {longer} of {len(lengths)} prompts are longer than the "
+                                          rf"largest prompt bucket {bucket} \(generation.prompt_buckets, from command "
+                                          rf"line\), the longest {lengths[-1]} tokens: convert them again with "
+                                          rf"mindrlhf-prepare-data --max_prompt_length {bucket} \(it drops longer "
+                                          r"ones\) or add a larger bucket$"):
+        build(files, tokenizer, too_short, mind_dataset_dir=str(mindrecord))
+    mindspeed = tmp_path / "grpo_trainer.yaml"
+    mindspeed.write_text(f"rl_config:\n  max_prompt_length: {bucket}\n")
+    config = GRPOConfig.from_yaml(str(TINY / "grpo.yaml"), str(mindspeed))
+    with pytest.raises(ConfigError, match=rf"prompt bucket {bucket} \(rl_config.max_prompt_length of {mindspeed}\), "
+                                          r".* or raise max_prompt_length$"):
+        build(files, tokenizer, config, mind_dataset_dir=str(mindrecord))
+    build(files, tokenizer, too_short, mind_dataset_dir=str(mindrecord), plan=True)  # --plan reads no prompt
+    build(files, tokenizer, too_short, mind_dataset_dir=str(tmp_path / "later.mindrecord"), check_flags=True)
+    build(files, tokenizer, too_short)  # not a MindRecord: the data reader's error, as before
 
 
 def test_rollout_rows_stay_on_their_rank_only_where_no_rank_needs_anothers(files, tokenizer):
@@ -325,7 +399,8 @@ def test_the_phase_plan_follows_from_the_roles_specs(files, tokenizer):
     train weights when the inference net is the train net; no reference net, no ref phase group at beta 0."""
     grpo = {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
             "gather": (), "values": (), "update_critic": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
-            "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "eval": (INFER_WEIGHTS,)}
+            "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "sync_ref": (INFER_WEIGHTS, TRAIN_WEIGHTS, REF_WEIGHTS),
+            "eval": (INFER_WEIGHTS,)}
     assert phase_plan(build(files, tokenizer).roles(), PHASES) == grpo
     gae = config_of(algorithm={"adv_estimator": "gae"})
     ppo = phase_plan(build(files, tokenizer, gae, sft_path_critic=files.train).roles(), PHASES)
@@ -334,7 +409,7 @@ def test_the_phase_plan_follows_from_the_roles_specs(files, tokenizer):
     assert shared.actor.shares_train_weights and shared.reference is None
     assert phase_plan(shared.roles(), PHASES) == {
         **grpo, "generate": (TRAIN_WEIGHTS,), "ref": (), "old": (TRAIN_WEIGHTS,), "reshard": (TRAIN_WEIGHTS,),
-        "eval": (TRAIN_WEIGHTS,)}
+        "sync_ref": (TRAIN_WEIGHTS,), "eval": (TRAIN_WEIGHTS,)}
 
 
 def test_a_critic_exactly_with_gae(files, tokenizer):

@@ -5,6 +5,7 @@ one-process runs of test_grpo_cli.py and test_ppo.py (and the msrun job of test_
 metrics.jsonl with `assert_documented` too (tests/support/metrics_doc.py)."""
 import re
 
+import numpy as np
 import pytest
 from support.metrics_doc import DOC, assert_documented, metric_rows, name_pattern
 from support.paths import DOCS
@@ -23,6 +24,7 @@ def stand_in_trainer():
     import numpy as np
 
     from mindrlhf.algorithms import build_kl_controller
+    from mindrlhf.parallel.layout import Layout
     from mindrlhf.parallel.swap import SwapManager
     from mindrlhf.trainer.phases import PHASES, Phases
     from mindrlhf.trainer.rl_trainer import RLTrainer
@@ -30,10 +32,10 @@ def stand_in_trainer():
     trainer = RLTrainer.__new__(RLTrainer)
     trainer.num_generations, trainer.world_size, trainer.critic = 2, 2, True
     trainer.generation = SimpleNamespace(eos_token_ids=[1])
+    trainer.infer_layout = Layout(dp=2, rank=0)
     trainer.kl_ctrl = build_kl_controller("adaptive", 0.001, 0.1, 10000)
     trainer.comm = SimpleNamespace(all_gather=lambda array: np.concatenate([array, 2 * array]))
     trainer.evaluate = lambda: {"accuracy": 0.5, "hash_format": 0.25}
-    trainer.decode_rows = np.array([40.0, 15.0])  # the step's rollouts on this rank: computed, idle
     trainer.phases = Phases(SwapManager(), {name: () for name in PHASES})
     trainer.phases.start_step()
     for name in PHASES:
@@ -51,7 +53,7 @@ def written_records(folder) -> list[dict]:
 
     from mindrlhf.algorithms.policy_cells import GRPOLossNet, ValueLossNet
     from mindrlhf.engine.batches import RankRows
-    from mindrlhf.trainer.experience import StepBatch
+    from mindrlhf.trainer.experience_maker import StepBatch
     from mindrlhf.trainer.metrics import MetricsWriter, row_statistics
     from mindrlhf.trainer.plot import read_metrics
     from mindrlhf.trainer.roles import Actor, Critic
@@ -63,7 +65,8 @@ def written_records(folder) -> list[dict]:
     updates = role_with_engine(Actor, "actor", [1.0] * 4, 2, ACTOR_INPUTS, GRPOLossNet.OUTPUTS).train(share)
     updates.update(role_with_engine(Critic, "critic", [1.0] * 4, 2, CRITIC_INPUTS, ValueLossNet.OUTPUTS).train(share))
     updates.update(trainer._update_kl_controller(exp))
-    batch = StepBatch(row_statistics(exp, [1]), exp, {}, 100, {})
+    # decode rows computed, idle; 3 answer checks past their limit on this rank (6 on the other)
+    batch = StepBatch(row_statistics(exp, [1]), exp, True, {}, 100, {}, (40, 15), 3)
     metrics = trainer._step_metrics(batch, updates, elapsed=2.0, trained_tokens=100)
     metrics.update(trainer._eval_metrics())
     writer = MetricsWriter(str(folder))
@@ -82,6 +85,7 @@ def test_every_metric_written_has_one_row_and_every_row_is_written(tmp_path):
     step = next(record for record in records if record.get("step") == 1 and "timing/step" in record)
     # this rank's rows and a second rank's twice as many (the stand-in all_gather): (15 + 30) / (40 + 80)
     assert step["perf/idle_decode_rows"] == 0.375
+    assert step["reward/answer_check_timeouts"] == 3 + 6  # both ranks own rows (infer dp=2)
     assert 0.0005 < step["timing/generate_spread"] < 1  # the second rank's generate phase took twice as long
     never = [name for name in metric_rows() if not any(name_pattern(name).match(key) for key in written)]
     assert not never, f"rows of docs/metrics.md for metrics nothing writes: {never}"
@@ -113,6 +117,41 @@ def test_the_documented_log_line_is_what_the_trainer_prints():
     step, total = map(int, parts[0].split(" ")[1].split("/"))
     assert step_line(step, total, metrics) == example
     assert all(f"{name} {metrics[name]:.4g} {unit}" in example for name, unit in LINE_UNITS.items())
+
+
+def test_a_value_that_is_not_a_finite_number_is_null_in_the_jsonl(tmp_path, caplog):
+    """Strict JSON readers refuse a bare NaN: metrics.jsonl says null; the log line still says nan."""
+    import json
+    import logging
+
+    from mindrlhf.trainer.metrics import MetricsWriter
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    writer = MetricsWriter(str(tmp_path))
+    with caplog.at_level(logging.INFO, "mindrlhf.trainer"):
+        writer.write(1, 2, {"critic/score/mean": 0.5, "reward/format": float("nan"), "actor/grad_norm": float("inf"),
+                            "reward/accuracy": np.float32(0.25), "actor/updates": 2})
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(line, parse_constant=refuse) == {"step": 1, "critic/score/mean": 0.5, "reward/format": None,
+                                                       "actor/grad_norm": None, "reward/accuracy": 0.25,
+                                                       "actor/updates": 2}
+    assert "actor/grad_norm inf | " in caplog.text and "reward/format nan" in caplog.text
+
+
+def test_the_metrics_a_resumed_run_need_not_give_again_are_listed_in_the_docs():
+    from support.jobs import without_timing
+
+    from mindrlhf.trainer.metrics import MACHINE_METRICS, NOT_REPRODUCED_ON_RESUME
+
+    text = DOC.read_text(encoding="utf-8")
+    section = text[text.index("## What a resumed run gives again"):]
+    listed = re.findall(r"`([\w/]+)(?:\*)?`", "\n".join(line for line in section.splitlines() if line.startswith("- ")))
+    assert sorted(listed) == sorted(name for name in NOT_REPRODUCED_ON_RESUME)
+    assert "swap/bytes_moved" in NOT_REPRODUCED_ON_RESUME and set(MACHINE_METRICS) < set(NOT_REPRODUCED_ON_RESUME)
+    step = {"critic/score/mean": 0.5, "swap/bytes_moved": 10, "timing/step": 1.0, "e2e_tps": 3.0, "perf/x": 1}
+    assert without_timing(step) == {"critic/score/mean": 0.5}
 
 
 @pytest.mark.parametrize("old", ["timing_s/", "reward/mean", "reward/std", "actor/kl`", "actor/clipfrac",

@@ -21,8 +21,8 @@ from mindrlhf.checkpoint.step import (
     find_resume_checkpoint,
     save_parameters,
 )
+from mindrlhf.data.experience import Experience, concat_experiences
 from mindrlhf.parallel.swap import SwapError, SwapManager
-from mindrlhf.trainer.experience import Experience, concat_experiences
 from mindrlhf.trainer.phases import PHASES, Phases
 from mindrlhf.trainer.roles import Role
 from mindrlhf.trainer.specs import INFER_WEIGHTS, OPTIMIZER_MOMENTS, REF_WEIGHTS, TRAIN_WEIGHTS
@@ -81,7 +81,8 @@ def make_swap():
 # a GRPO job's phase plan (`specs.phase_plan` of its roles' specs: tests/trainer/test_job_plan.py)
 GRPO_PHASE_PLAN = {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
                    "gather": (), "values": (), "update_critic": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
-                   "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "eval": (INFER_WEIGHTS,)}
+                   "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "sync_ref": (INFER_WEIGHTS, TRAIN_WEIGHTS, REF_WEIGHTS),
+                   "eval": (INFER_WEIGHTS,)}
 
 
 def test_a_role_refuses_to_run_a_net_whose_group_is_offloaded():
@@ -104,11 +105,9 @@ def test_phases_apply_their_swap_plan_and_time_themselves():
     plan = GRPO_PHASE_PLAN
     phases = Phases(swap, plan)
     phases.start_step()
-    for name in ("generate", "reward", "ref", "gather", "train", "reshard"):
+    for name in ("generate", "reward", "ref", "gather", "train", "reshard", "sync_ref"):
         with phases(name):
             assert {g for g in swap.groups if swap.is_resident(g)} == set(plan[name])
-    with phases("reshard", also_resident=(REF_WEIGHTS,)):
-        assert swap.is_resident(REF_WEIGHTS) and swap.is_resident(INFER_WEIGHTS)
     import psutil
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     # enough to raise the process's lifetime peak (earlier tests may have set it) by 256 MiB inside this phase
@@ -116,7 +115,7 @@ def test_phases_apply_their_swap_plan_and_time_themselves():
     with phases("eval"):
         ballast[::4096] = b"\1" * len(ballast[::4096])
     metrics = phases.step_metrics()
-    names = ("generate", "reward", "ref", "gather", "train", "reshard", "eval")
+    names = ("generate", "reward", "ref", "gather", "train", "reshard", "sync_ref", "eval")
     assert set(metrics) == {f"timing/{n}" for n in names} | {f"memory/peak_gib_after_{n}" for n in names} | {
         "swap/bytes_moved"}
     peaks = [metrics[f"memory/peak_gib_after_{n}"] for n in names]
@@ -130,7 +129,7 @@ def test_phases_apply_their_swap_plan_and_time_themselves():
 
 
 def write_fake_checkpoint(tmp_path, step, world=2, config=None):
-    writer = CheckpointWriter(str(tmp_path), rank=0, world_size=1, barrier=lambda: None)
+    writer = CheckpointWriter(str(tmp_path), rank=0, world_size=1, failed_ranks=lambda failed: [0] if failed else [])
 
     def rank_files(folder):
         for rank in range(world):
@@ -164,7 +163,7 @@ def test_only_complete_checkpoints_are_picked_and_old_ones_pruned(tmp_path, capl
 
 def test_a_checkpoint_that_cannot_be_written_is_one_error_and_keeps_the_last_one(tmp_path):
     write_fake_checkpoint(tmp_path, 1)
-    writer = CheckpointWriter(str(tmp_path), rank=0, world_size=1, barrier=lambda: None)
+    writer = CheckpointWriter(str(tmp_path), rank=0, world_size=1, failed_ranks=lambda failed: [0] if failed else [])
 
     def full_disk(folder):
         open(os.path.join(folder, "train.ckpt"), "w").close()
@@ -181,7 +180,7 @@ def test_a_checkpoint_past_the_file_size_limit_is_one_error_and_leaves_no_rank_f
     """The streamed `.ckpt` writer under a real file size limit (ulimit -f): the same one error, and the rank's files
     of the step are gone (the limit, not a simulated OSError)."""
     params = [ms.Parameter(ms.Tensor(np.ones((64, 64), np.float32)), name=f"w{i}") for i in range(4)]
-    writer = CheckpointWriter(str(tmp_path), rank=0, world_size=1, barrier=lambda: None)
+    writer = CheckpointWriter(str(tmp_path), rank=0, world_size=1, failed_ranks=lambda failed: [0] if failed else [])
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))  # a quarter of the 64 KiB of weights
     try:
@@ -291,7 +290,7 @@ def read_event_scalars(folder):
 
 
 def test_score_length_and_throughput_metrics_by_hand():
-    from mindrlhf.trainer.experience import Experience
+    from mindrlhf.data.experience import Experience
     from mindrlhf.trainer.metrics import length_metrics, row_statistics, score_metrics, throughput_metrics, token_count
 
     terms = {"accuracy": np.array([1.0, 0.0, np.nan, np.nan]), "format": np.full(4, np.nan)}
@@ -345,23 +344,21 @@ def collected_step(whole, rank, stays):
     generated its half), its rows kept (`stays`) or the rollout gathered."""
     from types import SimpleNamespace
 
-    from mindrlhf.algorithms import get_advantage_estimator
     from mindrlhf.configs.grpo_configs import GRPOConfig
     from mindrlhf.engine.batches import rows_of_rank
     from mindrlhf.parallel.layout import Layout
-    from mindrlhf.trainer.rl_trainer import RLTrainer
+    from mindrlhf.trainer.experience_maker import ExperienceMaker
 
-    trainer = RLTrainer.__new__(RLTrainer)
-    trainer.plan = SimpleNamespace(rollout_rows_stay=stays)
-    trainer.config, trainer.num_generations, trainer.critic = GRPOConfig(), 4, None
-    trainer.train_layout = trainer.infer_layout = Layout(dp=2, rank=rank)
-    trainer.generation = SimpleNamespace(eos_token_ids=[1], pad_token_id=0)
-    trainer.advantage_estimator = get_advantage_estimator("grpo")
-    trainer.phases = Phases(SwapManager(), {name: () for name in PHASES})
-    trainer.phases.start_step()
-    trainer._rollout = lambda: whole.rows(rows_of_rank(whole.num_rows, 2, rank))
-    trainer.comm = RolloutGather(whole)
-    return trainer._collect_experience(), trainer.comm.widths
+    net = SimpleNamespace(layout=Layout(dp=2, rank=rank))
+    plan = SimpleNamespace(rollout_rows_stay=stays, config=GRPOConfig(), rank=rank,
+                           generation=SimpleNamespace(num_generations=4, eos_token_ids=[1], pad_token_id=0),
+                           actor=SimpleNamespace(train=net, infer=net))
+    phases = Phases(SwapManager(), {name: () for name in PHASES})
+    phases.start_step()
+    comm = RolloutGather(whole)
+    maker = ExperienceMaker(plan, None, None, None, None, None, comm, phases)
+    maker._rollout = lambda: whole.rows(rows_of_rank(whole.num_rows, 2, rank))
+    return maker.make(), comm.widths
 
 
 def test_a_rank_that_keeps_its_rows_trains_and_reports_as_if_the_rollout_were_gathered():
@@ -374,7 +371,7 @@ def test_a_rank_that_keeps_its_rows_trains_and_reports_as_if_the_rollout_were_ga
         kept, sent = collected_step(whole, rank, stays=True)
         gathered, _ = collected_step(whole, rank, stays=False)
         assert sent == [5]  # rewards, reward/accuracy, response_length, prompt_length, clipped
-        assert kept.generated is None and gathered.generated.num_rows == 16
+        assert not kept.gathered and kept.generated.num_rows == 8 and gathered.generated.num_rows == 16
         mine, theirs = kept.rank_rows["actor"], gathered.rank_rows["actor"]
         assert mine.batch_rows.tolist() == theirs.batch_rows.tolist() == list(range(8 * rank, 8 * rank + 8))
         assert list(kept.rank_rows) == ["actor"]
