@@ -25,8 +25,12 @@
 # each node then converts the checkpoint and prompts into its own $OUTPUT/node_<NODE_RANK> (and tees msrun's
 # output there), so that no two nodes write the same file; on one node they go to $OUTPUT itself.
 # DRY_RUN=1 prints the commands (bootstrap, conversions, msrun) instead of running them. A signal to this script
-# (SIGTERM, SIGINT, SIGHUP) stops the whole job, workers included, and exits 128 + its number; a rerun into the same
-# OUTPUT keeps the earlier msrun.out and msrun_log/ (renamed after their time).
+# (SIGTERM, SIGINT, SIGHUP) stops the whole job, workers included, and exits 128 + its number.
+# One run owns OUTPUT: node 0's script holds the lock OUTPUT/run.lock from its start to its end (msrun inherits it),
+# so a second run into it meanwhile exits 2 at once with one line naming the first's pid and host; a later run into
+# an OUTPUT holding a run's checkpoints or metrics.jsonl is refused (in seconds, by the flag check) unless it
+# continues that run (--resume) or deletes it first (--overwrite_output); either keeps the earlier msrun.out and
+# msrun_log/ (renamed after their time).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -100,6 +104,13 @@ export PATH="$ROOT/.venv/bin:$PATH"
 export GLOG_v="${GLOG_v:-3}"  # MindSpore: errors only
 export PYTHONFAULTHANDLER=1  # a worker that crashes prints the stack of each of its threads
 cd "$ROOT"
+# this run owns OUTPUT before it checks, converts or renames anything: the lock, on a descriptor msrun inherits (a
+# second run meanwhile is refused in one line naming this one); node 0 holds it for every node of the job
+if [ "$NODE_RANK" = 0 ] && [ -x "$PY" ]; then
+  mkdir -p "$OUTPUT"
+  exec 9>>"$OUTPUT/run.lock"
+  "$PY" -m mindrlhf.utils.output_owner hold --fd 9 --pid $$ --job "$MASTER_ADDR:$MASTER_PORT" "$OUTPUT" || exit 2
+fi
 # what this node converts: its own folder when the job spans several nodes (OUTPUT is then on a shared disk)
 if [ "$LOCAL_WORKER_NUM" -lt "$WORKER_NUM" ]; then NODE_DIR="$OUTPUT/node_$NODE_RANK"; else NODE_DIR="$OUTPUT"; fi
 mkdir -p "$NODE_DIR"
@@ -113,8 +124,9 @@ JOB=(examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML
     --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard"
     "${EVAL_ARGS[@]}" "$@")
 # the flags and YAMLs, checked before the conversions (the files those write need not exist yet), for the ranks
-# msrun will start
-MS_WORKER_NUM="$WORKER_NUM" run "$PY" "${JOB[@]}" --check_flags
+# msrun will start (of its job: on another node than 0, OUTPUT's lock is node 0's, for this job)
+MS_WORKER_NUM="$WORKER_NUM" MS_SCHED_HOST="$MASTER_ADDR" MS_SCHED_PORT="$MASTER_PORT" \
+    run "$PY" "${JOB[@]}" --check_flags
 run "$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$NODE_DIR/policy.ckpt" \
     --config_path "$TRAIN_YAML"
 # prompts FILE OUTPUT: the problems of FILE as a prompt MindRecord
@@ -144,7 +156,9 @@ stop_the_job() {
 }
 status=0
 # the console leaves out msrun's own traceback and MindSpore's INFO lines at exit; msrun.out keeps all
-setsid --wait "${MSRUN[@]}" > >(tee -i "$NODE_DIR/msrun.out" | "$PY" -m mindrlhf.trainer.postmortem --console) 2>&1 &
+# (the console closes the lock's descriptor: only the job holds it)
+console() { exec 9>&-; tee -i "$NODE_DIR/msrun.out" | "$PY" -m mindrlhf.trainer.postmortem --console; }
+setsid --wait "${MSRUN[@]}" > >(console) 2>&1 &
 JOB_PID=$!
 trap 'stop_the_job INT 2' INT
 trap 'stop_the_job TERM 15' TERM

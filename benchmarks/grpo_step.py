@@ -109,7 +109,7 @@ def launcher_env(args: argparse.Namespace, out: str) -> tuple[dict, list[str]]:
     workers = args.workers
     env = dict(os.environ, OUTPUT=out, EVAL_DATA=heldout_file(out, args.eval_problems), WORKER_NUM=str(workers),
                LOCAL_WORKER_NUM=str(workers), MASTER_PORT=str(8200 + os.getpid() % 500))
-    flags = ["--steps", str(args.steps)]
+    flags = ["--steps", str(args.steps), "--overwrite_output"]  # a rerun with the same --workdir replaces its run
     if args.eval_batch_size is not None:
         flags += ["--eval_batch_size", str(args.eval_batch_size)]
     if args.micro_batch_size is not None:

@@ -322,7 +322,7 @@ def ours_launch(args: argparse.Namespace, overrides: dict, out: str, model: dict
     workers = args.workers
     env = dict(os.environ, OUTPUT=out, EVAL_DATA="", WORKER_NUM=str(workers), LOCAL_WORKER_NUM=str(workers),
                MASTER_PORT=str(8600 + (os.getpid() + len(out)) % 300))
-    flags = ["--steps", str(args.steps)]
+    flags = ["--steps", str(args.steps), "--overwrite_output"]  # a rerun with the same --workdir replaces its run
     for name, value in overrides.items():
         flags += [f"--{name}", str(value)]
     if args.case == "0.5b" or workers != CASES[args.case]["workers"] or args.recompute:

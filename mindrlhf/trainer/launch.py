@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import dataclasses
 import faulthandler
 import gc
@@ -13,12 +14,13 @@ import os
 import socket
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
 import numpy as np
 
-from mindrlhf.checkpoint.step import CheckpointError, find_resume_checkpoint
+from mindrlhf.checkpoint.step import find_resume_checkpoint
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.cli import config_overrides
 from mindrlhf.configs.grpo_configs import GRPOConfig
@@ -30,8 +32,8 @@ from mindrlhf.parallel.host_setup import (
     pin_cpu_cores,
     share_data_parallel_sums,
 )
-from mindrlhf.trainer.metrics import MetricsError
-from mindrlhf.trainer.plan import JobPlan, check_write_targets, yaml_world_size
+from mindrlhf.trainer.plan import JobPlan, check_write_targets, claim_output, yaml_world_size
+from mindrlhf.utils.agreement import PeerFailure
 from mindrlhf.utils.logging import setup_logging
 
 # MindSpore, and the modules that load it, are imported by the functions that need them: `mindrlhf-train --help` and
@@ -141,6 +143,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         world_size = planned_world_size(job)
         if world_size is not None:
             plan = JobPlan.build(config, job, tokenizer, world_size, 0, ms.get_context("device_target"))
+        claim_output(job)  # one run per --output_dir: its lock, before anything is written
         check_write_targets(job)
         if job.check_flags:
             return 0
@@ -154,8 +157,8 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         plan = plan_for_rank(plan, config, job, tokenizer, world_size, rank)
         host_sums = set_up_communication(plan)
         trainer = RLTrainer(plan, tokenizer, host_sums, callbacks)
-    except ValueError as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError
-        print(f"error: {err}", file=sys.stderr)
+    except (ValueError, PeerFailure) as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError
+        print(f"error: {f'rank {rank}: ' if world_size > 1 else ''}{err}", file=sys.stderr)
         return 2
     if job.only_save_strategy:
         paths = trainer.save_strategies(os.path.join(job.output_dir, "strategy"))
@@ -164,10 +167,36 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     freeze_long_lived_objects()
     try:
         trainer.fit()
-    except (NonFiniteUpdates, CheckpointError, MetricsError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except Exception as err:  # every failure of a step ends the rank in one line (the traceback goes to a file)
+        line = failure_line(err, rank, world_size, trainer.step, job.output_dir, isinstance(err, NonFiniteUpdates))
+        print(f"error: {line}", file=sys.stderr)
         return 1
     return 0
+
+
+def failure_line(err: Exception, rank: int, world_size: int, step: int, output_dir: str | None,
+                 clear: bool = False) -> str:
+    """The one line a rank prints for a failure in `fit`: which rank (of several) and step, and what failed. Our own
+    errors (`clear`, ValueErrors such as CheckpointError and RewardError, `PeerFailure`) say it in their message; an
+    unexpected exception is named with where it was raised. A traceback worth reading (an unexpected exception, or
+    one a user's function raised) is written to `<output_dir>/traceback_rank_<r>.txt`, and the line names it."""
+    where = (f"rank {rank}: " if world_size > 1 else "") + (f"step {step}: " if step else "before the first step: ")
+    message = str(err).strip().splitlines()
+    ours = clear or isinstance(err, (ValueError, PeerFailure))
+    if ours:
+        line = message[0] if message else type(err).__name__
+    else:
+        frames = traceback.extract_tb(err.__traceback__)
+        line = f"{type(err).__name__}{': ' + message[0] if message else ''}" + \
+            (f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else "")
+    if output_dir and (not ours or err.__cause__ is not None):
+        path = os.path.join(output_dir, f"traceback_rank_{rank}.txt")
+        with contextlib.suppress(OSError):
+            os.makedirs(output_dir, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("".join(traceback.format_exception(err)))
+            line += f" (traceback: {path})"
+    return where + line
 
 
 def run_script(main: Callable[[], int]) -> NoReturn:

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 
 from mindrlhf.algorithms import ADVANTAGE_ESTIMATORS, check_loss_hyperparameters
 from mindrlhf.algorithms.advantages import GROUP_ESTIMATORS
-from mindrlhf.configs.base import ConfigError
+from mindrlhf.checkpoint.step import find_resume_checkpoint
+from mindrlhf.configs.base import ConfigError, load_yaml
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.configs.grpo_configs import GRPOConfig, ScheduleConfig
 from mindrlhf.configs.job import JobOptions
+from mindrlhf.configs.mindspeed import is_mindspeed_yaml
 from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.data.reader import read_prompt_records
 from mindrlhf.engine.batches import group_unit
@@ -28,6 +30,7 @@ from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.layout import Layout, tensor_parallel_refusal, tensor_parallel_sizes
 from mindrlhf.reward import get_reward_function
 from mindrlhf.trainer.specs import ActorSpec, CriticSpec, NetSpec, ReferenceSpec, RewardSpec
+from mindrlhf.utils import output_owner
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -57,9 +60,10 @@ class JobPlan:
               device: str | None = None) -> JobPlan:
         """Checks the whole job, in the order: config (`config.validate`, `check_registered_names`), flags and
         input files (`check_job_inputs`), the policy's YAMLs and layouts, batch splits, tokenizer and generation
-        lengths, critic, reward model, the held-out set (`load_eval_set`), and with `device` (MindSpore's
-        device_target) the nets' dtypes on it (`check_dtypes_on_device`; `--plan` passes none: it reads Ascend
-        recipes on CPU). Reads the YAMLs and the held-out prompts; builds nothing."""
+        lengths (`check_decode_rows` too), critic, reward model, the prompts' lengths (`check_prompt_lengths`), the
+        held-out set (`load_eval_set`), and with `device` (MindSpore's device_target) the nets' dtypes on it
+        (`check_dtypes_on_device`; `--plan` passes none: it reads Ascend recipes on CPU). Reads the YAMLs and the
+        prompts; builds nothing."""
         config.validate()
         check_registered_names(config)
         check_job_inputs(job)
@@ -67,9 +71,11 @@ class JobPlan:
                                                                         world_size, rank)
         eval_batch_size = _check_batches(config, job, train_layout, infer_layout)
         generation = _generation(config, tokenizer, job, train_cfg, infer_cfg)
+        check_decode_rows(config, generation, job, infer_layout, eval_batch_size)
         critic_cfg, critic_layout = _critic_config_and_layout(config, job, train_cfg, world_size, rank)
         reward_model_cfg = reward_model_config(job, infer_cfg, infer_layout) if config.reward.reward_model_path \
             else None
+        check_prompt_lengths(config, job, generation.prompt_buckets)
         eval_set = load_eval_set(job.eval_dataset_file, generation.prompt_buckets) \
             if job.eval_dataset_file and not job.check_flags else None  # --check_flags: not written yet
         train = NetSpec(train_cfg, train_layout, job.sft_path_train, job.load_sft_checkpoint_train)
@@ -243,10 +249,24 @@ def check_files(job: JobOptions) -> None:
             raise ConfigError(f"{path}: --{flag} not found")
 
 
+def claim_output(job: JobOptions, environ: Mapping[str, str] = os.environ) -> None:
+    """One run per --output_dir (`mindrlhf.utils.output_owner`): every process refuses a folder another live run
+    holds; the real job's owner (`job_owner_pid`) holds its lock while `job` lives. Checks only look."""
+    owner, msrun_job = output_owner.job_owner_pid(environ), output_owner.job_of(environ)
+    try:
+        if job.check_flags or job.only_save_strategy or job.plan or owner is None:
+            output_owner.check(job.output_dir, job=msrun_job)
+        else:
+            output_owner.hold(job.output_dir, owner, keep_while=job, job=msrun_job)
+    except OSError as err:
+        raise ConfigError(f"{job.output_dir}: --output_dir cannot be written ({err.strerror or err})") from None
+
+
 def check_write_targets(job: JobOptions) -> None:
     """Every folder the job writes into (`--output_dir`, the checkpoints, TensorBoard's, the experience files') is
     tried at start-up (`try_writing_into`), so that a folder that cannot be written stops the job before any work, not
-    at its first checkpoint after a step's."""
+    at its first checkpoint after a step's. Then the run's own folders (`check_rerun`): --resume's checkpoint exists,
+    an earlier run's checkpoints or metrics are refused unless --resume or --overwrite_output."""
     targets = {"output_dir": job.output_dir, "save_ckpt_dir": job.checkpoint_dir,
                "tensorboard_dir": job.tensorboard_dir,
                "save_data_file": os.path.dirname(os.path.abspath(job.save_data_file)) if job.save_data_file else ""}
@@ -256,6 +276,38 @@ def check_write_targets(job: JobOptions) -> None:
                 try_writing_into(folder)
             except OSError as err:
                 raise ConfigError(f"{folder}: --{flag} cannot be written ({err.strerror or err})") from None
+    check_rerun(job)
+
+
+def check_rerun(job: JobOptions) -> None:
+    """--resume names a complete checkpoint; without it, a run's checkpoints or metrics in the folder are refused,
+    or deleted first with --overwrite_output (in the real job, by the owner `claim_output` made)."""
+    if job.resume:
+        if job.overwrite_output:
+            raise ConfigError("--overwrite_output deletes the run --resume would continue; give one of them")
+        find_resume_checkpoint(job.resume, job.checkpoint_dir, announce=False)
+        return
+    if job.only_save_strategy:
+        return
+    leftovers = output_owner.find_leftovers(job.output_dir, job.checkpoint_dir)
+    if not leftovers:
+        return
+    own_checkpoints = _is_inside(job.checkpoint_dir, job.output_dir)
+    folder = job.output_dir if own_checkpoints or leftovers.metric_lines else job.checkpoint_dir
+    what = leftovers.describe("" if own_checkpoints or folder == job.checkpoint_dir else job.checkpoint_dir)
+    if not job.overwrite_output:
+        raise ConfigError(f"{folder}: holds a run's {what}; --resume continues that run, --overwrite_output deletes "
+                          "its checkpoints, metrics.jsonl, TensorBoard events and progress.png first, or choose "
+                          "another --output_dir (run_grpo.sh: OUTPUT)")
+    if not job.check_flags and output_owner.claimed(job.output_dir):
+        tensorboard = (job.tensorboard_dir, os.path.join(job.output_dir, "tensorboard"))
+        output_owner.delete_leftovers(job.output_dir, job.checkpoint_dir, tensorboard)
+        logger.warning("%s: --overwrite_output: deleted the earlier run's %s", folder, what)
+
+
+def _is_inside(path: str, folder: str) -> bool:
+    path, folder = os.path.abspath(path), os.path.abspath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def try_writing_into(folder: str) -> None:
@@ -413,12 +465,60 @@ def _generation(config: GRPOConfig, tokenizer, job: JobOptions, train_cfg, infer
     given = {name: config.source_of("generation", name) for name in ("eos_token_ids", "pad_token_id")}
     gen = resolve_token_ids(config.generation, tokenizer.stop_token_ids, tokenizer.pad_token_id,
                             {name: source for name, source in given.items() if source})
-    try:
-        gen.check_model(infer_cfg.vocab_size, infer_cfg.seq_length)
-        gen.check_model(train_cfg.vocab_size, train_cfg.seq_length)
-    except ConfigError as err:
-        raise ConfigError(f"{job.sft_path_infer}: {err}") from None
+    for cfg, path in ((infer_cfg, job.sft_path_infer), (train_cfg, job.sft_path_train)):
+        for check, model_field, fields in ((gen.check_token_ids, cfg.vocab_size, ("eos_token_ids", "pad_token_id")),
+                                           (gen.check_cache_length, cfg.seq_length,
+                                            ("max_new_tokens", "prompt_buckets"))):
+            try:
+                check(model_field, path)
+            except ConfigError as err:
+                raise _sourced(config, "generation", fields, str(err)) from None
     return gen
+
+
+def check_decode_rows(config: GRPOConfig, gen: GenerationConfig, job: JobOptions, infer_layout: Layout,
+                      eval_batch_size: int) -> None:
+    """`generation.min_decode_rows` is smaller than the rows an inference rank decodes at once (its rollout's, or
+    with --eval_dataset_file a larger held-out call's): else no row count steps down and it would do nothing."""
+    if not gen.min_decode_rows:
+        return
+    sched = config.schedule
+    samples = sched.batch_size // infer_layout.dp * gen.num_generations
+    rows = gen.decode_rows(samples)
+    counted = (f"generation.max_num_seqs={gen.max_num_seqs} slots" if rows < samples else
+               f"{sched.batch_size} prompts / inference data_parallel={infer_layout.dp} x {gen.num_generations} "
+               "generations")
+    if job.eval_dataset_file and gen.decode_rows(eval_batch_size) > rows:
+        rows, counted = gen.decode_rows(eval_batch_size), f"eval.eval_batch_size={eval_batch_size} held-out prompts"
+    try:
+        gen.check_min_decode_rows(rows, counted)
+    except ConfigError as err:
+        raise _sourced(config, "generation", ("min_decode_rows",), str(err)) from None
+
+
+def check_prompt_lengths(config: GRPOConfig, job: JobOptions, prompt_buckets: Sequence[int]) -> None:
+    """Every training prompt (--mind_dataset_dir) fits the largest prompt bucket: checked once, before the cluster
+    forms, rather than by each rank's data reader after it. Not with --plan (it reads no prompt) nor before the file
+    is written (--check_flags); a file that cannot be read is left to the data reader, which says why."""
+    path = job.mind_dataset_dir
+    if job.plan or not os.path.isfile(path):
+        return
+    try:
+        ids, _ = read_prompt_records(path)
+    except (OSError, ValueError):  # not a MindRecord (yet): the data reader says what is wrong with it
+        return
+    largest = max(prompt_buckets)
+    longer = [len(row) for row in ids if len(row) > largest]
+    if not longer:
+        return
+    source = config.source_of("generation", "prompt_buckets")
+    bucket = f"generation.prompt_buckets, from {source}" if source else "generation.prompt_buckets"
+    raise_it = "add a larger bucket"
+    if source and os.path.isfile(source) and is_mindspeed_yaml(load_yaml(source)):
+        bucket, raise_it = f"rl_config.max_prompt_length of {source}", "raise max_prompt_length"
+    raise ConfigError(f"{path}: {len(longer)} of {len(ids)} prompts are longer than the largest prompt bucket "
+                      f"{largest} ({bucket}), the longest {max(longer)} tokens: convert them again with "
+                      f"mindrlhf-prepare-data --max_prompt_length {largest} (it drops longer ones) or {raise_it}")
 
 
 # ---------------------------------------------------------------------- critic and reward model

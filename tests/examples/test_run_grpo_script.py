@@ -1,10 +1,13 @@
 """run_grpo.sh before any work: a MASTER_PORT another process holds fails at once (msrun would wait minutes), bad
-flags and YAML values fail before the conversions, and on several nodes each node converts into a folder of its own
-(DRY_RUN=1 shows the commands without running them)."""
+flags, YAML values and a rerun into a finished run's OUTPUT fail before the conversions, a run into the OUTPUT of a
+live one fails at once, and on several nodes each node converts into a folder of its own (DRY_RUN=1 shows the
+commands without running them)."""
+import json
 import os
 import shlex
 import socket
 import subprocess
+import sys
 import time
 
 import yaml
@@ -12,6 +15,10 @@ from support.msrun import run_command
 from support.paths import ARITH, MODEL_CONFIGS, RUN_GRPO
 
 from mindrlhf.utils.ports import IN_USE, free_port_near, main, port_in_use
+
+# a process that holds FOLDER's run.lock (as a run does) until its stdin closes
+HOLDER = ("import sys\nfrom mindrlhf.utils import output_owner\noutput_owner.hold(sys.argv[1])\n"
+          "print('held', flush=True)\nsys.stdin.read()\n")
 
 
 def held_port() -> socket.socket:
@@ -57,9 +64,9 @@ def test_run_grpo_fails_at_once_when_the_master_port_is_taken(tmp_path):
 
 def test_bad_flags_and_values_stop_the_script_before_the_conversions(tmp_path):
     """grpo_one_stage.py --check_flags runs before the policy and the prompts are converted: an unknown flag, a
-    value the config refuses, a checkpoint folder that cannot be written, a bfloat16 model on this CPU and a
-    WORKER_NUM the YAMLs do not lay out each end the script with exit 2 and the job's one line (no msrun), and
-    nothing converted."""
+    value the config refuses, a checkpoint folder that cannot be written, a bfloat16 model on this CPU, a
+    WORKER_NUM the YAMLs do not lay out and a rerun into a finished run's OUTPUT each end the script with exit 2 and
+    the job's one line (no msrun), and nothing converted."""
     port = str(free_port_near("127.0.0.1", 20200))
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -73,6 +80,13 @@ def test_bad_flags_and_values_stop_the_script_before_the_conversions(tmp_path):
              "bfloat16": ([], f"error: {bf16}: model_config.compute_dtype: bfloat16 has no CPU kernels"),
              "ranks": ([], f"error: {ARITH / 'train.yaml'}: parallel_config: data_parallel=2 x model_parallel=1 = 2 "
                            "ranks, but the job has 3")}
+    # a rerun into the OUTPUT of a finished run (its checkpoints and metrics) that neither resumes nor overwrites it
+    rerun = tmp_path / "rerun"
+    for step in (1, 2):
+        (rerun / "checkpoints" / f"step_{step:06d}").mkdir(parents=True)
+    (rerun / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    cases["rerun"] = ([], f"error: {rerun}: holds a run's checkpoints step_000001..step_000002 and metrics of 2 "
+                          "steps; --resume continues that run, --overwrite_output deletes")
     special = {"bfloat16": {"TRAIN_YAML": str(bf16)}, "ranks": {"WORKER_NUM": "3"}}  # msrun would start 3 ranks
     for name, (flags, message) in cases.items():
         out = tmp_path / name
@@ -151,3 +165,32 @@ def test_model_names_a_folder_of_model_configs(tmp_path):
     assert no_dir.returncode == 2 and "MODEL=qwen2_5_0_5b needs MODEL_DIR" in no_dir.stderr
     unknown = run_script({**env, "MODEL": "nosuch"})
     assert unknown.returncode == 2 and "model_configs/nosuch/grpo.yaml" in unknown.stderr
+
+
+def test_a_second_run_into_the_output_of_a_live_one_is_refused_at_once(tmp_path):
+    """Two runs into one OUTPUT at once: the first holds OUTPUT/run.lock (here a process holding it through the same
+    module, as the first script does); the second script exits 2 within seconds with one line naming the first's
+    pid and host, before its flag check and conversions, and leaves the first's live msrun.out and msrun_log/ as they
+    are (it renames an earlier run's only when it owns OUTPUT)."""
+    out = tmp_path / "out"
+    (out / "msrun_log").mkdir(parents=True)
+    (out / "msrun_log" / "worker_0.log").write_text("step 1/40 | the first run's\n")
+    (out / "msrun.out").write_text("the first run's\n")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        first = json.loads((out / "run.lock").read_text())
+        before = {path: path.read_text() for path in out.rglob("*") if path.is_file()}
+        start = time.monotonic()
+        proc = run_script({"OUTPUT": str(out), "MASTER_PORT": str(free_port_near("127.0.0.1", 20300))})
+        seconds = time.monotonic() - start
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip() == (f"error: {out}: in use by another run (pid {holder.pid} on host "
+                                   f"{socket.gethostname()} since {first['start']}); wait for it to end or choose "
+                                   "another OUTPUT"), proc.stderr[-2000:]
+    assert seconds < 20, seconds
+    assert {path: path.read_text() for path in out.rglob("*") if path.is_file()} == before
