@@ -9,15 +9,13 @@ draws the uniforms from its seeded stream.
 """
 from __future__ import annotations
 
-import collections
 import copy
 import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 from tqdm import tqdm
@@ -25,6 +23,7 @@ from tqdm import tqdm
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.data.reader import pad_rows
+from mindrlhf.generation.decoding import ContinuousBatch, FixedBatch, GraphCalls
 from mindrlhf.generation.selection import TokenSelection, float32_uniforms
 from mindrlhf.generation.stopping import StopStrings
 from mindrlhf.models.qwen2.modeling import KVCache, Qwen2ForCausalLM, positions_and_bias
@@ -48,6 +47,9 @@ class GenerationOutput:
     response_mask: np.ndarray  # [B, max_new_tokens] int32
     response_lengths: np.ndarray  # [B] int32, tokens per response including the EOS
     log_probs: np.ndarray | None = None  # [B, max_new_tokens] float32, see Generator.generate
+    # the call's work: batch_size, rows, prompt_bucket, steps, seconds, response_tokens, computed_rows (the rows the
+    # decode calls computed), idle_rows (those that made no token) and idle_row_share
+    stats: dict = field(default_factory=dict)
 
     @property
     def batch_size(self) -> int:
@@ -74,12 +76,13 @@ class _LastLogitsCell(nn.Cell):
         return self.model.logits(h[:, 0, :])
 
 
-class _CompiledGraphs:
-    """What a Generator compiles, kept apart so that generators of one model can share it: the KV caches by
-    (batch size, cache length) with their prefill and decode cells, the uncached forward cell, the token selection
+class CompiledGraphs:
+    """What a Generator compiles for `model`, kept apart so that generators of one model can share it: the KV caches
+    by (batch size, cache length) with their prefill and decode cells, the uncached forward cell, the token selection
     cells by their settings, the input-shape signatures sent to each graph and the time of each one's first call."""
 
-    def __init__(self):
+    def __init__(self, model: Qwen2ForCausalLM):
+        self.model = model
         self.caches: dict[tuple[int, int], KVCache] = {}
         self.forward_cell: _LastLogitsCell | None = None
         self.selections: dict[tuple, TokenSelection] = {}
@@ -102,25 +105,27 @@ class Generator:
     second count is 0. The token selection graph run on each graph's logits (small, one per sampling setting and
     row count) is not counted; its compilation is part of the first call's time.
 
-    `share_graphs_with`: another Generator of the same model whose KV caches and compiled graphs this one uses
-    too, as the held-out evaluation does the rollout's: a compiled graph keeps memory per layer while it lives, so
-    a second set of graphs of the same shapes would cost as much as the first. Shapes one of them compiled are
+    `graphs`: the KV caches and compiled graphs of another Generator of the same model (its `graphs`), which this
+    one uses too, as the held-out evaluation does the rollout's: a compiled graph keeps memory per layer while it
+    lives, so a second set of graphs of the same shapes would cost as much as the first. Shapes one of them compiled are
     not compiled (nor counted) again; the two must not generate at the same time.
 
     Prefill reads each prompt once for all of its `num_generations` samples. `prefill_prompts` (0 = all) prefills
     that many prompts a call: the evaluation (one sample a prompt, as many prompts as the rollout has rows) passes
     the rollout's prompts per call, so that both run one compiled prefill graph.
+
+    The decoding strategies (fixed batch, continuous batching) are :mod:`mindrlhf.generation.decoding`'s; the
+    Generator runs, counts and times their graph calls and draws their uniforms.
     """
 
-    def __init__(self, model: Qwen2ForCausalLM, config: GenerationConfig, share_graphs_with: Generator | None = None,
+    def __init__(self, model: Qwen2ForCausalLM, config: GenerationConfig, graphs: CompiledGraphs | None = None,
                  prefill_prompts: int = 0, detokenize: Callable[[Sequence[int]], str] | None = None):
-        if share_graphs_with is not None and share_graphs_with.model is not model:
-            raise ValueError("share_graphs_with: a Generator of another model cannot share its graphs")
+        if graphs is not None and graphs.model is not model:
+            raise ValueError("graphs: the compiled graphs of another model cannot be shared")
         self.model = model
         self.detokenize = detokenize
         self.prefill_prompts = prefill_prompts
-        self._graphs = _CompiledGraphs() if share_graphs_with is None else share_graphs_with._graphs
-        self.last_stats: dict = {}
+        self._graphs = CompiledGraphs(model) if graphs is None else graphs
         self.config = config
 
     # ------------------------------------------------------------ config / RNG
@@ -139,9 +144,23 @@ class Generator:
         self._stop = StopStrings(config.stop_strings, self.detokenize) if config.stop_strings else None
         self.reseed()
 
-    def reseed(self, seed: int | None = None) -> None:
-        """Restarts the sampling stream from `seed` (default: config.seed)."""
-        self.rng = np.random.default_rng(self._config.seed if seed is None else seed)
+    def reseed(self, seed: int | Sequence[int] | None = None) -> None:
+        """Restarts the sampling stream from `seed` (default: config.seed; a sequence such as [seed, dp rank] gives
+        each rank a stream of its own)."""
+        self._rng = np.random.default_rng(self._config.seed if seed is None else seed)
+
+    def rng_state(self) -> dict:
+        """The sampling stream's position (JSON-able), for a checkpoint."""
+        return self._rng.bit_generator.state
+
+    def load_rng_state(self, state: dict) -> None:
+        """Puts the sampling stream back where `rng_state` was taken."""
+        self._rng.bit_generator.state = state
+
+    @property
+    def graphs(self) -> CompiledGraphs:
+        """The caches and compiled graphs, for another Generator of the same model to share."""
+        return self._graphs
 
     # --------------------------------------------------------------- counters
     @property
@@ -186,7 +205,7 @@ class Generator:
         that wide: data-parallel ranks pass the width of the global batch so that all produce the same shapes.
         """
         cfg = self.config
-        rows = self._prompt_rows(prompt_ids, attention_mask)
+        rows = prompt_rows(prompt_ids, attention_mask, self.model.config.vocab_size)
         n = cfg.num_generations
         lengths = np.repeat(np.array([len(r) for r in rows], np.int64), n)
         bucket = cfg.bucket_for(max(int(lengths.max()), min_prompt_width))
@@ -195,56 +214,30 @@ class Generator:
         ids, mask = np.repeat(prompts, n, 0), np.repeat(prompts_mask, n, 0)
 
         start = time.perf_counter()
-        steps = cfg.max_new_tokens
         bar = tqdm(total=cfg.max_new_tokens, desc="generate", unit="tok", leave=False,
                    disable=not (progress and sys.stderr.isatty()))
+        calls = GraphCalls(run=self._run, uniforms=self._uniforms, cache=self.cache, move=self._move_rows)
+        context = (cfg, calls, self._stop, return_log_probs, bar)
         with bar:
-            if cfg.use_kv_cache and cfg.decode_rows(batch) < batch:
-                response, resp_mask, log_probs, steps, computed = self._run_slots(prompts, prompts_mask, lengths,
-                                                                                  return_log_probs, bar)
-            elif cfg.use_kv_cache:
-                response, resp_mask, log_probs, steps, computed = self._run_cached(prompts, prompts_mask, lengths,
-                                                                                   return_log_probs, bar)
+            if not cfg.use_kv_cache:
+                decoded = FixedBatch(*context).uncached(ids, mask, self._forward_cell())
+            elif cfg.decode_rows(batch) < batch:
+                decoded = ContinuousBatch(*context).run(prompts, prompts_mask, lengths)
             else:
-                response, resp_mask, log_probs, steps = self._run_uncached(ids, mask, return_log_probs, bar)
-                computed = batch * (steps - 1)
+                decoded = FixedBatch(*context).cached(prompts, prompts_mask, lengths, self.prefill_prompts)
+        response, resp_mask, log_probs, steps, computed = decoded
         elapsed = time.perf_counter() - start
         tokens = int(resp_mask.sum())
         # `computed`: the rows the decode calls computed; the first token of every sample came from a prefill call,
         # so the decode rows that made a token were tokens - batch, and the others were idle
         idle = computed - (tokens - batch)
-        self.last_stats = {"batch_size": batch, "rows": cfg.decode_rows(batch) if cfg.use_kv_cache else batch,
-                           "prompt_bucket": bucket, "steps": steps, "seconds": elapsed, "response_tokens": tokens,
-                           "computed_rows": computed, "idle_rows": idle,
-                           "idle_row_share": idle / computed if computed else 0.0}
-        logger.debug("generated %s", self.last_stats)
+        stats = {"batch_size": batch, "rows": cfg.decode_rows(batch) if cfg.use_kv_cache else batch,
+                 "prompt_bucket": bucket, "steps": steps, "seconds": elapsed, "response_tokens": tokens,
+                 "computed_rows": computed, "idle_rows": idle, "idle_row_share": idle / computed if computed else 0.0}
+        logger.debug("generated %s", stats)
         return GenerationOutput(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=resp_mask,
                                 response_lengths=resp_mask.sum(axis=1).astype(np.int32),
-                                log_probs=log_probs if return_log_probs else None)
-
-    def _prompt_rows(self, prompt_ids, attention_mask) -> list[np.ndarray]:
-        if isinstance(prompt_ids, np.ndarray) or attention_mask is not None:
-            ids = np.asarray(prompt_ids)
-            if ids.ndim != 2:
-                raise ValueError(f"prompt_ids array must be 2-D [num_prompts, length], got shape {ids.shape}")
-            mask = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask) != 0
-            if mask.shape != ids.shape:
-                raise ValueError(f"attention_mask shape {mask.shape} differs from prompt_ids shape {ids.shape}")
-            rows = [ids[i][mask[i]] for i in range(ids.shape[0])]
-        else:
-            rows = [np.asarray(p) for p in prompt_ids]
-        if not rows:
-            raise ValueError("no prompts given")
-        vocab = self.model.config.vocab_size
-        for i, row in enumerate(rows):
-            if row.ndim != 1 or row.size == 0:
-                raise ValueError(f"prompt {i} must be a non-empty list of token ids, got shape {row.shape}")
-            if not np.issubdtype(row.dtype, np.integer):
-                raise ValueError(f"prompt {i}: token ids must be integers, got dtype {row.dtype}")
-            if row.min() < 0 or row.max() >= vocab:
-                raise ValueError(f"prompt {i}: token ids must be in [0, {vocab}), got range "
-                                 f"[{row.min()}, {row.max()}]")
-        return [r.astype(np.int32) for r in rows]
+                                log_probs=log_probs if return_log_probs else None, stats=stats)
 
     def _run(self, graph: str, key: tuple, cell: nn.Cell, *args: Tensor, uniforms: np.ndarray,
              with_log_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -286,36 +279,22 @@ class Generator:
         """The next `rows` uniforms of the sampling stream, one a row (greedy draws none: zeros)."""
         if self.config.greedy:
             return np.zeros(rows, np.float32)
-        return float32_uniforms(self.rng.random(rows))
+        return float32_uniforms(self._rng.random(rows))
 
-    def _step(self, t, tokens, token_lp, finished, response, resp_mask, log_probs) -> np.ndarray:
-        """Records step t's chosen tokens and log-probs; returns the tokens fed to the next step."""
-        cfg = self.config
-        alive = ~finished
-        if log_probs is not None:
-            log_probs[:, t] = np.where(alive, token_lp, 0.0)
-        tokens = np.where(alive, tokens, cfg.pad_token_id).astype(np.int32)
-        response[:, t] = tokens
-        resp_mask[:, t] = alive
-        running = np.flatnonzero(alive)
-        finished[running] = self._ended(tokens[running], response, running, np.full(running.size, t))
-        return tokens
+    def _move_rows(self, cache: KVCache, small: KVCache, rows: np.ndarray) -> None:
+        """Moves `rows` of `cache` into rows 0, 1, ... of `small`, counting and timing the move's first call."""
+        signature = ("move", cache.batch_size, small.batch_size, cache.length)
+        first = signature not in self._graphs.signatures["move"]
+        start = time.perf_counter()
+        cache.move_rows(small, rows)
+        if first:
+            self._record_first_call(signature, start, f"KV rows {cache.batch_size} -> {small.batch_size}")
 
-    def _ended(self, tokens: np.ndarray, response: np.ndarray, samples: np.ndarray, last: np.ndarray) -> np.ndarray:
-        """Whether each of `samples` ended with its newest token `tokens` (at index `last` of its `response` row): an
-        EOS, or the completion of a stop string."""
-        ended = np.isin(tokens, self.config.eos_token_ids)
-        if self._stop is not None:
-            check = np.flatnonzero(~ended)
-            ended[check] = self._stop.completed(response, samples[check], last[check])
-        return ended
-
-    def _buffers(self, batch: int, return_log_probs: bool):
-        cfg = self.config
-        response = np.full((batch, cfg.max_new_tokens), cfg.pad_token_id, np.int32)
-        resp_mask = np.zeros((batch, cfg.max_new_tokens), np.int32)
-        log_probs = np.zeros((batch, cfg.max_new_tokens), np.float32) if return_log_probs else None
-        return response, resp_mask, log_probs, np.zeros(batch, bool)
+    def _forward_cell(self) -> _LastLogitsCell:
+        """The uncached path's full-forward cell (built on first use, shared like the caches)."""
+        if self._graphs.forward_cell is None:
+            self._graphs.forward_cell = _LastLogitsCell(self.model)
+        return self._graphs.forward_cell
 
     def cache(self, batch: int) -> KVCache:
         """The KV cache (with its prefill and decode cells, compiled on first use) for `batch` rows, allocated the
@@ -327,220 +306,27 @@ class Generator:
             logger.info("allocated KV cache batch=%d length=%d (%.1f MB)", batch, key[1], caches[key].nbytes() / 2**20)
         return caches[key]
 
-    def _run_cached(self, prompts, prompts_mask, prompt_lengths, return_log_probs, bar):
-        """Prefill reads each prompt once and fills the cache rows of its `num_generations` samples; each decode
-        step runs every sample still running, in the smallest row count of `decode_row_counts` they fit
-        (`_step_down`). Returns the buffers, the steps and the rows the decode calls computed."""
-        cfg = self.config
-        n = cfg.num_generations
-        bucket = prompts.shape[1]
-        batch = len(prompts) * n
-        cache = self.cache(batch)
-        response, resp_mask, log_probs, finished = self._buffers(batch, return_log_probs)
-        valid = np.zeros((batch, cache.length), np.float32)
-        valid[:, :bucket] = np.repeat(prompts_mask, n, 0)
-        chosen = self._prefill(cache, (batch, cache.length), prompts, prompts_mask, n, return_log_probs)
-        sample_of = np.arange(batch)  # the sample each cache row decodes, -1: none
-        counts = cfg.decode_row_counts(batch)
-        steps, computed = cfg.max_new_tokens, 0
-        for t in range(cfg.max_new_tokens):
-            tokens = self._step(t, *chosen, finished, response, resp_mask, log_probs)
-            bar.update()
-            if finished.all() or t == cfg.max_new_tokens - 1:
-                steps = t + 1
-                break
-            slot = bucket + t
-            valid[:, slot] = 1.0
-            running = np.flatnonzero((sample_of >= 0) & ~finished[np.maximum(sample_of, 0)])
-            cache, source = self._step_down(cache, counts, running)
-            if source is not None:
-                sample_of = np.where(source >= 0, sample_of[np.maximum(source, 0)], -1)
-            rows = np.maximum(sample_of, 0)  # a row without a sample repeats sample 0's inputs, its output unused
-            uniforms = self._uniforms(batch)[rows] * (sample_of >= 0)
-            positions = (prompt_lengths[rows] + t).astype(np.int32)[:, None]
-            decoded = self._run("decode", (cache.batch_size, cache.length), cache.decode, Tensor(tokens[rows][:, None]),
-                                Tensor(positions), Tensor(np.full(cache.batch_size, slot, np.int32)),
-                                Tensor(valid[rows]), uniforms=uniforms, with_log_probs=return_log_probs)
-            computed += cache.batch_size
-            chosen = _by_sample(decoded, sample_of, batch)
-        return response, resp_mask, log_probs, steps, computed
 
-    def _step_down(self, cache: KVCache, counts: list[int], running: np.ndarray) -> tuple[KVCache, np.ndarray | None]:
-        """When the cache rows `running` fit a smaller row count of `counts` than `cache` has, moves them into rows
-        0, 1, ... of the smallest such count's cache; returns that cache and, for each of its rows, the row of
-        `cache` it came from (-1: none). Else `cache` and None."""
-        target = min(c for c in counts if c >= running.size)
-        if target >= cache.batch_size:
-            return cache, None
-        source = np.full(target, -1)
-        source[:running.size] = running
-        small = self.cache(target)
-        signature = ("move", cache.batch_size, target, cache.length)
-        first = signature not in self._graphs.signatures["move"]
-        start = time.perf_counter()
-        cache.move_rows(small, np.maximum(source, 0))
-        if first:
-            self._record_first_call(signature, start, f"KV rows {cache.batch_size} -> {target}")
-        return small, source
-
-    def _run_slots(self, prompts, prompts_mask, prompt_lengths, return_log_probs, bar):
-        """Continuous batching over `max_num_seqs` slots (KV-cache rows): a slot whose response ended takes the next
-        waiting sample (samples in order: prompt j's are j n .. j n + n - 1); a prompt is prefilled once into all
-        the free slots its waiting samples take; then every occupied slot decodes one token a call, each at its own
-        position. Once no sample waits, the running ones step down to fewer slots (`_step_down`). Returns the fixed
-        batch's buffers, the number of decode calls and the rows they computed."""
-        cfg = self.config
-        bucket = prompts.shape[1]
-        state = _Slots(self, cfg.max_num_seqs, len(prompts) * cfg.num_generations, return_log_probs)
-        cache = self.cache(cfg.max_num_seqs)
-        valid = np.zeros((cache.batch_size, cache.length), np.float32)
-        counts = cfg.decode_row_counts(cfg.max_num_seqs)
-        calls = computed = 0
-        while True:
-            self._fill_slots(state, cache, (cache.batch_size, cache.length), prompts, prompts_mask, valid)
-            occupied = np.flatnonzero(state.sample_of >= 0)
-            if not occupied.size:
-                return state.response, state.resp_mask, state.log_probs, calls, computed
-            if not state.waiting:
-                cache, source = self._step_down(cache, counts, occupied)
-                if source is not None:
-                    state.keep_slots(source)
-                    valid = np.where(source[:, None] >= 0, valid[np.maximum(source, 0)], 0.0).astype(np.float32)
-                    occupied = np.flatnonzero(state.sample_of >= 0)
-            slots = cache.batch_size
-            samples, t = state.sample_of[occupied], state.next_token[occupied]
-            tokens = np.full(slots, cfg.pad_token_id, np.int32)
-            tokens[occupied] = state.response[samples, t - 1]
-            write_at = np.full(slots, bucket, np.int32)  # an empty slot writes where its next sample starts
-            write_at[occupied] = bucket + t - 1
-            positions = np.zeros(slots, np.int32)
-            positions[occupied] = prompt_lengths[samples] + t - 1
-            valid[occupied, write_at[occupied]] = 1.0
-            chosen = self._run("decode", (slots, cache.length), cache.decode, Tensor(tokens[:, None]),
-                               Tensor(positions[:, None]), Tensor(write_at), Tensor(valid),
-                               uniforms=state.uniforms(occupied), with_log_probs=return_log_probs)
-            calls += 1
-            computed += slots
-            bar.update()
-            state.record(occupied, chosen)
-
-    def _fill_slots(self, state: _Slots, cache: KVCache, key: tuple, prompts, prompts_mask, valid) -> None:
-        """Gives the free slots the next waiting samples, a prompt at a time: the prompt is prefilled once into the
-        slots its samples take, which then hold their first token (a sample that ends there frees its slot again)."""
-        n, slots, bucket = self.config.num_generations, state.sample_of.size, prompts.shape[1]
-        while state.waiting and (state.sample_of < 0).any():
-            free = np.flatnonzero(state.sample_of < 0)
-            prompt = state.waiting[0] // n
-            taken = [state.waiting.popleft() for _ in range(min(len(free), n - state.waiting[0] % n))]
-            rows = free[:len(taken)]
-            state.sample_of[rows], state.next_token[rows] = taken, 0
-            valid[rows] = 0.0
-            valid[rows, :bucket] = prompts_mask[prompt]
-            written = np.zeros(slots, np.float32)
-            written[rows] = 1.0
-            chosen = self._run("prefill", key, cache.prefill, Tensor(prompts[prompt:prompt + 1]),
-                               Tensor(prompts_mask[prompt:prompt + 1]), Tensor(np.zeros(slots, np.int32)),
-                               Tensor(written), uniforms=state.uniforms(rows),
-                               with_log_probs=state.log_probs is not None)
-            state.record(rows, chosen)
-
-    def _prefill(self, cache: KVCache, key: tuple, prompts: np.ndarray, prompts_mask: np.ndarray, n: int,
-                 with_log_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """Fills the cache rows of every prompt's `n` samples (prompt j: rows j n .. j n + n - 1), `prefill_prompts`
-        prompts a call (all of them when it does not divide their number), fewer to fit `max_num_batched_tokens`;
-        returns the first tokens of the U n rows and their log-probs (each sample's own draw from its prompt's
-        logits)."""
-        count = len(prompts)
-        chunk = self.prefill_prompts if self.prefill_prompts and count % self.prefill_prompts == 0 else count
-        chunk = self.config.prefill_prompts(chunk, prompts.shape[1])  # a divisor of chunk: within the token budget
-        uniforms = self._uniforms(count * n)
-        chosen = [self._run("prefill", key, cache.prefill, Tensor(prompts[start:start + chunk]),
-                            Tensor(prompts_mask[start:start + chunk]), *cache.rows_of(start, chunk, n),
-                            uniforms=uniforms[start * n:(start + chunk) * n], with_log_probs=with_log_probs)
-                  for start in range(0, count, chunk)]
-        tokens = np.concatenate([c[0] for c in chosen])
-        return tokens, np.concatenate([c[1] for c in chosen]) if with_log_probs else None
-
-    def _run_uncached(self, ids, mask, return_log_probs, bar):
-        cfg = self.config
-        batch, bucket = ids.shape
-        if self._graphs.forward_cell is None:
-            self._graphs.forward_cell = _LastLogitsCell(self.model)
-        width = bucket + cfg.max_new_tokens
-        buf = np.full((batch, width), cfg.pad_token_id, np.int32)
-        buf_mask = np.zeros((batch, width), np.int32)
-        buf[:, :bucket], buf_mask[:, :bucket] = ids, mask
-        response, resp_mask, log_probs, finished = self._buffers(batch, return_log_probs)
-        steps = cfg.max_new_tokens
-        for t in range(cfg.max_new_tokens):
-            chosen = self._run("forward", (), self._graphs.forward_cell, Tensor(buf), Tensor(buf_mask),
-                               Tensor(bucket + t - 1, ms.int32), uniforms=self._uniforms(batch),
-                               with_log_probs=return_log_probs)
-            tokens = self._step(t, *chosen, finished, response, resp_mask, log_probs)
-            bar.update()
-            if finished.all():
-                steps = t + 1
-                break
-            buf[:, bucket + t], buf_mask[:, bucket + t] = tokens, 1
-        return response, resp_mask, log_probs, steps
-
-
-def _by_sample(chosen: tuple, sample_of: np.ndarray, batch: int) -> tuple:
-    """A decode call's (tokens, log-probs or None) of cache rows, at their samples' places in arrays of `batch` (0
-    for a sample no row decoded: one that has ended)."""
-    held = sample_of >= 0
-    spread = []
-    for values in chosen:
-        if values is not None:
-            full = np.zeros(batch, values.dtype)
-            full[sample_of[held]] = values[held]
-            values = full
-        spread.append(values)
-    return tuple(spread)
-
-
-class _Slots:
-    """The decode slots of one continuous-batching call (`Generator._run_slots`): the sample each slot holds (-1:
-    empty) and the index of the token it produces next, the samples waiting for a slot, and the whole batch's
-    response buffers. Sample s's token t is drawn at uniform [t, s] of the generator's stream, row t drawn (for
-    every sample, in one call) the first time a sample reaches token t, as the fixed batch draws it: the samples
-    do not depend on the slots."""
-
-    def __init__(self, generator: Generator, slots: int, batch: int, return_log_probs: bool):
-        self.generator, self.batch = generator, batch
-        self.response, self.resp_mask, self.log_probs, _ = generator._buffers(batch, return_log_probs)
-        self.sample_of = np.full(slots, -1)
-        self.next_token = np.zeros(slots, np.int64)
-        self.waiting = collections.deque(range(batch))
-        self.uniform_rows = np.zeros((generator.config.max_new_tokens, batch), np.float32)  # row t: drawn or 0
-        self.rows_drawn = 0
-
-    def uniforms(self, rows: np.ndarray) -> np.ndarray:
-        """A uniform a slot: [t, s] for the slots `rows` (sample s, producing its token t), 0 elsewhere."""
-        t = self.next_token[rows]
-        while self.rows_drawn <= int(t.max()):
-            self.uniform_rows[self.rows_drawn] = self.generator._uniforms(self.batch)
-            self.rows_drawn += 1
-        drawn = np.zeros(self.sample_of.size, np.float32)
-        drawn[rows] = self.uniform_rows[t, self.sample_of[rows]]
-        return drawn
-
-    def keep_slots(self, source: np.ndarray) -> None:
-        """Fewer slots: slot i now holds what slot source[i] held (-1: empty), as `Generator._step_down` moved them."""
-        held = source >= 0
-        self.sample_of = np.where(held, self.sample_of[np.maximum(source, 0)], -1)
-        self.next_token = np.where(held, self.next_token[np.maximum(source, 0)], 0)
-
-    def record(self, rows: np.ndarray, chosen) -> None:
-        """Writes the tokens chosen for slots `rows` into their samples' responses; a slot whose sample ended (an
-        EOS, a stop string, or its last token) is emptied."""
-        cfg = self.generator.config
-        tokens, token_lp = chosen
-        samples, t = self.sample_of[rows], self.next_token[rows]
-        self.response[samples, t] = tokens[rows]
-        self.resp_mask[samples, t] = 1
-        if self.log_probs is not None:
-            self.log_probs[samples, t] = token_lp[rows]
-        ended = self.generator._ended(tokens[rows], self.response, samples, t) | (t == cfg.max_new_tokens - 1)
-        self.sample_of[rows[ended]] = -1
-        self.next_token[rows[~ended]] += 1
+def prompt_rows(prompt_ids, attention_mask, vocab: int) -> list[np.ndarray]:
+    """The prompts' token ids, a row each (int32), checked against the vocabulary size `vocab`."""
+    if isinstance(prompt_ids, np.ndarray) or attention_mask is not None:
+        ids = np.asarray(prompt_ids)
+        if ids.ndim != 2:
+            raise ValueError(f"prompt_ids array must be 2-D [num_prompts, length], got shape {ids.shape}")
+        mask = np.ones(ids.shape, bool) if attention_mask is None else np.asarray(attention_mask) != 0
+        if mask.shape != ids.shape:
+            raise ValueError(f"attention_mask shape {mask.shape} differs from prompt_ids shape {ids.shape}")
+        rows = [ids[i][mask[i]] for i in range(ids.shape[0])]
+    else:
+        rows = [np.asarray(p) for p in prompt_ids]
+    if not rows:
+        raise ValueError("no prompts given")
+    for i, row in enumerate(rows):
+        if row.ndim != 1 or row.size == 0:
+            raise ValueError(f"prompt {i} must be a non-empty list of token ids, got shape {row.shape}")
+        if not np.issubdtype(row.dtype, np.integer):
+            raise ValueError(f"prompt {i}: token ids must be integers, got dtype {row.dtype}")
+        if row.min() < 0 or row.max() >= vocab:
+            raise ValueError(f"prompt {i}: token ids must be in [0, {vocab}), got range "
+                             f"[{row.min()}, {row.max()}]")
+    return [r.astype(np.int32) for r in rows]

@@ -166,8 +166,9 @@ def test_a_checkpoint_damaged_on_one_rank_ends_the_job_at_once_in_its_own_words(
                        job_env(out, PYTHONPATH=str(rewards), EVAL_DATA=""), timeout=300)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = proc.stderr[proc.stderr.index("run_grpo.sh: the job failed (exit 1)"):]
-    assert f"error: {damaged}: not a readable MindSpore checkpoint" in summary, summary
-    assert f"error: {step}: 1 other rank(s) could not read their files of this checkpoint" in summary, summary
+    assert f"error: rank 1: {damaged}: not a readable MindSpore checkpoint" in summary, summary
+    assert f"error: rank 0: stopped at reading {step}: rank 1 failed there (its error line says why)" in summary, \
+        summary
     console = proc.stdout + proc.stderr
     for noise in ("Traceback", "C++ Call Stack", "[INFO] DISTRIBUTED"):
         assert noise not in console, console[-3000:]

@@ -10,7 +10,7 @@ import pytest
 from support.metrics_doc import DOC, assert_documented, metric_rows, name_pattern
 from support.paths import DOCS
 
-# written only where a stand-in cannot reach (the rounds of `_collect_experience`); test_grpo_cli's dynamic-sampling
+# written only where a stand-in cannot reach (the rounds of `ExperienceMaker.make`); test_grpo_cli's dynamic-sampling
 # run writes both and checks them with `assert_documented`
 WRITTEN_BY_RUNS_ONLY = {"sampling/rounds", "sampling/kept_groups"}
 
