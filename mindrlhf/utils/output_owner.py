@@ -268,7 +268,10 @@ def _step_folders(checkpoint_dir: str, pattern: re.Pattern) -> tuple[str, ...]:
 
 
 def _metric_counts(path: str) -> tuple[int, int]:
-    """(steps >= 1 with a line, non-empty lines) of a metrics.jsonl; (0, 0) when there is none."""
+    """(steps >= 1 with a line, non-empty lines) of a metrics.jsonl; (0, 0) when there is none, or it is not a
+    regular file (a device such as /dev/null reads as nothing, or forever)."""
+    if not os.path.isfile(path):
+        return 0, 0
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             lines = [line for line in f if line.strip()]

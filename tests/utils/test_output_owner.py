@@ -208,6 +208,9 @@ def test_an_empty_folder_or_one_of_converted_inputs_and_logs_holds_no_run(tmp_pa
         (folder / name).mkdir(parents=True)
     (folder / "checkpoints" / "step_notes.txt").write_text("")
     assert not find_leftovers(str(folder), str(folder / "checkpoints"))
+    (folder / "metrics.jsonl").unlink()
+    (folder / "metrics.jsonl").symlink_to("/dev/zero")  # a device reads forever: not a run's metrics
+    assert not find_leftovers(str(folder), str(folder / "checkpoints"))
 
 
 def test_the_leftovers_are_deleted_and_the_rest_stays(tmp_path):
