@@ -20,6 +20,8 @@
 # ALGORITHM=ppo runs PPO instead: a critic (CRITIC_YAML, started from the policy with a zero value head) gives GAE
 # advantages (PPO_YAML's settings on top of GRPO_YAML's); its output goes to output/ppo.
 # Extra arguments go to grpo_one_stage.py, e.g. `bash run_grpo.sh --steps 10 --learning_rate 5e-4`.
+# WORKER_NUM, the job's ranks, is by default the devices TRAIN_YAML lays out (data_parallel x model_parallel x
+# pipeline_stage, as the job's plan counts them: `python -m mindrlhf.trainer.plan world-size TRAIN_YAML`).
 # Every variable below can be set from the environment; for several nodes run this script on each node with the
 # same MASTER_ADDR/MASTER_PORT/WORKER_NUM, its own NODE_RANK and LOCAL_WORKER_NUM, and an OUTPUT on a shared disk:
 # each node then converts the checkpoint and prompts into its own $OUTPUT/node_<NODE_RANK> (and tees msrun's
@@ -44,14 +46,11 @@ ALGORITHM="${ALGORITHM:-grpo}"                    # grpo, or ppo (with a critic)
 MODEL="${MODEL:-arith}"
 CONFIGS="$ROOT/model_configs/$MODEL"
 DEFAULT_TEMPLATE=chat  # a Hugging Face chat model's own template
-DEFAULT_WORKER_NUM=2   # the devices the model's train/infer YAMLs lay out
 case "$MODEL" in
   arith) DEFAULT_MODEL_DIR="$ROOT/model_configs/arith/policy"; DEFAULT_TEMPLATE=r1_think ;;
-  smollm2) DEFAULT_MODEL_DIR="$ROOT/models/SmolLM2-135M-Instruct"; DEFAULT_WORKER_NUM=1 ;;
+  smollm2) DEFAULT_MODEL_DIR="$ROOT/models/SmolLM2-135M-Instruct" ;;
   *) DEFAULT_MODEL_DIR="" ;;
 esac
-WORKER_NUM="${WORKER_NUM:-$DEFAULT_WORKER_NUM}"     # ranks of the whole job (all nodes)
-LOCAL_WORKER_NUM="${LOCAL_WORKER_NUM:-$WORKER_NUM}" # ranks on this node
 if [ ! -f "$CONFIGS/grpo.yaml" ]; then
   echo "run_grpo.sh: MODEL=$MODEL: no $CONFIGS/grpo.yaml (MODEL names a folder of model_configs/ with" \
        "train.yaml, infer.yaml and grpo.yaml)" >&2; exit 2
@@ -111,6 +110,15 @@ if [ "$NODE_RANK" = 0 ] && [ -x "$PY" ]; then
   exec 9>>"$OUTPUT/run.lock"
   "$PY" -m mindrlhf.utils.output_owner hold --fd 9 --pid $$ --job "$MASTER_ADDR:$MASTER_PORT" "$OUTPUT" || exit 2
 fi
+# ranks of the whole job (all nodes): by default the devices TRAIN_YAML's layout spans, as the job's plan counts them
+if [ -z "${WORKER_NUM:-}" ]; then
+  if [ ! -x "$PY" ]; then  # DRY_RUN before the first bootstrap
+    echo "run_grpo.sh: set WORKER_NUM: counting the ranks of $TRAIN_YAML needs $PY (tools/bootstrap.sh makes it)" >&2
+    exit 2
+  fi
+  WORKER_NUM="$("$PY" -m mindrlhf.trainer.plan world-size "$TRAIN_YAML")" || exit 2
+fi
+LOCAL_WORKER_NUM="${LOCAL_WORKER_NUM:-$WORKER_NUM}" # ranks on this node
 # what this node converts: its own folder when the job spans several nodes (OUTPUT is then on a shared disk)
 if [ "$LOCAL_WORKER_NUM" -lt "$WORKER_NUM" ]; then NODE_DIR="$OUTPUT/node_$NODE_RANK"; else NODE_DIR="$OUTPUT"; fi
 mkdir -p "$NODE_DIR"

@@ -77,11 +77,10 @@ def main(argv=None) -> dict:
     prompts = read_prompts(args.prompts, args.rounds * args.prompts_per_round)
 
     def config(steps: tuple[int, float], seed: int) -> GenerationConfig:
-        cfg = GenerationConfig(max_new_tokens=args.new_tokens, num_generations=args.num_generations,
-                               temperature=args.temperature, prompt_buckets=[args.bucket], eos_token_ids=args.eos,
-                               pad_token_id=args.eos[0], seed=seed, min_decode_rows=steps[0], step_down_ratio=steps[1])
-        cfg.validate()
-        return cfg
+        return GenerationConfig(max_new_tokens=args.new_tokens, num_generations=args.num_generations,
+                                temperature=args.temperature, prompt_buckets=[args.bucket], eos_token_ids=args.eos,
+                                pad_token_id=args.eos[0], seed=seed, min_decode_rows=steps[0],
+                                step_down_ratio=steps[1])  # validated as it is made
 
     generator = Generator(net, config(args.ladders[0], 0))
     runs = {steps: [] for steps in args.ladders}

@@ -32,6 +32,7 @@ MINDSPORE_FREE = [
     "mindrlhf.models.tokenizer", "mindrlhf.models.tokenizer_base",
     "mindrlhf.parallel.layout", "mindrlhf.parallel.shared_memory", "mindrlhf.parallel.host_setup",
     "mindrlhf.engine.batches", "mindrlhf.engine.memory_budget", "mindrlhf.engine.memory_plan", "mindrlhf.engine.sizing",
+    "mindrlhf.engine.step_shape",
     "mindrlhf.checkpoint.step",
     "mindrlhf.trainer.plan", "mindrlhf.trainer.specs", "mindrlhf.trainer.launch", "mindrlhf.trainer.metrics",
     "mindrlhf.trainer.postmortem",

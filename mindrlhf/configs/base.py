@@ -16,6 +16,20 @@ class ConfigError(ValueError):
     """A user-facing configuration error; the message names the file and the field."""
 
 
+class Validated:
+    """Base of a config dataclass that checks itself as it is made: `validate` runs in `__post_init__`, so once per
+    value, whether the value is built in code, by `from_mapping` (a YAML section, flags) or by `dataclasses.replace`
+    (the way to change a frozen config: `@dataclass(frozen=True)` refuses assignment). Code handed such a config
+    trusts it and does not validate it again; what depends on a network (vocabulary, sequence length) is checked
+    where the network is known."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the field when a value is out of range (none here: a section without checks)."""
+
+
 def help_field(default: Any, help: str, **kwargs) -> Any:
     """A dataclass field with help text (shown in errors and docs)."""
     if isinstance(default, (list, dict)):
@@ -159,7 +173,8 @@ def from_mapping(cls, values: Mapping, source: str, ignored_keys: frozenset = fr
 
     Unknown keys are an error (with a did-you-mean hint) unless listed in `ignored_keys`; `elsewhere` (section ->
     its field names) are the fields of the other sections of the file, which the hint also names (a field put in
-    the wrong section).
+    the wrong section). The object is validated once: by its own `__post_init__` (a `Validated` config), else by
+    its `validate` method when it has one.
     """
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
@@ -182,12 +197,11 @@ def from_mapping(cls, values: Mapping, source: str, ignored_keys: frozenset = fr
     ]
     if missing:
         raise ConfigError(f"{source}: missing required field(s) {', '.join(missing)}")
-    obj = cls(**kwargs)
-    validate = getattr(obj, "validate", None)
-    if validate is not None:
-        try:
-            validate()
-        except ConfigError as err:
-            raise ConfigError(f"{source}: {err}") from None
+    try:
+        obj = cls(**kwargs)  # a `Validated` config validates itself here
+        if not isinstance(obj, Validated) and hasattr(obj, "validate"):
+            obj.validate()  # a mutable config (a model YAML's): checked as it is read
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
     return obj
 

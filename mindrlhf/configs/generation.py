@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mindrlhf.configs.base import ConfigError, help_field
+from mindrlhf.configs.base import ConfigError, Validated, help_field
 
 # Qwen2/Qwen2.5 chat models end a turn with <|im_end|> and a document with <|endoftext|>.
 QWEN_IM_END_ID = 151645
@@ -36,9 +36,13 @@ def shown_as(field: dataclasses.Field, text: str) -> dataclasses.Field:
     return field
 
 
-@dataclass
-class GenerationConfig:
+@dataclass(frozen=True)
+class GenerationConfig(Validated):
     """Sampling settings of the rollout phase (the YAML section a GRPO config nests as `generation`).
+
+    Frozen and validated as it is made (`Validated`): a changed config is a new one, `dataclasses.replace(config,
+    field=value)`, checked then. What depends on the network (`check_model`: the vocabulary, the cache length
+    against seq_length) is checked by the job plan and by a `Generator` given the config, against its model.
 
     In a training job `eos_token_ids` and `pad_token_id` come from the tokenizer unless the YAML or a flag sets
     them (`mindrlhf.trainer.plan.resolve_token_ids`); the Qwen defaults here serve a config built in code.
@@ -172,7 +176,7 @@ class GenerationConfig:
                           f"bucket {max(self.prompt_buckets)}; add a larger bucket or truncate the prompts")
 
     def validate(self) -> None:
-        """Raises ConfigError naming the field when a value is out of range."""
+        """Raises ConfigError naming the field when a value is out of range (run once, as the config is made)."""
         def check(ok: bool, name: str, requirement: str) -> None:
             if not ok:
                 raise ConfigError(f"generation.{name} {requirement}, got {getattr(self, name)!r}")

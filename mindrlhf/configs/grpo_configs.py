@@ -30,13 +30,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mindrlhf.configs.base import ConfigError, from_mapping, help_field, load_yaml
+from mindrlhf.configs.base import ConfigError, Validated, from_mapping, help_field, load_yaml
 from mindrlhf.configs.generation import GenerationConfig, shown_as
 from mindrlhf.configs.mindspeed import is_mindspeed_yaml, translate
 
 
-@dataclass
-class LossConfig:
+@dataclass(frozen=True)
+class LossConfig(Validated):
     """The GRPO objective: clipped surrogate + beta * KL(policy || ref), and how it is normalised (checked by the
     algorithms' `check_loss_hyperparameters`, see `mindrlhf.trainer.plan.check_registered_names`)."""
 
@@ -58,8 +58,8 @@ class LossConfig:
         "k3", "Per-token KL estimator (Schulman 2020): 'k3' (the GRPO paper's, unbiased and >= 0), 'k1', 'k2'.")
 
 
-@dataclass
-class AlgorithmConfig:
+@dataclass(frozen=True)
+class AlgorithmConfig(Validated):
     """What is neither loss nor schedule: the advantage estimator and its settings, KL in the reward, sampling
     filters."""
 
@@ -105,8 +105,8 @@ class AlgorithmConfig:
                 raise ConfigError(f"algorithm.{name} {requirement}, got {getattr(self, name)!r}")
 
 
-@dataclass
-class CriticConfig:
+@dataclass(frozen=True)
+class CriticConfig(Validated):
     """The PPO critic (`--sft_path_critic`): its learning rate and value loss (verl's `critic.*` names); AdamW
     betas, eps, weight decay and the lr schedule are the optimizer section's."""
 
@@ -134,8 +134,8 @@ class CriticConfig:
                 raise ConfigError(f"critic.{name} {requirement}, got {getattr(self, name)!r}")
 
 
-@dataclass
-class RewardConfig:
+@dataclass(frozen=True)
+class RewardConfig(Validated):
     """Rule rewards (registered names `accuracy`, `format`, or user functions as `package.module:function`, either
     `fn(completions, solutions)` or TRL's `fn(prompts, completions, **kwargs)`, returning None = no opinion) and/or
     a reward model, summed with their weights."""
@@ -180,8 +180,8 @@ class RewardConfig:
                               f"{self.reward_timeout}")
 
 
-@dataclass
-class OptimizerConfig:
+@dataclass(frozen=True)
+class OptimizerConfig(Validated):
     """AdamW with bias correction (as `torch.optim.AdamW`), learning-rate schedule and gradient clipping."""
 
     learning_rate: float = help_field(
@@ -226,8 +226,8 @@ class OptimizerConfig:
                 raise ConfigError(f"optimizer.{name} {requirement}, got {getattr(self, name)!r}")
 
 
-@dataclass
-class ScheduleConfig:
+@dataclass(frozen=True)
+class ScheduleConfig(Validated):
     """How much data each step takes and how it is reused."""
 
     steps: int = help_field(100, "GRPO steps (one rollout batch each).")
@@ -299,8 +299,8 @@ class ScheduleConfig:
         return self.mini_batch_size or self.batch_size
 
 
-@dataclass
-class CheckpointConfig:
+@dataclass(frozen=True)
+class CheckpointConfig(Validated):
     """When checkpoints are written and how many are kept."""
 
     save_interval: int = help_field(
@@ -314,8 +314,8 @@ class CheckpointConfig:
             raise ConfigError(f"checkpoint.keep_last must be >= 1, got {self.keep_last}")
 
 
-@dataclass
-class EvalConfig:
+@dataclass(frozen=True)
+class EvalConfig(Validated):
     """Held-out evaluation (`--eval_dataset_file`): greedy accuracy on every prompt of the split."""
 
     eval_interval: int = help_field(
@@ -355,9 +355,14 @@ SECTIONS: dict[str, type] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class GRPOConfig:
-    """All settings of a GRPO run (the model YAMLs hold the networks and their parallel layouts)."""
+    """All settings of a GRPO run (the model YAMLs hold the networks and their parallel layouts).
+
+    Frozen, as its sections are: each section is validated once, as it is made (`Validated`); a changed config is
+    a new one (`replace`, or `dataclasses.replace` of a section), whose changed sections are validated then. The
+    checks across sections are `validate`'s, run by the job plan.
+    """
 
     algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
     generation: GenerationConfig = dataclasses.field(
@@ -376,28 +381,28 @@ class GRPOConfig:
     @classmethod
     def from_dict(cls, data: Mapping, source: str = "<dict>") -> GRPOConfig:
         """Builds the config from a mapping of sections; unknown sections or fields are errors naming them."""
-        config = cls._build(data, source)
-        config.sources = _given_fields(data, {}, source)
-        return config
+        return cls._build(data, source, cls(), _given_fields(data, {}, source))
 
     @classmethod
-    def _build(cls, data: Mapping, source: str) -> GRPOConfig:
-        """The config of `data` over the defaults, each section built and checked."""
+    def _build(cls, data: Mapping, source: str, base: GRPOConfig, sources: dict[str, str]) -> GRPOConfig:
+        """`base` with the fields `data` gives ({section: {field: value}}), from `source`: each section given is
+        built and so checked (once, `Validated`); the others are `base`'s, as they are (frozen, already checked)."""
         unknown = sorted(set(data) - set(SECTIONS))
         if unknown:
             raise ConfigError(f"{source}: unknown section(s) {unknown}; known sections: {list(SECTIONS)}")
-        config = cls()
         sections = {}
         for name, section_cls in SECTIONS.items():
-            values = dataclasses.asdict(getattr(config, name))
             given = data.get(name) or {}
             if not isinstance(given, Mapping):
                 raise ConfigError(f"{source}: section '{name}' must be a mapping, got {type(given).__name__}")
-            values.update(given)
+            if not given:
+                sections[name] = getattr(base, name)
+                continue
+            values = {**dataclasses.asdict(getattr(base, name)), **given}
             elsewhere = {other: [f.name for f in dataclasses.fields(other_cls)]
                          for other, other_cls in SECTIONS.items() if other != name}
             sections[name] = from_mapping(section_cls, values, f"{source}: {name}", elsewhere=elsewhere)
-        return cls(**sections)
+        return cls(**sections, sources=sources)
 
     @classmethod
     def from_yaml(cls, *paths: str) -> GRPOConfig:
@@ -412,16 +417,9 @@ class GRPOConfig:
         return {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
 
     def replace(self, overrides: Mapping[str, Mapping[str, Any]], source: str = "command line") -> GRPOConfig:
-        """A copy with `{section: {field: value}}` applied, validated like a YAML."""
-        data = self.to_dict()
-        for section, values in overrides.items():
-            if isinstance(values, Mapping) and section in data:
-                data[section].update(values)
-            else:
-                data[section] = values  # _build names what is wrong with it
-        config = GRPOConfig._build(data, source)
-        config.sources = _given_fields(overrides, self.sources, source)
-        return config
+        """A copy with `{section: {field: value}}` applied, the sections it changes built and checked as a YAML's
+        (errors name `source`)."""
+        return GRPOConfig._build(overrides, source, self, _given_fields(overrides, self.sources, source))
 
     def source_of(self, section: str, *names: str) -> str | None:
         """The YAML file (or "command line") that gave the latest of `section.<name>`; None for defaults."""
@@ -434,18 +432,8 @@ class GRPOConfig:
 
     # --------------------------------------------------------------- validation
     def validate(self) -> None:
-        """Cross-section checks that need no model (per-section checks ran when the sections were built; the
-        registered names are checked by `mindrlhf.trainer.plan.check_registered_names`)."""
-        for name in SECTIONS:
-            # LossConfig has none: its settings are checked by the algorithms' check_loss_hyperparameters
-            validate = getattr(getattr(self, name), "validate", None)
-            if validate is None:
-                continue
-            try:
-                validate()
-            except ConfigError as err:
-                message = str(err)
-                raise ConfigError(message if message.startswith(name) else f"{name}: {message}") from None
+        """Cross-section checks that need no model, run once by the job plan (each section checked itself as it was
+        made, `Validated`; the registered names are checked by `mindrlhf.trainer.plan.check_registered_names`)."""
         if self.algorithm.adv_estimator == "gae":
             if self.algorithm.dynamic_sampling:
                 raise ConfigError("algorithm.dynamic_sampling filters prompt groups by their reward spread, a GRPO "

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 
 import numpy as np
 
 from mindrlhf.algorithms import aggregation_weights
 from mindrlhf.algorithms.policy_cells import ResponseHidden, response_hidden_shape
-from mindrlhf.engine.batches import RankRows, update_slices
+from mindrlhf.engine.batches import RankRows
 from mindrlhf.engine.forward import check_response_cell
 from mindrlhf.engine.sizing import MicroBatchSizer
+from mindrlhf.engine.step_shape import StepShape
 from mindrlhf.optim import learning_rate_at
 from mindrlhf.parallel.layers import to_ms_dtype
 from mindrlhf.parallel.pipeline import PipelineTrainStep, gather_stage_layouts
@@ -27,10 +27,10 @@ class NonFiniteUpdates(RuntimeError):
     """Too many optimizer updates in a row had a NaN/inf loss or gradient (`optimizer.max_consecutive_skips`)."""
 
 
-def total_updates(schedule) -> int:
-    """Optimizer updates of the whole run (the length of a learning-rate schedule): every step's passes over its
-    mini-batches of `schedule.prompts_per_update` prompts."""
-    return schedule.steps * schedule.num_iterations * math.ceil(schedule.batch_size / schedule.prompts_per_update)
+def total_updates(shape: StepShape, steps: int) -> int:
+    """Optimizer updates of the whole run of `steps` steps (the length of a learning-rate schedule): every step's
+    passes over its mini-batches (`StepShape.updates_per_step`)."""
+    return steps * shape.updates_per_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +62,8 @@ class TrainEngine:
     """A net that learns: `net` in `layout` (this rank's pipeline stage when `layout.pp > 1`), `loss_net` on it (a
     cell that declares the experience columns it reads, `INPUTS`, and the statistics it returns, `OUTPUTS`, the
     first being the loss), `optimizer`, the SPMD train step (micro-batched gradient accumulation) or the 1F1B
-    pipeline train step, and `sizer`'s micro-batches.
+    pipeline train step, and `sizer`'s micro-batches; `shape` is the step's geometry (`StepShape`: its updates and
+    passes).
 
     `update` runs the loop on a data-parallel rank's own rows: passes over mini-batches of whole prompt groups
     (each rank holds its share of each), each an optimizer update with its learning rate, the loss normalised over
@@ -75,11 +76,11 @@ class TrainEngine:
     gradient sum (None: MindSpore's AllReduce); `stage_shared` names parameters the first and last pipeline stages
     both hold (a tied embedding)."""
 
-    def __init__(self, name: str, net, loss_net, optimizer, layout, model_config, sizer: MicroBatchSizer, comm,
-                 policy: UpdatePolicy, strategy: dict, stage_shared=(), dp_sums=None):
+    def __init__(self, name: str, net, loss_net, optimizer, layout, model_config, sizer: MicroBatchSizer,
+                 shape: StepShape, comm, policy: UpdatePolicy, strategy: dict, stage_shared=(), dp_sums=None):
         check_response_cell(loss_net)
         self.name, self.net, self.loss_net, self.optimizer = name, net, loss_net, optimizer
-        self.layout, self.sizer, self.comm, self.policy = layout, sizer, comm, policy
+        self.layout, self.sizer, self.shape, self.comm, self.policy = layout, sizer, shape, comm, policy
         self.strategy = strategy  # this rank's (stage's) parameter layouts
         self.stages = None  # with pipeline stages: every stage's layouts (`gather_stage_layouts`)
         self.updates = 0  # optimizer updates so far: the learning-rate schedule's position
@@ -127,16 +128,16 @@ class TrainEngine:
         return {file_name: (self.strategy, None)}
 
     # ------------------------------------------------------------------ the update loop
-    def update(self, share: RankRows, group_size: int, prompts_per_update: int, passes: int) -> dict:
-        """`passes` passes over this data-parallel rank's rows of the step's batch (`share`), one optimizer update
-        per mini-batch of `prompts_per_update` prompts of `group_size` responses (each rank's share of it, the next
-        run of its rows: `update_slices`); returns the `<name>/*` metrics."""
+    def update(self, share: RankRows) -> dict:
+        """The shape's `num_iterations` passes over this data-parallel rank's rows of the step's batch (`share`),
+        one optimizer update per mini-batch of `prompts_per_update` prompts of `group_size` responses (each rank's
+        share of it, the next run of its rows: `StepShape.update_slices`); returns the `<name>/*` metrics."""
         prefix = f"{self.name}/"
         sums: dict[str, float] = {}
         count = skipped = 0
         lr = None
-        slices = update_slices(share.rows.num_rows, prompts_per_update, group_size, self.layout.dp)
-        for _ in range(passes):
+        slices = self.shape.update_slices(share.rows.num_rows, self.layout.dp)
+        for _ in range(self.shape.num_iterations):
             for rows in slices:
                 lr = self.policy.lr.at(self.updates)
                 stats, grad_norm = self._update_once(share, rows, lr)

@@ -9,7 +9,6 @@ draws the uniforms from its seeded stream.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import sys
 import time
@@ -94,7 +93,8 @@ class Generator:
     """Samples responses from `model` according to a `GenerationConfig`.
 
     KV caches are allocated once per (batch size, cache length) and reused across calls;
-    `config` may be replaced between calls (it is validated, and the random stream restarts from its seed);
+    `config` (a frozen, validated `GenerationConfig`, kept as it is) may be replaced between calls (it is checked
+    against the model, `GenerationConfig.check_model`, and the random stream restarts from its seed);
     the compiled graphs are reused as long as batch size, bucket and cache length are unchanged.
 
     Compilation accounting (`compile_counts`): the Generator counts the distinct (graph, input shapes)
@@ -135,9 +135,9 @@ class Generator:
 
     @config.setter
     def config(self, config: GenerationConfig) -> None:
-        config.validate()
+        # a GenerationConfig is frozen and validated as it is made: kept by reference, only checked against the model
         config.check_model(self.model.config.vocab_size, self.model.config.seq_length)
-        self._config = copy.deepcopy(config)  # later edits of the caller's object do not leak in
+        self._config = config
         if config.stop_strings and self.detokenize is None:
             raise ConfigError("generation.stop_strings: the generator needs the tokenizer's text of the responses "
                               "(detokenize) to find them")

@@ -67,7 +67,7 @@ class ExperienceMaker:
         if self.plan.rollout_rows_stay:
             return self._own_rows()
         generated, train, sampling = self._gathered_rows()
-        update_rows = self.config.schedule.prompts_per_update * self.group_size
+        update_rows = self.plan.shape.update_rows
         rank_rows = {"actor": RankRows.of_batch(train, self.train_layout.dp, self.train_layout.dp_rank, update_rows)}
         if self.critic:
             rank_rows["critic"] = RankRows.of_batch(train, self.critic.layout.dp, self.critic.layout.dp_rank,

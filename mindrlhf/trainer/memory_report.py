@@ -67,29 +67,26 @@ def largest_call(kind: str, schedule, cfg, layout: Layout, group: int, rows: int
 
 def _pass_rows(plan, layout: Layout, training: bool) -> int:
     """Responses a rank of `layout` reads in one pass: an update's (`training`) or the whole rollout's."""
-    sched = plan.config.schedule
-    prompts = sched.prompts_per_update if training else sched.batch_size
-    return prompts * plan.generation.num_generations // layout.dp
+    return plan.shape.pass_rows(layout.dp, training)
 
 
 def _sized_call(plan, kind: str, net, prompt_width: int, response_width: int, training: bool) -> Call:
     """`largest_call` of a rank of `net` (a `NetSpec`) over the responses of one pass (`_pass_rows`)."""
-    return largest_call(kind, plan.config.schedule, net.model, net.layout, plan.generation.num_generations,
+    return largest_call(kind, plan.config.schedule, net.model, net.layout, plan.shape.group_size,
                         _pass_rows(plan, net.layout, training), prompt_width, response_width, training)
 
 
 def _decode_rows(plan) -> int:
     """The rows an inference rank starts decoding: all of its samples, or `generation.max_num_seqs` slots."""
-    gen = plan.generation
-    return gen.decode_rows(plan.config.schedule.batch_size // plan.actor.infer.layout.dp * gen.num_generations)
+    return plan.generation.decode_rows(plan.shape.rollout_rows_per_infer_rank)
 
 
 def _prefilled(plan, bucket: int) -> int:
     """Prompts of `bucket` positions a prefill call of an inference rank reads: all of its prompts (in chunks within
     `generation.max_num_batched_tokens`), or with `generation.max_num_seqs` slots one."""
-    gen = plan.generation
-    prompts = plan.config.schedule.batch_size // plan.actor.infer.layout.dp
-    return gen.prefill_prompts(prompts, bucket) if _decode_rows(plan) == prompts * gen.num_generations else 1
+    shape = plan.shape
+    return plan.generation.prefill_prompts(shape.prompts_per_infer_rank, bucket) \
+        if _decode_rows(plan) == shape.rollout_rows_per_infer_rank else 1
 
 
 def _groups(plan) -> dict[str, int]:

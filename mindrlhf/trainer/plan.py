@@ -4,13 +4,18 @@ the generation settings.
 
 Errors are `ConfigError`s (a `LayoutError` for a layout that does not cover the world) naming the file and the
 field; the checks run in a fixed order, so the first problem of a job is always the one reported.
+
+`python -m mindrlhf.trainer.plan world-size YAML` prints the ranks a model YAML's layout spans (run_grpo.sh's
+default WORKER_NUM).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import errno
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -26,6 +31,7 @@ from mindrlhf.configs.mindspeed import is_mindspeed_yaml
 from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.data.reader import read_prompt_records
 from mindrlhf.engine.batches import group_unit
+from mindrlhf.engine.step_shape import StepShape
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.layout import Layout, tensor_parallel_refusal, tensor_parallel_sizes
 from mindrlhf.reward import get_reward_function
@@ -46,6 +52,7 @@ class JobPlan:
     job: JobOptions  # its flags and input files checked
     world_size: int
     rank: int
+    shape: StepShape  # the step's geometry: prompts and rows per rank of each layout, updates per step
     actor: ActorSpec
     reference: ReferenceSpec | None  # None without a KL term (`needs_reference`): no reference net, no ref pass
     critic: CriticSpec | None  # None without --sft_path_critic
@@ -67,12 +74,13 @@ class JobPlan:
         config.validate()
         check_registered_names(config)
         check_job_inputs(job)
-        train_cfg, infer_cfg, train_layout, infer_layout = _policy_nets(config.schedule, config.generation, job,
-                                                                        world_size, rank)
-        eval_batch_size = _check_batches(config, job, train_layout, infer_layout)
+        train_cfg, infer_cfg, train_layout, infer_layout, shape = _policy_nets(config.schedule, config.generation,
+                                                                               job, world_size, rank)
+        eval_batch_size = _check_batches(config, job, shape)
         generation = _generation(config, tokenizer, job, train_cfg, infer_cfg)
-        check_decode_rows(config, generation, job, infer_layout, eval_batch_size)
-        critic_cfg, critic_layout = _critic_config_and_layout(config, job, train_cfg, world_size, rank)
+        check_decode_rows(config, generation, job, shape, eval_batch_size)
+        critic_cfg, critic_layout = _critic_config_and_layout(config, job, train_cfg, shape, world_size, rank)
+        shape = shape.with_critic(critic_layout.dp) if critic_layout is not None else shape
         reward_model_cfg = reward_model_config(job, infer_cfg, infer_layout) if config.reward.reward_model_path \
             else None
         check_prompt_lengths(config, job, generation.prompt_buckets)
@@ -81,18 +89,18 @@ class JobPlan:
         train = NetSpec(train_cfg, train_layout, job.sft_path_train, job.load_sft_checkpoint_train)
         infer = NetSpec(infer_cfg, infer_layout, job.sft_path_infer, job.load_sft_checkpoint_infer)
         actor = ActorSpec(train, infer, shares_train_weights(train, infer), generation, config.loss, config.optimizer,
-                          config.schedule, config.eval.eval_max_new_tokens or generation.max_new_tokens,
+                          config.schedule, shape, config.eval.eval_max_new_tokens or generation.max_new_tokens,
                           job.init_seed)
         reference = ReferenceSpec(dataclasses.replace(infer, checkpoint=job.load_ref_checkpoint),
                                   generation.temperature) if needs_reference(config, job) else None
         critic = CriticSpec(NetSpec(critic_cfg, critic_layout, job.sft_path_critic, job.load_critic_checkpoint),
                             train, config.critic, config.optimizer, config.schedule, config.loss.aggregation,
-                            generation.num_generations, job.init_seed) if critic_cfg is not None else None
+                            shape, job.init_seed) if critic_cfg is not None else None
         reward_model = NetSpec(reward_model_cfg, infer_layout, job.sft_path_reward or job.sft_path_infer,
                                config.reward.reward_model_path) if reward_model_cfg is not None else None
-        plan = cls(config=config, job=job, world_size=world_size, rank=rank, actor=actor, reference=reference,
-                   critic=critic, reward=RewardSpec(config.reward, reward_model, config.schedule,
-                                                    generation.num_generations),
+        plan = cls(config=config, job=job, world_size=world_size, rank=rank, shape=shape, actor=actor,
+                   reference=reference, critic=critic,
+                   reward=RewardSpec(config.reward, reward_model, config.schedule, shape),
                    generation=generation, eval_batch_size=eval_batch_size, eval_set=eval_set,
                    rollout_rows_stay=rollout_rows_stay(config, job, train_layout, infer_layout, critic is not None))
         if device is not None:
@@ -223,7 +231,27 @@ def _sourced(config: GRPOConfig, section: str, fields: tuple[str, ...], message:
 
 def yaml_world_size(job: JobOptions) -> int:
     """The ranks the train YAML's layout spans (`--plan` and `--check_flags` run without msrun)."""
-    return Qwen2Config.from_yaml(job.sft_path_train).parallel_config.world_size
+    return model_world_size(job.sft_path_train)
+
+
+def model_world_size(path: str) -> int:
+    """The ranks the layout of the model YAML at `path` spans (data_parallel x model_parallel x pipeline_stage)."""
+    return Qwen2Config.from_yaml(path).parallel_config.world_size
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`world-size YAML`: prints `model_world_size` of YAML; a YAML it cannot read prints `error: ...` and gives
+    2."""
+    parser = argparse.ArgumentParser(prog="python -m mindrlhf.trainer.plan", description="Facts of a job's plan.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("world-size", help="the ranks the layout of a model YAML spans").add_argument("yaml")
+    args = parser.parse_args(argv)
+    try:
+        print(model_world_size(args.yaml))
+    except (ValueError, OSError) as err:  # ConfigError
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def check_job_inputs(job: JobOptions) -> None:
@@ -386,8 +414,8 @@ def check_pipeline(cfg, layout, sched: ScheduleConfig, rows_per_rank: int, path:
 
 
 def _policy_nets(sched: ScheduleConfig, gen: GenerationConfig, job: JobOptions, world_size: int, rank: int):
-    """(train_cfg, infer_cfg, train_layout, infer_layout) of the policy's two YAMLs, checked together."""
-    group_size = gen.num_generations
+    """(train_cfg, infer_cfg, train_layout, infer_layout, the step's `StepShape` over them) of the policy's two
+    YAMLs, checked together."""
     train_cfg = Qwen2Config.from_yaml(job.sft_path_train)
     infer_cfg = Qwen2Config.from_yaml(job.sft_path_infer)
     check_model_configs(train_cfg, infer_cfg, job.sft_path_train, job.sft_path_infer)
@@ -397,11 +425,11 @@ def _policy_nets(sched: ScheduleConfig, gen: GenerationConfig, job: JobOptions, 
                                       f"{job.sft_path_infer}: parallel_config")
     check_unstaged(infer_layout, job.sft_path_infer, "the inference net (and the reference and the reward model "
                                                      "in its layout)")
-    check_pipeline(train_cfg, train_layout, sched, sched.prompts_per_update * group_size // train_layout.dp,
-                   job.sft_path_train)
+    shape = StepShape.of(sched, gen.num_generations, infer_layout.dp, train_layout.dp)
+    check_pipeline(train_cfg, train_layout, sched, shape.train_update_rows_per_rank, job.sft_path_train)
     check_tensor_parallel(train_cfg, train_layout.tp, job.sft_path_train)
     check_tensor_parallel(infer_cfg, infer_layout.tp, job.sft_path_infer)
-    return train_cfg, infer_cfg, train_layout, infer_layout
+    return train_cfg, infer_cfg, train_layout, infer_layout, shape
 
 
 # ---------------------------------------------------------------------- batches, tokenizer, generation
@@ -412,27 +440,25 @@ def _check_micro_batch_size(sched: ScheduleConfig, field: str, rows: int, whose:
         raise ConfigError(f"schedule.{field}={size} must divide the {rows} responses {whose}")
 
 
-def _check_batches(config: GRPOConfig, job: JobOptions, train_layout: Layout, infer_layout: Layout) -> int:
-    """The step's prompts and responses split over the layouts' data-parallel ranks; returns the eval batch size
-    (prompts per evaluation call on this rank: by default the rollout's rows, so the same graphs serve both)."""
-    sched, group_size = config.schedule, config.generation.num_generations
-    if sched.batch_size % infer_layout.dp:
+def _check_batches(config: GRPOConfig, job: JobOptions, shape: StepShape) -> int:
+    """The step's prompts and responses (`shape`) split over the layouts' data-parallel ranks; returns the eval batch
+    size (prompts per evaluation call on this rank: by default the rollout's rows, so the same graphs serve both)."""
+    sched, group_size, train_dp, infer_dp = config.schedule, shape.group_size, shape.train_dp, shape.infer_dp
+    if sched.batch_size % infer_dp:
         raise ConfigError(f"schedule.batch_size={sched.batch_size} is not divisible by the inference "
-                          f"data_parallel={infer_layout.dp} ({job.sft_path_infer})")
-    eval_batch_size = config.eval.eval_batch_size or sched.batch_size // infer_layout.dp * group_size
-    unit = group_unit(group_size, train_layout.dp)
+                          f"data_parallel={infer_dp} ({job.sft_path_infer})")
+    eval_batch_size = config.eval.eval_batch_size or shape.rollout_rows_per_infer_rank
+    unit = group_unit(group_size, train_dp)
     if sched.prompts_per_update % unit:
         raise ConfigError(f"schedule.mini_batch_size: {sched.prompts_per_update} prompts x {group_size} generations "
                           f"per update do not split evenly over the train data_parallel="
-                          f"{train_layout.dp} ({job.sft_path_train})")
-    _check_micro_batch_size(sched, "micro_batch_size_per_device",
-                            sched.prompts_per_update * group_size // train_layout.dp,
+                          f"{train_dp} ({job.sft_path_train})")
+    _check_micro_batch_size(sched, "micro_batch_size_per_device", shape.train_update_rows_per_rank,
                             f"each train rank gets per update ({sched.prompts_per_update} prompts x {group_size} "
-                            f"generations / train data_parallel={train_layout.dp})")
-    _check_micro_batch_size(sched, "log_prob_micro_batch_size_per_device",
-                            sched.batch_size // infer_layout.dp * group_size,
+                            f"generations / train data_parallel={train_dp})")
+    _check_micro_batch_size(sched, "log_prob_micro_batch_size_per_device", shape.rollout_rows_per_infer_rank,
                             f"each inference rank generates per round ({sched.batch_size} prompts / "
-                            f"inference data_parallel={infer_layout.dp} x {group_size} generations)")
+                            f"inference data_parallel={infer_dp} x {group_size} generations)")
     return eval_batch_size
 
 
@@ -476,17 +502,17 @@ def _generation(config: GRPOConfig, tokenizer, job: JobOptions, train_cfg, infer
     return gen
 
 
-def check_decode_rows(config: GRPOConfig, gen: GenerationConfig, job: JobOptions, infer_layout: Layout,
+def check_decode_rows(config: GRPOConfig, gen: GenerationConfig, job: JobOptions, shape: StepShape,
                       eval_batch_size: int) -> None:
     """`generation.min_decode_rows` is smaller than the rows an inference rank decodes at once (its rollout's, or
     with --eval_dataset_file a larger held-out call's): else no row count steps down and it would do nothing."""
     if not gen.min_decode_rows:
         return
     sched = config.schedule
-    samples = sched.batch_size // infer_layout.dp * gen.num_generations
+    samples = shape.rollout_rows_per_infer_rank
     rows = gen.decode_rows(samples)
     counted = (f"generation.max_num_seqs={gen.max_num_seqs} slots" if rows < samples else
-               f"{sched.batch_size} prompts / inference data_parallel={infer_layout.dp} x {gen.num_generations} "
+               f"{sched.batch_size} prompts / inference data_parallel={shape.infer_dp} x {shape.group_size} "
                "generations")
     if job.eval_dataset_file and gen.decode_rows(eval_batch_size) > rows:
         rows, counted = gen.decode_rows(eval_batch_size), f"eval.eval_batch_size={eval_batch_size} held-out prompts"
@@ -522,10 +548,11 @@ def check_prompt_lengths(config: GRPOConfig, job: JobOptions, prompt_buckets: Se
 
 
 # ---------------------------------------------------------------------- critic and reward model
-def _critic_config_and_layout(config: GRPOConfig, job: JobOptions, train_cfg, world_size: int, rank: int):
+def _critic_config_and_layout(config: GRPOConfig, job: JobOptions, train_cfg, shape: StepShape, world_size: int,
+                              rank: int):
     """(critic_cfg, critic_layout) of --sft_path_critic, or (None, None): a critic exactly when the advantage
-    estimator is gae, reading the policy's tokens, split like a train net."""
-    algo, sched, group_size = config.algorithm, config.schedule, config.generation.num_generations
+    estimator is gae, reading the policy's tokens, split like a train net (`shape`: the step's rows)."""
+    algo, sched, group_size = config.algorithm, config.schedule, shape.group_size
     if (algo.adv_estimator == "gae") != bool(job.sft_path_critic):
         raise ConfigError("algorithm.adv_estimator: 'gae' needs a critic (--sft_path_critic)"
                           if not job.sft_path_critic else
@@ -543,10 +570,10 @@ def _critic_config_and_layout(config: GRPOConfig, job: JobOptions, train_cfg, wo
     else:  # the critic starts from the policy: the same network
         check_model_configs(train_cfg, critic_cfg, job.sft_path_train, path)
     critic_layout = Layout.from_config(critic_cfg.parallel_config, world_size, rank, f"{path}: parallel_config")
-    check_pipeline(critic_cfg, critic_layout, sched, sched.prompts_per_update * group_size // critic_layout.dp, path)
+    check_pipeline(critic_cfg, critic_layout, sched, shape.update_rows_per_rank(critic_layout.dp), path)
     check_tensor_parallel(critic_cfg, critic_layout.tp, path)
-    if sched.batch_size * group_size % critic_layout.dp:
-        raise ConfigError(f"{path}: the {sched.batch_size * group_size} responses of a step do not "
+    if shape.rollout_rows % critic_layout.dp:
+        raise ConfigError(f"{path}: the {shape.rollout_rows} responses of a step do not "
                           f"split over the critic's data_parallel={critic_layout.dp}")
     unit = group_unit(group_size, critic_layout.dp)
     if sched.prompts_per_update % unit:
@@ -575,3 +602,7 @@ def reward_model_config(job: JobOptions, infer_cfg, infer_layout: Layout):
                           f"{job.sft_path_infer})")
     check_tensor_parallel(cfg, infer_layout.tp, path)
     return cfg
+
+
+if __name__ == "__main__":
+    sys.exit(main())

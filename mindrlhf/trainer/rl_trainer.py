@@ -103,8 +103,8 @@ class RLTrainer:
 
     def _load_data(self) -> None:
         sched, gen, layout = self.config.schedule, self.generation, self.infer_layout
-        self.dataset = PromptDataset(self.job.mind_dataset_dir, sched.batch_size // layout.dp, gen.pad_token_id,
-                                     dp_rank=layout.dp_rank, dp_size=layout.dp, seed=sched.seed,
+        self.dataset = PromptDataset(self.job.mind_dataset_dir, self.plan.shape.prompts_per_infer_rank,
+                                     gen.pad_token_id, dp_rank=layout.dp_rank, dp_size=layout.dp, seed=sched.seed,
                                      length_buckets=gen.prompt_buckets)
 
     def _create_roles(self) -> None:

@@ -124,11 +124,12 @@ class Role:
         """Called once every role has loaded its checkpoint state."""
 
 
-def update_policy(optimizer, schedule, aggregation: str, learning_rate: float, warmup_steps: int,
+def update_policy(optimizer, schedule, shape, aggregation: str, learning_rate: float, warmup_steps: int,
                   max_grad_norm: float) -> UpdatePolicy:
-    """A trained net's `UpdatePolicy` from the `optimizer` and `schedule` sections, with its own peak learning
-    rate, warmup and clip, and the loss's token `aggregation`."""
-    schedule_of_lr = LearningRateSchedule(learning_rate, warmup_steps, total_updates(schedule),
+    """A trained net's `UpdatePolicy` from the `optimizer` and `schedule` sections and the step's `shape` (a
+    `StepShape`: the schedule's updates a step), with its own peak learning rate, warmup and clip, and the loss's
+    token `aggregation`."""
+    schedule_of_lr = LearningRateSchedule(learning_rate, warmup_steps, total_updates(shape, schedule.steps),
                                           optimizer.lr_schedule, optimizer.min_lr_ratio)
     return UpdatePolicy(schedule_of_lr, max_grad_norm, aggregation, optimizer.max_consecutive_skips)
 
@@ -185,14 +186,15 @@ class Actor(Role):
         self.engine = TrainEngine(
             "actor", self.train_net, GRPOLossNet(self.train_net, loss_cell, gen.temperature),
             adamw(opt, train, self.train_net.trainable_params()), self.train_layout, train.model,
-            MicroBatchSizer.for_pass("train", sched, train.model, self.train_layout, gen.num_generations,
-                                     training=True),
-            comm, update_policy(opt, sched, loss.aggregation, opt.learning_rate, opt.warmup_steps, opt.max_grad_norm),
+            MicroBatchSizer.for_pass("train", sched, train.model, self.train_layout, spec.group_size, training=True),
+            spec.shape, comm,
+            update_policy(opt, sched, spec.shape, loss.aggregation, opt.learning_rate, opt.warmup_steps,
+                          opt.max_grad_norm),
             self.train_strategy, stage_shared=self.train_net.stage_shared_params, dp_sums=dp_sums)
         self.to_infer = None if self.shares_weights else \
             self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
         self.old_log_probs = ForwardEngine(ResponseLogProbs(self.infer_net, gen.temperature), MicroBatchSizer.for_pass(
-            "log_prob", sched, infer.model, self.infer_layout, gen.num_generations, training=False))
+            "log_prob", sched, infer.model, self.infer_layout, spec.group_size, training=False))
         self._build_generators()
         if self.shares_weights:
             logger.info("actor: the inference net uses the train net's weights (same model and layout %s): no "
@@ -209,7 +211,7 @@ class Actor(Role):
         # the evaluation prefills as many prompts a call as the rollout: both run one prefill graph
         self.eval_generator = Generator(self.infer_net, dataclasses.replace(
             gen, do_sample=False, num_generations=1, max_new_tokens=spec.eval_max_new_tokens),
-            graphs=self.generator.graphs, prefill_prompts=spec.schedule.batch_size // self.infer_layout.dp,
+            graphs=self.generator.graphs, prefill_prompts=spec.shape.prompts_per_infer_rank,
             detokenize=self.detokenize)
 
     def resharder_to(self, net, strategy: dict, prefix: str):
@@ -270,8 +272,7 @@ class Actor(Role):
         """`schedule.num_iterations` passes of mini-batch updates on this train rank's rows of the experience
         (`RankRows`); returns the `actor/*` metrics averaged over the updates."""
         self.assert_resident((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "train")
-        return self.engine.update(share, self.spec.group_size, self.spec.schedule.prompts_per_update,
-                                  self.spec.schedule.num_iterations)
+        return self.engine.update(share)
 
     def sync_inference(self) -> None:
         """Reshards the train net's weights into the inference net (nothing to do when it is the train net)."""
@@ -349,8 +350,8 @@ class Critic(Role):
             "critic", self.net, ValueLossNet(self.net, ValueLossCell(critic.cliprange_value)),
             adamw(opt, spec.net, self.net.trainable_params(), "critic_", critic.learning_rate), self.layout, model,
             MicroBatchSizer.for_pass("critic train", sched, model, self.layout, group, training=True),
-            comm, update_policy(opt, sched, spec.aggregation, critic.learning_rate, critic.lr_warmup_steps,
-                                critic.grad_clip),
+            spec.shape, comm, update_policy(opt, sched, spec.shape, spec.aggregation, critic.learning_rate,
+                                            critic.lr_warmup_steps, critic.grad_clip),
             self.strategy, dp_sums=dp_sums)
         self.values_engine = ForwardEngine(
             ResponseValues(self.net),
@@ -405,8 +406,7 @@ class Critic(Role):
         """`schedule.num_iterations` passes of mini-batches on the value loss over this critic rank's rows of the
         experience (`RankRows`); `critic/*` metrics."""
         self.assert_resident((CRITIC_WEIGHTS, CRITIC_MOMENTS), "train")
-        return self.engine.update(share, self.spec.group_size, self.spec.schedule.prompts_per_update,
-                                  self.spec.schedule.num_iterations)
+        return self.engine.update(share)
 
 
 class Reward(Role):

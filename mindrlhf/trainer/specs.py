@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.configs.grpo_configs import CriticConfig, LossConfig, OptimizerConfig, RewardConfig, ScheduleConfig
+from mindrlhf.engine.step_shape import StepShape
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.layout import Layout
 
@@ -46,7 +47,8 @@ class NetSpec:
 @dataclass(frozen=True)
 class ActorSpec:
     """The policy: its train net, its inference net (the train net itself when `shares_train_weights`), the
-    generation, loss, optimizer and schedule settings, and the seed of random weights (no train checkpoint)."""
+    generation, loss, optimizer and schedule settings, the step's geometry (`shape`), and the seed of random weights
+    (no train checkpoint)."""
 
     name: ClassVar[str] = "actor"
     train: NetSpec
@@ -56,12 +58,13 @@ class ActorSpec:
     loss: LossConfig
     optimizer: OptimizerConfig
     schedule: ScheduleConfig
+    shape: StepShape  # the plan's (`JobPlan.shape`)
     eval_max_new_tokens: int  # the greedy evaluation's longest answer
     init_seed: int
 
     @property
     def group_size(self) -> int:
-        return self.generation.num_generations
+        return self.shape.group_size
 
     @property
     def infer_group(self) -> str:
@@ -91,7 +94,8 @@ class ReferenceSpec:
 @dataclass(frozen=True)
 class CriticSpec:
     """The PPO critic: a value model in its own layout, from `net.checkpoint` or else the starting policy
-    (`policy`: its checkpoint, or random weights of `init_seed`) with a zero value head."""
+    (`policy`: its checkpoint, or random weights of `init_seed`) with a zero value head; `shape` is the step's
+    geometry (`JobPlan.shape`)."""
 
     name: ClassVar[str] = "critic"
     resident_in: ClassVar[dict[str, tuple[str, ...]]] = {"values": (CRITIC_WEIGHTS,),
@@ -102,20 +106,28 @@ class CriticSpec:
     optimizer: OptimizerConfig
     schedule: ScheduleConfig
     aggregation: str  # the loss's token weighting (`loss.aggregation`), as the actor's
-    group_size: int
+    shape: StepShape
     init_seed: int
+
+    @property
+    def group_size(self) -> int:
+        return self.shape.group_size
 
 
 @dataclass(frozen=True)
 class RewardSpec:
     """The rewards: the rule functions and, with `reward.reward_model_path`, a reward model (`model`, in the
-    inference layout, its checkpoint the reward model path)."""
+    inference layout, its checkpoint the reward model path); `shape` is the step's geometry (`JobPlan.shape`)."""
 
     name: ClassVar[str] = "reward"
     reward: RewardConfig
     model: NetSpec | None
     schedule: ScheduleConfig
-    group_size: int
+    shape: StepShape
+
+    @property
+    def group_size(self) -> int:
+        return self.shape.group_size
 
     @property
     def resident_in(self) -> dict[str, tuple[str, ...]]:

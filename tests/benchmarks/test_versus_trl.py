@@ -116,7 +116,8 @@ def test_smollm2_case_is_run_grpo_sh_smollm2_job(tmp_path):
     assert vt.CASES["smollm2"]["template"] == "chat"
     env, flags = vt.ours_launch(args, {}, str(tmp_path), {"policy_dir": "/m", "tokenizer_dir": "/m"})
     assert (env["MODEL"], env["MODEL_DIR"], env["EVAL_DATA"], env["WORKER_NUM"]) == ("smollm2", "/m", "", "1")
-    assert flags == ["--steps", "4"] and "TRAIN_YAML" not in env  # run_grpo.sh's own smollm2 YAMLs
+    # run_grpo.sh's own smollm2 YAMLs; a rerun into the same --workdir replaces the run there
+    assert flags == ["--steps", "4", "--overwrite_output"] and "TRAIN_YAML" not in env
     # --workers 2: the shipped model laid out over 2 data-parallel ranks (its 9 heads allow no tp 2)
     model = {"policy_dir": "/m", "yaml": os.path.join(vt.SMOLLM2, "train.yaml"), "seq_length": 1024}
     env, _ = vt.ours_launch(vt.parse_args(["--case", "smollm2", "--workers", "2"]), {}, str(tmp_path), model)
@@ -133,7 +134,7 @@ def test_smollm2_case_is_run_grpo_sh_smollm2_job(tmp_path):
     long = vt.job_settings(os.path.join(vt.CASES["smollm2"]["configs"], "grpo.yaml"), overrides)
     assert vt.trl_config(long, steps=2)["max_completion_length"] == 512 and long["schedule"]["response_buckets"] == 1
     assert vt.ours_launch(args, overrides, str(tmp_path), {"policy_dir": "/m"})[1] == \
-        ["--steps", "4", "--max_new_tokens", "512", "--response_buckets", "1"]
+        ["--steps", "4", "--overwrite_output", "--max_new_tokens", "512", "--response_buckets", "1"]
     ladder = vt.job_overrides(vt.parse_args(["--case", "smollm2", "--min_decode_rows", "1",
                                              "--step_down_ratio", "0.67"]))
     assert ladder == {"min_decode_rows": 1, "step_down_ratio": 0.67}

@@ -359,3 +359,40 @@ def test_empty_reward_funcs_need_no_weights():
 
     rewards = build_reward_fn(["accuracy", "format"], GRPOConfig().reward.reward_weights)
     assert rewards.weights == (1.0, 1.0)
+
+
+def test_configs_are_frozen_and_a_replaced_value_is_checked_once_naming_the_field(monkeypatch):
+    """A config is changed by making a new one (GRPOConfig.replace, dataclasses.replace), never in place; the new
+    value is validated as it is made, in one line naming the field, and only the sections it changes are."""
+    config = GRPOConfig()
+    for target, name, value in [(config, "generation", None), (config.generation, "max_new_tokens", 4),
+                                *((getattr(config, section), dataclasses.fields(cls)[0].name, None)
+                                  for section, cls in SECTIONS.items())]:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(target, name, value)
+    with pytest.raises(ConfigError, match=r"^generation.top_p must be in \(0, 1\] \(1.0 = off\), got 1.5$"):
+        dataclasses.replace(config.generation, top_p=1.5)
+    with pytest.raises(ConfigError, match=r"^schedule.steps must be >= 1, got 0$"):
+        dataclasses.replace(config.schedule, steps=0)
+    with pytest.raises(ConfigError, match=r"^command line: generation: generation.temperature must be a finite "
+                                          r"number >= 0 \(0 = greedy\), got -1.0$"):
+        config.replace({"generation": {"temperature": -1.0}})
+
+    calls = []
+    for cls in SECTIONS.values():
+        monkeypatch.setattr(cls, "validate", lambda self, name=cls.__name__: calls.append(name))
+    changed = config.replace({"schedule": {"steps": 3}})
+    assert calls == ["ScheduleConfig"] and changed.schedule.steps == 3 and config.schedule.steps == 100
+    assert all(getattr(changed, s) is getattr(config, s) for s in SECTIONS if s != "schedule")  # kept, not rebuilt
+    changed.validate()  # the cross-section checks only: no section is checked again
+    assert calls == ["ScheduleConfig"]
+
+
+def test_to_dict_keeps_lists_and_round_trips():
+    """Checkpoints store `to_dict()` and a resumed run compares it: the frozen sections still give lists."""
+    config = GRPOConfig().replace({"generation": {"prompt_buckets": [32, 64], "stop_strings": ["</answer>"]}})
+    data = config.to_dict()
+    assert data["generation"]["prompt_buckets"] == [32, 64] and type(data["generation"]["eos_token_ids"]) is list
+    assert data["reward"]["reward_funcs"] == ["accuracy", "format"]
+    assert GRPOConfig.from_dict(data).to_dict() == data
+    assert config.sources == {"generation.prompt_buckets": "command line", "generation.stop_strings": "command line"}

@@ -21,6 +21,7 @@ from mindrlhf.engine.batches import (
 )
 from mindrlhf.engine.forward import ForwardEngine
 from mindrlhf.engine.sizing import MicroBatchSizer
+from mindrlhf.engine.step_shape import StepShape
 from mindrlhf.engine.train import NonFiniteUpdates, total_updates
 from mindrlhf.parallel.layout import Layout
 from mindrlhf.trainer.roles import Actor, Critic, update_policy
@@ -236,12 +237,14 @@ def test_a_data_parallel_rank_updates_on_its_share_of_each_update_with_the_whole
     seen, widths = [], []
     _, engine = fake_engine("critic", [1.0] * 4, 2, CRITIC_INPUTS, ("vf_loss",), seen)
     engine.layout = Layout(dp=2, rank=1)
+    engine.shape = StepShape(batch_size=4, prompts_per_update=1, num_iterations=1, group_size=2, infer_dp=2,
+                             train_dp=2)
     engine.sizer.width = lambda mask, longest=None: widths.append(longest) or mask.shape[1]
     share = RankRows.of_batch(exp, 2, 1, update_rows=2)
     assert share.batch_rows.tolist() == [1, 3, 5, 7] and share.rows.num_rows == 4
     lengths = exp.response_mask.sum(axis=1)
     np.testing.assert_array_equal(share.row_tokens, [lengths[[0, 2, 4, 6]], lengths[[1, 3, 5, 7]]])
-    engine.update(share, group_size=2, prompts_per_update=1, passes=1)
+    engine.update(share)
     assert widths == [max(lengths[2 * c], lengths[2 * c + 1]) for c in range(4)]
     for c, inputs in enumerate(seen):
         whole = aggregation_weights(exp.response_mask[[2 * c, 2 * c + 1]], engine.policy.aggregation)
@@ -262,8 +265,9 @@ def test_each_layout_makes_the_same_updates_of_the_same_rows():
 def test_the_learning_rate_schedule_spans_every_update_of_the_run():
     config = GRPOConfig().replace({"schedule": {"batch_size": 8, "mini_batch_size": 2, "steps": 5,
                                                 "num_iterations": 2}})
-    assert total_updates(config.schedule) == 5 * 2 * 4  # steps x passes x mini-batches a pass
-    policy = update_policy(config.optimizer, config.schedule, config.loss.aggregation, 1e-3, 2, 1.0)
+    shape = StepShape.of(config.schedule, 8, 1, 1)
+    assert total_updates(shape, config.schedule.steps) == 5 * 2 * 4  # steps x passes x mini-batches a pass
+    policy = update_policy(config.optimizer, config.schedule, shape, config.loss.aggregation, 1e-3, 2, 1.0)
     assert [policy.lr.at(u) for u in range(3)] == [5e-4, 1e-3, 1e-3]
 
 

@@ -167,6 +167,27 @@ def test_model_names_a_folder_of_model_configs(tmp_path):
     assert unknown.returncode == 2 and "model_configs/nosuch/grpo.yaml" in unknown.stderr
 
 
+def test_the_job_starts_as_many_ranks_as_its_train_yaml_lays_out(tmp_path):
+    """WORKER_NUM comes from TRAIN_YAML's layout, counted by the plan's code (no table of models in the script); a
+    WORKER_NUM given wins, and a TRAIN_YAML that cannot be read ends the script with the plan's one line."""
+    env = {"DRY_RUN": "1", "OUTPUT": str(tmp_path / "out"), "MASTER_PORT": str(free_port_near("127.0.0.1", 20400))}
+    yamls = {}
+    for dp, mp in ((1, 1), (2, 2)):
+        yamls[dp * mp] = tmp_path / f"train_{dp}x{mp}.yaml"
+        yamls[dp * mp].write_text((ARITH / "train.yaml").read_text().replace(
+            "data_parallel: 2\n  model_parallel: 1", f"data_parallel: {dp}\n  model_parallel: {mp}"))
+    for ranks, path in yamls.items():
+        proc = run_script({**env, "TRAIN_YAML": str(path)})
+        assert proc.returncode == 0, proc.stderr
+        msrun = commands(proc.stdout)["msrun"]
+        assert f"--worker_num={ranks}" in msrun and f"--local_worker_num={ranks}" in msrun, (ranks, msrun)
+    given = commands(run_script({**env, "TRAIN_YAML": str(yamls[1]), "WORKER_NUM": "2"}).stdout)["msrun"]
+    assert "--worker_num=2" in given and "--local_worker_num=2" in given
+    missing = run_script({**env, "TRAIN_YAML": str(tmp_path / "nosuch.yaml")})
+    assert missing.returncode == 2 and missing.stderr == f"error: {tmp_path / 'nosuch.yaml'}: config file not found\n"
+    assert "msrun" not in missing.stdout
+
+
 def test_a_second_run_into_the_output_of_a_live_one_is_refused_at_once(tmp_path):
     """Two runs into one OUTPUT at once: the first holds OUTPUT/run.lock (here a process holding it through the same
     module, as the first script does); the second script exits 2 within seconds with one line naming the first's

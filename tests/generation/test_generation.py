@@ -497,7 +497,7 @@ def test_a_generator_sharing_graphs_runs_the_other_ones(model):
 ])
 def test_bad_config_names_field(field, value):
     with pytest.raises(ConfigError, match=f"generation.{field}"):
-        dataclasses.replace(gen_config(), **{field: value}).validate()
+        dataclasses.replace(gen_config(), **{field: value})  # a config is validated as it is made
 
 
 def test_config_from_mapping_names_source_and_field():
@@ -523,8 +523,16 @@ def test_cache_longer_than_seq_length_and_ids_outside_vocab(model):
         Generator(model, gen_config(pad_token_id=128))
 
 
+def test_the_generator_keeps_its_frozen_config_and_checks_only_that_it_fits_the_model(generator):
+    cfg = gen_config(seed=3)
+    generator.config = cfg
+    assert generator.config is cfg  # frozen and validated as it was made: no copy, no second validation
+    with pytest.raises(ConfigError, match=r"max_new_tokens=120.*= 136 exceeds model_config.seq_length=128"):
+        generator.config = dataclasses.replace(cfg, max_new_tokens=120)
+    assert generator.config is cfg
+
+
 def test_defaults_are_qwen_and_valid():
-    cfg = GenerationConfig()
-    cfg.validate()
+    cfg = GenerationConfig()  # validated as it is made
     assert cfg.eos_token_ids == [151645, 151643] and cfg.pad_token_id == 151643
     assert cfg.cache_length == 1024 + cfg.max_new_tokens

@@ -346,11 +346,14 @@ def collected_step(whole, rank, stays):
 
     from mindrlhf.configs.grpo_configs import GRPOConfig
     from mindrlhf.engine.batches import rows_of_rank
+    from mindrlhf.engine.step_shape import StepShape
     from mindrlhf.parallel.layout import Layout
     from mindrlhf.trainer.experience_maker import ExperienceMaker
 
     net = SimpleNamespace(layout=Layout(dp=2, rank=rank))
-    plan = SimpleNamespace(rollout_rows_stay=stays, config=GRPOConfig(), rank=rank,
+    config = GRPOConfig()
+    plan = SimpleNamespace(rollout_rows_stay=stays, config=config, rank=rank,
+                           shape=StepShape.of(config.schedule, 4, infer_dp=2, train_dp=2),
                            generation=SimpleNamespace(num_generations=4, eos_token_ids=[1], pad_token_id=0),
                            actor=SimpleNamespace(train=net, infer=net))
     phases = Phases(SwapManager(), {name: () for name in PHASES})

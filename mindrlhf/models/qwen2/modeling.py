@@ -601,6 +601,8 @@ class KVCache:
     def __init__(self, model: Qwen2ForCausalLM, batch_size: int, length: int | None = None):
         config = model.config
         self.length = length or config.seq_length
+        # the class's own bound, for any caller (a Generator's config was checked against seq_length already,
+        # GenerationConfig.check_cache_length): positions past seq_length have no rows in the rotary tables
         if self.length > config.seq_length:
             raise ValueError(f"KV cache length {self.length} exceeds model_config.seq_length={config.seq_length}")
         self.batch_size = batch_size
