@@ -23,8 +23,7 @@ ANSWER_TIME_LIMIT = 5.0  # seconds for one answer's check by meaning (parse + ve
 
 _THINK_THEN_ANSWER = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
 _FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
-_warned_about_gold = False
-_warned_about_latex_gold = False
+_warned: set[str] = set()  # the once-only warnings already logged
 # What math-verify reads on both sides: LaTeX (as Open-R1's and TRL's accuracy rewards read answers), a
 # \boxed{} first; one config object, so that its compiled patterns stay in math-verify's cache.
 _LATEX_TARGETS = (math_verify.LatexExtractionConfig(boxed_match_priority=0),)
@@ -73,20 +72,11 @@ def check_reward_inputs(completions: Sequence[str], solutions: Sequence[str]) ->
                          f"completions and {len(solutions)} solutions")
 
 
-def _warn_non_numeric_gold(solution: str) -> None:
-    global _warned_about_gold
-    if not _warned_about_gold:
-        _warned_about_gold = True
-        logger.warning("accuracy reward: no numeric gold answer in solution %r; such answers are checked by meaning "
-                       "with math-verify (this warning is logged once)", solution[-200:])
-
-
-def _warn_unparseable_latex_gold(gold: str) -> None:
-    global _warned_about_latex_gold
-    if not _warned_about_latex_gold:
-        _warned_about_latex_gold = True
-        logger.warning("accuracy reward: math-verify reads no answer in the gold %r either; such samples get 0.0 "
-                       "(this warning is logged once)", gold[-200:])
+def _warn_once(message: str, text: str) -> None:
+    """Logs `message` (with the tail of `text`) the first time only."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message + " (this warning is logged once)", text[-200:])
 
 
 def _parse(text: str, narrowed: bool) -> list:
@@ -108,7 +98,8 @@ def _matches_by_meaning(completion: str, gold_text: str, golds: dict) -> bool:
             golds[gold_text] = []  # an error, not a timeout: its answers score 0.0 uncounted
             raise
         if not golds[gold_text]:
-            _warn_unparseable_latex_gold(gold_text)
+            _warn_once("accuracy reward: math-verify reads no answer in the gold %r either; such samples get 0.0",
+                       gold_text)
     gold = golds[gold_text]
     if gold is _TIMED_OUT:
         raise TimeLimitExceeded("the gold answer's parse ran past the limit")
@@ -150,7 +141,8 @@ def accuracy_reward(completions: Sequence[str], solutions: Sequence[str], *,
         if gold is not None:
             rewards.append(1.0 if answers_match(extract_completion_answer(completion), gold) else 0.0)
             continue
-        _warn_non_numeric_gold(solution)
+        _warn_once("accuracy reward: no numeric gold answer in solution %r; such answers are checked by meaning with "
+                   "math-verify", solution)
         rewards.append(_reward_by_meaning(completion, gold_text, golds, answer_time_limit))
     return rewards
 

@@ -94,7 +94,7 @@ def test_extraction_helpers():
 
 
 def test_unparseable_gold_warns_once(monkeypatch, caplog):
-    monkeypatch.setattr(rules, "_warned_about_gold", False)
+    monkeypatch.setattr(rules, "_warned", set())
     with caplog.at_level(logging.WARNING, logger="mindrlhf.reward.rules"):
         assert accuracy_reward(["1", "2", "x"], ["x+1", "y", "z"]) == [0.0, 0.0, 0.0]
     assert len([r for r in caplog.records if "no numeric gold answer" in r.getMessage()]) == 1
