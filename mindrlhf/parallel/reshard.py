@@ -80,7 +80,7 @@ def region_shape(region: Region) -> tuple[int, ...]:
 
 def source_group(layout: ParamLayout, rank: int) -> tuple[int, ...]:
     """Ranks that, with `rank`, hold every shard of the parameter exactly once (same replica coordinates)."""
-    split_axes = {layout._device_axis(m) for m in layout.tensor_map if m != NOT_SPLIT}  # pylint: disable=protected-access
+    split_axes = {layout.device_axis(m) for m in layout.tensor_map if m != NOT_SPLIT}
     my_coords = layout.device_coords(rank)
     return tuple(r for r in range(layout.world_size)
                  if all(c == m for i, (c, m) in enumerate(zip(layout.device_coords(r), my_coords))
@@ -364,7 +364,7 @@ class _GatherStep(_ExchangeStep):
     @staticmethod
     def _grid(lay: ParamLayout) -> tuple[tuple[int, ...], tuple[int, ...]]:
         ndev = len(lay.dev_matrix)
-        device_axis = lay._device_axis  # pylint: disable=protected-access
+        device_axis = lay.device_axis
         split = [None if m == NOT_SPLIT else device_axis(m) for m in lay.tensor_map]
         unused = [a for a in range(ndev) if a not in split]  # all of size 1 when the group is the world
         perm = list(unused)

@@ -78,14 +78,14 @@ class ParamLayout:
     def ndim(self) -> int:
         return len(self.tensor_map)
 
-    def _device_axis(self, mapped: int) -> int:
+    def device_axis(self, mapped: int) -> int:
         """Index (from the left) into `dev_matrix` of a tensor_map value (counted from the right)."""
         return len(self.dev_matrix) - 1 - mapped
 
     @property
     def split_counts(self) -> tuple[int, ...]:
         """Number of shards along each tensor dimension (MindSpore's 'tensor strategy')."""
-        return tuple(1 if m == NOT_SPLIT else self.dev_matrix[self._device_axis(m)] for m in self.tensor_map)
+        return tuple(1 if m == NOT_SPLIT else self.dev_matrix[self.device_axis(m)] for m in self.tensor_map)
 
     @property
     def is_replicated(self) -> bool:
@@ -105,7 +105,7 @@ class ParamLayout:
     def shard_index(self, rank: int) -> tuple[int, ...]:
         """Index of `rank`'s shard along each tensor dimension (0 where not split)."""
         coords = self.device_coords(rank)
-        return tuple(0 if m == NOT_SPLIT else coords[self._device_axis(m)] for m in self.tensor_map)
+        return tuple(0 if m == NOT_SPLIT else coords[self.device_axis(m)] for m in self.tensor_map)
 
     @property
     def local_shape(self) -> tuple[int, ...]:

@@ -262,6 +262,17 @@ class Actor(Role):
         self.assert_resident((self.infer_group,), "evaluate")
         return self.eval_generator
 
+    @property
+    def log_prob_sizer(self) -> MicroBatchSizer:
+        """How the log-prob passes in the inference layout split their rows into graph calls (the reference's pass
+        reads the same rows in the same layout)."""
+        return self.old_log_probs.sizer
+
+    def random_weights(self, seed: int) -> dict:
+        """The whole train net's weights as random initialisation with `seed` gives them (the critic's backbone when
+        there is no checkpoint to start from)."""
+        return random_full_state(self.train_net, self.train_layout, seed)
+
     def log_probs(self, columns) -> np.ndarray:
         """Old-policy log-probs of the rows of `columns` (prompt and response ids and masks by name) under the
         inference net."""
@@ -296,7 +307,7 @@ class Reference(Role):
     def build(self, actor: Actor) -> None:
         self.from_actor = actor.resharder_to(self.net, self.strategy, REF_PREFIX)
         # the actor's sizer: both passes read the same rows in the same layout
-        self.engine = ForwardEngine(ResponseLogProbs(self.net, self.spec.temperature), actor.old_log_probs.sizer)
+        self.engine = ForwardEngine(ResponseLogProbs(self.net, self.spec.temperature), actor.log_prob_sizer)
         if self.spec.net.checkpoint:
             load_weights(self.net, self.layout, self.spec.net.checkpoint, REF_PREFIX)
         else:
@@ -366,7 +377,7 @@ class Critic(Role):
         else:
             source = policy.checkpoint or f"random weights (seed {self.spec.init_seed})"
             state = read_weights(policy.checkpoint) if policy.checkpoint else \
-                random_full_state(actor.train_net, actor.train_layout, self.spec.init_seed)
+                actor.random_weights(self.spec.init_seed)
             state = with_zero_value_head(state, model.hidden_size, model.value_head_bias)
             logger.info("critic: the starting policy's backbone with a zero value head (--load_critic_checkpoint "
                         "not given)")
