@@ -100,12 +100,11 @@ class ExperienceMaker:
         with self.phases("generate"):
             out = self.actor.generate(batch["prompt_ids"], batch["attention_mask"], progress=self.plan.rank == 0)
         self._decode_rows += (out.stats["computed_rows"], out.stats["idle_rows"])
+        inputs = {name: getattr(out, name) for name in RESPONSE_COLUMNS}
         with self.phases("reward"):
             solutions = [s for s in batch["solution"] for _ in range(group_size)]
-            rewards, terms, _ = self.reward(out.prompt_ids, out.prompt_mask, out.response_ids, out.response_mask,
-                                            solutions, columns_per_completion(batch["columns"], group_size))
+            scores = self.reward.score(inputs, solutions, columns_per_completion(batch["columns"], group_size))
             self._answer_timeouts += take_answer_check_timeouts()
-        inputs = {name: getattr(out, name) for name in RESPONSE_COLUMNS}
         ref_logp = None
         if self.reference:
             with self.phases("ref"):
@@ -118,8 +117,8 @@ class ExperienceMaker:
         columns = {**inputs, "old_logp": (old_logp * mask).astype(np.float32)}
         if ref_logp is not None:
             columns["ref_logp"] = (ref_logp * mask).astype(np.float32)
-        columns["rewards"] = rewards.astype(np.float32)
-        columns.update({f"reward/{k}": np.asarray(v, np.float32) for k, v in terms.items()})
+        columns["rewards"] = scores.total.astype(np.float32)
+        columns.update({f"reward/{k}": np.asarray(v, np.float32) for k, v in scores.terms.items()})
         return Experience(columns)
 
     def _score_tokens(self, exp: Experience) -> Experience:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -420,6 +422,15 @@ class Critic(Role):
         return self.engine.update(share)
 
 
+class RewardScores(NamedTuple):
+    """A rollout's rewards: `total` [N] (the weighted sum), `terms` (each function's unweighted rewards by name,
+    `reward_model` for the model's scores) and the `completions` they scored (the responses' text)."""
+
+    total: np.ndarray
+    terms: dict[str, np.ndarray]
+    completions: list[str]
+
+
 class Reward(Role):
     """Rewards of a rollout: the rule functions (`reward.reward_funcs`, weighted, on the host) plus, with
     `reward.reward_model_path`, a reward model's score at the last response token (`Qwen2ForValue` in the
@@ -465,10 +476,12 @@ class Reward(Role):
         self.assert_resident((REWARD_MODEL_WEIGHTS,), "model_scores")
         return self.engine.run(columns).astype(np.float32)
 
-    def __call__(self, prompt_ids, prompt_mask, response_ids, response_mask, solutions, columns=None):
-        """(rewards [N], per-term rewards (unweighted; `reward_model` for the model), decoded completions).
-        `columns`: the prompts' other dataset fields, one list per name with a value per response, passed to
-        TRL-form reward functions as keyword arguments."""
+    def score(self, rollout: Mapping[str, np.ndarray], solutions, columns=None) -> RewardScores:
+        """The rewards of the responses of `rollout` (prompt and response ids and masks by name), given each one's
+        gold answer (`solutions`); `columns`: the prompts' other dataset fields, one list per name with a value per
+        response, passed to TRL-form reward functions as keyword arguments."""
+        prompt_ids, prompt_mask = rollout["prompt_ids"], rollout["prompt_mask"]
+        response_ids, response_mask = rollout["response_ids"], rollout["response_mask"]
         completions = self.tokenizer.completions(response_ids, response_mask)
         rewards, terms = np.zeros(len(completions), np.float32), {}
         # every rank's rule functions, agreed on before the reward model's collectives: one rank's failing or hung
@@ -484,8 +497,7 @@ class Reward(Role):
                                                for ids, mask in zip(response_ids, response_mask)]
                 rewards, terms = self.rules(completions, solutions, **extra)
         if self.net is not None:
-            scores = self.model_scores({"prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
-                                        "response_ids": response_ids, "response_mask": response_mask})
+            scores = self.model_scores(rollout)
             rewards = (rewards + self.spec.reward.reward_model_weight * scores).astype(np.float32)
             terms = {**terms, "reward_model": scores}
-        return rewards, terms, completions
+        return RewardScores(rewards, terms, completions)
