@@ -39,7 +39,8 @@ def test_every_step_reshards_into_the_infer_net_and_keeps_the_swap_plan(straight
             assert step["plan_errors"] == [], f"rank {rank} step {step['step']}"
             # num_iterations 2 in grpo.yaml: the old-policy phase runs; every phase of the step is there
             assert [p for p in step["phases"] if p != "train"][:4] == ["generate", "reward", "ref", "old"]
-            assert step["phases"][-1] == "reshard"
+            # the reference syncs from the train net every ref_model_sync_steps (3), in a phase of its own
+            assert step["phases"][-2:] == (["reshard", "sync_ref"] if step["step"] == 3 else ["train", "reshard"])
     # each rank kept to its share of this host's cores (all of them with fewer cores than ranks)
     host_cores = sorted(os.sched_getaffinity(0))
     assert [result["cores"] for result in ranks] == [cores_of_rank(host_cores, 2, rank) for rank in range(2)]

@@ -10,7 +10,6 @@ import numpy as np
 import worker_setup
 
 from mindrlhf.cli import train
-from mindrlhf.trainer.roles import REF_WEIGHTS
 
 RESULTS = {"steps": []}
 
@@ -30,9 +29,8 @@ def check_step(trainer, step, metrics):
             mismatched.append(param.name)
     plan_errors = []
     start = RESULTS.setdefault("plan_index", 0)
-    sync_ref = trainer.config.schedule.ref_model_sync_steps and step % trainer.config.schedule.ref_model_sync_steps == 0
     for phase, resident in trainer.swap.phase_plan[start:]:
-        expected = set(trainer.phases.resident[phase]) | ({REF_WEIGHTS} if phase == "reshard" and sync_ref else set())
+        expected = set(trainer.phases.resident[phase])
         if set(resident) != expected:
             plan_errors.append(f"{phase}: {sorted(resident)} != {sorted(expected)}")
     phases = [phase for phase, _ in trainer.swap.phase_plan[start:]]
