@@ -23,9 +23,6 @@ import inspect
 import logging
 import math
 import numbers
-import site
-import sys
-import traceback
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -34,6 +31,7 @@ import numpy as np
 from mindrlhf.reward.rules import accuracy_reward, check_reward_inputs, format_reward, hash_format_reward
 from mindrlhf.utils.deadline import TimeLimitExceeded, call_with_time_limit
 from mindrlhf.utils.registry import Registry
+from mindrlhf.utils.tracebacks import where_raised
 
 logger = logging.getLogger(__name__)
 
@@ -66,20 +64,10 @@ class RewardError(ValueError):
     (or None) per completion; the message names the function and what it did."""
 
 
-def _where_raised(err: BaseException) -> str:
-    """'file:line' where `err` was raised in the user's own code: the innermost frame of its traceback outside
-    Python's own and installed libraries (the innermost of all when every frame is there), or ''."""
-    frames = traceback.extract_tb(err.__traceback__)
-    libraries = tuple({sys.prefix, sys.base_prefix, *site.getsitepackages()})
-    own = [frame for frame in frames if not frame.filename.startswith(("<", *libraries))]
-    frame = (own or frames or [None])[-1]
-    return f"{frame.filename}:{frame.lineno}" if frame else ""
-
-
 def _raised(what: str, err: BaseException) -> RewardError:
     if isinstance(err, SyntaxError):
         return RewardError(f"{what}: {err.filename}:{err.lineno}: SyntaxError: {err.msg}")
-    where = _where_raised(err)
+    where = where_raised(err)
     text = str(err).strip().splitlines()
     return RewardError(f"{what} raised {type(err).__name__}{': ' + text[0] if text else ''}"
                        f"{f' at {where}' if where else ''}")

@@ -35,6 +35,7 @@ from mindrlhf.parallel.host_setup import (
 from mindrlhf.trainer.plan import JobPlan, check_write_targets, claim_output, yaml_world_size
 from mindrlhf.utils.agreement import PeerFailure
 from mindrlhf.utils.logging import setup_logging
+from mindrlhf.utils.tracebacks import where_raised
 
 # MindSpore, and the modules that load it, are imported by the functions that need them: `mindrlhf-train --help` and
 # a bad flag import this module and answer without loading it (MINDSPORE_FREE in tests/test_architecture.py)
@@ -178,17 +179,18 @@ def failure_line(err: Exception, rank: int, world_size: int, step: int, output_d
                  clear: bool = False) -> str:
     """The one line a rank prints for a failure in `fit`: which rank (of several) and step, and what failed. Our own
     errors (`clear`, ValueErrors such as CheckpointError and RewardError, `PeerFailure`) say it in their message; an
-    unexpected exception is named with where it was raised. A traceback worth reading (an unexpected exception, or
-    one a user's function raised) is written to `<output_dir>/traceback_rank_<r>.txt`, and the line names it."""
+    unexpected exception is named with where it was raised (`where_raised`: its innermost frame outside the
+    libraries). A traceback worth reading (an unexpected exception, or one a user's function raised) is written to
+    `<output_dir>/traceback_rank_<r>.txt`, and the line names it."""
     where = (f"rank {rank}: " if world_size > 1 else "") + (f"step {step}: " if step else "before the first step: ")
     message = str(err).strip().splitlines()
     ours = clear or isinstance(err, (ValueError, PeerFailure))
     if ours:
         line = message[0] if message else type(err).__name__
     else:
-        frames = traceback.extract_tb(err.__traceback__)
+        where_it_was = where_raised(err)
         line = f"{type(err).__name__}{': ' + message[0] if message else ''}" + \
-            (f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else "")
+            (f" at {where_it_was}" if where_it_was else "")
     if output_dir and (not ours or err.__cause__ is not None):
         path = os.path.join(output_dir, f"traceback_rank_{rank}.txt")
         with contextlib.suppress(OSError):
