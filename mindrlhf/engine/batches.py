@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
+from mindrlhf.data.experience import PROMPT_COLUMNS
 
 
 def update_slices(rows_per_rank: int, groups_per_update: int, group_size: int, dp_size: int) -> list[slice]:
@@ -76,18 +79,18 @@ def prompt_run(group_size: int, first_row: int, rows: int) -> int:
     return math.gcd(group_size, first_row, rows)
 
 
-def prompt_micro_batches(arrays, size: int, share: int) -> list[list]:
-    """Graph-call inputs from the rows of `arrays` (prompt ids, prompt mask, then per-response columns): consecutive
-    micro-batches of `size` responses, each with its prompts once per `share` responses ([size / share, P]), as the
+def prompt_micro_batches(columns: Mapping[str, np.ndarray], size: int, share: int) -> list[list]:
+    """Graph-call inputs from `columns` (name -> rows, in the order the cell takes them): consecutive micro-batches of
+    `size` responses, the prompt columns (`PROMPT_COLUMNS`) once per `share` responses ([size / share, P]), as the
     response cells take them (`mindrlhf.algorithms.policy_cells`). `share` must divide `size` and be a run of
     :func:`prompt_run`."""
     import mindspore as ms
 
     if size % share:
         raise ValueError(f"{share} responses a prompt do not divide micro-batches of {size}")
-    rows = len(arrays[0])
-    return [[ms.Tensor(a[start:start + size:share]) for a in arrays[:2]] +
-            [ms.Tensor(a[start:start + size]) for a in arrays[2:]] for start in range(0, rows, size)]
+    rows = len(next(iter(columns.values())))
+    return [[ms.Tensor(a[start:start + size:share] if name in PROMPT_COLUMNS else a[start:start + size])
+             for name, a in columns.items()] for start in range(0, rows, size)]
 
 
 def response_widths(max_width: int, buckets: int) -> list[int]:
@@ -103,7 +106,7 @@ def trimmed_width(longest: int, widths: list[int]) -> int:
     return min(width for width in widths if width >= longest)
 
 
-def trim_responses(arrays, width: int) -> list:
-    """`arrays` (prompt ids, prompt mask, then per-response columns) with every per-token column ([N, R]) cut to
-    its first `width` positions: the rest is padding after every response's end."""
-    return list(arrays[:2]) + [a[:, :width] if a.ndim > 1 else a for a in arrays[2:]]
+def trim_responses(columns: Mapping[str, np.ndarray], width: int) -> dict[str, np.ndarray]:
+    """`columns` with every per-token column of the responses ([N, R], any but `PROMPT_COLUMNS`) cut to its first
+    `width` positions: the rest is padding after every response's end."""
+    return {name: a[:, :width] if a.ndim > 1 and name not in PROMPT_COLUMNS else a for name, a in columns.items()}

@@ -38,14 +38,13 @@ class ForwardEngine:
     def run(self, columns: Mapping[str, np.ndarray], first_row: int = 0) -> np.ndarray:
         """The output for every row of `columns`, rows `first_row`.. of their experience (where its prompt groups
         begin: a row j G + i is response i of prompt j)."""
-        arrays = [columns[name] for name in self.columns]
-        micro_batches = self.sizer.split(arrays, first_row=first_row)
+        micro_batches = self.sizer.split({name: columns[name] for name in self.columns}, first_row=first_row)
         if self.pipeline is not None:
             outputs = self.pipeline.map(micro_batches)
         else:
             outputs = [self.cell(*inputs) for inputs in micro_batches]
         out = np.concatenate([output.asnumpy() for output in outputs])
-        full = arrays[2].shape[1]
+        full = columns["response_ids"].shape[1]
         if out.ndim == 2 and out.shape[1] < full:
             out = np.pad(out, ((0, 0), (0, full - out.shape[1])))
         return out

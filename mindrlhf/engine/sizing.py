@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -68,13 +69,14 @@ class MicroBatchSizer:
             longest = int(response_mask.sum(axis=1).max()) if response_mask.size else 0
         return trimmed_width(longest, response_widths(response_mask.shape[1], self.response_buckets))
 
-    def plan(self, arrays, width: int | None = None, first_row: int = 0) -> tuple[int, int, int]:
-        """(responses per call, responses per prompt read, response width) for `arrays` (the columns of
-        `RESPONSE_COLUMNS`, then any others: one row per response), rows `first_row`.. of an experience whose
-        prompts come in groups of `share_limit` responses; `width` (default: `self.width` of these rows) lets a
-        caller read as many positions on every data-parallel rank."""
-        rows, prompt_width = arrays[0].shape
-        width = width or self.width(arrays[3])
+    def plan(self, columns: Mapping[str, np.ndarray], width: int | None = None,
+             first_row: int = 0) -> tuple[int, int, int]:
+        """(responses per call, responses per prompt read, response width) for `columns` (name -> rows, at least
+        `RESPONSE_COLUMNS`: one row per response), rows `first_row`.. of an experience whose prompts come in groups
+        of `share_limit` responses; `width` (default: `self.width` of these rows) lets a caller read as many
+        positions on every data-parallel rank."""
+        rows, prompt_width = columns["prompt_ids"].shape
+        width = width or self.width(columns["response_mask"])
         run = prompt_run(self.share_limit, first_row, rows)
         if self.micro_batches:
             size = math.ceil(rows / self.micro_batches)
@@ -85,7 +87,7 @@ class MicroBatchSizer:
                 rows, lambda d: self._call_bytes(d // math.gcd(d, run), d, prompt_width, width),
                 int(self.budget_gib * 2**30))
         share = math.gcd(size, run)
-        self._log_once(rows, prompt_width, width, size, share, arrays[2].shape[1])
+        self._log_once(rows, prompt_width, width, size, share, columns["response_ids"].shape[1])
         return size, share, width
 
     def _log_once(self, rows: int, prompt_width: int, width: int, size: int, share: int, full_width: int) -> None:
@@ -99,8 +101,8 @@ class MicroBatchSizer:
                     "~%.0f MiB of activations a call; %s)", self.kind, size, rows, share, prompt_width, width,
                     full_width, estimate, how)
 
-    def split(self, arrays, width: int | None = None, first_row: int = 0) -> list[list]:
-        """The graph calls' inputs for the rows of `arrays` (`batches.prompt_micro_batches` of `plan`, the
-        per-token columns cut to its width)."""
-        size, share, width = self.plan(arrays, width, first_row)
-        return prompt_micro_batches(trim_responses(arrays, width), size, share)
+    def split(self, columns: Mapping[str, np.ndarray], width: int | None = None, first_row: int = 0) -> list[list]:
+        """The graph calls' inputs for the rows of `columns` (`batches.prompt_micro_batches` of `plan`, in the
+        order of `columns`, the per-token columns cut to its width)."""
+        size, share, width = self.plan(columns, width, first_row)
+        return prompt_micro_batches(trim_responses(columns, width), size, share)

@@ -165,7 +165,7 @@ class TrainEngine:
         counts = (float(update_tokens.sum()), float((update_tokens > 0).sum()))
         weights = aggregation_weights(part.response_mask, self.policy.aggregation, counts).astype(np.float32)
         columns = part.with_columns(**{TOKEN_WEIGHTS: weights})
-        inputs = [columns[name] for name in self.loss_net.INPUTS]
+        inputs = {name: columns[name] for name in self.loss_net.INPUTS}
         width = self.sizer.width(part.response_mask, longest=int(update_tokens.max()))
         rank_statistics, grad_norm = self.step(self.sizer.split(inputs, width, int(share.batch_rows[rows.start])))
         self.updates += 1

@@ -87,6 +87,20 @@ class CompiledGraphs:
         self.selections: dict[tuple, TokenSelection] = {}
         self.signatures: dict[str, set[tuple]] = {name: set() for name in GRAPHS}
         self.first_call_seconds: dict[tuple, float] = {}
+        self._cache_watchers: list[Callable[[KVCache], None]] = []
+
+    def watch_caches(self, callback: Callable[[KVCache], None]) -> None:
+        """Calls `callback` with every KV cache, those made so far and each one made later (e.g. to put them in a
+        swap group)."""
+        self._cache_watchers.append(callback)
+        for cache in self.caches.values():
+            callback(cache)
+
+    def add_cache(self, key: tuple[int, int], cache: KVCache) -> None:
+        """Keeps `cache` for (batch size, cache length) `key` and tells the watchers."""
+        self.caches[key] = cache
+        for callback in self._cache_watchers:
+            callback(cache)
 
 
 class Generator:
@@ -302,7 +316,7 @@ class Generator:
         key = (batch, self.config.cache_length)
         caches = self._graphs.caches
         if key not in caches:
-            caches[key] = KVCache(self.model, batch, self.config.cache_length)
+            self._graphs.add_cache(key, KVCache(self.model, batch, self.config.cache_length))
             logger.info("allocated KV cache batch=%d length=%d (%.1f MB)", batch, key[1], caches[key].nbytes() / 2**20)
         return caches[key]
 

@@ -46,6 +46,7 @@ class _Group:
     params: tuple
     nbytes: int
     resident: bool = True
+    growing: bool = False
     stash: tuple | None = None  # debug copies while offloaded (simulated offload only)
 
 
@@ -79,21 +80,39 @@ class SwapManager:
         self.phase_plan: list[tuple[str, tuple[str, ...]]] = []  # (phase, resident groups) after each plan
 
     # ---------------------------------------------------------------- registration
-    def register(self, group: str, params: Iterable) -> int:
-        """Adds group `group` holding `params` (all resident); returns its size in bytes."""
+    def register(self, group: str, params: Iterable, growing: bool = False) -> int:
+        """Adds group `group` holding `params` (all resident); returns its size in bytes. A `growing` group (buffers
+        made on first use, such as KV caches) may start empty and take more parameters with `extend`."""
         if group in self._groups:
             raise SwapError(f"swap group '{group}' is already registered; register all its parameters at once")
         params = tuple(params)
-        if not params:
+        if not params and not growing:
             raise SwapError(f"swap group '{group}': no parameters given")
         self._check_new_params(group, params)
         for param in params:
             self._owner[id(param)] = group
             self._owner_by_name[param.name] = group
         nbytes = sum(param_nbytes(p) for p in params)
-        self._groups[group] = _Group(params, nbytes)
+        self._groups[group] = _Group(params, nbytes, growing=growing)
         logger.debug("swap group '%s' registered: %d parameters, %s", group, len(params), format_bytes(nbytes))
         return nbytes
+
+    def extend(self, group: str, params: Iterable) -> int:
+        """Adds `params` to the growing group `group`, which must be resident (they were just made in a phase that
+        uses it); returns the group's new size in bytes."""
+        state, params = self._group(group), tuple(params)
+        if not state.growing:
+            raise SwapError(f"swap group '{group}' was registered whole; only a growing group takes more parameters")
+        if not state.resident:
+            raise SwapError(f"swap group '{group}' is offloaded: its buffers can only be made in a phase where it is "
+                            "resident")
+        self._check_new_params(group, params)
+        for param in params:
+            self._owner[id(param)] = group
+            self._owner_by_name[param.name] = group
+        state.params += params
+        state.nbytes += sum(param_nbytes(p) for p in params)
+        return state.nbytes
 
     def _check_new_params(self, group: str, params: tuple) -> None:
         seen: dict[str, int] = {}

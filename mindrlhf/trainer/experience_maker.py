@@ -51,7 +51,6 @@ class ExperienceMaker:
 
     def __init__(self, plan, dataset, actor, reference, critic, reward, comm, phases, kl_ctrl=None):
         self.plan, self.config, self.generation = plan, plan.config, plan.generation
-        self.group_size = self.generation.num_generations
         self.dataset, self.actor, self.reference, self.critic, self.reward = dataset, actor, reference, critic, reward
         self.comm, self.phases, self.kl_ctrl = comm, phases, kl_ctrl
         self.train_layout, self.infer_layout = plan.actor.train.layout, plan.actor.infer.layout
@@ -95,7 +94,7 @@ class ExperienceMaker:
 
     def _rollout(self) -> Experience:
         """One generation round for this rank's prompts, scored, with ref (and old) log-probs."""
-        group_size = self.group_size
+        group_size = self.plan.shape.group_size
         batch = self.dataset.next_batch()
         with self.phases("generate"):
             out = self.actor.generate(batch["prompt_ids"], batch["attention_mask"], progress=self.plan.rank == 0)
@@ -137,12 +136,12 @@ class ExperienceMaker:
 
     def _with_advantages(self, exp: Experience) -> Experience:
         """`exp` with token-level `advantages` and `returns` from the configured estimator (whole batch)."""
-        advantages, returns = self.advantage_estimator(exp, self.group_size, self.config.algorithm)
+        advantages, returns = self.advantage_estimator(exp, self.plan.shape.group_size, self.config.algorithm)
         return exp.with_columns(advantages=advantages.astype(np.float32), returns=returns.astype(np.float32))
 
     def _gathered_rows(self) -> tuple[Experience, Experience, dict]:
         """(all generated rows, the rows to train on, sampling stats), on every rank, with advantages."""
-        algo, group_size = self.config.algorithm, self.group_size
+        algo, group_size = self.config.algorithm, self.plan.shape.group_size
         batch_size = self.config.schedule.batch_size
         rounds, kept_parts, all_parts = 0, [], []
         kept_groups = 0

@@ -159,7 +159,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         host_sums = set_up_communication(plan)
         trainer = RLTrainer(plan, tokenizer, host_sums, callbacks)
     except (ValueError, PeerFailure) as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError
-        print(f"error: {f'rank {rank}: ' if world_size > 1 else ''}{err}", file=sys.stderr)
+        print(f"error: {rank_prefix(rank, world_size)}{err}", file=sys.stderr)
         return 2
     if job.only_save_strategy:
         paths = trainer.save_strategies(os.path.join(job.output_dir, "strategy"))
@@ -175,6 +175,11 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     return 0
 
 
+def rank_prefix(rank: int, world_size: int) -> str:
+    """"rank r: " before a rank's error line in a job of several ranks, nothing in a one-process job."""
+    return f"rank {rank}: " if world_size > 1 else ""
+
+
 def failure_line(err: Exception, rank: int, world_size: int, step: int, output_dir: str | None,
                  clear: bool = False) -> str:
     """The one line a rank prints for a failure in `fit`: which rank (of several) and step, and what failed. Our own
@@ -182,7 +187,7 @@ def failure_line(err: Exception, rank: int, world_size: int, step: int, output_d
     unexpected exception is named with where it was raised (`where_raised`: its innermost frame outside the
     libraries). A traceback worth reading (an unexpected exception, or one a user's function raised) is written to
     `<output_dir>/traceback_rank_<r>.txt`, and the line names it."""
-    where = (f"rank {rank}: " if world_size > 1 else "") + (f"step {step}: " if step else "before the first step: ")
+    where = rank_prefix(rank, world_size) + (f"step {step}: " if step else "before the first step: ")
     message = str(err).strip().splitlines()
     ours = clear or isinstance(err, (ValueError, PeerFailure))
     if ours:

@@ -3,8 +3,8 @@ and whether the job fits `--device_memory_gib`. Reads the job's `JobPlan` only: 
 
 Which weights are on device in which phase comes from the roles' specs (`resident_in` of `plan.roles()`,
 `specs.phase_plan`), which the trainer's roles declare too; on a backend that does not really offload (CPU) every
-swap group stays in memory in every phase, as in a run. The KV caches and the gradient-accumulation buffers are
-in no swap group: once made they stay for the rest of the job.
+swap group stays in memory in every phase, as in a run. The KV caches are a swap group of their own, on device in
+generate and eval only; the gradient-accumulation buffers are in none: once made they stay for the rest of the job.
 """
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from mindrlhf.trainer.specs import (
     CRITIC_MOMENTS,
     CRITIC_WEIGHTS,
     INFER_WEIGHTS,
+    KV_CACHES,
     OPTIMIZER_MOMENTS,
     REF_WEIGHTS,
     REWARD_MODEL_WEIGHTS,
@@ -59,9 +60,11 @@ def largest_call(kind: str, schedule, cfg, layout: Layout, group: int, rows: int
                  response_width: int, training: bool) -> Call:
     """The graph call the trainer's sizer (`MicroBatchSizer.plan`) makes of `rows` full-width responses."""
     sizer = MicroBatchSizer.for_pass(kind, schedule, cfg, layout, group, training=training)
-    arrays = [np.zeros((rows, prompt_width), np.int32), np.ones((rows, prompt_width), np.int32),
-              np.zeros((rows, response_width), np.int32), np.ones((rows, response_width), np.int32)]
-    size, share, width = sizer.plan(arrays)
+    columns = {"prompt_ids": np.zeros((rows, prompt_width), np.int32),
+               "prompt_mask": np.ones((rows, prompt_width), np.int32),
+               "response_ids": np.zeros((rows, response_width), np.int32),
+               "response_mask": np.ones((rows, response_width), np.int32)}
+    size, share, width = sizer.plan(columns)
     return Call(size // share, size, prompt_width, width)
 
 
@@ -217,14 +220,16 @@ def rank_memory(plan, rank: int, device: str = "cpu") -> list[PhaseMemory]:
     phases = []
     for phase, resident in residency.items():
         on_device = groups if device == "cpu" else {g: b for g, b in groups.items() if g in resident}
+        kv_on_device = kv if device == "cpu" or KV_CACHES in resident else 0
         extra = transients.get(phase, {})
         terms = dict.fromkeys(TERMS, 0)
         terms["weights"] = sum(b for g, b in on_device.items() if g not in MOMENT_GROUPS)
         terms["moments"] = sum(b for g, b in on_device.items() if g in MOMENT_GROUPS)
         terms["gradients"] = transients["buffers"]["gradients"] + extra.get("gradients", 0)
         terms.update(activations=extra.get("activations", 0) + max(0, pool - _pooled(extra)),
-                     logits=extra.get("logits", 0), kv_cache=kv, runtime=runtime)
-        phases.append(PhaseMemory(phase, terms, host=sum(groups.values()) - sum(on_device.values())))
+                     logits=extra.get("logits", 0), kv_cache=kv_on_device, runtime=runtime)
+        host = sum(groups.values()) - sum(on_device.values()) + kv - kv_on_device
+        phases.append(PhaseMemory(phase, terms, host=host))
     return phases
 
 

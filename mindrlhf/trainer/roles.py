@@ -61,6 +61,7 @@ from mindrlhf.trainer.specs import (
     CRITIC_MOMENTS,
     CRITIC_WEIGHTS,
     INFER_WEIGHTS,
+    KV_CACHES,
     OPTIMIZER_MOMENTS,
     REF_WEIGHTS,
     REWARD_MODEL_WEIGHTS,
@@ -224,6 +225,12 @@ class Actor(Role):
                          src_pipeline=self.train_layout, src_stage_layouts=self.engine.stages)
 
     # ------------------------------------------------------------------ state
+    def attach(self, swap) -> None:
+        """The nets' groups, and the rollout's KV caches as they are made (resident in generate and eval only)."""
+        super().attach(swap)
+        swap.register(KV_CACHES, (), growing=True)
+        self.generator.graphs.watch_caches(lambda cache: swap.extend(KV_CACHES, cache.parameters()))
+
     def swap_groups(self) -> dict[str, list]:
         groups = {TRAIN_WEIGHTS: self.engine.weights(), OPTIMIZER_MOMENTS: self.engine.optimizer_state()}
         if not self.shares_weights:
@@ -255,13 +262,13 @@ class Actor(Role):
     # ------------------------------------------------------------------ work
     def generate(self, prompt_ids, attention_mask, progress: bool = False):
         """`num_generations` samples per prompt with their log-probs (`GenerationOutput`)."""
-        self.assert_resident((self.infer_group,), "generate")
+        self.assert_resident((self.infer_group, KV_CACHES), "generate")
         return self.generator.generate(prompt_ids, attention_mask, return_log_probs=True, progress=progress,
                                        min_prompt_width=prompt_ids.shape[1])
 
     def greedy_generator(self):
         """The greedy generator of held-out evaluation (after checking the inference net is resident)."""
-        self.assert_resident((self.infer_group,), "evaluate")
+        self.assert_resident((self.infer_group, KV_CACHES), "evaluate")
         return self.eval_generator
 
     @property

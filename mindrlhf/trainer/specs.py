@@ -27,6 +27,7 @@ REF_WEIGHTS = "ref_weights"
 CRITIC_WEIGHTS = "critic_weights"
 CRITIC_MOMENTS = "critic_moments"
 REWARD_MODEL_WEIGHTS = "reward_model_weights"
+KV_CACHES = "kv_caches"  # the rollout's KV caches, made in its first generation (a growing group)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class ActorSpec:
     def resident_in(self) -> dict[str, tuple[str, ...]]:
         infer = (self.infer_group,)
         # the inference weights stay on device while the reference syncs: the next phase (generate) reads them
-        return {"generate": infer, "eval": infer, "old": infer, "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
+        rollout = infer + (KV_CACHES,)
+        return {"generate": rollout, "eval": rollout, "old": infer, "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
                 "reshard": tuple(dict.fromkeys((TRAIN_WEIGHTS, self.infer_group))), "sync_ref": infer}
 
 

@@ -66,7 +66,8 @@ def test_prompt_micro_batches_give_each_call_its_prompts_once_per_share():
     ids, mask = grouped_rows(2, 4)
     response = np.arange(8 * 3).reshape(8, 3)
     per_row = np.arange(8, dtype=np.float32)
-    calls = prompt_micro_batches([ids, mask, response, per_row], size=4, share=2)
+    calls = prompt_micro_batches(dict(prompt_ids=ids, prompt_mask=mask, response_ids=response, rewards=per_row),
+                                 size=4, share=2)
     assert len(calls) == 2
     for call, start in zip(calls, (0, 4)):
         assert [t.shape for t in call] == [(2, 6), (2, 6), (4, 3), (4,)]
@@ -74,8 +75,11 @@ def test_prompt_micro_batches_give_each_call_its_prompts_once_per_share():
         np.testing.assert_array_equal(call[1].asnumpy(), mask[start:start + 4:2])
         np.testing.assert_array_equal(call[2].asnumpy(), response[start:start + 4])
         np.testing.assert_array_equal(call[3].asnumpy(), per_row[start:start + 4])
+    # the prompt columns are known by name, wherever a cell takes them
+    reordered = prompt_micro_batches(dict(response_ids=response, prompt_mask=mask), size=4, share=2)
+    assert [t.shape for t in reordered[0]] == [(4, 3), (2, 6)]
     with pytest.raises(ValueError, match="3 responses a prompt do not divide micro-batches of 4"):
-        prompt_micro_batches([ids, mask, response], size=4, share=3)
+        prompt_micro_batches(dict(prompt_ids=ids, prompt_mask=mask, response_ids=response), size=4, share=3)
 
 
 def responses_of_length(rows, longest, width=48):
@@ -103,7 +107,8 @@ def test_the_sizer_plans_calls_prompt_reads_and_width(configured, share_prompts,
     ids, mask = grouped_rows(2, 8, prompt_width=160)
     response, response_mask = responses_of_length(16, longest)
     per_token, per_row = np.ones((16, 48), np.float32), np.arange(16, dtype=np.float32)
-    arrays = [ids, mask, response, response_mask, per_token, per_row]
+    arrays = dict(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=response_mask,
+                  advantages=per_token, rewards=per_row)
     assert sizer.plan(arrays) == plan
     calls = sizer.split(arrays)
     size, share, width = plan
@@ -120,9 +125,10 @@ def test_the_sizer_shares_a_prompt_only_within_the_group_the_rows_start_in():
     cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
     sizer = MicroBatchSizer.for_pass("train", ScheduleConfig(), cfg, Layout(), 8, training=True)
     ids, mask = grouped_rows(2, 8, prompt_width=16)
-    arrays = [ids, mask, *responses_of_length(16, 16)]
+    response, response_mask = responses_of_length(16, 16)
+    arrays = dict(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=response_mask)
     assert sizer.plan(arrays)[:2] == (16, 8)
-    middle = [a[4:12] for a in arrays]  # the second half of group 0 and the first of group 1
+    middle = {name: a[4:12] for name, a in arrays.items()}  # the second half of group 0 and the first of group 1
     assert sizer.plan(middle, first_row=4)[:2] == (8, 4)
     calls = sizer.split(middle, first_row=4)
     np.testing.assert_array_equal(calls[0][0].asnumpy(), ids[[4, 8]])
@@ -166,7 +172,8 @@ def test_the_auto_size_counts_a_shared_prompt_once():
 
     cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
     ids, mask = grouped_rows(1, 8, prompt_width=160)
-    arrays = [ids, mask, *responses_of_length(8, 48)]
+    response, response_mask = responses_of_length(8, 48)
+    arrays = dict(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=response_mask)
     plans = {}
     for share in (True, False):
         # a budget that holds the prompt once with 8 responses but not 8 copies of it
@@ -289,4 +296,5 @@ def test_recomputed_layers_let_the_sizer_take_larger_calls(recompute, budget, si
     sizer = MicroBatchSizer.for_pass("train", ScheduleConfig(activation_memory_gib=budget, share_prompts=True), cfg,
                                      Layout(), 8, training=True)
     ids, response = np.ones((8, 256), np.int32), np.ones((8, 64), np.int32)
-    assert sizer.plan([ids, ids, response, response]) == (size, size, 64)
+    columns = dict(prompt_ids=ids, prompt_mask=ids, response_ids=response, response_mask=response)
+    assert sizer.plan(columns) == (size, size, 64)

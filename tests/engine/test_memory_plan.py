@@ -298,6 +298,14 @@ def _planned_graph_bytes(tmp_path, **overrides) -> tuple[int, int]:
     # (Ascend's figures: each phase its own)
     pooled = [[p.terms["activations"] + p.terms["logits"] for p in phases] for phases in (cpu, ascend)]
     assert pooled[0] == [max(pooled[1])] * len(cpu) and min(pooled[1]) < max(pooled[1])
+    # the KV caches: on device in every phase on CPU; on Ascend in generate only, on host in the other phases
+    kv = cpu[0].terms["kv_cache"]
+    assert kv > 0 and all(p.terms["kv_cache"] == kv for p in cpu)
+    assert {p.phase: p.terms["kv_cache"] for p in ascend if p.terms["kv_cache"]} == {"generate": kv}
+    train = next(p for p in ascend if p.phase == "train")
+    generate = next(p for p in ascend if p.phase == "generate")
+    assert train.host - generate.host == kv + sum(generate.terms[t] for t in ("weights", "moments")) - sum(
+        train.terms[t] for t in ("weights", "moments"))
     return total, narrower
 
 

@@ -90,6 +90,23 @@ def test_registration_errors(swap):
     assert swap.register("ref_weights", make_params("ref")) == 68
 
 
+def test_a_growing_group_takes_buffers_made_while_it_is_resident(swap):
+    assert swap.register("kv_caches", (), growing=True) == 0
+    swap.apply_plan("generate", resident=["kv_caches", INFER_WEIGHTS], offloaded=[TRAIN_WEIGHTS, OPTIMIZER_MOMENTS])
+    assert swap.extend("kv_caches", make_params("kv.8")) == 68
+    assert swap.extend("kv_caches", make_params("kv.4")) == 136  # a smaller cache for the rollout's tail
+    swap.apply_plan("train", resident=[TRAIN_WEIGHTS, OPTIMIZER_MOMENTS], offloaded=["kv_caches", INFER_WEIGHTS])
+    assert [(e.group, e.action, e.nbytes) for e in swap.events if e.group == "kv_caches"] == [
+        ("kv_caches", "offload", 136)]
+    with pytest.raises(SwapError, match="'kv_caches' is offloaded: its buffers can only be made in a phase where"):
+        swap.extend("kv_caches", make_params("kv.2"))
+    with pytest.raises(SwapError, match="'train_weights' was registered whole"):
+        swap.extend(TRAIN_WEIGHTS, make_params("more"))
+    swap.load("kv_caches")
+    with pytest.raises(SwapError, match="parameter 'kv.8.w' is already in swap group 'kv_caches'"):
+        swap.extend("kv_caches", make_params("kv.8"))
+
+
 def test_assert_plan(swap):
     swap.apply_plan("generation", resident=[INFER_WEIGHTS], offloaded=[TRAIN_WEIGHTS, OPTIMIZER_MOMENTS])
     swap.assert_plan(resident=[INFER_WEIGHTS], offloaded=[TRAIN_WEIGHTS, OPTIMIZER_MOMENTS], phase="generation")

@@ -26,6 +26,7 @@ from mindrlhf.trainer.specs import (
     CRITIC_MOMENTS,
     CRITIC_WEIGHTS,
     INFER_WEIGHTS,
+    KV_CACHES,
     OPTIMIZER_MOMENTS,
     REF_WEIGHTS,
     TRAIN_WEIGHTS,
@@ -85,7 +86,7 @@ def test_the_plan_of_the_tiny_job(files, tokenizer):
     # the tiny config's beta > 0: a reference in the inference layout, resharded from the actor (no checkpoint)
     assert plan.reference.net == infer and plan.reference.temperature == plan.generation.temperature
     assert [spec.name for spec in plan.roles()] == ["actor", "reference", "reward"]
-    assert plan.actor.resident_in["generate"] == ("infer_weights",) and plan.reward.resident_in == {}
+    assert plan.actor.resident_in["generate"] == ("infer_weights", "kv_caches") and plan.reward.resident_in == {}
     assert plan.actor.eval_max_new_tokens == plan.generation.max_new_tokens and plan.actor.group_size == 4
     # eos / pad come from the tokenizer; everything else is the config's
     assert plan.generation.eos_token_ids == [702, 700] and plan.generation.pad_token_id == 700
@@ -397,10 +398,10 @@ def test_rollout_rows_stay_on_their_rank_only_where_no_rank_needs_anothers(files
 def test_the_phase_plan_follows_from_the_roles_specs(files, tokenizer):
     """What is on device in each phase is the union of the specs' `resident_in`; the inference phases keep the
     train weights when the inference net is the train net; no reference net, no ref phase group at beta 0."""
-    grpo = {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
+    grpo = {"generate": (INFER_WEIGHTS, KV_CACHES), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
             "gather": (), "values": (), "update_critic": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
             "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "sync_ref": (INFER_WEIGHTS, TRAIN_WEIGHTS, REF_WEIGHTS),
-            "eval": (INFER_WEIGHTS,)}
+            "eval": (INFER_WEIGHTS, KV_CACHES)}
     assert phase_plan(build(files, tokenizer).roles(), PHASES) == grpo
     gae = config_of(algorithm={"adv_estimator": "gae"})
     ppo = phase_plan(build(files, tokenizer, gae, sft_path_critic=files.train).roles(), PHASES)
@@ -408,8 +409,8 @@ def test_the_phase_plan_follows_from_the_roles_specs(files, tokenizer):
     shared = build(files, tokenizer, config_of(loss={"beta": 0.0}), sft_path_infer=files.train)
     assert shared.actor.shares_train_weights and shared.reference is None
     assert phase_plan(shared.roles(), PHASES) == {
-        **grpo, "generate": (TRAIN_WEIGHTS,), "ref": (), "old": (TRAIN_WEIGHTS,), "reshard": (TRAIN_WEIGHTS,),
-        "sync_ref": (TRAIN_WEIGHTS,), "eval": (TRAIN_WEIGHTS,)}
+        **grpo, "generate": (TRAIN_WEIGHTS, KV_CACHES), "ref": (), "old": (TRAIN_WEIGHTS,), "reshard": (TRAIN_WEIGHTS,),
+        "sync_ref": (TRAIN_WEIGHTS,), "eval": (TRAIN_WEIGHTS, KV_CACHES)}
 
 
 def test_a_critic_exactly_with_gae(files, tokenizer):

@@ -35,6 +35,11 @@ def check_step(trainer, step, metrics):
             plan_errors.append(f"{phase}: {sorted(resident)} != {sorted(expected)}")
     phases = [phase for phase, _ in trainer.swap.phase_plan[start:]]
     RESULTS["plan_index"] = len(trainer.swap.phase_plan)
+    # every KV cache the rollout made is in the swap plan's group of them, nothing else is
+    caches = actor.generator.graphs.caches.values()
+    kv_params = {p.name for cache in caches for p in cache.parameters()}
+    if {p.name for p in trainer.swap.params("kv_caches")} != kv_params or not kv_params:
+        plan_errors.append(f"kv_caches: {len(trainer.swap.params('kv_caches'))} parameters != {len(kv_params)}")
     RESULTS["steps"].append({"step": step, "mismatched": mismatched, "plan_errors": plan_errors, "phases": phases,
                              "metrics": metrics})
 

@@ -51,7 +51,8 @@ def train(layout, dp_sums, reduction: str, micro_batch_rows: int, ids, labels, m
     step = MicroBatchedTrainStep(WeightedNLLLoss(net), AdamW(net.trainable_params(), learning_rate=LEARNING_RATE),
                                  layout, grad_reduction=reduction, max_grad_norm=CLIP, dp_sums=dp_sums)
     rows = micro_batch_rows or len(ids)
-    norms = [step(prompt_micro_batches([ids, labels, mask, weights], rows, 1))[1] for _ in range(UPDATES)]
+    columns = dict(input_ids=ids, labels=labels, mask=mask, weights=weights)
+    norms = [step(prompt_micro_batches(columns, rows, 1))[1] for _ in range(UPDATES)]
     return net, np.array(norms)
 
 

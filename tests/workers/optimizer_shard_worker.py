@@ -69,7 +69,8 @@ def train(cfg, layout, data, sharded: bool, micro: bool, updates=UPDATES, save_a
     norms = []
     for update in range(updates):
         if micro:
-            norms.append(step(prompt_micro_batches(data, 1, 1))[1])
+            columns = dict(zip(("input_ids", "labels", "mask", "weights"), data))
+            norms.append(step(prompt_micro_batches(columns, 1, 1))[1])
         else:
             norms.append(float(step(*(ms.Tensor(a) for a in data))[1].asnumpy()))
         if save_after is not None and update + 1 == save_after[0]:

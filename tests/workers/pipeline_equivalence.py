@@ -94,7 +94,7 @@ def stages(args, cfg, reference) -> dict[str, np.ndarray]:
     rows = len(arrays[0]) // args.micro_batches
     pipe_outputs, pipe_norms = [], []
     for _ in range(UPDATES):
-        outputs, norm = step(prompt_micro_batches(arrays, rows, 1))
+        outputs, norm = step(prompt_micro_batches(dict(zip(GRPOLossNet.INPUTS, arrays)), rows, 1))
         pipe_outputs.append(outputs)
         pipe_norms.append(norm)
     result = {"pipe_outputs": np.array(pipe_outputs), "pipe_norms": np.array(pipe_norms),

@@ -54,7 +54,7 @@ def micro_batched_results(cfg, layout, ids, labels, mask, max_grad_norm, dp_sums
                                  dp_sums=dp_sums)
     losses, norms = [], []
     for _ in range(UPDATES):
-        outputs, norm = step(prompt_micro_batches([ids, labels, mask, weights], 1, 1))
+        outputs, norm = step(prompt_micro_batches(dict(input_ids=ids, labels=labels, mask=mask, weights=weights), 1, 1))
         losses.append(outputs[0])
         norms.append(norm)
     result = {"micro_losses": np.array(losses), "micro_grad_norms": np.array(norms)}

@@ -623,6 +623,10 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.key_caches) * 2
 
+    def parameters(self) -> list[Parameter]:
+        """The cache's buffers (every layer's keys, then values), e.g. for a swap group."""
+        return list(self.key_caches) + list(self.value_caches)
+
     def rows_of(self, first_prompt: int, prompts: int, samples: int = 1) -> tuple[Tensor, Tensor]:
         """`prefill`'s (source, written) for prompts `first_prompt` .. `first_prompt + prompts - 1` of a batch whose
         prompt j fills cache rows j samples .. j samples + samples - 1 (every row: first_prompt 0 and as many prompts
