@@ -19,6 +19,13 @@
 # output goes to output/smollm2_grpo.
 # ALGORITHM=ppo runs PPO instead: a critic (CRITIC_YAML, started from the policy with a zero value head) gives GAE
 # advantages (PPO_YAML's settings on top of GRPO_YAML's); its output goes to output/ppo.
+# The stages before RL (their settings in STAGE_YAML, by default model_configs/<MODEL>/<ALGORITHM>.yaml; STAGE_DATA:
+# your own file of the kind rlhf_data.py --kind sft | pairwise reads; output in output/<ALGORITHM>):
+# ALGORITHM=sft fine-tunes the model on the problems' worked solutions as conversations (mindrlhf-sft), from random
+# weights for the bundled model (START_FROM=random) or MODEL_DIR's, ending with `held-out loss: before=.. after=..`;
+# ALGORITHM=reward trains a reward model (the policy's backbone with a value head) and ALGORITHM=dpo the policy
+# (DPO) on pairs of a worked solution and a wrong one (mindrlhf-reward, mindrlhf-dpo), ending with
+# `held-out pair accuracy: ..` / `held-out accuracy: ..` (the held-out pairs ranked right).
 # Extra arguments go to grpo_one_stage.py, e.g. `bash run_grpo.sh --steps 10 --learning_rate 5e-4`.
 # WORKER_NUM, the job's ranks, is by default the devices TRAIN_YAML lays out (data_parallel x model_parallel x
 # pipeline_stage, as the job's plan counts them: `python -m mindrlhf.trainer.plan world-size TRAIN_YAML`).
@@ -74,11 +81,17 @@ INFER_YAML="${INFER_YAML:-$CONFIGS/infer.yaml}"
 GRPO_YAML="${GRPO_YAML:-$CONFIGS/grpo.yaml}"
 PPO_YAML="${PPO_YAML:-$CONFIGS/ppo.yaml}"
 CRITIC_YAML="${CRITIC_YAML:-$CONFIGS/critic.yaml}"
+STAGE_YAML="${STAGE_YAML:-$CONFIGS/$ALGORITHM.yaml}"  # sft, reward, dpo: the stage's settings
 case "$ALGORITHM" in
   grpo) JOB_ARGS=(--config "$GRPO_YAML") ;;
   ppo) JOB_ARGS=(--config "$GRPO_YAML" "$PPO_YAML" --sft_path_critic "$CRITIC_YAML") ;;
-  *) echo "run_grpo.sh: ALGORITHM must be grpo or ppo, got '$ALGORITHM'" >&2; exit 2 ;;
+  sft|reward|dpo) JOB_ARGS=(--config "$STAGE_YAML") ;;
+  *) echo "run_grpo.sh: ALGORITHM must be grpo, ppo, sft, reward or dpo, got '$ALGORITHM'" >&2; exit 2 ;;
 esac
+STAGE=""  # the stages before RL: their own command and data
+case "$ALGORITHM" in sft|reward|dpo) STAGE="$ALGORITHM" ;; esac
+# SFT of the bundled model starts from random weights (its policy's own recipe); every other job from MODEL_DIR
+START_FROM="${START_FROM:-$([ "$ALGORITHM" = sft ] && [ "$MODEL" = arith ] && echo random || echo "$MODEL_DIR")}"
 MAX_PROMPT_LENGTH="${MAX_PROMPT_LENGTH:-256}"
 DRY_RUN="${DRY_RUN:-}"
 # node 0 hosts msrun's scheduler on MASTER_PORT: a port another process holds fails now, not after msrun's wait
@@ -127,24 +140,48 @@ if [ "$MODEL" = smollm2 ] && [ "$MODEL_DIR" = "$DEFAULT_MODEL_DIR" ]; then
 fi
 EVAL_ARGS=()
 if [ -n "$EVAL_DATA" ]; then EVAL_ARGS=(--eval_dataset_file "$NODE_DIR/heldout.mindrecord"); fi
-JOB=(examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML"
-    --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$NODE_DIR/prompts.mindrecord" "${JOB_ARGS[@]}"
-    --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT" --tensorboard_dir "$OUTPUT/tensorboard"
-    "${EVAL_ARGS[@]}" "$@")
+STAGE_KIND="$([ "$ALGORITHM" = sft ] && echo sft || echo pairwise)"  # the stage's data: conversations or pairs
+if [ -n "$STAGE" ]; then
+  # the held-out split is sft.eval_fraction of the records
+  START=(--load_sft_checkpoint_train "$NODE_DIR/policy.ckpt")
+  if [ "$START_FROM" = random ]; then START=(); fi
+  JOB=(examples/qwen_grpo_tutorial/$STAGE.py --sft_path_train "$TRAIN_YAML" --tokenizer_dir "$TOKENIZER_DIR"
+      --mind_dataset_dir "$NODE_DIR/$STAGE_KIND.mindrecord" "${JOB_ARGS[@]}" "${START[@]}" --output_dir "$OUTPUT"
+      --tensorboard_dir "$OUTPUT/tensorboard" "$@")
+else
+  JOB=(examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML"
+      --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$NODE_DIR/prompts.mindrecord" "${JOB_ARGS[@]}"
+      --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT"
+      --tensorboard_dir "$OUTPUT/tensorboard" "${EVAL_ARGS[@]}" "$@")
+fi
 # the flags and YAMLs, checked before the conversions (the files those write need not exist yet), for the ranks
 # msrun will start (of its job: on another node than 0, OUTPUT's lock is node 0's, for this job)
 MS_WORKER_NUM="$WORKER_NUM" MS_SCHED_HOST="$MASTER_ADDR" MS_SCHED_PORT="$MASTER_PORT" \
     run "$PY" "${JOB[@]}" --check_flags
-run "$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$NODE_DIR/policy.ckpt" \
-    --config_path "$TRAIN_YAML"
+if [ "$START_FROM" != random ]; then
+  run "$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$NODE_DIR/policy.ckpt" \
+      --config_path "$TRAIN_YAML"
+fi
 # prompts FILE OUTPUT: the problems of FILE as a prompt MindRecord
 prompts() {
   run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$1" \
       --output_path "$2" --template "$TEMPLATE" --instruction "$INSTRUCTION" --max_prompt_length "$MAX_PROMPT_LENGTH" \
       --prompt_key "$PROMPT_KEY" --answer_key "$ANSWER_KEY"
 }
-prompts "$DATA" "$NODE_DIR/prompts.mindrecord"
-if [ -n "$EVAL_DATA" ]; then prompts "$EVAL_DATA" "$NODE_DIR/heldout.mindrecord"; fi
+if [ -n "$STAGE" ]; then
+  # the problems' worked solutions as conversations, or against wrong ones as pairs (STAGE_DATA: your own file of
+  # that kind instead), then tokenised
+  STAGE_DATA="${STAGE_DATA:-$NODE_DIR/$STAGE_KIND.jsonl}"
+  if [ "$STAGE_DATA" = "$NODE_DIR/$STAGE_KIND.jsonl" ]; then
+    run "$PY" examples/qwen_grpo_tutorial/data/make_stage_data.py --kind "$STAGE_KIND" --input "$DATA" \
+        --output "$STAGE_DATA"
+  fi
+  run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --kind "$STAGE_KIND" \
+      --file_path "$STAGE_DATA" --output_path "$NODE_DIR/$STAGE_KIND.mindrecord"
+else
+  prompts "$DATA" "$NODE_DIR/prompts.mindrecord"
+  if [ -n "$EVAL_DATA" ]; then prompts "$EVAL_DATA" "$NODE_DIR/heldout.mindrecord"; fi
+fi
 MSRUN=(msrun --worker_num="$WORKER_NUM" --local_worker_num="$LOCAL_WORKER_NUM" --master_addr="$MASTER_ADDR"
     --master_port="$MASTER_PORT" --node_rank="$NODE_RANK" --log_dir="$LOG_DIR" --join=True "${JOB[@]}")
 if [ -n "$DRY_RUN" ]; then run "${MSRUN[@]}" | tee "$NODE_DIR/msrun.out"; exit 0; fi
@@ -175,7 +212,7 @@ wait "$JOB_PID" || status=$?
 wait || true  # tee and the console, to their last line
 trap - INT TERM HUP
 [ -f "$OUTPUT/progress.png" ] && echo "plot: $OUTPUT/progress.png  metrics: $OUTPUT/metrics.jsonl  TensorBoard: $OUTPUT/tensorboard"
-grep -h -o "held-out accuracy: before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true
+grep -h -o -E "held-out (accuracy|loss|pair accuracy): before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true
 if [ "$status" -ne 0 ]; then
   echo "run_grpo.sh: the job failed (exit $status); logs: $LOG_DIR/worker_*.log" >&2
   grep -h -E "^([^ ]+: )?error:" "$LOG_DIR"/worker_*.log 2>/dev/null | sort -u >&2 || true

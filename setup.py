@@ -24,6 +24,9 @@ setup(
     extras_require={"test": _requirements("requirements-test.txt")},
     entry_points={"console_scripts": [
         "mindrlhf-train = mindrlhf.cli.train:run",
+        "mindrlhf-sft = mindrlhf.cli.stages:sft",
+        "mindrlhf-reward = mindrlhf.cli.stages:reward",
+        "mindrlhf-dpo = mindrlhf.cli.stages:dpo",
         "mindrlhf-prepare-data = mindrlhf.cli.prepare_data:main",
         "mindrlhf-convert-weight = mindrlhf.cli.convert_weight:main",
         "mindrlhf-transform-checkpoint = mindrlhf.cli.transform_checkpoint:main",

@@ -6,6 +6,7 @@ should not alter behaviour (a refactor) can be shown not to:
     ppo       `ALGORITHM=ppo bash run_grpo.sh --steps 4` (critic, GAE)
     reshard   `bash run_grpo.sh --steps 4` with the train net in tensor parallel (tp=2) and the inference net in data
               parallel (dp=2): the online reshard after every update
+    smollm2   `MODEL=smollm2 bash run_grpo.sh --steps 2` (a real model; recorded only when named in --jobs)
 
 Usage (from the repository root, with the project's virtualenv):
 
@@ -41,7 +42,9 @@ JOBS = {
     "grpo_one_update": ({}, ["--steps", "4", "--mini_batch_size", "8"]),
     "ppo": ({"ALGORITHM": "ppo"}, ["--steps", "4"]),
     "reshard": ({"TRAIN_YAML": "{tp2_yaml}"}, ["--steps", "4"]),
+    "smollm2": ({"MODEL": "smollm2"}, ["--steps", "2"]),
 }
+DEFAULT_JOBS = ("grpo", "grpo_one_update", "ppo", "reshard")  # smollm2 fetches a model first (run_grpo.sh)
 VOLATILE_PREFIXES = MACHINE_METRICS  # they measure the machine, not the job
 
 
@@ -130,7 +133,7 @@ def main() -> int:
     rec = sub.add_parser("record", help="run the jobs and keep their metrics.jsonl")
     rec.add_argument("--out", type=Path, required=True, help="folder for <job>/metrics.jsonl")
     rec.add_argument("--root", type=Path, default=HERE, help="the checkout whose code runs")
-    rec.add_argument("--jobs", default=",".join(JOBS), help="comma-separated, of: " + ", ".join(JOBS))
+    rec.add_argument("--jobs", default=",".join(DEFAULT_JOBS), help="comma-separated, of: " + ", ".join(JOBS))
     rec.add_argument("--port", type=int, default=8171, help="msrun's master port")
     cmp_ = sub.add_parser("compare", help="compare two recordings")
     cmp_.add_argument("before", type=Path)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import mindspore as ms
 import numpy as np
 
 from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
+from mindrlhf.data.answers import r1_completion
 from mindrlhf.data.mindrecord import read_problems
 from mindrlhf.data.reader import pad_rows
 from mindrlhf.data.templates import build_prompt
@@ -44,14 +44,6 @@ ROOT = Path(__file__).resolve().parents[1]
 logger = logging.getLogger("mindrlhf.tools.sft_policy")
 TINY = ROOT / "model_configs" / "tiny"
 DATA = ROOT / "examples" / "qwen_grpo_tutorial" / "data"
-
-
-def r1_completion(gsm8k_answer: str, direct: bool = False) -> str:
-    """`reasoning #### N` -> `<think>\\nreasoning\\n</think>\\n<answer>N</answer>` (calculator notes removed);
-    `direct`: the answer without the worked steps, `<think>\\n</think>\\n<answer>N</answer>`."""
-    reasoning, _, answer = gsm8k_answer.rpartition("####")
-    reasoning = "" if direct else re.sub(r"<<[^>]*>>", "", reasoning).strip() + "\n"
-    return f"<think>\n{reasoning}</think>\n<answer>{answer.strip()}</answer>"
 
 
 def padded_width(rows, multiple: int = 16) -> int:

@@ -165,3 +165,20 @@ class ResponseNLLLoss(nn.Cell):
         mask = response_mask.astype(ms.float32)
         loss = -(logp * mask).sum() / ops.maximum(mask.sum(), 1.0)
         return loss, ops.stop_gradient(loss)
+
+
+class SFTLossNet(nn.Cell):
+    """Supervised fine-tuning: the negative log-likelihood of the response tokens weighted by `token_weights` (the
+    update's aggregation of the trained tokens, `loss_mask`: a rank's share of the update's token-mean), as (loss,)."""
+
+    INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "token_weights")
+    OUTPUTS = ("loss",)
+
+    def __init__(self, model: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.response_log_probs = ResponseLogProbs(model)
+
+    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask, token_weights, hidden_in=None):
+        logp = self.response_log_probs(prompt_ids, prompt_mask, response_ids, response_mask, hidden_in)
+        loss = -(logp * token_weights.astype(ms.float32)).sum()
+        return (loss,)

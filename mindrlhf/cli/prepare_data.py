@@ -20,6 +20,7 @@ import sys
 
 from mindrlhf.configs.cli import OneLineErrorParser
 from mindrlhf.data.mindrecord import DEFAULT_OUTPUT_NAME, DataError, convert_to_mindrecord
+from mindrlhf.data.stage_records import convert_stage_data
 from mindrlhf.data.templates import GSM8K_INSTRUCTION, TEMPLATE_NAMES
 from mindrlhf.models.tokenizer import load_tokenizer
 
@@ -55,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="field (Parquet: column) holding the question, e.g. 'problem' for MATH")
     parser.add_argument("--answer_key", default="answer",
                         help="field (Parquet: column) holding the gold answer, e.g. 'solution' for MATH")
+    parser.add_argument("--kind", choices=("prompts", "sft", "pairwise", "auto"), default="prompts",
+                        help="prompts: questions and gold answers for the RL jobs; sft: conversations (Alpaca "
+                             "instruction/input/output, ShareGPT conversations, or chat messages) with the "
+                             "assistant's tokens marked for training; pairwise: preference pairs (prompt/chosen/"
+                             "rejected, strings or messages); auto: sft or pairwise, from the first record's fields")
+    parser.add_argument("--max_length", type=int, default=2048,
+                        help="sft and pairwise: rows with more tokens (a pair: its prompt and longer answer) are "
+                             "dropped (never truncated)")
     parser.add_argument("--skip_bad_lines", action="store_true",
                         help="skip and count malformed lines (Parquet: rows) instead of stopping at the first one")
     parser.add_argument("--allow_non_numeric_answers", action="store_true",
@@ -68,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the conversion; returns the process exit code."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[rlhf_data] %(levelname)s %(message)s")
+    if args.kind != "prompts":
+        return _convert_stage_data(args)
     try:
         tokenizer = load_tokenizer(args.tokenizer_dir, args.vocab_path, args.merges_file_path)
         instruction = GSM8K_INSTRUCTION if args.instruction == "gsm8k" else args.instruction
@@ -83,6 +94,19 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("read %d files: %s", len(stats.input_files), ", ".join(stats.input_files))
     logger.info("written: %d, dropped too long (> %d tokens): %d, bad lines: %d -> %s",
                 stats.written, args.max_prompt_length, stats.dropped_too_long, stats.bad_lines, stats.output_path)
+    return 0
+
+
+def _convert_stage_data(args) -> int:
+    """`--kind sft|pairwise|auto`: conversations or preference pairs, through the tokenizer's chat template."""
+    try:
+        tokenizer = load_tokenizer(args.tokenizer_dir, args.vocab_path, args.merges_file_path)
+        stats = convert_stage_data(args.file_path, args.output_path, tokenizer, args.kind, args.max_length,
+                                   args.skip_bad_lines)
+    except (DataError, OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    logger.info("%s -> %s", stats.summary(), stats.output_path)
     return 0
 
 

@@ -33,6 +33,7 @@ from typing import Any
 from mindrlhf.configs.base import ConfigError, Validated, from_mapping, help_field, load_yaml
 from mindrlhf.configs.generation import GenerationConfig, shown_as
 from mindrlhf.configs.mindspeed import is_mindspeed_yaml, translate
+from mindrlhf.configs.stage_configs import DPOConfig, RewardModelConfig, SFTConfig
 
 
 @dataclass(frozen=True)
@@ -340,6 +341,7 @@ class EvalConfig(Validated):
 # Names of several sections whose plain flag `--name` sets one section only (not all of them, as `--seed`).
 PLAIN_FLAG_SECTION: dict[str, str] = {
     "learning_rate": "optimizer",  # the policy's; the critic's is --critic.learning_rate
+    "beta": "loss",  # the RL job's KL coefficient (TRL's and verl's --beta); DPO's is --dpo.beta
 }
 
 SECTIONS: dict[str, type] = {
@@ -352,6 +354,9 @@ SECTIONS: dict[str, type] = {
     "schedule": ScheduleConfig,
     "checkpoint": CheckpointConfig,
     "eval": EvalConfig,
+    "sft": SFTConfig,
+    "dpo": DPOConfig,
+    "reward_model": RewardModelConfig,
 }
 
 
@@ -374,6 +379,9 @@ class GRPOConfig:
     schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)  # the stages before RL (--stage)
+    dpo: DPOConfig = dataclasses.field(default_factory=DPOConfig)
+    reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)
     # "section.field" -> the YAML file (or "command line") that gave its value, the latest last; not a setting
     sources: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 

@@ -46,6 +46,10 @@ def _finite_float(text: str) -> float:
 class JobOptions:
     """Where a run reads and writes (the MindRLHF flag names), separate from the algorithm's hyper-parameters."""
 
+    stage: str = _flag("rl", "What the job trains: rl (GRPO/PPO, as the config's algorithm says); sft (supervised "
+                             "fine-tuning on rlhf_data.py --kind sft data: mindrlhf-sft), reward (a reward model on "
+                             "--kind pairwise data: mindrlhf-reward) or dpo (the policy on the pairs: mindrlhf-dpo), "
+                             "each of the train YAML's net.", choices=["rl", "sft", "reward", "dpo"])
     sft_path_train: str = _flag("", "Model YAML of the train net; its parallel_config is the train layout.",
                                 required=True)
     sft_path_infer: str = _flag("", "Model YAML of the inference (and reference) net: the infer layout.",
@@ -129,10 +133,11 @@ class JobOptions:
         return self.save_ckpt_dir or os.path.join(self.output_dir, "checkpoints")
 
     @classmethod
-    def add_flags(cls, parser) -> None:
+    def add_flags(cls, parser, optional: tuple[str, ...] = (), defaults: dict | None = None) -> None:
         """One `--<field>` flag per field (booleans: `--flag` alone is true, or `--flag true|false`, MindRLHF's
-        `--flag True`)."""
-        hints, defaults = typing.get_type_hints(cls), cls()
+        `--flag True`); the fields in `optional` are not required, and `defaults` replaces some defaults (a stage's
+        own command)."""
+        hints, defaults = typing.get_type_hints(cls), cls(**(defaults or {}))
         for field in dataclasses.fields(cls):
             extra = dict(field.metadata.get("argparse", {}))
             hint = hints[field.name]
@@ -147,7 +152,9 @@ class JobOptions:
             if "choices" not in kwargs:
                 kwargs["metavar"] = type_metavar(hint)
             help_text = flag_help(field.metadata["help"], field, getattr(defaults, field.name))
-            if field.metadata.get("required"):
+            if typing.get_origin(hint) is not list:
+                kwargs["default"] = getattr(defaults, field.name)
+            if field.metadata.get("required") and field.name not in optional:
                 kwargs["required"] = True
                 kwargs.pop("default", None)
                 help_text = f"{field.metadata['help']} (required)".replace("%", "%%")

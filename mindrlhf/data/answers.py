@@ -167,3 +167,11 @@ def answers_match(predicted: float | None, gold: float | None, rel_tol: float = 
     if predicted is None or gold is None:
         return False
     return math.isclose(predicted, gold, rel_tol=rel_tol, abs_tol=1e-9)
+
+
+def r1_completion(gsm8k_answer: str, direct: bool = False) -> str:
+    """`reasoning #### N` -> `<think>\\nreasoning\\n</think>\\n<answer>N</answer>` (calculator notes removed);
+    `direct`: the answer without the worked steps, `<think>\\n</think>\\n<answer>N</answer>`."""
+    reasoning, _, answer = gsm8k_answer.rpartition("####")
+    reasoning = "" if direct else re.sub(r"<<[^>]*>>", "", reasoning).strip() + "\n"
+    return f"<think>\n{reasoning}</think>\n<answer>{answer.strip()}</answer>"

@@ -43,14 +43,14 @@ def pipeline_error(err: Exception) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-def read_prompt_records(mindrecord_path: str | os.PathLike, with_columns: bool = False) -> tuple:
-    """All (prompt_ids, solution) of a MindRecord written by `convert_to_mindrecord`, in file order; with
-    `with_columns` also each record's other dataset fields (a dict; empty in files written before they were
-    kept)."""
+def read_mindrecord(mindrecord_path: str | os.PathLike, required: Sequence[str], kind: str = "prompts",
+                    ) -> tuple[list[dict], dict]:
+    """(every record, the schema) of a MindRecord file of `rlhf_data.py --kind <kind>`, in file order; a missing,
+    damaged or other kind of file is a one-line `DataError` / `FileNotFoundError` naming it."""
     mindrecord_path = os.fspath(mindrecord_path)
     if not os.path.isfile(mindrecord_path):
         raise FileNotFoundError(f"{mindrecord_path}: MindRecord file not found "
-                                f"(write it with examples/qwen_grpo_tutorial/rlhf_data.py)")
+                                f"(write it with examples/qwen_grpo_tutorial/rlhf_data.py --kind {kind})")
     if not os.path.isfile(mindrecord_path + ".db"):
         raise FileNotFoundError(f"{mindrecord_path}.db: MindRecord index file not found (it must lie next to "
                                 f"{os.path.basename(mindrecord_path)})")
@@ -64,19 +64,27 @@ def read_prompt_records(mindrecord_path: str | os.PathLike, with_columns: bool =
                         "examples/qwen_grpo_tutorial/rlhf_data.py") from None
     try:
         schema = reader.schema()
-        missing = [name for name in REQUIRED_FIELDS if name not in schema]
+        missing = [name for name in required if name not in schema]
         if missing:
             raise DataError(f"{mindrecord_path}: MindRecord has no field(s) {missing} (fields: {sorted(schema)}); "
-                            f"expected a prompt file written by rlhf_data.py")
-        prompt_ids, solutions, columns = [], [], []
-        for record in reader.get_next():
-            prompt_ids.append(np.asarray(record["prompt_ids"], dtype=np.int64).reshape(-1))
-            solutions.append(_text(record["solution"]))
-            if with_columns:
-                columns.append(json.loads(_text(record["columns"])) if "columns" in schema else {})
+                            f"expected the output of rlhf_data.py --kind {kind}")
+        records = list(reader.get_next())
     finally:
         reader.close()
-    return (prompt_ids, solutions, columns) if with_columns else (prompt_ids, solutions)
+    return records, schema
+
+
+def read_prompt_records(mindrecord_path: str | os.PathLike, with_columns: bool = False) -> tuple:
+    """All (prompt_ids, solution) of a MindRecord written by `convert_to_mindrecord`, in file order; with
+    `with_columns` also each record's other dataset fields (a dict; empty in files written before they were
+    kept)."""
+    records, schema = read_mindrecord(mindrecord_path, REQUIRED_FIELDS)
+    prompt_ids = [np.asarray(record["prompt_ids"], dtype=np.int64).reshape(-1) for record in records]
+    solutions = [_text(record["solution"]) for record in records]
+    if not with_columns:
+        return prompt_ids, solutions
+    columns = [json.loads(_text(record["columns"])) if "columns" in schema else {} for record in records]
+    return prompt_ids, solutions, columns
 
 
 def _text(value) -> str:

@@ -51,20 +51,33 @@ def rows_of_updates(num_rows: int, update_rows: int, dp_size: int, dp_rank: int)
 class RankRows:
     """A data-parallel rank's rows of a step's training batch in update order (`rows`, a table of columns with
     `rows()`, `num_rows` and `response_mask`; its updates are consecutive runs, `update_slices`), their indices in
-    the whole batch (`batch_rows`) and what the ranks' updates must agree on: `row_tokens` [dp, n], the response
-    tokens of every rank's rows, each in its rank's order."""
+    the whole batch (`batch_rows`) and what the ranks' updates must agree on: `row_tokens` [dp, n], the loss's
+    tokens of every rank's rows, each in its rank's order (and their lengths, `lengths`)."""
 
     rows: Any
     row_tokens: np.ndarray
     batch_rows: np.ndarray
+    row_lengths: np.ndarray | None = None  # [dp, n] the responses' lengths, when the loss counts other tokens
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """[dp, n] every rank's responses' lengths (what a call must read)."""
+        return self.row_tokens if self.row_lengths is None else self.row_lengths
 
     @classmethod
-    def of_batch(cls, batch, dp_size: int, dp_rank: int, update_rows: int) -> RankRows:
-        """This rank's rows (`rows_of_updates`) of the whole `batch`, which every rank holds."""
-        tokens = batch.response_mask.sum(axis=1)
+    def of_batch(cls, batch, dp_size: int, dp_rank: int, update_rows: int,
+                 token_mask: str = "response_mask") -> RankRows:
+        """This rank's rows (`rows_of_updates`) of the whole `batch`, which every rank holds; `row_tokens` counts
+        the tokens of `token_mask` (the loss's: SFT trains only the assistant's tokens of a response)."""
         ranks = [rows_of_updates(batch.num_rows, update_rows, dp_size, rank) for rank in range(dp_size)]
-        return cls(batch.rows(ranks[dp_rank]), np.stack([tokens[rows] for rows in ranks]).reshape(dp_size, -1),
-                   ranks[dp_rank])
+
+        def per_rank(values: np.ndarray) -> np.ndarray:
+            return np.stack([values[rows] for rows in ranks]).reshape(dp_size, -1)
+
+        lengths = per_rank(batch.response_mask.sum(axis=1))
+        tokens = lengths if token_mask == "response_mask" else per_rank(batch[token_mask].sum(axis=1))
+        return cls(batch.rows(ranks[dp_rank]), tokens, ranks[dp_rank],
+                   None if token_mask == "response_mask" else lengths)
 
 
 def group_unit(group_size: int, dp_size: int) -> int:

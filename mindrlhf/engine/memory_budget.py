@@ -59,10 +59,10 @@ def log_prob_bytes(prompts: int, rows: int, prompt_width: int, response_width: i
     return FLOAT_BYTES * (per_layer + rows * response_width * 3 * vocab // tp)
 
 
-def rows_per_call(rows: int, call_bytes: Callable[[int], int], budget_bytes: int) -> int:
-    """The largest divisor d of `rows` whose call of d rows fits `budget_bytes` (`call_bytes(d)`; at least 1: one
-    row always runs)."""
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1, got {rows}")
-    fitting = [d for d in range(1, rows + 1) if rows % d == 0 and call_bytes(d) <= budget_bytes]
-    return max(fitting, default=1)
+def rows_per_call(rows: int, call_bytes: Callable[[int], int], budget_bytes: int, unit: int = 1) -> int:
+    """The largest divisor d of `rows`, a multiple of `unit` (rows that must stay in one call: a preference pair),
+    whose call of d rows fits `budget_bytes` (`call_bytes(d)`; at least `unit`: one unit always runs)."""
+    if rows < 1 or rows % unit:
+        raise ValueError(f"rows must be a positive multiple of {unit}, got {rows}")
+    fitting = [d for d in range(unit, rows + 1, unit) if rows % d == 0 and call_bytes(d) <= budget_bytes]
+    return max(fitting, default=unit)

@@ -33,14 +33,16 @@ class MicroBatchSizer:
     per shape."""
 
     def __init__(self, kind: str, configured: int, model_config, tp: int, budget_gib: float, micro_batches: int = 0,
-                 share_limit: int = 1, response_buckets: int = 1):
+                 share_limit: int = 1, response_buckets: int = 1, call_unit: int = 1):
         self.kind, self.configured, self.model_config, self.tp = kind, configured, model_config, tp
         self.budget_gib, self.micro_batches, self.share_limit = budget_gib, micro_batches, share_limit
         self.response_buckets = response_buckets
+        self.call_unit = call_unit  # rows a call keeps together (a preference pair's two answers: 2)
         self._logged: set[tuple] = set()
 
     @classmethod
-    def for_pass(cls, kind: str, schedule, model_config, layout, group_size: int, *, training: bool) -> MicroBatchSizer:
+    def for_pass(cls, kind: str, schedule, model_config, layout, group_size: int, *, training: bool,
+                 call_unit: int = 1) -> MicroBatchSizer:
         """The sizer of a net in `layout` whose rows come in groups of `group_size` responses to one prompt: for
         training its `micro_batch_num` micro-batches with pipeline stages, else
         `schedule.micro_batch_size_per_device`; for a forward pass `schedule.log_prob_micro_batch_size_per_device`
@@ -48,7 +50,7 @@ class MicroBatchSizer:
         stages_split = model_config.parallel_config.micro_batch_num if training and layout.pp > 1 else 0
         configured = schedule.micro_batch_size_per_device if training else schedule.log_prob_micro_batch_size_per_device
         return cls(kind, configured, model_config, layout.tp, schedule.activation_memory_gib, stages_split,
-                   group_size if schedule.share_prompts else 1, schedule.response_buckets)
+                   group_size if schedule.share_prompts else 1, schedule.response_buckets, call_unit)
 
     def _call_bytes(self, prompts: int, rows: int, prompt_width: int, response_width: int) -> int:
         cfg = self.model_config
@@ -85,7 +87,10 @@ class MicroBatchSizer:
         else:
             size = memory_budget.rows_per_call(
                 rows, lambda d: self._call_bytes(d // math.gcd(d, run), d, prompt_width, width),
-                int(self.budget_gib * 2**30))
+                int(self.budget_gib * 2**30), self.call_unit)
+        if size % self.call_unit:
+            raise ValueError(f"{self.kind}: calls of {size} rows would split the {self.call_unit} rows that must stay "
+                             "together (a preference pair): make the micro-batch size a multiple of it")
         share = math.gcd(size, run)
         self._log_once(rows, prompt_width, width, size, share, columns["response_ids"].shape[1])
         return size, share, width

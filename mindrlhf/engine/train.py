@@ -56,6 +56,7 @@ class UpdatePolicy:
     max_grad_norm: float
     aggregation: str
     max_consecutive_skips: int
+    token_mask: str = "response_mask"  # the tokens the loss counts (SFT: "loss_mask", the assistant's)
 
 
 class TrainEngine:
@@ -163,10 +164,10 @@ class TrainEngine:
         # the loss is normalised over the whole update, and every dp rank reads its widest response, so that no
         # rank waits for another
         counts = (float(update_tokens.sum()), float((update_tokens > 0).sum()))
-        weights = aggregation_weights(part.response_mask, self.policy.aggregation, counts).astype(np.float32)
+        weights = aggregation_weights(part[self.policy.token_mask], self.policy.aggregation, counts).astype(np.float32)
         columns = part.with_columns(**{TOKEN_WEIGHTS: weights})
         inputs = {name: columns[name] for name in self.loss_net.INPUTS}
-        width = self.sizer.width(part.response_mask, longest=int(update_tokens.max()))
+        width = self.sizer.width(part.response_mask, longest=int(share.lengths[:, rows].max()))
         rank_statistics, grad_norm = self.step(self.sizer.split(inputs, width, int(share.batch_rows[rows.start])))
         self.updates += 1
         if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)

@@ -131,7 +131,6 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     import mindspore as ms
 
     from mindrlhf.engine.train import NonFiniteUpdates
-    from mindrlhf.trainer.rl_trainer import RLTrainer
 
     job = JobOptions.from_args(args)
     plan = None
@@ -143,7 +142,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
         # every check, once, before the cluster forms (a bad flag ends each rank in seconds); the rank comes after
         world_size = planned_world_size(job)
         if world_size is not None:
-            plan = JobPlan.build(config, job, tokenizer, world_size, 0, ms.get_context("device_target"))
+            plan = build_plan(config, job, tokenizer, world_size, 0, ms.get_context("device_target"))
         claim_output(job)  # one run per --output_dir: its lock, before anything is written
         check_write_targets(job)
         if job.check_flags:
@@ -156,12 +155,12 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     set_up_host(job, world_size, rank)
     try:
         plan = plan_for_rank(plan, config, job, tokenizer, world_size, rank)
-        host_sums = set_up_communication(plan)
-        trainer = RLTrainer(plan, tokenizer, host_sums, callbacks)
+        host_sums = set_up_communication(job, config, plan.layouts(), plan.trained_layouts(), world_size, rank)
+        trainer = make_trainer(plan, config, job, tokenizer, host_sums, callbacks)
     except (ValueError, PeerFailure) as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError
         print(f"error: {rank_prefix(rank, world_size)}{err}", file=sys.stderr)
         return 2
-    if job.only_save_strategy:
+    if job.only_save_strategy and job.stage == "rl":
         paths = trainer.save_strategies(os.path.join(job.output_dir, "strategy"))
         logger.info("strategy files written: %s", ", ".join(paths.values()))
         return 0
@@ -245,14 +244,34 @@ def world_barrier() -> None:
     ops.AllReduce()(ms.Tensor(np.ones(1, np.float32))).asnumpy()
 
 
-def plan_for_rank(plan: JobPlan | None, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int,
-                  rank: int) -> JobPlan:
+def build_plan(config: GRPOConfig, job: JobOptions, tokenizer, world_size: int, rank: int, device: str):
+    """The checked plan of the job's stage (`--stage`): the RL job's `JobPlan`, or a stage's before RL (`StagePlan`:
+    SFT, reward model, DPO)."""
+    if job.stage != "rl":
+        from mindrlhf.trainer.stage_trainer import StagePlan
+
+        return StagePlan.build(config, job, tokenizer, world_size, rank)
+    return JobPlan.build(config, job, tokenizer, world_size, rank, device)
+
+
+def make_trainer(plan, config: GRPOConfig, job: JobOptions, tokenizer, host_sums: dict, callbacks):
+    """The trainer of the planned stage, its nets built."""
+    if job.stage != "rl":
+        from mindrlhf.trainer.stage_trainer import StageTrainer
+
+        return StageTrainer(plan, config, job, host_sums)
+    from mindrlhf.trainer.rl_trainer import RLTrainer
+
+    return RLTrainer(plan, tokenizer, host_sums, callbacks)
+
+
+def plan_for_rank(plan, config: GRPOConfig, job: JobOptions, tokenizer, world_size: int, rank: int):
     """The checked plan at this rank: the one built before the cluster formed, for the world the cluster has (or,
     when the world size was not known before, built now)."""
     import mindspore as ms
 
     if plan is None:
-        return JobPlan.build(config, job, tokenizer, world_size, rank, ms.get_context("device_target"))
+        return build_plan(config, job, tokenizer, world_size, rank, ms.get_context("device_target"))
     if plan.world_size != world_size:
         raise ConfigError(f"msrun's MS_WORKER_NUM={plan.world_size}, but MindSpore's communication has {world_size} "
                           "ranks")
@@ -297,21 +316,18 @@ def freeze_long_lived_objects() -> None:
     gc.freeze()
 
 
-def set_up_communication(plan: JobPlan) -> dict:
-    """The nets' communication groups, the data-parallel gradient sums through shared memory (CPU, every rank on
-    one host; returned by dp group name) and MindSpore's compile cache (`--enable_compile_cache`)."""
+def set_up_communication(job: JobOptions, config: GRPOConfig, layouts, trained_layouts, world_size: int,
+                         rank: int) -> dict:
+    """The communication groups of the nets' `layouts`, the data-parallel gradient sums of the `trained_layouts`
+    through shared memory (CPU, every rank on one host; returned by dp group name) and MindSpore's compile cache
+    (`--enable_compile_cache`)."""
     import mindspore as ms
 
-    job, config = plan.job, plan.config
     host_sums = {}
-    critic_layout = plan.critic.net.layout if plan.critic else None
-    layouts = (plan.actor.train.layout, plan.actor.infer.layout, critic_layout)
-    if plan.world_size > 1:
+    if world_size > 1:
         for layout in layouts:
-            if layout is not None:
-                layout.init_groups()
-        host_sums = share_data_parallel_sums(job.cpu_collectives, (plan.actor.train.layout, critic_layout),
-                                             plan.world_size, plan.rank)
+            layout.init_groups()
+        host_sums = share_data_parallel_sums(job.cpu_collectives, tuple(trained_layouts), world_size, rank)
         if host_sums:
             logger.info("data-parallel gradient sums through shared memory (CPU, one host): %s", ", ".join(host_sums))
     if job.enable_compile_cache and host_sums:
@@ -319,7 +335,7 @@ def set_up_communication(plan: JobPlan) -> dict:
         logger.info("compile cache off: the shared-memory gradient sums are Python callbacks inside graphs, which "
                     "a graph loaded from the cache cannot call (--cpu_collectives native keeps the cache)")
     elif job.enable_compile_cache:
-        path = compile_cache_path(job, config, plan.world_size, plan.rank)
+        path = compile_cache_path(job, config, world_size, rank)
         logger.info("compile cache: %s", path)
         ms.set_context(enable_compile_cache=True, compile_cache_path=path)
     return host_sums

@@ -128,6 +128,14 @@ class JobPlan:
         nets = [self.actor.train, self.actor.infer, self.critic and self.critic.net, self.reward.model]
         return [net for net in nets if net is not None]
 
+    def layouts(self) -> list[Layout]:
+        """The layouts of the job's nets (their communication groups)."""
+        return [self.actor.train.layout, self.actor.infer.layout] + ([self.critic.net.layout] if self.critic else [])
+
+    def trained_layouts(self) -> list[Layout]:
+        """The layouts of the nets that learn (their data-parallel gradient sums)."""
+        return [self.actor.train.layout] + ([self.critic.net.layout] if self.critic else [])
+
 
 def shares_train_weights(train: NetSpec, infer: NetSpec) -> bool:
     """Whether the inference net can be the train net itself: the same architecture, dtypes and layout (the
@@ -267,6 +275,8 @@ def check_files(job: JobOptions) -> None:
     """The model YAMLs, datasets and checkpoints the flags name exist."""
     for flag in ("sft_path_train", "sft_path_infer", "mind_dataset_dir"):
         path = getattr(job, flag)
+        if flag == "sft_path_infer" and job.stage != "rl":
+            continue  # the stages before RL train one net
         if not os.path.isfile(path):
             raise ConfigError(f"{path}: --{flag} file not found")
     if job.eval_dataset_file and not os.path.isfile(job.eval_dataset_file):

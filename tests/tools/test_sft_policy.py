@@ -8,6 +8,7 @@ from support.paths import ARITH, TINY, TINY_SFT_CKPT, TOKENIZER, TUTORIAL_DATA
 from support.policies import greedy_completions
 from support.tools import tool_module
 
+from mindrlhf.data.answers import r1_completion
 from mindrlhf.data.mindrecord import read_problems
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
 from mindrlhf.models.qwen2.convert import convert_hf_to_ms
@@ -22,10 +23,9 @@ def load_tool():
 
 
 def test_r1_completion_format():
-    tool = load_tool()
-    text = tool.r1_completion("He buys 3 * 4 = <<3*4=12>>12 apples.\n#### 12")
+    text = r1_completion("He buys 3 * 4 = <<3*4=12>>12 apples.\n#### 12")
     assert text == "<think>\nHe buys 3 * 4 = 12 apples.\n</think>\n<answer>12</answer>"
-    direct = tool.r1_completion("He buys 3 * 4 = <<3*4=12>>12 apples.\n#### 12", direct=True)
+    direct = r1_completion("He buys 3 * 4 = <<3*4=12>>12 apples.\n#### 12", direct=True)
     assert direct == "<think>\n</think>\n<answer>12</answer>"
     assert format_reward([text, direct], ["12", "12"]) == [1.0, 1.0]
 

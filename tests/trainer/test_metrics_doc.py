@@ -13,6 +13,12 @@ from support.paths import DOCS
 # written only where a stand-in cannot reach (the rounds of `ExperienceMaker.make`); test_grpo_cli's dynamic-sampling
 # run writes both and checks them with `assert_documented`
 WRITTEN_BY_RUNS_ONLY = {"sampling/rounds", "sampling/kept_groups"}
+# the stages' before RL, which tests/trainer/test_stages.py's runs check with `assert_documented`
+WRITTEN_BY_RUNS_ONLY |= {f"{stage}/{name}" for stage in ("sft", "reward_model", "dpo")
+                         for name in ("loss", "grad_norm", "lr", "updates", "skipped_updates", "trained_tokens")}
+WRITTEN_BY_RUNS_ONLY |= {"reward_model/accuracy", "reward_model/margin", "reward_model/rewards/chosen",
+                         "reward_model/rewards/rejected", "rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                         "rewards/margins", "logps/chosen", "logps/rejected"}
 
 
 def stand_in_trainer():

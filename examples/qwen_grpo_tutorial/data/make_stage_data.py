@@ -1,0 +1,79 @@
+"""Writes GSM8K-style problems as data for the stages before RL (chat `messages` JSONL), in the R1 form the bundled
+policy answers in (`<think>steps</think><answer>N</answer>`, what the `format` and `accuracy` rewards check):
+
+    --kind sft       a conversation per problem: the R1 system prompt, the question, the worked solution
+    --kind pairwise  a preference pair per problem on the same prompt: the worked solution (chosen) against a wrong
+                     one (rejected; seeded: half the time the last step's result is off by 1-3, else a wrong answer
+                     given without working, the bundled policy's own failure)
+
+    python examples/qwen_grpo_tutorial/data/make_stage_data.py --kind pairwise --input arithmetic_train.jsonl \\
+        --output pairs.jsonl
+
+Then `rlhf_data.py --kind sft | pairwise` tokenises them through the tokenizer's chat template (run_grpo.sh's
+ALGORITHM=sft | reward | dpo do both).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+
+from mindrlhf.data.answers import r1_completion
+from mindrlhf.data.mindrecord import read_problems
+from mindrlhf.data.sources import DataError
+from mindrlhf.data.templates import R1_THINK_SYSTEM_PROMPT
+from mindrlhf.utils.atomic import atomic_output
+
+
+def prompt(question: str) -> list[dict]:
+    return [{"role": "system", "content": R1_THINK_SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
+def conversation(question: str, answer: str) -> dict:
+    """One problem as an SFT record of chat messages."""
+    return {"messages": prompt(question) + [{"role": "assistant", "content": r1_completion(answer)}]}
+
+
+def wrong_completion(answer: str, rng: random.Random) -> str:
+    """A wrong R1 completion of `answer` (`steps #### N`): the last step's result and N off by 1-3, or a wrong N
+    given without the steps."""
+    steps, _, number = answer.rpartition("####")
+    wrong = int(number.strip()) + rng.choice([-3, -2, -1, 1, 2, 3])
+    if rng.random() < 0.5:
+        return r1_completion(f"#### {wrong}", direct=True)
+    lines = steps.strip().splitlines()
+    lines[-1] = lines[-1].rpartition("=")[0] + f"= {wrong}"
+    return r1_completion("\n".join(lines) + f"\n#### {wrong}")
+
+
+def pair(question: str, answer: str, rng: random.Random) -> dict:
+    """One problem as a preference pair (TRL's prompt / chosen / rejected, in messages)."""
+    return {"prompt": prompt(question),
+            "chosen": [{"role": "assistant", "content": r1_completion(answer)}],
+            "rejected": [{"role": "assistant", "content": wrong_completion(answer, rng)}]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=("sft", "pairwise"), required=True)
+    parser.add_argument("--input", required=True, help="GSM8K-style JSON/JSONL/Parquet problems (question, answer)")
+    parser.add_argument("--output", required=True, help="the JSONL to write")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the wrong answers (pairwise)")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    try:
+        problems = list(read_problems(args.input))
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    records = [conversation(p.question, p.answer) if args.kind == "sft" else pair(p.question, p.answer, rng)
+               for p in problems]
+    with atomic_output(args.output, ".jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps(record) + "\n" for record in records))
+    print(f"{len(records)} {'conversations' if args.kind == 'sft' else 'pairs'} -> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""The supervised fine-tuning job as a script msrun launches: `mindrlhf-sft`, whose code and `--help` are in
+mindrlhf/cli/stages.py.
+
+    msrun --worker_num=2 --local_worker_num=2 --master_port=8118 --join=True --log_dir=output/sft/msrun_log \\
+        examples/qwen_grpo_tutorial/sft.py --sft_path_train train.yaml --tokenizer_dir tokenizer/ ...
+"""
+from mindrlhf.cli.stages import sft
+
+if __name__ == "__main__":
+    sft()

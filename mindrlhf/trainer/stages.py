@@ -1,0 +1,192 @@
+"""The stages before RL, each what `StageTrainer` needs of it: its data, net, loss, the role that checkpoints it, and
+its held-out score.
+
+    sft     a causal LM on conversations, the token-mean loss of the assistant's tokens; eval/loss
+    reward  a reward model (a `Qwen2ForValue`, the PPO critic's net) on preference pairs, Bradley-Terry; eval/accuracy
+    dpo     a causal LM on preference pairs, DPO / IPO against the starting policy's log-probs; eval/accuracy
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from mindrlhf.algorithms.policy_cells import ResponseLogProbs, ResponseScores, SFTLossNet
+from mindrlhf.algorithms.preference_cells import DPOLossNet, PairwiseRewardLoss
+from mindrlhf.checkpoint.step import CRITIC_CKPT, CRITIC_PREFIX, CRITIC_STRATEGY, TRAIN_CKPT, TRAIN_STRATEGY
+from mindrlhf.checkpoint.weights import load_value_model, load_weights, read_weights, with_zero_value_head
+from mindrlhf.data.stage_data import PairDataset, SFTDataset
+from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
+from mindrlhf.parallel.layers import init_random_weights
+from mindrlhf.trainer.roles import Role
+
+logger = logging.getLogger("mindrlhf.trainer")
+
+
+class StageRole(Role):
+    """The net a stage trains, in its engine; a policy is named `actor` and a reward model `critic`, so that a step
+    folder of either loads where the RL job takes that net (`--load_sft_checkpoint_train`, `--load_critic_checkpoint`,
+    `reward.reward_model_path`)."""
+
+    def __init__(self, name: str, engine, files: tuple[str, str]):
+        self.name, self.engine, self.files = name, engine, files
+
+    def rank_files(self) -> dict[str, list]:
+        return {self.files[0]: self.engine.weights() + self.engine.optimizer_state()}
+
+    def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
+        return self.engine.strategy_file(self.files[1])
+
+    def state_dict(self) -> dict:
+        return {"engine": self.engine.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.engine.load_state_dict(state["engine"])
+
+
+class Stage:
+    """One stage: `name` (the metrics' prefix), its dataset class, rows per record (`group_size`: a pair's two
+    answers stay in one call), how its loss weighs tokens, its role's name and files, and the headline of its
+    held-out score (`summary`: the last line says `<summary>: before=.. after=..`)."""
+
+    name = ""
+    dataset_class = SFTDataset
+    group_size = 1
+    aggregation, token_mask = "seq-mean-token-mean", "response_mask"
+    role_name, role_files = "actor", (TRAIN_CKPT, TRAIN_STRATEGY)
+    summary, eval_key, percent = "", "", False
+
+    def build_net(self, cfg, layout):
+        return Qwen2ForCausalLM(cfg, layout)
+
+    def load(self, net, layout, checkpoint: str, seed: int) -> None:
+        """The start: `checkpoint` (a policy's weights), or random weights of `seed`."""
+        if checkpoint:
+            load_weights(net, layout, checkpoint)
+        else:
+            init_random_weights(net, layout, seed=seed)
+
+    def loss_net(self, net, config):
+        raise NotImplementedError
+
+    def scorer(self, net):
+        """The forward cell the held-out score (and any per-row values computed before training) reads."""
+        return ResponseLogProbs(net)
+
+    def prepare(self, trainer) -> None:
+        """What the stage computes once, before its first step (DPO: the reference's log-probs)."""
+
+    def loop_state(self, dataset) -> dict:
+        return {}
+
+    def load_loop_state(self, dataset, state: dict) -> None:
+        del dataset, state
+
+    def score(self, outputs: np.ndarray, rows) -> np.ndarray:
+        """This rank's sums of the held-out score over `rows` (the scorer's `outputs`): (numerator, denominator)."""
+        raise NotImplementedError
+
+    def metric_names(self, metrics: dict) -> dict:
+        """The engine's `<name>/<output>` metrics under the names users know them by (DPO: TRL's)."""
+        return metrics
+
+
+class SFTStage(Stage):
+    name, summary, eval_key = "sft", "held-out loss", "eval/loss"
+    aggregation, token_mask = "token-mean", "loss_mask"
+
+    def loss_net(self, net, config):
+        return SFTLossNet(net)
+
+    def score(self, outputs, rows):
+        return np.array([-(outputs * rows.loss_mask).sum(), rows.loss_mask.sum()])
+
+
+class RewardModelStage(Stage):
+    """Bradley-Terry on pairs; its net is a value model (the starting policy's backbone with a zero head)."""
+
+    name, summary, eval_key, percent = "reward_model", "held-out pair accuracy", "eval/accuracy", True
+    dataset_class, group_size = PairDataset, 2
+    role_name, role_files = "critic", (CRITIC_CKPT, CRITIC_STRATEGY)
+
+    def build_net(self, cfg, layout):
+        net = Qwen2ForValue(cfg, layout)
+        net.update_parameters_name(CRITIC_PREFIX)
+        return net
+
+    def load(self, net, layout, checkpoint: str, seed: int) -> None:
+        if not checkpoint:
+            init_random_weights(net, layout, seed=seed)
+            return
+        cfg = net.config
+        state = with_zero_value_head(read_weights(checkpoint), cfg.hidden_size, cfg.value_head_bias)
+        load_value_model(net, layout, state, checkpoint, CRITIC_PREFIX, "the reward model")
+
+    def loss_net(self, net, config):
+        rm = config.reward_model
+        return PairwiseRewardLoss(net, rm.margin, rm.center_rewards_coefficient)
+
+    def scorer(self, net):
+        return ResponseScores(net)
+
+    def score(self, outputs, rows):
+        chosen, rejected = outputs[0::2], outputs[1::2]
+        return np.array([(chosen > rejected).sum(), len(chosen)])
+
+
+class DPOStage(Stage):
+    """DPO on pairs; the reference is the starting policy, whose log-probs of every answer are computed once, before
+    the first step, by the train net itself (TRL's `precompute_ref_log_probs`), and kept in the checkpoints."""
+
+    name, summary, eval_key, percent = "dpo", "held-out accuracy", "eval/accuracy", True
+    dataset_class, group_size = PairDataset, 2
+
+    def __init__(self, config):
+        self.config = config.dpo
+
+    def loss_net(self, net, config):
+        dpo = config.dpo
+        return DPOLossNet(net, dpo.beta, dpo.label_smoothing, dpo.loss_type)
+
+    def answer_logps(self, logp: np.ndarray, rows) -> np.ndarray:
+        """Each row's answer log-prob: summed over its tokens, or their mean for IPO."""
+        mask = rows.response_mask
+        sums = (logp * mask).sum(axis=1)
+        return sums / np.maximum(mask.sum(axis=1), 1) if self.config.loss_type == "ipo" else sums
+
+    def prepare(self, trainer) -> None:
+        dataset = trainer.dataset
+        if "ref_logps" in dataset.row_values["train"]:
+            return  # restored from a checkpoint
+        for split in ("train", "held_out"):
+            rows = dataset.split_rows(split) if getattr(dataset, split) else None
+            values = np.zeros(0 if rows is None else rows.num_rows, np.float32)
+            if rows is not None and not self.config.reference_free:
+                values = trainer.score_rows(rows, lambda logp, part: self.answer_logps(logp, part)).astype(np.float32)
+            dataset.row_values[split]["ref_logps"] = values
+        logger.info("reference log-probs of %d answers computed by the starting policy%s",
+                    sum(len(v["ref_logps"]) for v in dataset.row_values.values()),
+                    " (reference-free: 0)" if self.config.reference_free else "")
+
+    def loop_state(self, dataset) -> dict:
+        return {"ref_logps": {split: dataset.row_values[split]["ref_logps"].tolist() for split in dataset.row_values}}
+
+    def load_loop_state(self, dataset, state: dict) -> None:
+        for split, values in state["ref_logps"].items():
+            dataset.row_values[split]["ref_logps"] = np.asarray(values, np.float32)
+
+    def score(self, outputs, rows):
+        logps = self.answer_logps(outputs, rows) - rows.ref_logps
+        return np.array([(logps[0::2] > logps[1::2]).sum(), len(logps) // 2])
+
+    def metric_names(self, metrics: dict) -> dict:
+        """`dpo/rewards/*` and `dpo/logps/*` as TRL's `rewards/*` and `logps/*`."""
+        return {name.removeprefix("dpo/") if name.startswith(("dpo/rewards/", "dpo/logps/")) else name: value
+                for name, value in metrics.items()}
+
+
+def stage_of(name: str, config) -> Stage:
+    """The stage `--stage name` runs."""
+    if name == "dpo":
+        return DPOStage(config)
+    return {"sft": SFTStage, "reward": RewardModelStage}[name]()

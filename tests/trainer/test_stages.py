@@ -1,0 +1,249 @@
+"""The stages before RL under msrun (`mindrlhf-sft`, `mindrlhf-reward`, `mindrlhf-dpo`) on the tiny model: the SFT
+loss is transformers' masked cross-entropy; each stage's data-parallel job learns, checkpoints and resumes bit for
+bit; a tensor-parallel SFT job makes the data-parallel one's updates; the step folders load where the RL job takes
+the net (a policy, a reward model); bad data ends in one line. The preference losses' formulas are
+tests/algorithms/test_preference_losses.py's."""
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+from support.metrics_doc import assert_documented
+from support.msrun import msrun_command, msrun_env, run_command
+from support.paths import ARITH, TINY, TUTORIAL, TUTORIAL_DATA
+from support.tolerances import assert_weights_close_after_adam
+
+TOKENIZER_DIR = ARITH / "policy"  # a Qwen chat template; its 603 ids fit the tiny model's 704
+LR = 1e-3
+
+
+def pad(rows, width, side):
+    from mindrlhf.data.reader import pad_rows
+
+    return pad_rows(rows, width, 0, side=side)
+
+
+def test_the_sft_loss_is_transformers_masked_cross_entropy(tmp_path):
+    """Two conversations of other lengths, the second with an untrained (user) turn inside its response: the loss of
+    `SFTLossNet` with the update's token-mean weights is the cross-entropy transformers computes over the labels of
+    the trained tokens (-100 elsewhere), averaged over every trained token of the batch."""
+    import mindspore as ms
+    import torch
+    from support.hf_fixtures import make_hf_model_dir
+
+    from mindrlhf.algorithms import aggregation_weights
+    from mindrlhf.algorithms.policy_cells import SFTLossNet
+    from mindrlhf.checkpoint.weights import load_weights
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindrlhf.models.qwen2.convert import convert_hf_to_ms
+    from mindrlhf.parallel.layout import Layout
+
+    folder, hf = make_hf_model_dir(tmp_path / "hf", arch="qwen2", seed=3)
+    convert_hf_to_ms(folder, tmp_path / "m.ckpt", output_yaml=tmp_path / "m.yaml")
+    net = Qwen2ForCausalLM(Qwen2Config.from_yaml(tmp_path / "m.yaml"))
+    load_weights(net, Layout(), str(tmp_path / "m.ckpt"))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 300, 3), rng.integers(1, 300, 5)]
+    responses = [rng.integers(1, 300, 4), rng.integers(1, 300, 7)]
+    trained = [np.array([1, 1, 1, 1]), np.array([1, 1, 0, 0, 0, 1, 1])]  # the second: a user turn in the middle
+    prompt_ids, prompt_mask = pad(prompts, 6, "left")
+    response_ids, response_mask = pad(responses, 8, "right")
+    loss_mask, _ = pad(trained, 8, "right")
+    weights = aggregation_weights(loss_mask, "token-mean").astype(np.float32)
+    (ours,) = SFTLossNet(net)(*(ms.Tensor(a) for a in (prompt_ids, prompt_mask, response_ids, response_mask, weights)))
+    total, count = 0.0, 0
+    for prompt, response, mask in zip(prompts, responses, trained):
+        ids = torch.tensor(np.concatenate([prompt, response]))[None]
+        labels = ids.clone()
+        labels[0, :len(prompt)] = -100
+        labels[0, len(prompt):][torch.tensor(mask) == 0] = -100
+        with torch.no_grad():
+            total += float(hf(input_ids=ids, labels=labels).loss) * int(mask.sum())
+        count += int(mask.sum())
+    assert float(ours.asnumpy()) == pytest.approx(total / count, rel=1e-5)
+
+
+def layout_yaml(folder, name, dp, tp):
+    """tiny/train.yaml in another layout."""
+    text = (TINY / "train.yaml").read_text()
+    assert "data_parallel: 1" in text and "model_parallel: 2" in text
+    path = folder / name
+    path.write_text(text.replace("data_parallel: 1", f"data_parallel: {dp}").replace("model_parallel: 2",
+                                                                                     f"model_parallel: {tp}"))
+    return path
+
+
+def stage_args(data, model_yaml, out, steps=4, extra=()):
+    """4 steps of 8 records (SFT: conversations; the others: pairs of 4), checkpoints at 2 and 4, 10% held out."""
+    return ["--sft_path_train", str(model_yaml), "--tokenizer_dir", str(TOKENIZER_DIR), "--mind_dataset_dir",
+            str(data), "--output_dir", str(out), "--steps", str(steps), "--batch_size", "8", "--learning_rate",
+            str(LR), "--weight_decay", "0", "--save_interval", "2", "--keep_last", "5", "--eval_fraction", "0.1",
+            "--eval_interval", "2", "--init_seed", "0", *extra]
+
+
+def run_stage(stage, folder, name, args):
+    log_dir = folder / f"{name}_logs"
+    proc = run_command(msrun_command(TUTORIAL / f"{stage}.py", args, 2, log_dir), msrun_env(), timeout=600)
+    logs = "".join(p.read_text() for p in sorted(log_dir.glob("worker_*.log")))
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}\n{logs[-4000:]}"
+    return logs
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def weights_of(step_dir, net="actor"):
+    """The merged weights of a step folder's `net`, as the RL job reads them."""
+    from mindrlhf.checkpoint.weights import read_weights
+
+    return read_weights(str(step_dir), net)
+
+
+def straight_and_resumed(stage, data, folder, model_yaml):
+    """A stage's dp2 job of 4 steps and the same job resumed from its step 2: (their logs, their output folders)."""
+    logs = run_stage(stage, folder, stage, stage_args(data, model_yaml, folder / stage))
+    resumed = folder / f"{stage}_resumed"
+    shutil.copytree(folder / stage / "checkpoints" / "step_000002", resumed / "checkpoints" / "step_000002")
+    run_stage(stage, folder, f"{stage}_resumed", stage_args(data, model_yaml, resumed, extra=("--resume", "auto")))
+    return logs, folder / stage, resumed
+
+
+def assert_resumes_exactly(straight, resumed, net):
+    """The resumed run's steps 3 and 4 are the straight run's, and so are its final weights."""
+    from support.jobs import without_timing
+
+    steps = [m for m in metrics(straight) if m["step"] > 2]
+    assert [without_timing(m) for m in metrics(resumed)] == [without_timing(m) for m in steps]
+    final = [weights_of(f / "checkpoints" / "step_000004", net) for f in (straight, resumed)]
+    assert final[0].keys() == final[1].keys() and len(final[0]) > 10
+    for name in final[0]:
+        np.testing.assert_array_equal(final[0][name], final[1][name], err_msg=name)
+
+
+def stage_data(folder, kind, problems=48):
+    """`problems` of the arithmetic problems as `kind` data (make_stage_data.py), tokenised (rlhf_data.py)."""
+    from mindrlhf.cli import prepare_data
+
+    lines = (TUTORIAL_DATA / "arithmetic_train.jsonl").read_text().splitlines(keepends=True)[:problems]
+    (folder / "problems.jsonl").write_text("".join(lines))
+    made = run_command([sys.executable, str(TUTORIAL_DATA / "make_stage_data.py"), "--kind", kind, "--input",
+                        str(folder / "problems.jsonl"), "--output", str(folder / f"{kind}.jsonl")])
+    assert made.returncode == 0 and made.stdout.startswith(f"{problems} "), made.stderr
+    assert prepare_data.main(["--tokenizer_dir", str(TOKENIZER_DIR), "--kind", "auto", "--file_path",
+                              str(folder / f"{kind}.jsonl"), "--output_path", str(folder / f"{kind}.mindrecord")]) == 0
+    return folder / f"{kind}.mindrecord"
+
+
+@pytest.fixture(scope="module")
+def sft_runs(tmp_path_factory):
+    """A dp2 SFT job of 4 steps (checkpoints at 2 and 4), the same job resumed from its step 2, and a tp2 job."""
+    folder = tmp_path_factory.mktemp("sft_runs")
+    data = stage_data(folder, "sft")
+    dp2, tp2 = layout_yaml(folder, "dp2.yaml", 2, 1), layout_yaml(folder, "tp2.yaml", 1, 2)
+    logs, straight, resumed = straight_and_resumed("sft", data, folder, dp2)
+    run_stage("sft", folder, "tp2", stage_args(data, tp2, folder / "tp2"))
+    return folder, straight, resumed, logs
+
+
+@pytest.mark.msrun
+def test_a_data_parallel_sft_job_learns_and_resumes_bit_for_bit(sft_runs):
+    folder, straight, resumed, logs = sft_runs
+    records = metrics(straight)
+    assert_documented(records)
+    before, steps = records[0], records[1:]
+    assert before["step"] == 0 and set(before) == {"step", "eval/loss"}
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    assert all(m["sft/updates"] == 1 and m["sft/trained_tokens"] > 8 * 10 for m in steps)
+    # random weights of a 704-token vocabulary start near ln(704); four updates at lr 1e-3 lower both losses
+    assert before["eval/loss"] > 5.5 and steps[-1]["eval/loss"] < before["eval/loss"] - 0.5
+    assert steps[-1]["sft/loss"] < steps[0]["sft/loss"] - 0.5
+    assert f"held-out loss: before={before['eval/loss']:.4f} after={steps[-1]['eval/loss']:.4f}" in logs
+    assert (straight / "progress.png").stat().st_size > 0
+    assert_resumes_exactly(straight, resumed, "actor")
+
+
+@pytest.mark.msrun
+def test_a_tensor_parallel_sft_job_makes_the_data_parallel_jobs_updates(sft_runs):
+    """The same batches on train tp2 (the vocabulary and heads split): the same losses and gradient norms up to float
+    rounding, and weights within Adam's float-noise bound (tests/support/tolerances.py)."""
+    folder, straight, _, _ = sft_runs
+    dp, tp = metrics(straight), metrics(folder / "tp2")
+    for a, b in zip(dp, tp):
+        for key in ("eval/loss", "sft/loss", "sft/grad_norm"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4), (a["step"], key)
+    assert_weights_close_after_adam(weights_of(folder / "tp2" / "checkpoints" / "step_000004"),
+                                    weights_of(straight / "checkpoints" / "step_000004"), LR, 4,
+                                    what="tp2 vs dp2")
+
+
+@pytest.fixture(scope="module")
+def pair_runs(tmp_path_factory):
+    """The reward-model and DPO stages' dp2 jobs on 48 pairs, each straight and resumed from its step 2."""
+    folder = tmp_path_factory.mktemp("pair_runs")
+    data = stage_data(folder, "pairwise")
+    dp2 = layout_yaml(folder, "dp2.yaml", 2, 1)
+    return {stage: straight_and_resumed(stage, data, folder, dp2) for stage in ("reward", "dpo")}
+
+
+@pytest.mark.msrun
+def test_a_reward_model_learns_to_rank_the_pairs_resumes_exactly_and_loads_as_a_reward_model(pair_runs):
+    from mindrlhf.checkpoint.weights import read_weights
+
+    logs, straight, resumed = pair_runs["reward"]
+    records = metrics(straight)
+    assert_documented(records)
+    before, steps = records[0], records[1:]
+    assert all(0 <= m["reward_model/accuracy"] <= 1 for m in steps)
+    for m in steps:  # the margin is the mean score gap
+        gap = m["reward_model/rewards/chosen"] - m["reward_model/rewards/rejected"]
+        assert m["reward_model/margin"] == pytest.approx(gap, abs=1e-5)
+    # from random weights: the loss falls from about log 2 and the chosen answers pull ahead
+    assert steps[0]["reward_model/loss"] == pytest.approx(np.log(2), abs=0.1)
+    assert steps[-1]["reward_model/loss"] < steps[0]["reward_model/loss"] - 0.2
+    assert steps[-1]["reward_model/margin"] > steps[0]["reward_model/margin"] + 0.5
+    assert steps[-1]["reward_model/accuracy"] > 0.5
+    assert (f"held-out pair accuracy: before={100 * before['eval/accuracy']:.1f}% "
+            f"after={100 * steps[-1]['eval/accuracy']:.1f}%") in logs
+    assert_resumes_exactly(straight, resumed, "critic")
+    state = read_weights(str(straight / "checkpoints" / "step_000004"), "critic")  # what reward_model_path reads
+    assert "score.weight" in state and np.abs(state["score.weight"]).max() > 0
+
+
+@pytest.mark.msrun
+def test_dpo_raises_the_implicit_rewards_of_the_chosen_answers_and_resumes_exactly(pair_runs):
+    logs, straight, resumed = pair_runs["dpo"]
+    records = metrics(straight)
+    assert_documented(records)
+    before, steps = records[0], records[1:]
+    for m in steps:
+        assert {"dpo/loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+                "logps/chosen", "logps/rejected"} <= set(m)
+        assert m["rewards/margins"] == pytest.approx(m["rewards/chosen"] - m["rewards/rejected"], abs=1e-5)
+    # the first update starts at the reference: every implicit reward is 0, the loss log 2
+    assert steps[0]["dpo/loss"] == pytest.approx(np.log(2), rel=1e-4)
+    assert steps[0]["rewards/margins"] == pytest.approx(0, abs=1e-5)
+    # the policy moves off the reference towards the chosen answers
+    assert steps[-1]["rewards/margins"] > 0.5 and steps[-1]["dpo/loss"] < np.log(2) - 0.1
+    assert steps[-1]["rewards/accuracies"] > 0.5
+    assert (f"held-out accuracy: before={100 * before['eval/accuracy']:.1f}% "
+            f"after={100 * steps[-1]['eval/accuracy']:.1f}%") in logs
+    assert_resumes_exactly(straight, resumed, "actor")
+
+
+def test_bad_sft_data_ends_the_job_in_one_line(tmp_path, capsys):
+    """A prompt MindRecord (the RL job's) given to the SFT job: one line naming the file and what it lacks."""
+    from mindrlhf.cli import prepare_data, stages
+
+    prompts = tmp_path / "prompts.mindrecord"
+    assert prepare_data.main(["--tokenizer_dir", str(TOKENIZER_DIR), "--file_path",
+                              str(TUTORIAL_DATA / "arithmetic_heldout.jsonl"), "--output_path", str(prompts)]) == 0
+    capsys.readouterr()
+    code = stages.main("sft", stage_args(prompts, TINY / "model.yaml", tmp_path / "out"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert err == [f"error: {prompts}: MindRecord has no field(s) ['input_ids', 'loss_mask'] (fields: ['columns', "
+                   "'prompt', 'prompt_ids', 'prompt_length', 'solution']); expected the output of rlhf_data.py "
+                   "--kind sft"]
