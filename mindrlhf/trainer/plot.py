@@ -59,7 +59,7 @@ def plot_progress(metrics_path: str, png_path: str, panels: ProgressPanels = Pro
     left.legend()
     left.grid(alpha=0.3)
     for key, (steps, values) in series.items():
-        if key.startswith("eval/"):
+        if key.startswith("eval/") and steps:
             right.plot(steps, [100 * v for v in values] if panels.eval_in_percent else values, marker="o", label=key,
                        color="tab:green" if key == "eval/accuracy" else None)
     right.set(title=panels.eval_title, xlabel=f"{panels.step_name} (0 = before)",

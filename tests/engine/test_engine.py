@@ -298,3 +298,23 @@ def test_recomputed_layers_let_the_sizer_take_larger_calls(recompute, budget, si
     ids, response = np.ones((8, 256), np.int32), np.ones((8, 64), np.int32)
     columns = dict(prompt_ids=ids, prompt_mask=ids, response_ids=response, response_mask=response)
     assert sizer.plan(columns) == (size, size, 64)
+
+
+def test_a_pass_over_pairs_keeps_each_pair_in_one_call():
+    """call_unit 2 (a preference pair's answers): the auto size is a multiple of it, and a set size that is not is
+    refused in one line."""
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.models.qwen2 import Qwen2Config
+
+    cfg = Qwen2Config.from_yaml(ARITH / "train.yaml")
+    ids, mask = grouped_rows(4, 2, prompt_width=160)
+    response, response_mask = responses_of_length(8, 48)
+    columns = dict(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=response_mask)
+    tight = ScheduleConfig(activation_memory_gib=0.05)
+    size, share, _ = MicroBatchSizer.for_pass("train", tight, cfg, Layout(), 2, training=True, call_unit=2).plan(
+        columns)
+    assert size % 2 == 0 and share == 2
+    odd = MicroBatchSizer.for_pass("train", ScheduleConfig(micro_batch_size_per_device=3), cfg, Layout(), 2,
+                                   training=True, call_unit=2)
+    with pytest.raises(ValueError, match="train: calls of 3 rows would split the 2 rows that must stay together"):
+        odd.plan(columns)

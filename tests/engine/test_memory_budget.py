@@ -17,8 +17,14 @@ def test_rows_per_call_is_the_largest_divisor_that_fits():
     assert rows_per_call(8, lambda rows: 10**12, budget_bytes=GIB) == 1  # one row always runs
     # a cost that is not linear in the rows (a shared prompt paid once a call)
     assert rows_per_call(8, lambda rows: 500 + 100 * rows, budget_bytes=1000) == 4
-    with pytest.raises(ValueError, match="rows must be >= 1"):
+    with pytest.raises(ValueError, match="rows must be a positive multiple of 1"):
         rows_per_call(0, per_row, 1)
+    # preference pairs stay whole: multiples of 2 only, at least one pair
+    assert rows_per_call(12, per_row, budget_bytes=1100, unit=2) == 6
+    assert rows_per_call(12, per_row, budget_bytes=500, unit=2) == 4
+    assert rows_per_call(6, per_row, budget_bytes=100, unit=2) == 2
+    with pytest.raises(ValueError, match="rows must be a positive multiple of 2, got 7"):
+        rows_per_call(7, per_row, 1000, unit=2)
 
 
 def test_train_estimate_matches_the_measured_cost_per_token_and_layer():

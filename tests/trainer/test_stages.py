@@ -94,6 +94,13 @@ def metrics(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def last_line(summary, records, key="eval/accuracy"):
+    """The stage's last log line for `records` (step 0's score before, the last step's after), as it prints it."""
+    before, after = records[0][key], records[-1][key]
+    shown = (lambda v: f"{v:.4f}") if key == "eval/loss" else (lambda v: f"{100 * v:.1f}%")
+    return f"{summary}: before={shown(before)} after={shown(after)}"
+
+
 def weights_of(step_dir, net="actor"):
     """The merged weights of a step folder's `net`, as the RL job reads them."""
     from mindrlhf.checkpoint.weights import read_weights
@@ -159,7 +166,7 @@ def test_a_data_parallel_sft_job_learns_and_resumes_bit_for_bit(sft_runs):
     # random weights of a 704-token vocabulary start near ln(704); four updates at lr 1e-3 lower both losses
     assert before["eval/loss"] > 5.5 and steps[-1]["eval/loss"] < before["eval/loss"] - 0.5
     assert steps[-1]["sft/loss"] < steps[0]["sft/loss"] - 0.5
-    assert f"held-out loss: before={before['eval/loss']:.4f} after={steps[-1]['eval/loss']:.4f}" in logs
+    assert last_line("held-out loss", records, "eval/loss") in logs
     assert (straight / "progress.png").stat().st_size > 0
     assert_resumes_exactly(straight, resumed, "actor")
 
@@ -195,7 +202,7 @@ def test_a_reward_model_learns_to_rank_the_pairs_resumes_exactly_and_loads_as_a_
     logs, straight, resumed = pair_runs["reward"]
     records = metrics(straight)
     assert_documented(records)
-    before, steps = records[0], records[1:]
+    steps = records[1:]
     assert all(0 <= m["reward_model/accuracy"] <= 1 for m in steps)
     for m in steps:  # the margin is the mean score gap
         gap = m["reward_model/rewards/chosen"] - m["reward_model/rewards/rejected"]
@@ -205,11 +212,43 @@ def test_a_reward_model_learns_to_rank_the_pairs_resumes_exactly_and_loads_as_a_
     assert steps[-1]["reward_model/loss"] < steps[0]["reward_model/loss"] - 0.2
     assert steps[-1]["reward_model/margin"] > steps[0]["reward_model/margin"] + 0.5
     assert steps[-1]["reward_model/accuracy"] > 0.5
-    assert (f"held-out pair accuracy: before={100 * before['eval/accuracy']:.1f}% "
-            f"after={100 * steps[-1]['eval/accuracy']:.1f}%") in logs
+    assert last_line("held-out pair accuracy", records) in logs
     assert_resumes_exactly(straight, resumed, "critic")
-    state = read_weights(str(straight / "checkpoints" / "step_000004"), "critic")  # what reward_model_path reads
+    step = straight / "checkpoints" / "step_000004"
+    state = read_weights(str(step), "critic")  # what reward.reward_model_path and --load_critic_checkpoint read
     assert "score.weight" in state and np.abs(state["score.weight"]).max() > 0
+    assert_exports_as_sequence_classification(step, straight.parent / "dp2.yaml", straight.parent / "hf_rm")
+
+
+def assert_exports_as_sequence_classification(step, model_yaml, folder):
+    """`convert_weight.py --reverse --net critic` of the reward model's step folder: a folder transformers loads as
+    a one-label *ForSequenceClassification whose scores of a few answers are mindrlhf's (`ResponseScores`)."""
+    import mindspore as ms
+    import torch
+    from support.tools import run_convert_weight
+    from transformers import AutoModelForSequenceClassification
+
+    from mindrlhf.algorithms.policy_cells import ResponseScores
+    from mindrlhf.checkpoint.step import CRITIC_PREFIX
+    from mindrlhf.checkpoint.weights import load_value_model, read_weights
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForValue
+    from mindrlhf.parallel.layout import Layout
+
+    done = run_convert_weight("--reverse", "--net", "critic", "--mindspore_ckpt_path", step, "--torch_ckpt_dir",
+                              folder, "--config_path", model_yaml)
+    assert done.returncode == 0, done.stderr
+    hf = AutoModelForSequenceClassification.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    net = Qwen2ForValue(Qwen2Config.from_yaml(model_yaml))
+    net.update_parameters_name(CRITIC_PREFIX)
+    load_value_model(net, Layout(), read_weights(str(step), "critic"), str(step), CRITIC_PREFIX, "the test")
+    rng = np.random.default_rng(0)
+    prompts, answers = rng.integers(1, 600, (2, 7)), rng.integers(1, 600, (2, 5))
+    ones = np.ones_like(answers, dtype=np.int32)
+    ours = ResponseScores(net)(*(ms.Tensor(a.astype(np.int32)) for a in (prompts, np.ones_like(prompts), answers,
+                                                                        ones))).asnumpy()
+    with torch.no_grad():
+        theirs = hf(input_ids=torch.tensor(np.concatenate([prompts, answers], axis=1))).logits[:, 0].numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.msrun
@@ -217,7 +256,7 @@ def test_dpo_raises_the_implicit_rewards_of_the_chosen_answers_and_resumes_exact
     logs, straight, resumed = pair_runs["dpo"]
     records = metrics(straight)
     assert_documented(records)
-    before, steps = records[0], records[1:]
+    steps = records[1:]
     for m in steps:
         assert {"dpo/loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
                 "logps/chosen", "logps/rejected"} <= set(m)
@@ -228,8 +267,7 @@ def test_dpo_raises_the_implicit_rewards_of_the_chosen_answers_and_resumes_exact
     # the policy moves off the reference towards the chosen answers
     assert steps[-1]["rewards/margins"] > 0.5 and steps[-1]["dpo/loss"] < np.log(2) - 0.1
     assert steps[-1]["rewards/accuracies"] > 0.5
-    assert (f"held-out accuracy: before={100 * before['eval/accuracy']:.1f}% "
-            f"after={100 * steps[-1]['eval/accuracy']:.1f}%") in logs
+    assert last_line("held-out accuracy", records) in logs
     assert_resumes_exactly(straight, resumed, "actor")
 
 
