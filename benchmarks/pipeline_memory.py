@@ -113,7 +113,8 @@ def child_main(args: argparse.Namespace) -> None:
                                  ms.float32, num_inputs=8, forward_inputs=4, num_outputs=len(GRPOLossNet.OUTPUTS),
                                  grad_reduction="sum", max_grad_norm=1.0, stage_shared=net.stage_shared_params,
                                  schedule=args.schedule)
-        run = lambda: step(prompt_micro_batches(arrays, rows // args.micro_batches or rows, 1))[1]
+        columns = dict(zip(GRPOLossNet.INPUTS, arrays))
+        run = lambda: step(prompt_micro_batches(columns, rows // args.micro_batches or rows, 1))[1]
     else:
         step = SPMDTrainStep(GRPOLossNet(net, loss_cell), optimizer, layout, grad_reduction="sum", max_grad_norm=1.0)
         tensors = [ms.Tensor(a) for a in arrays]

@@ -185,7 +185,7 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
     micro = case.get("micro", case["batch"])
     # every row has the same token count, so the batch's token-mean loss is the mean of the micro-batches'
     step = MicroBatchedTrainStep(scaled_loss(ResponseNLLLoss(model), micro / case["batch"]), optimizer, Layout())
-    micro_batches = prompt_micro_batches(arrays, micro, 1)
+    micro_batches = prompt_micro_batches(dict(zip(ResponseNLLLoss.INPUTS, arrays)), micro, 1)
     losses = []
 
     def call():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -92,18 +92,21 @@ def prompt_run(group_size: int, first_row: int, rows: int) -> int:
     return math.gcd(group_size, first_row, rows)
 
 
-def prompt_micro_batches(columns: Mapping[str, np.ndarray], size: int, share: int) -> list[list]:
-    """Graph-call inputs from `columns` (name -> rows, in the order the cell takes them): consecutive micro-batches of
-    `size` responses, the prompt columns (`PROMPT_COLUMNS`) once per `share` responses ([size / share, P]), as the
-    response cells take them (`mindrlhf.algorithms.policy_cells`). `share` must divide `size` and be a run of
-    :func:`prompt_run`."""
+def prompt_micro_batches(columns: Mapping[str, np.ndarray], size: int, share: int,
+                         names: Sequence[str] | None = None) -> list[list]:
+    """Graph-call inputs from `columns` (name -> rows): consecutive micro-batches of `size` responses, each the
+    columns `names` (default: all, in order) in the order the cell takes them (a name may come twice: a loss without
+    a reference reads the old log-probs in its place), the prompt columns (`PROMPT_COLUMNS`) once per `share`
+    responses ([size / share, P]), as the response cells take them (`mindrlhf.algorithms.policy_cells`). `share`
+    must divide `size` and be a run of :func:`prompt_run`."""
     import mindspore as ms
 
     if size % share:
         raise ValueError(f"{share} responses a prompt do not divide micro-batches of {size}")
-    rows = len(next(iter(columns.values())))
-    return [[ms.Tensor(a[start:start + size:share] if name in PROMPT_COLUMNS else a[start:start + size])
-             for name, a in columns.items()] for start in range(0, rows, size)]
+    names = list(columns) if names is None else names
+    rows = len(columns[names[0]])
+    return [[ms.Tensor(columns[name][start:start + size:share] if name in PROMPT_COLUMNS else
+                       columns[name][start:start + size]) for name in names] for start in range(0, rows, size)]
 
 
 def response_widths(max_width: int, buckets: int) -> list[int]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -106,8 +106,9 @@ class MicroBatchSizer:
                     "~%.0f MiB of activations a call; %s)", self.kind, size, rows, share, prompt_width, width,
                     full_width, estimate, how)
 
-    def split(self, columns: Mapping[str, np.ndarray], width: int | None = None, first_row: int = 0) -> list[list]:
-        """The graph calls' inputs for the rows of `columns` (`batches.prompt_micro_batches` of `plan`, in the
-        order of `columns`, the per-token columns cut to its width)."""
+    def split(self, columns: Mapping[str, np.ndarray], width: int | None = None, first_row: int = 0,
+              names: Sequence[str] | None = None) -> list[list]:
+        """The graph calls' inputs for the rows of `columns` (`batches.prompt_micro_batches` of `plan`: the columns
+        `names` in a cell's order, default all; the per-token columns cut to its width)."""
         size, share, width = self.plan(columns, width, first_row)
-        return prompt_micro_batches(trim_responses(columns, width), size, share)
+        return prompt_micro_batches(trim_responses(columns, width), size, share, names)

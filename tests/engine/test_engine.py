@@ -75,9 +75,14 @@ def test_prompt_micro_batches_give_each_call_its_prompts_once_per_share():
         np.testing.assert_array_equal(call[1].asnumpy(), mask[start:start + 4:2])
         np.testing.assert_array_equal(call[2].asnumpy(), response[start:start + 4])
         np.testing.assert_array_equal(call[3].asnumpy(), per_row[start:start + 4])
-    # the prompt columns are known by name, wherever a cell takes them
+    # the prompt columns are known by name, wherever a cell takes them; a name may come twice (a loss without a
+    # reference reads the old log-probs in the reference's place)
     reordered = prompt_micro_batches(dict(response_ids=response, prompt_mask=mask), size=4, share=2)
     assert [t.shape for t in reordered[0]] == [(4, 3), (2, 6)]
+    twice = prompt_micro_batches(dict(prompt_mask=mask, rewards=per_row), 4, 2, names=["rewards", "prompt_mask",
+                                                                                       "rewards"])
+    assert [t.shape for t in twice[1]] == [(4,), (2, 6), (4,)]
+    np.testing.assert_array_equal(twice[1][2].asnumpy(), per_row[4:])
     with pytest.raises(ValueError, match="3 responses a prompt do not divide micro-batches of 4"):
         prompt_micro_batches(dict(prompt_ids=ids, prompt_mask=mask, response_ids=response), size=4, share=3)
 

@@ -36,7 +36,7 @@ def fake_engine(name, norms, max_consecutive_skips, inputs, outputs, seen=None):
     engine.shape = StepShape.of(config.schedule, config.generation.num_generations, 1, 1)
     engine.optimizer = SimpleNamespace(set_learning_rate=lambda lr: None)
     engine.sizer = SimpleNamespace(width=lambda mask, longest=None: mask.shape[1],
-                                   split=lambda columns, width, first_row: [list(columns.values())])
+                                   split=lambda columns, width, first_row, names: [[columns[n] for n in names]])
     engine.comm = SimpleNamespace(group_sum=lambda values, group: values)
     engine.policy = update_policy(config.optimizer, config.schedule, engine.shape, config.loss.aggregation, 1e-3, 0,
                                   1.0)

@@ -428,7 +428,7 @@ def test_an_infer_net_in_the_train_layout_is_the_train_net(tmp_path, mindrecord,
     """Same model and layout for both nets (one process here): the inference net uses the train net's weights (no
     second copy, no reshard; generation keeps the train weights resident, the moments offloaded), and trains
     exactly like a job whose inference net has weights of its own (an inference checkpoint of its own)."""
-    from mindrlhf.trainer.roles import INFER_WEIGHTS, OPTIMIZER_MOMENTS, TRAIN_WEIGHTS
+    from mindrlhf.trainer.roles import INFER_WEIGHTS, KV_CACHES, OPTIMIZER_MOMENTS, TRAIN_WEIGHTS
 
     own_infer = tmp_path / "infer_copy.ckpt"
     shutil.copy(TINY_SFT_CKPT, own_infer)
@@ -437,7 +437,7 @@ def test_an_infer_net_in_the_train_layout_is_the_train_net(tmp_path, mindrecord,
     shared, shared_lines = shared_run.seen, shared_run.lines
     assert shared["shares"] and shared["same_net"] and not own["shares"] and not own["same_net"]
     assert INFER_WEIGHTS not in shared["groups"] and INFER_WEIGHTS in own["groups"]
-    assert shared["plan"]["generate"] == (TRAIN_WEIGHTS,) and shared["plan"]["old"] == (TRAIN_WEIGHTS,)
+    assert shared["plan"]["generate"] == (TRAIN_WEIGHTS, KV_CACHES) and shared["plan"]["old"] == (TRAIN_WEIGHTS,)
     assert OPTIMIZER_MOMENTS not in shared["plan"]["generate"]
     assert own["bytes"] - shared["bytes"] == own["train_bytes"] > 0  # one copy of the weights less
     assert [a["step"] for a in shared_lines] == [b["step"] for b in own_lines] == [1, 2]
