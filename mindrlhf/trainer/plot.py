@@ -56,7 +56,6 @@ def plot_progress(metrics_path: str, png_path: str, panels: ProgressPanels = Pro
         if steps:
             left.plot(steps, values, label=key, linewidth=1.2)
     left.set(title=panels.train_title, xlabel=panels.step_name)
-    left.legend()
     left.grid(alpha=0.3)
     for key, (steps, values) in series.items():
         if key.startswith("eval/") and steps:
@@ -64,8 +63,10 @@ def plot_progress(metrics_path: str, png_path: str, panels: ProgressPanels = Pro
                        color="tab:green" if key == "eval/accuracy" else None)
     right.set(title=panels.eval_title, xlabel=f"{panels.step_name} (0 = before)",
               ylabel="%" if panels.eval_in_percent else "")
-    right.legend()
     right.grid(alpha=0.3)
+    for axes in (left, right):
+        if axes.get_legend_handles_labels()[0]:  # a run without a held-out set has nothing on the right
+            axes.legend()
     os.makedirs(os.path.dirname(os.path.abspath(png_path)), exist_ok=True)
     with atomic_output(png_path, ".png") as tmp:
         fig.savefig(tmp, format="png", dpi=100)
