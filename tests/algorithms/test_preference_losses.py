@@ -68,7 +68,7 @@ def trl_dpo(hf, ref_logps, beta, label_smoothing, loss_type):
                "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean(),
                "rewards/margins": (chosen_rewards - rejected_rewards).mean(),
                "logps/chosen": chosen.detach().mean(), "logps/rejected": rejected.detach().mean()}
-    return float(loss), {k: float(v) for k, v in metrics.items()}, float(norm)
+    return float(loss.detach()), {k: float(v) for k, v in metrics.items()}, float(norm)
 
 
 @pytest.mark.parametrize("loss_type,label_smoothing", [("sigmoid", 0.1), ("ipo", 0.0)])  # cDPO includes DPO
