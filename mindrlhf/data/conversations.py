@@ -14,6 +14,7 @@ import numpy as np
 from mindrlhf.data.sources import DataError
 
 ROLES = ("system", "user", "assistant", "tool")
+CHAT_ROLES = {role: role for role in ROLES}
 # ShareGPT's speakers (LLaMA-Factory's and MindSpeed-LLM's names), as chat roles
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "function_call": "assistant", "observation": "tool", "tool": "tool"}
@@ -36,33 +37,28 @@ def _text(value, where: str, field: str) -> str:
     return value
 
 
-def _chat_messages(value, where: str, field: str) -> list[dict]:
-    """A list of {"role", "content"} messages, checked."""
+def _turns(value, where: str, field: str, speaker: str, text: str, roles: Mapping[str, str]) -> list[dict]:
+    """A list of turns `{speaker: ..., text: ...}` (chat's role/content, ShareGPT's from/value) as role/content
+    messages, each speaker mapped to its chat role by `roles`; checked."""
     if not isinstance(value, list) or not value:
-        raise DataError(f"{where}: field '{field}' must be a non-empty list of {{\"role\", \"content\"}} messages")
+        raise DataError(f"{where}: field '{field}' must be a non-empty list of {{\"{speaker}\", \"{text}\"}} turns")
     messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
-            raise DataError(f"{where}: {field}[{i}] must be an object with 'role' and 'content'")
-        if message["role"] not in ROLES:
-            raise DataError(f"{where}: {field}[{i}].role is {message['role']!r}, expected one of {', '.join(ROLES)}")
-        messages.append({"role": message["role"], "content": _text(message["content"], where, f"{field}[{i}].content")})
+    for i, turn in enumerate(value):
+        if not isinstance(turn, Mapping) or speaker not in turn or text not in turn:
+            raise DataError(f"{where}: {field}[{i}] must be an object with '{speaker}' and '{text}'")
+        role = roles.get(turn[speaker]) if isinstance(turn[speaker], str) else None
+        if role is None:
+            raise DataError(f"{where}: {field}[{i}].{speaker} is {turn[speaker]!r}, expected one of {', '.join(roles)}")
+        messages.append({"role": role, "content": _text(turn[text], where, f"{field}[{i}].{text}")})
     return messages
+
+
+def _chat_messages(value, where: str, field: str) -> list[dict]:
+    return _turns(value, where, field, "role", "content", CHAT_ROLES)
 
 
 def _sharegpt_messages(value, where: str) -> list[dict]:
-    if not isinstance(value, list) or not value:
-        raise DataError(f"{where}: field 'conversations' must be a non-empty list of {{\"from\", \"value\"}} turns")
-    messages = []
-    for i, turn in enumerate(value):
-        if not isinstance(turn, Mapping) or "from" not in turn or "value" not in turn:
-            raise DataError(f"{where}: conversations[{i}] must be an object with 'from' and 'value'")
-        role = SHAREGPT_ROLES.get(turn["from"])
-        if role is None:
-            raise DataError(f"{where}: conversations[{i}].from is {turn['from']!r}, expected one of "
-                            f"{', '.join(SHAREGPT_ROLES)}")
-        messages.append({"role": role, "content": _text(turn["value"], where, f"conversations[{i}].value")})
-    return messages
+    return _turns(value, where, "conversations", "from", "value", SHAREGPT_ROLES)
 
 
 def _alpaca_prompt(record: Mapping, where: str) -> list[dict]:
