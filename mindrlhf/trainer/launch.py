@@ -137,7 +137,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     try:
         config = load_config(job, args)
         tokenizer = load_job_tokenizer(job)
-        if job.plan:
+        if job.plan and job.stage == "rl":
             return print_memory_plan(config, job, tokenizer)
         # every check, once, before the cluster forms (a bad flag ends each rank in seconds); the rank comes after
         world_size = planned_world_size(job)
@@ -160,7 +160,7 @@ def run_job(args: argparse.Namespace, callbacks: list[Callable] | None = None) -
     except (ValueError, PeerFailure) as err:  # ConfigError, DataError, LayoutError, StrategyError, CheckpointError
         print(f"error: {rank_prefix(rank, world_size)}{err}", file=sys.stderr)
         return 2
-    if job.only_save_strategy and job.stage == "rl":
+    if job.only_save_strategy:
         paths = trainer.save_strategies(os.path.join(job.output_dir, "strategy"))
         logger.info("strategy files written: %s", ", ".join(paths.values()))
         return 0

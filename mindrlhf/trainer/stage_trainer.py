@@ -53,6 +53,9 @@ class StagePlan:
     def build(cls, config, job, tokenizer, world_size: int, rank: int) -> StagePlan:
         """Checks the flags, the train YAML and its layout, the batch split and (but with --check_flags) the data."""
         check_job_inputs(job)
+        for flag in ("plan", "only_save_strategy"):
+            if getattr(job, flag):
+                raise ConfigError(f"--{flag} applies to the RL job only, not to --stage {job.stage}")
         stage = stage_of(job.stage, config)
         cfg = Qwen2Config.from_yaml(job.sft_path_train)
         layout = Layout.from_config(cfg.parallel_config, world_size, rank, f"{job.sft_path_train}: parallel_config")
@@ -149,23 +152,25 @@ class StageTrainer:
         metrics.update(memory_metrics(self.comm.all_gather(np.array([peak_rss_gib()], np.float32))))
         return metrics
 
-    def score_rows(self, rows, per_row) -> np.ndarray:
-        """`per_row(scorer outputs, rows)` of every row of `rows`, each dp rank scoring its share (whole records)."""
+    def _my_rows(self, rows) -> np.ndarray:
+        """This dp rank's share of the rows of `rows`, in whole records (a pair's two answers together)."""
         unit = self.stage.group_size
-        records = np.array_split(np.arange(rows.num_rows // unit), self.layout.dp)
-        ranks = [(r[:, None] * unit + np.arange(unit)).reshape(-1) for r in records]
-        mine = rows.rows(ranks[self.layout.dp_rank])
+        records = np.array_split(np.arange(rows.num_rows // unit), self.layout.dp)[self.layout.dp_rank]
+        return (records[:, None] * unit + np.arange(unit)).reshape(-1)
+
+    def score_rows(self, rows, per_row) -> np.ndarray:
+        """`per_row(scorer outputs, rows)` of every row of `rows`, each dp rank scoring its share."""
+        mine = self._my_rows(rows)
         values = np.zeros(rows.num_rows, np.float32)
-        if mine.num_rows:
-            values[ranks[self.layout.dp_rank]] = per_row(self.scorer.run(mine), mine)
+        if len(mine):
+            part = rows.rows(mine)
+            values[mine] = per_row(self.scorer.run(part), part)
         return self.comm.group_sum(values, self.layout.dp_group)  # the other dp ranks' rows are 0 here
 
     def held_out_score(self) -> float:
         """The stage's held-out score (`Stage.score`), summed over the dp ranks' shares."""
         rows = self.dataset.split_rows("held_out")
-        unit = self.stage.group_size
-        records = np.array_split(np.arange(rows.num_rows // unit), self.layout.dp)[self.layout.dp_rank]
-        mine = rows.rows((records[:, None] * unit + np.arange(unit)).reshape(-1))
+        mine = rows.rows(self._my_rows(rows))
         sums = self.stage.score(self.scorer.run(mine), mine) if mine.num_rows else np.zeros(2)
         total = self.comm.group_sum(np.asarray(sums, np.float64), self.layout.dp_group)
         return float(total[0] / total[1])

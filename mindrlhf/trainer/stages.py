@@ -145,8 +145,8 @@ class DPOStage(Stage):
         self.config = config.dpo
 
     def loss_net(self, net, config):
-        dpo = config.dpo
-        return DPOLossNet(net, dpo.beta, dpo.label_smoothing, dpo.loss_type)
+        del config  # the stage keeps its section
+        return DPOLossNet(net, self.config.beta, self.config.label_smoothing, self.config.loss_type)
 
     def answer_logps(self, logp: np.ndarray, rows) -> np.ndarray:
         """Each row's answer log-prob: summed over its tokens, or their mean for IPO."""
@@ -162,7 +162,7 @@ class DPOStage(Stage):
             rows = dataset.split_rows(split) if getattr(dataset, split) else None
             values = np.zeros(0 if rows is None else rows.num_rows, np.float32)
             if rows is not None and not self.config.reference_free:
-                values = trainer.score_rows(rows, lambda logp, part: self.answer_logps(logp, part)).astype(np.float32)
+                values = trainer.score_rows(rows, self.answer_logps).astype(np.float32)
             dataset.row_values[split]["ref_logps"] = values
         logger.info("reference log-probs of %d answers computed by the starting policy%s",
                     sum(len(v["ref_logps"]) for v in dataset.row_values.values()),

@@ -285,3 +285,6 @@ def test_bad_sft_data_ends_the_job_in_one_line(tmp_path, capsys):
     assert err == [f"error: {prompts}: MindRecord has no field(s) ['input_ids', 'loss_mask'] (fields: ['columns', "
                    "'prompt', 'prompt_ids', 'prompt_length', 'solution']); expected the output of rlhf_data.py "
                    "--kind sft"]
+    for flag in ("--plan", "--only_save_strategy"):  # the RL job's: refused, not run as a stage would
+        assert stages.main("dpo", stage_args(prompts, TINY / "model.yaml", tmp_path / "out2") + [flag]) == 2
+        assert capsys.readouterr().err.strip() == f"error: {flag} applies to the RL job only, not to --stage dpo"
