@@ -45,6 +45,8 @@ DEFERRED_IMPORTS = {
     ("mindrlhf.trainer.metrics", "tensorboardX"): "1.5 s to import, only for --tensorboard_dir",
     ("mindrlhf.trainer.plot", "matplotlib"): "only the progress plot needs it; its backend is set before pyplot loads",
     ("mindrlhf.trainer.plot", "matplotlib.pyplot"): "only the progress plot needs it",
+    ("mindrlhf.reward.rules", "math_verify"): "0.7 s to import (sympy) in every process of a job: only a gold answer "
+                                              "that is not a number needs it",
 }
 
 
@@ -229,6 +231,19 @@ def test_mindspore_free_modules_import_without_loading_it():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert not done.stdout.strip(), f"importing {done.stdout.strip()} loads MindSpore (see MINDSPORE_FREE)"
+
+
+def test_the_jobs_entry_points_load_no_deferred_import():
+    """The RL job's and the stages' entry points (imported by every process of a launch, msrun's scheduler too) leave
+    the deferred imports to the functions that need them."""
+    deferred = sorted({name.split(".")[0] for _, name in DEFERRED_IMPORTS})
+    script = ("import sys\n"
+              "import mindrlhf.cli.train, mindrlhf.cli.stages\n"
+              f"print(sorted(set({deferred!r}) & set(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=LIBRARY.parent, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"the entry points import {done.stdout.strip()} (see DEFERRED_IMPORTS)"
 
 
 def import_problem(module: str, node, free: set[str], graph: dict[str, set[str]]) -> str | None:

@@ -1,12 +1,11 @@
 """Rule-based reward functions: `fn(completions, solutions) -> list[float]`, one value per completion."""
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
 from collections.abc import Sequence
-
-import math_verify
 
 from mindrlhf.data.answers import (
     answers_match,
@@ -24,9 +23,6 @@ ANSWER_TIME_LIMIT = 5.0  # seconds for one answer's check by meaning (parse + ve
 _THINK_THEN_ANSWER = re.compile(r"\s*<think>.*?</think>\s*<answer>.*?</answer>\s*", re.DOTALL)
 _FORMAT_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _warned: set[str] = set()  # the once-only warnings already logged
-# What math-verify reads on both sides: LaTeX (as Open-R1's and TRL's accuracy rewards read answers), a
-# \boxed{} first; one config object, so that its compiled patterns stay in math-verify's cache.
-_LATEX_TARGETS = (math_verify.LatexExtractionConfig(boxed_match_priority=0),)
 _MATH_DELIMITER = re.compile(r"\$|\\\(|\\\[|\\boxed|\\fbox")
 _TIMED_OUT = object()  # a gold whose parse ran past the limit (its other answers time out at once)
 _timeouts_lock = threading.Lock()
@@ -40,8 +36,17 @@ class _DropTimeoutNotice(logging.Filter):
         return not str(record.msg).startswith("Timeout is disabled")
 
 
-for _name in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_name).addFilter(_DropTimeoutNotice())
+@functools.cache
+def _math_verify():
+    """(math-verify, what it reads on both sides), imported at the first check by meaning: it loads sympy (~0.7 s,
+    which every process of a job whose golds are numbers would otherwise pay at start)."""
+    import math_verify
+
+    for name in ("math_verify.parser", "math_verify.grader"):
+        logging.getLogger(name).addFilter(_DropTimeoutNotice())
+    # LaTeX (as Open-R1's and TRL's accuracy rewards read answers), a \boxed{} first; one config object, so that its
+    # compiled patterns stay in math-verify's cache
+    return math_verify, (math_verify.LatexExtractionConfig(boxed_match_priority=0),)
 
 
 def take_answer_check_timeouts() -> int:
@@ -84,8 +89,8 @@ def _parse(text: str, narrowed: bool) -> list:
     read as one LaTeX formula."""
     if narrowed and not _MATH_DELIMITER.search(text):
         text = f"${text}$"
-    return math_verify.parse(text, extraction_config=_LATEX_TARGETS, extraction_mode="first_match",
-                             parsing_timeout=None)
+    math_verify, targets = _math_verify()
+    return math_verify.parse(text, extraction_config=targets, extraction_mode="first_match", parsing_timeout=None)
 
 
 def _matches_by_meaning(completion: str, gold_text: str, golds: dict) -> bool:
@@ -106,12 +111,13 @@ def _matches_by_meaning(completion: str, gold_text: str, golds: dict) -> bool:
     if not gold:
         return False
     answer = _parse(*completion_answer_region(completion))
-    return bool(answer) and math_verify.verify(gold, answer, timeout_seconds=None)
+    return bool(answer) and _math_verify()[0].verify(gold, answer, timeout_seconds=None)
 
 
 def _reward_by_meaning(completion: str, gold_text: str, golds: dict, seconds: float | None) -> float:
     """1.0 or 0.0 from `_matches_by_meaning` within `seconds` (a timeout is 0.0 and counted); never raises for
     a malformed answer (math-verify reads it as a string or not at all)."""
+    _math_verify()  # imported outside the time limit
     try:
         return 1.0 if call_with_time_limit(_matches_by_meaning, seconds, completion, gold_text, golds) else 0.0
     except TimeLimitExceeded:
