@@ -38,8 +38,7 @@ class ForwardEngine:
     def run(self, columns: Mapping[str, np.ndarray], first_row: int = 0) -> np.ndarray:
         """The output for every row of `columns`, rows `first_row`.. of their experience (where its prompt groups
         begin: a row j G + i is response i of prompt j)."""
-        read = {name: columns[name] for name in dict.fromkeys(self.columns)}
-        micro_batches = self.sizer.split(read, first_row=first_row, names=self.columns)
+        micro_batches = self.sizer.split(columns, first_row=first_row, names=self.columns)
         if self.pipeline is not None:
             outputs = self.pipeline.map(micro_batches)
         else:

@@ -109,6 +109,9 @@ class MicroBatchSizer:
     def split(self, columns: Mapping[str, np.ndarray], width: int | None = None, first_row: int = 0,
               names: Sequence[str] | None = None) -> list[list]:
         """The graph calls' inputs for the rows of `columns` (`batches.prompt_micro_batches` of `plan`: the columns
-        `names` in a cell's order, default all; the per-token columns cut to its width)."""
+        `names` in a cell's order, default all; the per-token columns cut to its width). With `names`, only those
+        columns are read (each once, though a cell may take one twice)."""
+        if names is not None:
+            columns = {name: columns[name] for name in dict.fromkeys(names)}
         size, share, width = self.plan(columns, width, first_row)
         return prompt_micro_batches(trim_responses(columns, width), size, share, names)

@@ -166,11 +166,10 @@ class TrainEngine:
         counts = (float(update_tokens.sum()), float((update_tokens > 0).sum()))
         weights = aggregation_weights(part[self.policy.token_mask], self.policy.aggregation, counts).astype(np.float32)
         columns = part.with_columns(**{TOKEN_WEIGHTS: weights})
-        names = self.loss_net.INPUTS  # a name may come twice (no reference: the old log-probs in its place)
-        inputs = {name: columns[name] for name in dict.fromkeys(names)}
         width = self.sizer.width(part.response_mask, longest=int(share.lengths[:, rows].max()))
-        rank_statistics, grad_norm = self.step(self.sizer.split(inputs, width, int(share.batch_rows[rows.start]),
-                                                                names))
+        # a name may come twice in INPUTS (no reference: the old log-probs in its place)
+        rank_statistics, grad_norm = self.step(self.sizer.split(columns, width, int(share.batch_rows[rows.start]),
+                                                                self.loss_net.INPUTS))
         self.updates += 1
         if not np.isfinite(grad_norm):  # the step skipped it, on every rank (the norm is global)
             self._count_skip(grad_norm)
