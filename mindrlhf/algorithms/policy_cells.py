@@ -167,6 +167,39 @@ class ResponseNLLLoss(nn.Cell):
         return loss, ops.stop_gradient(loss)
 
 
+PACKED_COLUMNS = ("response_ids", "response_mask", "position_ids", "segment_ids")
+
+
+class PackedLogProbs(nn.Cell):
+    """log p(token t | its sample's tokens before it) [B, S] of packed rows (a row's samples are its response, with
+    no prompt: `mindrlhf.data.stage_data.PackedSFTDataset`); a sample's first position is meaningless (mask it)."""
+
+    INPUTS = PACKED_COLUMNS
+
+    def __init__(self, model: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, response_ids, response_mask, position_ids, segment_ids):
+        # the segment ids mark the padding: response_mask is taken for the engines' column order only
+        return self.model.packed_log_probs(response_ids, position_ids, segment_ids)
+
+
+class PackedSFTLossNet(nn.Cell):
+    """`SFTLossNet` on packed rows: the weighted negative log-likelihood of the trained tokens, as (loss,)."""
+
+    INPUTS = (*PACKED_COLUMNS, "token_weights")
+    OUTPUTS = ("loss",)
+
+    def __init__(self, model: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.log_probs = PackedLogProbs(model)
+
+    def construct(self, response_ids, response_mask, position_ids, segment_ids, token_weights):
+        logp = self.log_probs(response_ids, response_mask, position_ids, segment_ids)
+        return (-(logp * token_weights.astype(ms.float32)).sum(),)
+
+
 class SFTLossNet(nn.Cell):
     """Supervised fine-tuning: the negative log-likelihood of the response tokens weighted by `token_weights` (the
     update's aggregation of the trained tokens, `loss_mask`: a rank's share of the update's token-mean), as (loss,)."""

@@ -18,8 +18,17 @@ class SFTConfig(Validated):
         0.05, "Share of the records held out (a seeded draw, at least one record) when no --eval_dataset_file is "
               "given: scored (SFT: eval/loss; reward model and DPO: eval/accuracy of the pairs) before the first "
               "step, every eval.eval_interval steps and after the last one. 0 = no held-out split.")
+    packing: bool = help_field(
+        False, "SFT: whole conversations packed into rows of up to sft.max_length tokens (best fit decreasing, TRL's "
+               "packing_strategy='bfd'), positions restarting and attention kept within each conversation; "
+               "schedule.batch_size then counts packed rows.")
+    max_length: int = help_field(
+        0, "SFT with packing: the tokens of a packed row (0 = the longest conversation, rounded up to 8); a longer "
+           "conversation is refused.")
 
     def validate(self) -> None:
+        if self.max_length < 0:
+            raise ConfigError(f"sft.max_length must be >= 0, got {self.max_length}")
         if self.epochs < 1:
             raise ConfigError(f"sft.epochs must be >= 1, got {self.epochs}")
         if not 0 <= self.eval_fraction < 1:

@@ -2,7 +2,8 @@
 a seeded held-out split, epochs and a position a checkpoint keeps.
 
 SFT: a row per conversation, its prompt the tokens before its first trained token (`loss_mask` marks the trained
-ones of its response). Pairs: two rows per pair, the chosen answer then the rejected one, on the same prompt.
+ones of its response); packed (`PackedSFTDataset`), several whole conversations a row, as its response.
+Pairs: two rows per pair, the chosen answer then the rejected one, on the same prompt.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 
 import numpy as np
 
+from mindrlhf.data.conversations import pack_rows, packing_positions
 from mindrlhf.data.experience import Experience
 from mindrlhf.data.reader import pad_rows, read_mindrecord
 from mindrlhf.data.sources import DataError
@@ -52,9 +54,8 @@ class StageDataset:
                                 f"(eval_fraction={eval_fraction})")
             self.held_out = [records[i] for i in sorted(order[:held])]
             self.train = [records[i] for i in sorted(order[held:])]
-        every = self.train + self.held_out
-        self.prompt_width = _round_up(max(len(r[0]) for r in every))
-        self.response_width = _round_up(max(len(answer) for r in every for answer in self._answers(r)))
+        self.prompt_width, self.response_width = self._widths(self.train + self.held_out)
+        self.train, self.held_out = self._arrange(self.train), self._arrange(self.held_out)
         self.row_values: dict[str, dict[str, np.ndarray]] = {split: {} for split in SPLITS}
         self.epoch, self.position = 0, 0
         self._order = self._epoch_order(0)
@@ -67,6 +68,15 @@ class StageDataset:
 
     def _record(self, record: dict, number: int, path: str) -> tuple:
         raise NotImplementedError
+
+    def _widths(self, records: list[tuple]) -> tuple[int, int]:
+        """(prompt width, response width) of every batch: the longest prompt and answer, rounded up."""
+        return (_round_up(max(len(r[0]) for r in records)),
+                _round_up(max(len(answer) for r in records for answer in self._answers(r))))
+
+    def _arrange(self, records: list[tuple]) -> list[tuple]:
+        """A split's records as the rows batches draw from (packed rows: several records each)."""
+        return records
 
     @staticmethod
     def _answers(record: tuple) -> tuple:
@@ -143,6 +153,68 @@ class SFTDataset(StageDataset):
         for i, (_, _, mask) in enumerate(records):
             loss_mask[i, :len(mask)] = mask
         columns["loss_mask"] = loss_mask
+        return columns
+
+
+class PackedSFTDataset(SFTDataset):
+    """SFT conversations packed whole into rows of up to `max_length` tokens (0: the longest conversation, rounded
+    up), best fit in decreasing length (TRL's `packing_strategy="bfd"`); a row's conversations are its response (no
+    prompt columns), with `position_ids` restarting at each and `segment_ids` (1, 2, .. ; 0 for padding) that keep
+    attention within each. A batch is `batch_size` packed rows; each split is packed once, before the first epoch."""
+
+    def __init__(self, path: str, pad_token_id: int, seed: int = 0, eval_fraction: float = 0.0, eval_path: str = "",
+                 max_length: int = 0):
+        self.max_length = max_length
+        super().__init__(path, pad_token_id, seed, eval_fraction, eval_path)
+
+    def padding_shares(self) -> tuple[float, float]:
+        """The share of the training rows' positions that is padding, packed and unpacked (`SFTDataset`'s rows: a
+        conversation each, its prompt and response padded to the longest)."""
+        prompts, responses = [], []
+        for _, mask, _, segments in self.train:
+            for k in range(1, int(segments.max()) + 1):
+                trained = mask[segments == k] > 0
+                prompts.append(int(np.argmax(trained)))
+                responses.append(len(trained) - prompts[-1])
+        tokens = sum(prompts) + sum(responses)
+        unpacked = len(prompts) * (_round_up(max(prompts)) + _round_up(max(responses)))
+        return 1 - tokens / (len(self.train) * self.response_width), 1 - tokens / unpacked
+
+    def _record(self, record: dict, number: int, path: str) -> tuple:
+        prompt, response, mask = super()._record(record, number, path)
+        ids = np.concatenate([prompt, response])
+        if self.max_length and len(ids) > self.max_length:
+            raise DataError(f"{path}: record {number}: {len(ids)} tokens, more than sft.max_length={self.max_length} "
+                            "(a packed row holds whole conversations)")
+        return ids, np.concatenate([np.zeros(len(prompt), np.int32), mask])
+
+    def _widths(self, records: list[tuple]) -> tuple[int, int]:
+        return 0, self.max_length or _round_up(max(len(r[0]) for r in records))
+
+    def _arrange(self, records: list[tuple]) -> list[tuple]:
+        if not records:
+            return records
+        lengths = [len(r[0]) for r in records]
+        rows = pack_rows(lengths, self.response_width)
+        packed = []
+        for row in rows:
+            positions, segments = packing_positions([lengths[i] for i in row])
+            packed.append((np.concatenate([records[i][0] for i in row]), np.concatenate([records[i][1] for i in row]),
+                           positions, segments))
+        return packed
+
+    @staticmethod
+    def _answers(record: tuple) -> tuple:
+        return record[:1]
+
+    def _columns(self, records: list[tuple]) -> dict[str, np.ndarray]:
+        width = self.response_width
+        columns = self._response_columns([r[0] for r in records])
+        for name, part in (("loss_mask", 1), ("position_ids", 2), ("segment_ids", 3)):
+            values = np.zeros((len(records), width), np.int32)
+            for i, record in enumerate(records):
+                values[i, :len(record[part])] = record[part]
+            columns[name] = values
         return columns
 
 

@@ -6,17 +6,24 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from mindrlhf.algorithms.policy_cells import ResponseHidden, response_hidden_shape, response_values_shape
+from mindrlhf.algorithms.policy_cells import (
+    PACKED_COLUMNS,
+    ResponseHidden,
+    response_hidden_shape,
+    response_values_shape,
+)
 from mindrlhf.engine.sizing import RESPONSE_COLUMNS, MicroBatchSizer
 from mindrlhf.parallel.layers import to_ms_dtype
 from mindrlhf.parallel.pipeline import PipelineForward
 
 
 def check_response_cell(cell) -> None:
-    """Engines hand a cell the columns it declares (`cell.INPUTS`); the response columns come first."""
+    """Engines hand a cell the columns it declares (`cell.INPUTS`); the response columns come first (or, for packed
+    rows, which have no prompt, `PACKED_COLUMNS`)."""
     inputs = tuple(getattr(cell, "INPUTS", ()))
-    if inputs[:len(RESPONSE_COLUMNS)] != RESPONSE_COLUMNS:
-        raise TypeError(f"{type(cell).__name__}.INPUTS must start with {RESPONSE_COLUMNS}, got {inputs}")
+    if not any(inputs[:len(first)] == first for first in (RESPONSE_COLUMNS, PACKED_COLUMNS)):
+        raise TypeError(f"{type(cell).__name__}.INPUTS must start with {RESPONSE_COLUMNS} or {PACKED_COLUMNS}, "
+                        f"got {inputs}")
 
 
 class ForwardEngine:

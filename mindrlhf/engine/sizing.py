@@ -74,12 +74,13 @@ class MicroBatchSizer:
     def plan(self, columns: Mapping[str, np.ndarray], width: int | None = None,
              first_row: int = 0) -> tuple[int, int, int]:
         """(responses per call, responses per prompt read, response width) for `columns` (name -> rows, at least
-        `RESPONSE_COLUMNS`: one row per response), rows `first_row`.. of an experience whose prompts come in groups
-        of `share_limit` responses; `width` (default: `self.width` of these rows) lets a caller read as many
-        positions on every data-parallel rank."""
-        rows, prompt_width = columns["prompt_ids"].shape
+        `RESPONSE_COLUMNS`, or packed rows' response columns: one row per response), rows `first_row`.. of an
+        experience whose prompts come in groups of `share_limit` responses; `width` (default: `self.width` of these
+        rows) lets a caller read as many positions on every data-parallel rank."""
+        rows = len(columns["response_ids"])
+        prompt_width = columns["prompt_ids"].shape[1] if "prompt_ids" in columns else 0  # packed rows: no prompt
         width = width or self.width(columns["response_mask"])
-        run = prompt_run(self.share_limit, first_row, rows)
+        run = prompt_run(self.share_limit, first_row, rows) if prompt_width else 1
         if self.micro_batches:
             size = math.ceil(rows / self.micro_batches)
         elif self.configured:

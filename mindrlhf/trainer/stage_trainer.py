@@ -36,6 +36,26 @@ from mindrlhf.utils.agreement import agreed
 logger = logging.getLogger("mindrlhf.trainer")
 
 
+def open_stage_data(stage: Stage, config, job, tokenizer, seq_length: int) -> tuple[StageDataset, int]:
+    """The stage's data, checked against the model's `seq_length` and the batch size, and the run's steps
+    (`sft.epochs` over it unless `schedule.steps` was given)."""
+    sched = config.schedule
+    dataset = stage.open_dataset(job.mind_dataset_dir, tokenizer.pad_token_id, sched.seed, config.sft.eval_fraction,
+                                 job.eval_dataset_file)
+    width = dataset.prompt_width + dataset.response_width
+    if width > seq_length:
+        raise ConfigError(f"{job.mind_dataset_dir}: rows of {width} tokens (prompt {dataset.prompt_width} + response "
+                          f"{dataset.response_width}) do not fit {job.sft_path_train} model_config.seq_length="
+                          f"{seq_length}")
+    if dataset.steps_per_epoch(sched.batch_size) == 0:
+        raise ConfigError(f"schedule.batch_size={sched.batch_size} is larger than the {len(dataset.train)} training "
+                          f"records of {job.mind_dataset_dir}")
+    steps = sched.steps
+    if not config.source_of("schedule", "steps"):
+        steps = config.sft.epochs * dataset.steps_per_epoch(sched.batch_size)
+    return dataset, steps
+
+
 @dataclasses.dataclass(frozen=True)
 class StagePlan:
     """A stage's job, checked before any net is built: the stage, the train net, the data, the run's length and
@@ -66,18 +86,16 @@ class StagePlan:
         if stage.group_size > 1 and sched.micro_batch_size_per_device % stage.group_size:
             raise ConfigError(f"schedule.micro_batch_size_per_device={sched.micro_batch_size_per_device} must be a "
                               f"multiple of {stage.group_size}: a pair's two answers are scored in one call")
+        if config.sft.packing and job.stage != "sft":
+            raise ConfigError(f"sft.packing applies to --stage sft only, not to --stage {job.stage}")
+        if config.sft.packing and layout.pp > 1:
+            raise ConfigError(f"{job.sft_path_train}: sft.packing needs pipeline_stage: 1 (packed rows do not run "
+                              "through pipeline stages)")
         if stage.role_name == "critic" and layout.pp > 1:
             raise ConfigError(f"{job.sft_path_train}: a reward model trains without pipeline stages here "
                               "(pipeline_stage: 1)")
-        dataset, steps = None, sched.steps
-        if not job.check_flags:
-            dataset = stage.dataset_class(job.mind_dataset_dir, tokenizer.pad_token_id, sched.seed,
-                                          config.sft.eval_fraction, job.eval_dataset_file)
-            if dataset.steps_per_epoch(sched.batch_size) == 0:
-                raise ConfigError(f"schedule.batch_size={sched.batch_size} is larger than the {len(dataset.train)} "
-                                  f"training records of {job.mind_dataset_dir}")
-            if not config.source_of("schedule", "steps"):
-                steps = config.sft.epochs * dataset.steps_per_epoch(sched.batch_size)
+        dataset, steps = (None, sched.steps) if job.check_flags else open_stage_data(stage, config, job, tokenizer,
+                                                                                     cfg.seq_length)
         one_update = dataclasses.replace(sched, steps=steps, mini_batch_size=0, num_iterations=1)
         shape = StepShape.of(one_update, stage.group_size, layout.dp, layout.dp)
         check_pipeline(cfg, layout, one_update, shape.train_update_rows_per_rank, job.sft_path_train)
@@ -146,7 +164,7 @@ class StageTrainer:
                                   token_mask=self.stage.token_mask)
         metrics = self.stage.metric_names(self.engine.update(share))
         elapsed = time.perf_counter() - start
-        tokens = int(batch.prompt_mask.sum() + batch.response_mask.sum())
+        tokens = int(sum(batch[mask].sum() for mask in ("prompt_mask", "response_mask") if mask in batch))
         metrics.update({f"{self.stage.name}/trained_tokens": int(batch[self.stage.token_mask].sum()),
                         "timing/step": round(elapsed, 4), "e2e_tps": round(tokens / self.world_size / elapsed, 2)})
         metrics.update(memory_metrics(self.comm.all_gather(np.array([peak_rss_gib()], np.float32))))

@@ -11,11 +11,17 @@ import logging
 
 import numpy as np
 
-from mindrlhf.algorithms.policy_cells import ResponseLogProbs, ResponseScores, SFTLossNet
+from mindrlhf.algorithms.policy_cells import (
+    PackedLogProbs,
+    PackedSFTLossNet,
+    ResponseLogProbs,
+    ResponseScores,
+    SFTLossNet,
+)
 from mindrlhf.algorithms.preference_cells import DPOLossNet, PairwiseRewardLoss
 from mindrlhf.checkpoint.step import CRITIC_CKPT, CRITIC_PREFIX, CRITIC_STRATEGY, TRAIN_CKPT, TRAIN_STRATEGY
 from mindrlhf.checkpoint.weights import load_value_model, load_weights, read_weights, with_zero_value_head
-from mindrlhf.data.stage_data import PairDataset, SFTDataset
+from mindrlhf.data.stage_data import PackedSFTDataset, PairDataset, SFTDataset
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.parallel.layers import init_random_weights
 from mindrlhf.trainer.roles import Role
@@ -56,6 +62,10 @@ class Stage:
     role_name, role_files = "actor", (TRAIN_CKPT, TRAIN_STRATEGY)
     summary, eval_key, percent = "", "", False
 
+    def open_dataset(self, path: str, pad_token_id: int, seed: int, eval_fraction: float, eval_path: str):
+        """The stage's records of `path` (and of `eval_path`, or a held-out share of `path`'s)."""
+        return self.dataset_class(path, pad_token_id, seed, eval_fraction, eval_path)
+
     def build_net(self, cfg, layout):
         return Qwen2ForCausalLM(cfg, layout)
 
@@ -92,11 +102,31 @@ class Stage:
 
 
 class SFTStage(Stage):
+    """Token-mean cross-entropy of the assistant's tokens; with `sft.packing` on packed rows (`PackedSFTDataset`)."""
+
     name, summary, eval_key = "sft", "held-out loss", "eval/loss"
     aggregation, token_mask = "token-mean", "loss_mask"
 
+    def __init__(self, config):
+        self.config = config.sft
+
+    def open_dataset(self, path, pad_token_id, seed, eval_fraction, eval_path):
+        if not self.config.packing:
+            return super().open_dataset(path, pad_token_id, seed, eval_fraction, eval_path)
+        dataset = PackedSFTDataset(path, pad_token_id, seed, eval_fraction, eval_path, self.config.max_length)
+        packed, unpacked = dataset.padding_shares()
+        effect = (f"{100 * (1 - packed / unpacked):.1f}% of the padding removed" if packed <= unpacked else
+                  "packing adds padding here: a smaller sft.max_length packs tighter")
+        logger.info("packing: the training conversations in %d rows of %d tokens, %.1f%% of the positions padding "
+                    "(%.1f%% in a row each: %s)", len(dataset.train), dataset.response_width, 100 * packed,
+                    100 * unpacked, effect)
+        return dataset
+
     def loss_net(self, net, config):
-        return SFTLossNet(net)
+        return PackedSFTLossNet(net) if self.config.packing else SFTLossNet(net)
+
+    def scorer(self, net):
+        return PackedLogProbs(net) if self.config.packing else ResponseLogProbs(net)
 
     def score(self, outputs, rows):
         return np.array([-(outputs * rows.loss_mask).sum(), rows.loss_mask.sum()])
@@ -187,6 +217,6 @@ class DPOStage(Stage):
 
 def stage_of(name: str, config) -> Stage:
     """The stage `--stage name` runs."""
-    if name == "dpo":
-        return DPOStage(config)
-    return {"sft": SFTStage, "reward": RewardModelStage}[name]()
+    if name == "reward":
+        return RewardModelStage()
+    return {"sft": SFTStage, "dpo": DPOStage}[name](config)

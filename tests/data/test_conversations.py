@@ -141,3 +141,43 @@ def test_sft_and_pairwise_files_become_mindrecords_and_bad_lines_name_their_plac
     assert convert_stage_data(sft, tmp_path / "ok.mindrecord", tokenizer, skip_bad_lines=True).bad_lines == 1
     with pytest.raises(DataError, match=r"no record left to write \(sft: written 0, dropped too long 3, bad lines 1"):
         convert_stage_data(sft, tmp_path / "short.mindrecord", tokenizer, max_length=10, skip_bad_lines=True)
+
+
+def test_a_packed_sft_dataset_holds_each_conversation_once_with_its_positions_mask_and_padding_share(tokenizer,
+                                                                                                     tmp_path):
+    """Conversations of other lengths packed into rows of 136 tokens: each appears whole in exactly one row, its
+    positions restarting at 0 and its own segment id, its loss mask its unpacked one; the reported padding shares
+    are those of the rows; a conversation longer than a row is refused with its record."""
+    from mindrlhf.data.stage_data import PackedSFTDataset, SFTDataset
+    from mindrlhf.data.stage_records import convert_stage_data
+
+    path = tmp_path / "sft.jsonl"
+    path.write_text("".join(json.dumps({"instruction": f"What is {n}+{n}?", "output": " ".join(["yes"] * n)}) + "\n"
+                            for n in (1, 9, 3, 14, 2, 6, 4)))
+    convert_stage_data(path, tmp_path / "sft.mindrecord", tokenizer)
+    plain = SFTDataset(tmp_path / "sft.mindrecord", tokenizer.pad_token_id)
+    packed = PackedSFTDataset(tmp_path / "sft.mindrecord", tokenizer.pad_token_id, max_length=136)
+    conversations = {tuple(np.concatenate([p, r])): np.concatenate([np.zeros(len(p), np.int32), m])
+                     for p, r, m in plain.train}
+    rows = packed.split_rows("train")
+    assert packed.response_width == 136 and rows.response_ids.shape == (len(packed.train), 136)
+    assert len(packed.train) < len(conversations) and "prompt_ids" not in rows
+    seen = []
+    for i in range(rows.num_rows):
+        segments = rows.segment_ids[i]
+        assert (rows.response_mask[i] == (segments > 0)).all()
+        for k in range(1, segments.max() + 1):
+            at = segments == k
+            ids = tuple(rows.response_ids[i][at])
+            assert rows.position_ids[i][at].tolist() == list(range(len(ids)))
+            np.testing.assert_array_equal(rows.loss_mask[i][at], conversations[ids])
+            seen.append(ids)
+        assert not rows.loss_mask[i][segments == 0].any()
+    assert sorted(seen) == sorted(conversations)
+    tokens = sum(len(ids) for ids in seen)
+    unpacked = plain.split_rows("train")
+    unpacked_positions = unpacked.prompt_mask.size + unpacked.response_mask.size
+    assert packed.padding_shares() == pytest.approx((1 - tokens / (rows.num_rows * 136),
+                                                     1 - tokens / unpacked_positions))
+    with pytest.raises(DataError, match=r"sft.mindrecord: record 3: \d+ tokens, more than sft.max_length=96"):
+        PackedSFTDataset(tmp_path / "sft.mindrecord", tokenizer.pad_token_id, max_length=96)

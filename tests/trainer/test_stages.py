@@ -64,6 +64,70 @@ def test_the_sft_loss_is_transformers_masked_cross_entropy(tmp_path):
     assert float(ours.asnumpy()) == pytest.approx(total / count, rel=1e-5)
 
 
+def test_packed_rows_give_each_conversations_log_probs_loss_and_gradients(tmp_path):
+    """Twelve conversations packed into fewer rows (positions restarting, attention kept within each): every trained
+    token's log-prob is the one of its conversation in a row of its own, and the token-mean loss and its gradients
+    are the unpacked batch's."""
+    import mindspore as ms
+
+    from mindrlhf.algorithms import aggregation_weights
+    from mindrlhf.algorithms.policy_cells import PackedLogProbs, PackedSFTLossNet, ResponseLogProbs, SFTLossNet
+    from mindrlhf.data.stage_data import PackedSFTDataset, SFTDataset
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindrlhf.parallel.layers import init_random_weights
+
+    data = stage_data(tmp_path, "sft", problems=12)
+    plain = SFTDataset(data, 0).split_rows("train")
+    packed_data = PackedSFTDataset(data, 0, max_length=512)
+    packed = packed_data.split_rows("train")
+    assert packed.num_rows <= plain.num_rows // 2
+    net = Qwen2ForCausalLM(Qwen2Config.from_yaml(TINY / "model.yaml"))
+    init_random_weights(net, seed=0)
+
+    def tensors(rows, names):
+        return [ms.Tensor(rows[name]) for name in names]
+
+    plain_logp = ResponseLogProbs(net)(*tensors(plain, ResponseLogProbs.INPUTS)).asnumpy()
+    packed_logp = PackedLogProbs(net)(*tensors(packed, PackedLogProbs.INPUTS)).asnumpy()
+    by_tokens = {}
+    for i in range(plain.num_rows):
+        prompt = plain.prompt_ids[i][plain.prompt_mask[i] == 1]
+        trained = plain.loss_mask[i] == 1
+        by_tokens[tuple(np.concatenate([prompt, plain.response_ids[i][plain.response_mask[i] == 1]]))] = \
+            plain_logp[i][trained]
+    matched = 0
+    for i in range(packed.num_rows):
+        for k in range(1, packed.segment_ids[i].max() + 1):
+            at = packed.segment_ids[i] == k
+            trained = packed.loss_mask[i][at] == 1
+            np.testing.assert_allclose(packed_logp[i][at][trained], by_tokens[tuple(packed.response_ids[i][at])],
+                                       atol=2e-5)
+            matched += 1
+    assert matched == plain.num_rows
+
+    class Loss(ms.nn.Cell):
+        def __init__(self, loss_net):
+            super().__init__(auto_prefix=False)
+            self.loss_net = loss_net
+
+        def construct(self, *inputs):
+            return self.loss_net(*inputs)[0]
+
+    def loss_and_grads(loss_net, rows, names):
+        weights = aggregation_weights(rows.loss_mask, "token-mean").astype(np.float32)
+        inputs = tensors(rows.with_columns(token_weights=weights), names)
+        params = net.trainable_params()
+        loss, grads = ms.value_and_grad(Loss(loss_net), None, params)(*inputs)
+        return float(loss.asnumpy()), {p.name: g.asnumpy() for p, g in zip(params, grads)}
+
+    loss, grads = loss_and_grads(PackedSFTLossNet(net), packed, PackedSFTLossNet.INPUTS)
+    expected_loss, expected_grads = loss_and_grads(SFTLossNet(net), plain, SFTLossNet.INPUTS)
+    assert loss == pytest.approx(expected_loss, rel=1e-5) and loss > 5  # random weights: near ln(704)
+    assert len(grads) > 10
+    for name, grad in grads.items():
+        np.testing.assert_allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 def layout_yaml(folder, name, dp, tp):
     """tiny/train.yaml in another layout."""
     text = (TINY / "train.yaml").read_text()
@@ -184,6 +248,37 @@ def test_a_tensor_parallel_sft_job_makes_the_data_parallel_jobs_updates(sft_runs
     assert_weights_close_after_adam(weights_of(folder / "tp2" / "checkpoints" / "step_000004"),
                                     weights_of(straight / "checkpoints" / "step_000004"), LR, 4,
                                     what="tp2 vs dp2")
+
+
+@pytest.mark.msrun
+def test_a_packed_sft_job_scores_the_held_out_conversations_as_unpacked_and_learns(sft_runs, tmp_path, caplog,
+                                                                                   graph_mode):
+    """One process, the dp2 job's data and start packed two or three conversations a row (`--packing`): its held-out
+    loss before training is the unpacked job's, and four updates of 8 packed rows lower it."""
+    import logging
+
+    from mindrlhf.cli import stages
+    from mindrlhf.data.stage_data import PackedSFTDataset
+
+    folder, straight, _, _ = sft_runs
+    out = tmp_path / "packed"
+    with caplog.at_level(logging.INFO, logger="mindrlhf.trainer"):
+        code = stages.main("sft", stage_args(folder / "sft.mindrecord", layout_yaml(tmp_path, "one.yaml", 1, 1), out,
+                                             extra=("--packing", "true", "--max_length", "512")))
+    assert code == 0, caplog.text[-3000:]
+    records, unpacked = metrics(out), metrics(straight)
+    assert_documented(records)
+    assert records[0]["eval/loss"] == pytest.approx(unpacked[0]["eval/loss"], rel=1e-5)
+    steps = records[1:]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    # 8 packed rows an update hold more conversations than the unpacked job's 8
+    assert all(m["sft/trained_tokens"] > unpacked[1]["sft/trained_tokens"] * 1.5 for m in steps)
+    assert steps[-1]["eval/loss"] < records[0]["eval/loss"] - 0.5
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("packing: "))
+    dataset = PackedSFTDataset(folder / "sft.mindrecord", 0, 0, 0.1, max_length=512)  # the job's split
+    packed, unpacked = dataset.padding_shares()
+    assert line.startswith(f"packing: the training conversations in {len(dataset.train)} rows of 512 tokens, "
+                           f"{100 * packed:.1f}% of the positions padding ({100 * unpacked:.1f}% in a row each: ")
 
 
 @pytest.fixture(scope="module")

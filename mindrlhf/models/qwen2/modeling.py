@@ -382,6 +382,17 @@ def positions_and_bias(input_ids, attention_mask=None):
     return position_ids, (1.0 - allowed) * MASK_VALUE
 
 
+def packed_attention_bias(segment_ids):
+    """The additive attention bias [B, 1, S, S] in float32 of packed rows (`segment_ids` [B, S]: 1, 2, .. for the
+    samples of a row, 0 for padding): causal within each sample, nothing across samples or to padding."""
+    batch, seq = segment_ids.shape
+    causal = ops.tril(ops.ones((seq, seq), ms.float32)).reshape(1, 1, seq, seq)
+    segments = segment_ids.astype(ms.int32)
+    same = ops.equal(segments.reshape(batch, 1, seq, 1), segments.reshape(batch, 1, 1, seq)).astype(ms.float32)
+    real = (segments > 0).astype(ms.float32).reshape(batch, 1, 1, seq)
+    return (1.0 - causal * same * real) * MASK_VALUE
+
+
 def response_sequences(prompt_ids, prompt_mask, response_ids, response_mask):
     """Token ids, position ids and attention bias of prompts followed by their responses.
 
@@ -492,6 +503,14 @@ class Qwen2ForCausalLM(nn.Cell):
         hidden = self.model.read_responses(prompt_ids, prompt_mask, response_ids, response_mask, True, hidden_in)
         states = response_states(hidden, prompt_ids.shape[1], response_ids.shape[0])
         return self.label_log_probs(states, response_ids, temperature, with_entropy)
+
+    def packed_log_probs(self, input_ids, position_ids, segment_ids, temperature=1.0):
+        """log p(token t | the tokens of its sample before it) [B, S] of packed rows (several samples a row, their
+        positions restarting at 0: `packed_attention_bias`); position 0 is 0, and a sample's first position scores
+        it after the previous sample (mask it). Call inside a Cell's construct."""
+        hidden = self.model(input_ids, position_ids, packed_attention_bias(segment_ids))
+        logp = self.label_log_probs(hidden[:, :-1], input_ids[:, 1:], temperature)
+        return ops.concat((ops.zeros((input_ids.shape[0], 1), ms.float32), logp), 1)
 
     def label_log_probs(self, hidden, labels, temperature=1.0, with_entropy=False):
         """The head on final hidden states [B, S, D] and log softmax(logits / temperature) at `labels` [B, S]."""
