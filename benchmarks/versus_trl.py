@@ -371,7 +371,8 @@ def _layouts(out: str) -> str:
     return "?"
 
 
-def run_theirs(python: str, job_path: str, out: str, threads: int) -> dict:
+def run_theirs(python: str, job_path: str, out: str, threads: int, script: str = "trl_side.py") -> dict:
+    """A run of `script` (a TRL side, in the TRL venv) on the job file `job_path`: its steps and `RESULT` line."""
     os.makedirs(out, exist_ok=True)
     # the TRL venv has no mindrlhf installed: trl_side.py imports mindrlhf.reward from this checkout (and nothing
     # else from our PYTHONPATH)
@@ -380,7 +381,7 @@ def run_theirs(python: str, job_path: str, out: str, threads: int) -> dict:
     start = time.perf_counter()
     log_path = os.path.join(out, "trl.log")
     with open(log_path, "w") as log:
-        proc = subprocess.run([python, os.path.join(HERE, "trl_side.py"), "--job", job_path,
+        proc = subprocess.run([python, os.path.join(HERE, script), "--job", job_path,
                                "--output_dir", out], env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - start
     with open(log_path) as f:

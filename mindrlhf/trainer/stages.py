@@ -8,6 +8,7 @@ its held-out score.
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
@@ -188,15 +189,16 @@ class DPOStage(Stage):
         dataset = trainer.dataset
         if "ref_logps" in dataset.row_values["train"]:
             return  # restored from a checkpoint
+        start = time.perf_counter()
         for split in ("train", "held_out"):
             rows = dataset.split_rows(split) if getattr(dataset, split) else None
             values = np.zeros(0 if rows is None else rows.num_rows, np.float32)
             if rows is not None and not self.config.reference_free:
                 values = trainer.score_rows(rows, self.answer_logps).astype(np.float32)
             dataset.row_values[split]["ref_logps"] = values
-        logger.info("reference log-probs of %d answers computed by the starting policy%s",
+        logger.info("reference log-probs of %d answers computed by the starting policy%s in %.1f s",
                     sum(len(v["ref_logps"]) for v in dataset.row_values.values()),
-                    " (reference-free: 0)" if self.config.reference_free else "")
+                    " (reference-free: 0)" if self.config.reference_free else "", time.perf_counter() - start)
 
     def loop_state(self, dataset) -> dict:
         return {"ref_logps": {split: dataset.row_values[split]["ref_logps"].tolist() for split in dataset.row_values}}
