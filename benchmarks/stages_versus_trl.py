@@ -105,15 +105,18 @@ def summary(run: dict, steps: int) -> dict:
             "prepare_s": run.get("prepare_s", 0.0), "peak_rss_gib": run["peak_rss_gib"], "wall_s": run["wall_s"]}
 
 
+def ratio(ours: dict | None, side: dict, key: str) -> str:
+    return f"{ours[key] / side[key]:.2f}" if ours is not None and ours is not side else "-"
+
+
 def table(results: dict) -> str:
     rows = []
     for stage, sides in results.items():
         ours = sides.get("ours")
-        for side, s in sides.items():
-            ratio = (lambda key: f"{ours[key] / s[key]:.2f}") if ours and side != "ours" else (lambda key: "-")
-            rows.append([stage, side, f"{s['tokens_per_s']:.0f}", ratio("tokens_per_s"), f"{s['peak_rss_gib']:.2f}",
-                         ratio("peak_rss_gib"), f"{s['step_s']:.2f}", f"{s['first_step_s']:.1f}",
-                         f"{s['tokens_per_step']:.0f}"])
+        for name, s in sides.items():
+            rows.append([stage, name, f"{s['tokens_per_s']:.0f}", ratio(ours, s, "tokens_per_s"),
+                         f"{s['peak_rss_gib']:.2f}", ratio(ours, s, "peak_rss_gib"), f"{s['step_s']:.2f}",
+                         f"{s['first_step_s']:.1f}", f"{s['tokens_per_step']:.0f}"])
     return format_columns(["stage", "side", "tokens/s", "ours/side", "peak GiB", "ours/side", "step s",
                            "first step s", "tokens/step"], rows)
 
