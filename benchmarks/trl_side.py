@@ -31,11 +31,31 @@ from collections import defaultdict
 from contextlib import contextmanager
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--job", required=True, help="job file written by versus_trl.py")
+def read_job(argv=None, description: str = __doc__.splitlines()[0]) -> tuple[argparse.Namespace, dict]:
+    """A TRL side's flags (`--job`, `--output_dir`) and its job file; OMP's threads set from it before torch loads."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--job", required=True, help="job file written by the benchmark's driver")
     p.add_argument("--output_dir", required=True)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    with open(args.job) as f:
+        job = json.load(f)
+    os.environ.setdefault("OMP_NUM_THREADS", str(int(job["torch_threads"])))
+    return args, job
+
+
+def print_result(versions: dict | None = None, **extra) -> None:
+    """The side's last line, `RESULT {...}`: versions (with `versions`), threads and the process's peak RSS, with
+    `extra`."""
+    import torch
+    import transformers
+    import trl
+
+    result = {"versions": {"trl": trl.__version__, "torch": torch.__version__,
+                           "transformers": transformers.__version__, "python": platform.python_version(),
+                           **(versions or {})},
+              "torch_threads": torch.get_num_threads(),
+              "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, **extra}
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 def reward_function(name: str):
@@ -52,16 +72,11 @@ def reward_function(name: str):
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    with open(args.job) as f:
-        job = json.load(f)
+    args, job = read_job(argv)
     threads = int(job["torch_threads"])
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
     import datasets
     import torch
-    import transformers
-    import trl
     import trl.trainer.grpo_trainer as grpo_module
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -187,14 +202,8 @@ def main(argv=None) -> None:
     with open(os.path.join(args.output_dir, "metrics.jsonl"), "w") as f:
         for line in lines:
             f.write(json.dumps(line) + "\n")
-    result = {"versions": {"trl": trl.__version__, "torch": torch.__version__,
-                           "transformers": transformers.__version__, "datasets": datasets.__version__,
-                           "python": platform.python_version()},
-              "torch_threads": torch.get_num_threads(), "eos_token_ids": list(trainer.eos_token_ids),
-              "optimizer": type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__,
-              "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
-    print("RESULT " + json.dumps(result), flush=True)
-
+    print_result({"datasets": datasets.__version__}, eos_token_ids=list(trainer.eos_token_ids),
+                 optimizer=type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__)
 
 if __name__ == "__main__":
     main()

@@ -10,32 +10,20 @@ side tokenised, read through the model's chat template by TRL itself.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import resource
 import time
 
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--job", required=True, help="job file written by stages_versus_trl.py")
-    p.add_argument("--output_dir", required=True)
-    return p.parse_args(argv)
+from trl_side import print_result, read_job
 
 
 def main(argv=None) -> None:
-    args = parse_args(argv)
-    with open(args.job) as f:
-        job = json.load(f)
+    args, job = read_job(argv, __doc__.splitlines()[0])
     threads = int(job["torch_threads"])
-    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
     import datasets
     import torch
-    import transformers
-    import trl
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
@@ -96,12 +84,7 @@ def main(argv=None) -> None:
     os.makedirs(args.output_dir, exist_ok=True)
     with open(os.path.join(args.output_dir, "metrics.jsonl"), "w") as f:
         f.write("".join(json.dumps(line) + "\n" for line in lines))
-    result = {"versions": {"trl": trl.__version__, "torch": torch.__version__,
-                           "transformers": transformers.__version__, "python": platform.python_version()},
-              "torch_threads": torch.get_num_threads(),
-              "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
-    print("RESULT " + json.dumps(result), flush=True)
-
+    print_result()
 
 if __name__ == "__main__":
     main()

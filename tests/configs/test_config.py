@@ -249,6 +249,12 @@ def test_the_run_grpo_models_describe_one_network_and_allow_their_tensor_paralle
         assert [Layout.from_config(cfg.parallel_config, ranks, rank).rank for rank in range(ranks)] == \
             list(range(ranks))
     GRPOConfig.from_yaml(MODEL_CONFIGS / model / "grpo.yaml").validate()
+    for stage in ("sft", "reward", "dpo"):  # the stages' YAMLs of this model (ALGORITHM=<stage>), where it has them
+        path = MODEL_CONFIGS / model / f"{stage}.yaml"
+        if path.exists():
+            stage_config = GRPOConfig.from_yaml(path)
+            stage_config.validate()
+            assert stage_config.sft.max_length <= train.seq_length, path  # a packed row fits the rotary tables
     if tp_sizes is not None:
         assert tensor_parallel_sizes(train.num_heads, train.n_kv_heads, train.vocab_size,
                                      train.intermediate_size, largest=16) == tp_sizes
