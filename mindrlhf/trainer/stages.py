@@ -67,6 +67,11 @@ class Stage:
         """The stage's records of `path` (and of `eval_path`, or a held-out share of `path`'s)."""
         return self.dataset_class(path, pad_token_id, seed, eval_fraction, eval_path)
 
+    def data_note(self, dataset) -> str:
+        """A line about how the data is laid out, logged when the stage starts ("" for none)."""
+        del dataset
+        return ""
+
     def build_net(self, cfg, layout):
         return Qwen2ForCausalLM(cfg, layout)
 
@@ -114,14 +119,17 @@ class SFTStage(Stage):
     def open_dataset(self, path, pad_token_id, seed, eval_fraction, eval_path):
         if not self.config.packing:
             return super().open_dataset(path, pad_token_id, seed, eval_fraction, eval_path)
-        dataset = PackedSFTDataset(path, pad_token_id, seed, eval_fraction, eval_path, self.config.max_length)
+        return PackedSFTDataset(path, pad_token_id, seed, eval_fraction, eval_path, self.config.max_length)
+
+    def data_note(self, dataset) -> str:
+        if not self.config.packing:
+            return ""
         packed, unpacked = dataset.padding_shares()
         effect = (f"{100 * (1 - packed / unpacked):.1f}% of the padding removed" if packed <= unpacked else
                   "packing adds padding here: a smaller sft.max_length packs tighter")
-        logger.info("packing: the training conversations in %d rows of %d tokens, %.1f%% of the positions padding "
-                    "(%.1f%% in a row each: %s)", len(dataset.train), dataset.response_width, 100 * packed,
-                    100 * unpacked, effect)
-        return dataset
+        return (f"packing: the training conversations in {len(dataset.train)} rows of {dataset.response_width} "
+                f"tokens, {100 * packed:.1f}% of the positions padding ({100 * unpacked:.1f}% in a row each: "
+                f"{effect})")
 
     def loss_net(self, net, config):
         return PackedSFTLossNet(net) if self.config.packing else SFTLossNet(net)

@@ -54,12 +54,25 @@ def pair(question: str, answer: str, rng: random.Random) -> dict:
             "rejected": [{"role": "assistant", "content": wrong_completion(answer, rng)}]}
 
 
+def pairs(question: str, answer: str, count: int, rng: random.Random) -> list[dict]:
+    """`count` pairs of one problem, each against another wrong answer (while the draws allow: 12 a problem)."""
+    found: dict[str, dict] = {}
+    for _ in range(20 * count):
+        record = pair(question, answer, rng)
+        found.setdefault(record["rejected"][0]["content"], record)
+        if len(found) == count:
+            break
+    return list(found.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kind", choices=("sft", "pairwise"), required=True)
     parser.add_argument("--input", required=True, help="GSM8K-style JSON/JSONL/Parquet problems (question, answer)")
     parser.add_argument("--output", required=True, help="the JSONL to write")
     parser.add_argument("--seed", type=int, default=0, help="seed of the wrong answers (pairwise)")
+    parser.add_argument("--pairs_per_problem", type=int, default=1,
+                        help="pairwise: this many pairs of each problem, each against a wrong answer of its own")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     try:
@@ -67,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    records = [conversation(p.question, p.answer) if args.kind == "sft" else pair(p.question, p.answer, rng)
-               for p in problems]
+    if args.pairs_per_problem < 1:
+        print(f"error: --pairs_per_problem must be >= 1, got {args.pairs_per_problem}", file=sys.stderr)
+        return 2
+    records = [conversation(p.question, p.answer) for p in problems] if args.kind == "sft" else \
+        [record for p in problems for record in pairs(p.question, p.answer, args.pairs_per_problem, rng)]
     with atomic_output(args.output, ".jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write("".join(json.dumps(record) + "\n" for record in records))
     print(f"{len(records)} {'conversations' if args.kind == 'sft' else 'pairs'} -> {args.output}")
