@@ -128,13 +128,14 @@ def test_packed_rows_give_each_conversations_log_probs_loss_and_gradients(tmp_pa
         np.testing.assert_allclose(grad, expected_grads[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-def layout_yaml(folder, name, dp, tp):
-    """tiny/train.yaml in another layout."""
+def layout_yaml(folder, name, dp, tp, pp=1):
+    """tiny/train.yaml in another layout (`pp` stages of 2 micro-batches)."""
     text = (TINY / "train.yaml").read_text()
-    assert "data_parallel: 1" in text and "model_parallel: 2" in text
+    assert "data_parallel: 1" in text and "model_parallel: 2" in text and "pipeline_stage: 1" in text
     path = folder / name
-    path.write_text(text.replace("data_parallel: 1", f"data_parallel: {dp}").replace("model_parallel: 2",
-                                                                                     f"model_parallel: {tp}"))
+    path.write_text(text.replace("data_parallel: 1", f"data_parallel: {dp}").replace(
+        "model_parallel: 2", f"model_parallel: {tp}").replace(
+        "pipeline_stage: 1", f"pipeline_stage: {pp}" + ("\n  micro_batch_num: 2" if pp > 1 else "")))
     return path
 
 
@@ -209,12 +210,14 @@ def stage_data(folder, kind, problems=48):
 
 @pytest.fixture(scope="module")
 def sft_runs(tmp_path_factory):
-    """A dp2 SFT job of 4 steps (checkpoints at 2 and 4), the same job resumed from its step 2, and a tp2 job."""
+    """A dp2 SFT job of 4 steps (checkpoints at 2 and 4), the same job resumed from its step 2, a tp2 job and a job
+    in 2 pipeline stages."""
     folder = tmp_path_factory.mktemp("sft_runs")
     data = stage_data(folder, "sft")
     dp2, tp2 = layout_yaml(folder, "dp2.yaml", 2, 1), layout_yaml(folder, "tp2.yaml", 1, 2)
     logs, straight, resumed = straight_and_resumed("sft", data, folder, dp2)
     run_stage("sft", folder, "tp2", stage_args(data, tp2, folder / "tp2"))
+    run_stage("sft", folder, "pp2", stage_args(data, layout_yaml(folder, "pp2.yaml", 1, 1, pp=2), folder / "pp2"))
     return folder, straight, resumed, logs
 
 
@@ -236,36 +239,37 @@ def test_a_data_parallel_sft_job_learns_and_resumes_bit_for_bit(sft_runs):
 
 
 @pytest.mark.msrun
-def test_a_tensor_parallel_sft_job_makes_the_data_parallel_jobs_updates(sft_runs):
-    """The same batches on train tp2 (the vocabulary and heads split): the same losses and gradient norms up to float
-    rounding, and weights within Adam's float-noise bound (tests/support/tolerances.py)."""
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_tensor_parallel_and_pipeline_sft_jobs_make_the_data_parallel_jobs_updates(sft_runs, layout):
+    """The same batches on train tp2 (the vocabulary and heads split) or in 2 pipeline stages (a layer each, 2
+    micro-batches, the stage checkpoints merged): the same losses and gradient norms up to float rounding, and
+    weights within Adam's float-noise bound (tests/support/tolerances.py)."""
     folder, straight, _, _ = sft_runs
-    dp, tp = metrics(straight), metrics(folder / "tp2")
-    for a, b in zip(dp, tp):
+    dp, other = metrics(straight), metrics(folder / layout)
+    assert [m["step"] for m in other] == [m["step"] for m in dp] == [0, 1, 2, 3, 4]
+    for a, b in zip(dp, other):
         for key in ("eval/loss", "sft/loss", "sft/grad_norm"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-4), (a["step"], key)
-    assert_weights_close_after_adam(weights_of(folder / "tp2" / "checkpoints" / "step_000004"),
+    assert_weights_close_after_adam(weights_of(folder / layout / "checkpoints" / "step_000004"),
                                     weights_of(straight / "checkpoints" / "step_000004"), LR, 4,
-                                    what="tp2 vs dp2")
+                                    what=f"{layout} vs dp2")
 
 
 @pytest.mark.msrun
-def test_a_packed_sft_job_scores_the_held_out_conversations_as_unpacked_and_learns(sft_runs, tmp_path, caplog,
+def test_a_packed_sft_job_scores_the_held_out_conversations_as_unpacked_and_learns(sft_runs, tmp_path, capsys,
                                                                                    graph_mode):
     """One process, the dp2 job's data and start packed two or three conversations a row (`--packing`): its held-out
     loss before training is the unpacked job's, and four updates of 8 packed rows lower it."""
-    import logging
-
     from mindrlhf.cli import stages
     from mindrlhf.data.stage_data import PackedSFTDataset
 
     folder, straight, _, _ = sft_runs
     out = tmp_path / "packed"
-    with caplog.at_level(logging.INFO, logger="mindrlhf.trainer"):
-        code = stages.main("sft", stage_args(folder / "sft.mindrecord", layout_yaml(tmp_path, "one.yaml", 1, 1), out,
-                                             extra=("--packing", "true", "--max_length", "512")))
-    assert code == 0, caplog.text[-3000:]
+    code = stages.main("sft", stage_args(folder / "sft.mindrecord", layout_yaml(tmp_path, "one.yaml", 1, 1), out,
+                                         extra=("--packing", "true", "--max_length", "512")))
+    log = capsys.readouterr().err
+    assert code == 0, log[-3000:]
     records, unpacked = metrics(out), metrics(straight)
     assert_documented(records)
     assert records[0]["eval/loss"] == pytest.approx(unpacked[0]["eval/loss"], rel=1e-5)
@@ -274,7 +278,7 @@ def test_a_packed_sft_job_scores_the_held_out_conversations_as_unpacked_and_lear
     # 8 packed rows an update hold more conversations than the unpacked job's 8
     assert all(m["sft/trained_tokens"] > unpacked[1]["sft/trained_tokens"] * 1.5 for m in steps)
     assert steps[-1]["eval/loss"] < records[0]["eval/loss"] - 0.5
-    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("packing: "))
+    line = next(line.split("mindrlhf.trainer: ", 1)[1] for line in log.splitlines() if "trainer: packing: " in line)
     dataset = PackedSFTDataset(folder / "sft.mindrecord", 0, 0, 0.1, max_length=512)  # the job's split
     packed, unpacked = dataset.padding_shares()
     assert line.startswith(f"packing: the training conversations in {len(dataset.train)} rows of 512 tokens, "
