@@ -208,6 +208,30 @@ def stage_data(folder, kind, problems=48):
     return folder / f"{kind}.mindrecord"
 
 
+def test_pairs_per_problem_give_each_problem_distinct_wrong_answers(tmp_path):
+    """make_stage_data.py --pairs_per_problem 3: three pairs a problem, on its prompt with its worked solution, against
+    three different wrong answers; the first draws are those of one pair a problem."""
+    lines = (TUTORIAL_DATA / "arithmetic_train.jsonl").read_text().splitlines(keepends=True)[:5]
+    (tmp_path / "problems.jsonl").write_text("".join(lines))
+    made = {}
+    for count in (1, 3):
+        out = tmp_path / f"pairs_{count}.jsonl"
+        done = run_command([sys.executable, str(TUTORIAL_DATA / "make_stage_data.py"), "--kind", "pairwise", "--input",
+                            str(tmp_path / "problems.jsonl"), "--output", str(out), "--pairs_per_problem", str(count)])
+        assert done.returncode == 0 and done.stdout.startswith(f"{5 * count} pairs"), done.stderr
+        made[count] = [json.loads(line) for line in out.read_text().splitlines()]
+    for problem in range(5):
+        group = made[3][3 * problem:3 * problem + 3]
+        assert all(p["prompt"] == group[0]["prompt"] and p["chosen"] == group[0]["chosen"] for p in group)
+        rejected = {p["rejected"][0]["content"] for p in group}
+        assert len(rejected) == 3 and group[0]["chosen"][0]["content"] not in rejected
+    assert made[3][0] == made[1][0]
+    bad = run_command([sys.executable, str(TUTORIAL_DATA / "make_stage_data.py"), "--kind", "pairwise", "--input",
+                       str(tmp_path / "problems.jsonl"), "--output", str(tmp_path / "x.jsonl"), "--pairs_per_problem",
+                       "0"])
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --pairs_per_problem must be >= 1, got 0"
+
+
 @pytest.fixture(scope="module")
 def sft_runs(tmp_path_factory):
     """A dp2 SFT job of 4 steps (checkpoints at 2 and 4), the same job resumed from its step 2, a tp2 job and a job
