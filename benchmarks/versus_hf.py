@@ -126,23 +126,6 @@ def timed(call, inner: int) -> tuple[float, list[float], object]:
     return warmup, times, first
 
 
-def scaled_loss(loss_net, scale: float):
-    """A loss net `(loss, stat)` with both outputs multiplied by `scale` (a Cell, built lazily: MindSpore is
-    imported in the child process only)."""
-    from mindspore import nn
-
-    class _Scaled(nn.Cell):
-        def __init__(self):
-            super().__init__(auto_prefix=False)
-            self.loss_net = loss_net
-
-        def construct(self, *inputs):
-            loss, stat = self.loss_net(*inputs)
-            return loss * scale, stat * scale
-
-    return _Scaled()
-
-
 def run_ours(case: dict, folder: str, inner: int) -> dict:
     import dataclasses
 
@@ -171,7 +154,8 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
         prompts = ids.tolist()
         warmup, times, _ = timed(lambda: gen.generate(prompts), inner)
         return {"warmup_s": warmup, "times_s": times, "tokens": case["batch"] * case["new_tokens"]}
-    from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
+    from mindrlhf.algorithms import aggregation_weights
+    from mindrlhf.algorithms.policy_cells import SFTLossNet
     from mindrlhf.engine.batches import prompt_micro_batches
     from mindrlhf.optim import AdamW
     from mindrlhf.parallel.layout import Layout
@@ -180,12 +164,13 @@ def run_ours(case: dict, folder: str, inner: int) -> dict:
     optimizer = AdamW(model.trainable_params(), learning_rate=ADAMW["lr"], beta1=ADAMW["beta1"],
                       beta2=ADAMW["beta2"], eps=ADAMW["eps"], weight_decay=ADAMW["weight_decay"])
     # the first token as "prompt", the rest as "response": the loss covers every next-token prediction
+    response_mask = np.ones((case["batch"], case["seq"] - 1), np.int32)
+    # the whole batch's token-mean weights: the micro-batches' losses add up to the batch's
     arrays = [ids[:, :1].astype(np.int32), np.ones((case["batch"], 1), np.int32), ids[:, 1:].astype(np.int32),
-              np.ones((case["batch"], case["seq"] - 1), np.int32)]
+              response_mask, aggregation_weights(response_mask, "token-mean").astype(np.float32)]
     micro = case.get("micro", case["batch"])
-    # every row has the same token count, so the batch's token-mean loss is the mean of the micro-batches'
-    step = MicroBatchedTrainStep(scaled_loss(ResponseNLLLoss(model), micro / case["batch"]), optimizer, Layout())
-    micro_batches = prompt_micro_batches(dict(zip(ResponseNLLLoss.INPUTS, arrays)), micro, 1)
+    step = MicroBatchedTrainStep(SFTLossNet(model), optimizer, Layout())
+    micro_batches = prompt_micro_batches(dict(zip(SFTLossNet.INPUTS, arrays)), micro, 1)
     losses = []
 
     def call():

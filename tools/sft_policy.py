@@ -27,7 +27,8 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 
-from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
+from mindrlhf.algorithms import aggregation_weights
+from mindrlhf.algorithms.policy_cells import SFTLossNet
 from mindrlhf.data.answers import r1_completion
 from mindrlhf.data.mindrecord import read_problems
 from mindrlhf.data.reader import pad_rows
@@ -94,7 +95,7 @@ def train(config: Qwen2Config, tokenizer, data: SFTData, steps: int, batch_size:
     model = Qwen2ForCausalLM(config)
     init_random_weights(model, seed=seed)
     optimizer = AdamW(model.trainable_params(), learning_rate=learning_rate, weight_decay=0.0)
-    step = SPMDTrainStep(ResponseNLLLoss(model), optimizer, max_grad_norm=max_grad_norm)
+    step = SPMDTrainStep(SFTLossNet(model), optimizer, max_grad_norm=max_grad_norm)
     prompt_width, response_width = padded_width(data.prompts), padded_width(data.responses)
     rng = np.random.default_rng(seed)
     order = np.array([], np.int64)
@@ -109,7 +110,8 @@ def train(config: Qwen2Config, tokenizer, data: SFTData, steps: int, batch_size:
         direct_phase = index >= direct_from_step
         response_ids, response_mask = pad_rows([data.response(i, direct_phase) for i in picked], response_width,
                                                tokenizer.pad_token_id, side="right")
-        (loss, _), _ = step(*(ms.Tensor(a) for a in (prompt_ids, prompt_mask, response_ids, response_mask)))
+        weights = aggregation_weights(response_mask, "token-mean").astype(np.float32)  # every response token
+        (loss,), _ = step(*(ms.Tensor(a) for a in (prompt_ids, prompt_mask, response_ids, response_mask, weights)))
         losses.append(float(loss.asnumpy()))
         if (index + 1) % 50 == 0 or index == 0:
             logger.info("step %d/%d | loss %.4f | %.0f s", index + 1, steps, losses[-1], time.perf_counter() - started)

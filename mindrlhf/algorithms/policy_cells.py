@@ -151,22 +151,6 @@ class GRPOLossNet(nn.Cell):
         return outputs + (ops.stop_gradient((weights * entropy).sum()),)
 
 
-class ResponseNLLLoss(nn.Cell):
-    """Supervised fine-tuning loss: token-mean negative log-likelihood of the responses, as (loss, loss)."""
-
-    INPUTS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask")
-
-    def __init__(self, model: nn.Cell):
-        super().__init__(auto_prefix=False)
-        self.response_log_probs = ResponseLogProbs(model)
-
-    def construct(self, prompt_ids, prompt_mask, response_ids, response_mask):
-        logp = self.response_log_probs(prompt_ids, prompt_mask, response_ids, response_mask)
-        mask = response_mask.astype(ms.float32)
-        loss = -(logp * mask).sum() / ops.maximum(mask.sum(), 1.0)
-        return loss, ops.stop_gradient(loss)
-
-
 PACKED_COLUMNS = ("response_ids", "response_mask", "position_ids", "segment_ids")
 
 

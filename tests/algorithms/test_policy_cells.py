@@ -11,11 +11,13 @@ from support.tolerances import assert_weights_close_after_adam
 from mindrlhf.algorithms import GRPOLossCell, aggregate, aggregation_weights, grpo_policy_loss
 from mindrlhf.algorithms.policy_cells import (
     GRPOLossNet,
+    PackedLogProbs,
+    PackedSFTLossNet,
     ResponseHidden,
     ResponseLogProbs,
-    ResponseNLLLoss,
     ResponseScores,
     ResponseValues,
+    SFTLossNet,
     ValueLossNet,
 )
 from mindrlhf.algorithms.value_loss_cell import ValueLossCell
@@ -63,8 +65,8 @@ def numpy_response_logp(model, prompt, prompt_mask, response, response_mask, tem
     return np.take_along_axis(window, response[..., None], -1)[..., 0]
 
 
-@pytest.mark.parametrize("cell", [ResponseLogProbs, ResponseHidden, ResponseValues, ResponseScores, ResponseNLLLoss,
-                                  GRPOLossNet, ValueLossNet])
+@pytest.mark.parametrize("cell", [ResponseLogProbs, ResponseHidden, ResponseValues, ResponseScores, SFTLossNet,
+                                  PackedLogProbs, PackedSFTLossNet, GRPOLossNet, ValueLossNet])
 def test_cells_name_their_inputs_in_construct_order(cell):
     arguments = [name for name in inspect.signature(cell.construct).parameters if name not in ("self", "hidden_in")]
     assert [{"old_values": "values"}.get(name, name) for name in arguments] == list(cell.INPUTS)

@@ -25,7 +25,7 @@ def main():
     args = p.parse_args()
     import mindspore as ms
 
-    from mindrlhf.algorithms.policy_cells import ResponseNLLLoss
+    from mindrlhf.algorithms.policy_cells import SFTLossNet
     from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
     from mindrlhf.optim import AdamW
     from mindrlhf.parallel.host_setup import configure_cpu_memory_pool
@@ -40,11 +40,12 @@ def main():
     for param in model.trainable_params():
         param.set_data(ms.Tensor(np.full(param.shape, 0.01, np.float32)))
     optimizer = AdamW(model.trainable_params(), learning_rate=1e-5)
-    step = SPMDTrainStep(ResponseNLLLoss(model), optimizer, Layout())
+    step = SPMDTrainStep(SFTLossNet(model), optimizer, Layout())
     rows = 4
     ids = np.random.default_rng(0).integers(0, config.vocab_size, (rows, 128)).astype(np.int32)
+    weights = np.full((rows, 127), 1 / (rows * 127), np.float32)  # the token mean of every response token
     inputs = [ms.Tensor(a) for a in (ids[:, :1], np.ones((rows, 1), np.int32), ids[:, 1:],
-                                     np.ones((rows, 127), np.int32))]
+                                     np.ones((rows, 127), np.int32), weights)]
     rss = []
     for _ in range(3):
         _, norm = step(*inputs)
