@@ -138,13 +138,18 @@ class SFTDataset(StageDataset):
 
     KIND, FIELDS = "sft", ("input_ids", "loss_mask")
 
-    def _record(self, record: dict, number: int, path: str) -> tuple:
+    @staticmethod
+    def _conversation(record: dict, number: int, path: str) -> tuple[np.ndarray, np.ndarray]:
+        """(input ids, loss mask) of a record, checked: equal lengths, some tokens trained and the first not."""
         ids = np.asarray(record["input_ids"], np.int32).reshape(-1)
         mask = np.asarray(record["loss_mask"], np.int32).reshape(-1)
         if ids.shape != mask.shape or not mask.any() or mask[0]:
             raise DataError(f"{path}: record {number}: expected input_ids and a loss_mask of the same length, some "
                             "tokens trained and the first not (write it with rlhf_data.py --kind sft)")
-        return split_at_first_trained(ids, mask)
+        return ids, mask
+
+    def _record(self, record: dict, number: int, path: str) -> tuple:
+        return split_at_first_trained(*self._conversation(record, number, path))
 
     def _columns(self, records: list[tuple]) -> dict[str, np.ndarray]:
         columns = {**self._prompt_columns([r[0] for r in records]),
@@ -181,12 +186,11 @@ class PackedSFTDataset(SFTDataset):
         return 1 - tokens / (len(self.train) * self.response_width), 1 - tokens / unpacked
 
     def _record(self, record: dict, number: int, path: str) -> tuple:
-        prompt, response, mask = super()._record(record, number, path)
-        ids = np.concatenate([prompt, response])
+        ids, mask = self._conversation(record, number, path)
         if self.max_length and len(ids) > self.max_length:
             raise DataError(f"{path}: record {number}: {len(ids)} tokens, more than sft.max_length={self.max_length} "
                             "(a packed row holds whole conversations)")
-        return ids, np.concatenate([np.zeros(len(prompt), np.int32), mask])
+        return ids, mask
 
     def _widths(self, records: list[tuple]) -> tuple[int, int]:
         return 0, self.max_length or _round_up(max(len(r[0]) for r in records))
@@ -208,13 +212,9 @@ class PackedSFTDataset(SFTDataset):
         return record[:1]
 
     def _columns(self, records: list[tuple]) -> dict[str, np.ndarray]:
-        width = self.response_width
         columns = self._response_columns([r[0] for r in records])
         for name, part in (("loss_mask", 1), ("position_ids", 2), ("segment_ids", 3)):
-            values = np.zeros((len(records), width), np.int32)
-            for i, record in enumerate(records):
-                values[i, :len(record[part])] = record[part]
-            columns[name] = values
+            columns[name] = pad_rows([r[part] for r in records], self.response_width, 0, side="right")[0]
         return columns
 
 

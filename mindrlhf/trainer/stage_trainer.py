@@ -154,8 +154,9 @@ class StageTrainer:
         logger.info("%s of %s (layout %s, %.2fM parameters): %d training and %d held-out records, %d steps of %d",
                     stage.name, job.sft_path_train, layout, cfg.num_parameters() / 1e6, len(self.dataset.train),
                     len(self.dataset.held_out), plan.steps, sched.batch_size)
-        if stage.data_note(self.dataset):
-            logger.info("%s", stage.data_note(self.dataset))
+        note = stage.data_note(self.dataset)
+        if note:
+            logger.info("%s", note)
 
     def train_one_step(self) -> dict:
         """One optimizer update on the next batch; returns its metrics (the same on every rank)."""

@@ -106,6 +106,8 @@ def test_packed_rows_give_each_conversations_log_probs_loss_and_gradients(tmp_pa
     assert matched == plain.num_rows
 
     class Loss(ms.nn.Cell):
+        """The loss alone (PyNative's value_and_grad takes no auxiliary outputs from a net of one output)."""
+
         def __init__(self, loss_net):
             super().__init__(auto_prefix=False)
             self.loss_net = loss_net
