@@ -234,6 +234,36 @@ def test_pairs_per_problem_give_each_problem_distinct_wrong_answers(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --pairs_per_problem must be >= 1, got 0"
 
 
+def test_direct_fraction_answers_that_share_of_the_problems_without_the_working(tmp_path):
+    """make_stage_data.py --kind sft --direct_fraction 0.5: about half of the conversations answer with the bare
+    answer, the others with the worked solution, each on its problem's prompt and gold answer; 1.0 answers all
+    directly; a share outside [0, 1] is refused."""
+    from mindrlhf.data.answers import r1_completion
+    from mindrlhf.data.mindrecord import read_problems
+
+    problems = list(read_problems(TUTORIAL_DATA / "arithmetic_train.jsonl"))[:200]
+    (tmp_path / "problems.jsonl").write_text("".join(json.dumps({"question": p.question, "answer": p.answer}) + "\n"
+                                                     for p in problems))
+    answers = {}
+    for fraction in ("0.5", "1"):
+        out = tmp_path / f"sft_{fraction}.jsonl"
+        done = run_command([sys.executable, str(TUTORIAL_DATA / "make_stage_data.py"), "--kind", "sft", "--input",
+                            str(tmp_path / "problems.jsonl"), "--output", str(out), "--direct_fraction", fraction])
+        assert done.returncode == 0, done.stderr
+        records = [json.loads(line) for line in out.read_text().splitlines()]
+        assert [r["messages"][1]["content"] for r in records] == [p.question for p in problems]
+        answers[fraction] = [r["messages"][-1]["content"] for r in records]
+    direct = [a == r1_completion(p.answer, direct=True) for a, p in zip(answers["0.5"], problems)]
+    worked = [a == r1_completion(p.answer) for a, p in zip(answers["0.5"], problems)]
+    assert all(d != w for d, w in zip(direct, worked))
+    assert 70 <= sum(direct) <= 130
+    assert answers["1"] == [r1_completion(p.answer, direct=True) for p in problems]
+    bad = run_command([sys.executable, str(TUTORIAL_DATA / "make_stage_data.py"), "--kind", "sft", "--input",
+                       str(tmp_path / "problems.jsonl"), "--output", str(tmp_path / "x.jsonl"), "--direct_fraction",
+                       "1.5"])
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --direct_fraction must be in [0, 1], got 1.5"
+
+
 @pytest.fixture(scope="module")
 def sft_runs(tmp_path_factory):
     """A dp2 SFT job of 4 steps (checkpoints at 2 and 4), the same job resumed from its step 2, a tp2 job and a job

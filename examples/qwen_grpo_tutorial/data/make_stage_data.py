@@ -1,7 +1,8 @@
 """Writes GSM8K-style problems as data for the stages before RL (chat `messages` JSONL), in the R1 form the bundled
 policy answers in (`<think>steps</think><answer>N</answer>`, what the `format` and `accuracy` rewards check):
 
-    --kind sft       a conversation per problem: the R1 system prompt, the question, the worked solution
+    --kind sft       a conversation per problem: the R1 system prompt, the question, the worked solution (with
+                     --direct_fraction F, a seeded share F of the problems answered without the working)
     --kind pairwise  a preference pair per problem on the same prompt: the worked solution (chosen) against a wrong
                      one (rejected; seeded: half the time the last step's result is off by 1-3, else a wrong answer
                      given without working, the bundled policy's own failure)
@@ -30,9 +31,9 @@ def prompt(question: str) -> list[dict]:
     return [{"role": "system", "content": R1_THINK_SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
 
-def conversation(question: str, answer: str) -> dict:
-    """One problem as an SFT record of chat messages."""
-    return {"messages": prompt(question) + [{"role": "assistant", "content": r1_completion(answer)}]}
+def conversation(question: str, answer: str, direct: bool = False) -> dict:
+    """One problem as an SFT record of chat messages (`direct`: the answer without the working)."""
+    return {"messages": prompt(question) + [{"role": "assistant", "content": r1_completion(answer, direct=direct)}]}
 
 
 def wrong_completion(answer: str, rng: random.Random) -> str:
@@ -70,9 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=("sft", "pairwise"), required=True)
     parser.add_argument("--input", required=True, help="GSM8K-style JSON/JSONL/Parquet problems (question, answer)")
     parser.add_argument("--output", required=True, help="the JSONL to write")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the wrong answers (pairwise)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the wrong answers (pairwise) or of the problems answered directly (sft)")
     parser.add_argument("--pairs_per_problem", type=int, default=1,
                         help="pairwise: this many pairs of each problem, each against a wrong answer of its own")
+    parser.add_argument("--direct_fraction", type=float, default=0.0,
+                        help="sft: the share of the problems (a seeded choice) answered without the working")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     try:
@@ -83,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.pairs_per_problem < 1:
         print(f"error: --pairs_per_problem must be >= 1, got {args.pairs_per_problem}", file=sys.stderr)
         return 2
-    records = [conversation(p.question, p.answer) for p in problems] if args.kind == "sft" else \
+    if not 0.0 <= args.direct_fraction <= 1.0:
+        print(f"error: --direct_fraction must be in [0, 1], got {args.direct_fraction}", file=sys.stderr)
+        return 2
+    records = [conversation(p.question, p.answer, rng.random() < args.direct_fraction) for p in problems] \
+        if args.kind == "sft" else \
         [record for p in problems for record in pairs(p.question, p.answer, args.pairs_per_problem, rng)]
     with atomic_output(args.output, ".jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write("".join(json.dumps(record) + "\n" for record in records))
