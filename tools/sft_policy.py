@@ -65,11 +65,15 @@ def run_sft(args: argparse.Namespace, data: Path, out: Path, steps: int, warmup_
     flags += ["--eval_fraction", "0"] + (["--eval_dataset_file", str(eval_data)] if eval_data else [])
     flags += ["--load_sft_checkpoint_train", str(start)] if start else []
     log_dir = out / "msrun_log"
+    logger.info("mindrlhf-sft: %d updates on %s -> %s (worker logs in %s)", steps, data.name, out, log_dir)
     command = msrun_command(Path(sys.executable).parent / "mindrlhf-sft", flags, model_world_size(args.model_yaml),
                             log_dir)
     result = run_job_command(command, env=msrun_env())
     if result.returncode != 0:
         raise SystemExit(f"error: mindrlhf-sft into {out} failed ({result.returncode}):{worker_log_tails(log_dir)}")
+    log = (log_dir / "worker_0.log").read_text(errors="replace")
+    summary = [line.split("trainer: ", 1)[1] for line in log.splitlines() if "trainer: held-out loss: " in line]
+    logger.info("%s: %s", out.name, summary[-1] if summary else "done")
     return out / "checkpoints" / f"step_{steps:06d}"
 
 
@@ -104,7 +108,7 @@ def heldout_accuracy(model_yaml: str, step_dir: Path, tokenizer_dir: str, proble
     prompts = [tokenizer.encode(build_prompt(p.question, "r1_think")) for p in problems]
     width = -(-max(len(p) for p in prompts) // 16) * 16
     generator = Generator(model, GenerationConfig(
-        max_new_tokens=model.config.seq_length - width, num_generations=1, do_sample=False,
+        max_new_tokens=min(model.config.seq_length - width, 256), num_generations=1, do_sample=False,
         eos_token_ids=tokenizer.stop_token_ids, pad_token_id=tokenizer.pad_token_id, prompt_buckets=[width]))
     return count_correct(generator, tokenizer, prompts, [p.answer for p in problems], batch_size) / len(problems)
 

@@ -1,6 +1,7 @@
 """The SFT tool (tools/sft_policy.py) and the policies it built: the tests' tiny one and run_grpo.sh's default."""
 import hashlib
 import json
+import re
 
 import mindspore as ms
 import numpy as np
@@ -65,16 +66,16 @@ def test_arith_policy_converts_and_answers_part_of_the_heldout_problems(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.msrun
-def test_sft_tool_trains_both_phases_with_the_sft_stage_and_rebuilds_bit_identically(tmp_path):
-    """The tool's two mindrlhf-sft runs on the tiny model: the worked phase lowers the loss from random weights, the
-    direct phase starts where it ended (its first loss near the worked phase's last, far below its first); the same
-    arguments twice write the same bytes."""
+def test_sft_tool_trains_both_phases_with_the_sft_stage_and_rebuilds_bit_identically(tmp_path, capfd):
+    """The tool's two mindrlhf-sft runs on the tiny model: the worked phase lowers the loss from random weights (and
+    the held-out loss, which the tool reports), the direct phase starts where it ended (its first loss near the
+    worked phase's last, far below its first); the same arguments twice write the same bytes."""
     tool = load_tool()
     digests = []
     for attempt in range(2):
         out, work = tmp_path / f"hf{attempt}", tmp_path / f"work{attempt}"
         tool.main(["--steps", "12", "--direct_steps", "3", "--batch_size", "4", "--seed", "1", "--work_dir", str(work),
-                   "--output", str(out)])
+                   "--output", str(out), "--eval_data", str(TUTORIAL_DATA / "gsm8k_heldout.jsonl")])
         digests.append(hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest())
         assert {"config.json", "vocab.json", "merges.txt"} <= {p.name for p in out.iterdir()}
     worked, direct = (read_metrics(work / phase / "metrics.jsonl") for phase in ("worked", "direct"))
@@ -83,6 +84,11 @@ def test_sft_tool_trains_both_phases_with_the_sft_stage_and_rebuilds_bit_identic
     assert np.mean(worked[-3:]) < 0.5 * worked[0]
     assert direct[0] < 0.5 * worked[0] and direct[0] < 2 * worked[-1]
     assert digests[0] == digests[1]  # the same run twice (same kernels, same order), not a re-ordered equal one
+    reported = capfd.readouterr().err
+    before, after = (float(x) for x in re.search(r"sft_policy: worked: held-out loss: before=(\S+) after=(\S+)",
+                                                 reported).groups())
+    assert after < before - 1.0
+    assert len(re.findall(r"sft_policy: held-out greedy accuracy: \d+\.\d%", reported)) == 2
 
 
 def read_metrics(path):
