@@ -1,9 +1,10 @@
 """Tools a policy calls in the middle of a response (#67): their JSON schemas from type hints and Google-style
-docstrings (`schema`), the calls read from the model's text (`calls`) and the built-in `calculator`
-(`calculator`). Framework-free."""
+docstrings (`schema`), the calls read from the model's text (`calls`), the built-in `calculator` (`calculator`),
+and the job's tools loaded and their calls run with timeouts (`runner`). Framework-free."""
 from mindrlhf.tool_use.calculator import calculator, evaluate_arithmetic
 from mindrlhf.tool_use.calls import ToolCall, parse_tool_calls
+from mindrlhf.tool_use.runner import Tool, ToolResult, ToolRunner, load_tools
 from mindrlhf.tool_use.schema import ToolDefinitionError, function_schema
 
-__all__ = ["ToolCall", "ToolDefinitionError", "calculator", "evaluate_arithmetic", "function_schema",
-           "parse_tool_calls"]
+__all__ = ["Tool", "ToolCall", "ToolDefinitionError", "ToolResult", "ToolRunner", "calculator", "evaluate_arithmetic",
+           "function_schema", "load_tools", "parse_tool_calls"]
