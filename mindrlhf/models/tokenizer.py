@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, meta
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
@@ -97,6 +97,8 @@ class HFTokenizer(TokenizersBackend):
             raise ValueError(f"{config_path}: eos_token is not set (generation needs an end-of-sequence token)")
         template = _chat_template_of(self.folder, config, config_path)
         self._chat_template = None if template is None else compile_chat_template(template, config_path)
+        self._template_reads_tools = template is not None and "tools" in meta.find_undeclared_variables(
+            self._chat_template.environment.parse(template))
         self.eos_token_id = self._tokenizer.token_to_id(self.special_tokens["eos_token"])
         pad = self.special_tokens["pad_token"] or self.special_tokens["eos_token"]
         self.pad_token_id = self._tokenizer.token_to_id(pad)
@@ -109,16 +111,26 @@ class HFTokenizer(TokenizersBackend):
                     stops.append(token_id)
         self.stop_token_ids = stops
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
-                            tokenize: bool = False) -> str | list[int]:
-        """Renders `messages` with the folder's chat template (as transformers does); its ids if `tokenize`."""
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders a `tools=` list (it reads the `tools` variable)."""
+        return self._chat_template is not None and self._template_reads_tools
+
+    def apply_chat_template(self, messages: Sequence[Mapping], add_generation_prompt: bool = True,
+                            tokenize: bool = False, tools: Sequence[Mapping] | None = None) -> str | list[int]:
+        """Renders `messages` with the folder's chat template (as transformers does), `tools` (JSON schemas, as
+        `tool_use.function_schema` writes them) offered to the model; its ids if `tokenize`."""
         if self._chat_template is None:
             raise ValueError(f"{self.folder}: the tokenizer has no chat template (tokenizer_config.json "
                              "'chat_template' or chat_template.jinja); use the 'raw' prompt template")
+        if tools and not self._template_reads_tools:
+            raise ValueError(f"{self.folder}: the chat template does not render tools (it never reads `tools`); "
+                             "use a tokenizer whose template supports tool calling")
         tokens = {key: value for key, value in self.special_tokens.items() if value is not None}
+        extra = {"tools": [dict(t) for t in tools]} if tools else {}
         try:
             text = self._chat_template.render(messages=[dict(m) for m in messages],
-                                              add_generation_prompt=add_generation_prompt, **tokens)
+                                              add_generation_prompt=add_generation_prompt, **tokens, **extra)
         except TemplateError as err:
             raise ValueError(f"apply_chat_template: {err}") from None
         return self.encode(text) if tokenize else text

@@ -117,3 +117,47 @@ def test_bad_tokenizer_folders_name_the_file(llama_style_dir, tmp_path):
     (folder / "tokenizer.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(ValueError, match=f"{folder / 'tokenizer.json'}: cannot load tokenizer"):
         load_tokenizer(folder)
+
+
+def multiply(a: float, b: float) -> float:
+    """Multiplies two numbers.
+
+    Args:
+        a: The first number.
+        b: The second number (choices: [1, 2, 3])
+    """
+    return a * b
+
+
+def test_tools_render_as_transformers_renders_them(qwen_dir, llama_style_dir):
+    """The Qwen template with `tools=` (our schemas; transformers makes its own from the same functions), a call in
+    the assistant's turn and the tool's answers as `tool` turns: the text transformers renders; a template that
+    never reads `tools` and a vocab/merges tokenizer refuse tools in one line."""
+    from mindrlhf.tool_use import calculator, function_schema
+
+    ours, reference = HFTokenizer(qwen_dir), transformers.AutoTokenizer.from_pretrained(qwen_dir)
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1234 * 5678"}}}
+    conversations = [
+        [{"role": "user", "content": "What is 1234 * 5678?"}],
+        [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "What is 1234 * 5678?"},
+         {"role": "assistant", "content": "Let me compute.", "tool_calls": [call, call]},
+         {"role": "tool", "content": "7006652"}, {"role": "tool", "content": "7006652"},
+         {"role": "assistant", "content": "<answer>7006652</answer>"}],
+    ]
+    assert ours.supports_tools
+    for messages in conversations:
+        expected = reference.apply_chat_template(messages, tools=[calculator, multiply], tokenize=False,
+                                                 add_generation_prompt=True)
+        rendered = ours.apply_chat_template(messages, tools=[function_schema(calculator), function_schema(multiply)])
+        assert rendered == expected and '"enum": [1, 2, 3]' in rendered
+        assert ours.apply_chat_template(messages) == reference.apply_chat_template(messages, tokenize=False,
+                                                                                   add_generation_prompt=True)
+    assert "<tools>" in expected and "<tool_response>\n7006652\n</tool_response>" in expected
+    llama = HFTokenizer(llama_style_dir)
+    assert not llama.supports_tools
+    with pytest.raises(ValueError, match="the chat template does not render tools"):
+        llama.apply_chat_template(conversations[0], tools=[function_schema(calculator)])
+    tiny = load_tokenizer(TINY_DIR)
+    assert not tiny.supports_tools
+    with pytest.raises(ValueError, match="a vocab.json \\+ merges.txt tokenizer renders no tools"):
+        tiny.apply_chat_template(conversations[0], tools=[function_schema(calculator)])

@@ -209,6 +209,8 @@ class Qwen2Tokenizer(TokenizersBackend):
         """Ids that end generation: `<|im_end|>` and `<|endoftext|>`."""
         return [self.im_end_token_id, self.endoftext_token_id]
 
+    supports_tools = False
+
     @property
     def special_token_ids(self) -> list[int]:
         """Ids of `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`."""
@@ -220,8 +222,13 @@ class Qwen2Tokenizer(TokenizersBackend):
         add_generation_prompt: bool = True,
         tokenize: bool = False,
         default_system_prompt: str | None = QWEN25_DEFAULT_SYSTEM_PROMPT,
+        tools: Sequence[Mapping] | None = None,
     ) -> str | list[int]:
-        """Qwen2.5 chat template (see `render_qwen_chat`); returns the text, or its ids if `tokenize`."""
+        """Qwen2.5 chat template (see `render_qwen_chat`); returns the text, or its ids if `tokenize`. Tools are
+        rendered only by a tokenizer folder's own template (`HFTokenizer`)."""
+        if tools:
+            raise ValueError(f"{self.vocab_path}: a vocab.json + merges.txt tokenizer renders no tools; use a "
+                             "tokenizer folder whose chat template supports tool calling")
         text = render_qwen_chat(messages, add_generation_prompt=add_generation_prompt,
                                 default_system_prompt=default_system_prompt)
         return self.encode(text) if tokenize else text
