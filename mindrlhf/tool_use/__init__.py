@@ -1,6 +1,6 @@
 """Tools a policy calls in the middle of a response (#67): their JSON schemas from type hints and Google-style
-docstrings (`schema`), the calls read from the model's text (`calls`), the built-in `calculator` (`calculator`),
-and the job's tools loaded and their calls run with timeouts (`runner`). Framework-free."""
+docstrings (`schema`), the calls read from the model's text (`calls`), the built-in `calculator` (`calculator`) and
+`python` (`python_tool`), and the job's tools loaded and their calls run with timeouts (`runner`). Framework-free."""
 from mindrlhf.tool_use.calculator import calculator, evaluate_arithmetic
 from mindrlhf.tool_use.calls import ToolCall, parse_tool_calls
 from mindrlhf.tool_use.runner import Tool, ToolResult, ToolRunner, load_tools

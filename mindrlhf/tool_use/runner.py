@@ -14,9 +14,10 @@ from collections.abc import Callable, Sequence
 
 from mindrlhf.tool_use.calculator import calculator
 from mindrlhf.tool_use.calls import ToolCall
+from mindrlhf.tool_use.python_tool import python
 from mindrlhf.tool_use.schema import ToolDefinitionError, function_schema
 
-BUILT_IN = {"calculator": calculator}
+BUILT_IN = {"calculator": calculator, "python": python}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,8 +29,8 @@ class Tool:
 
 
 def load_tools(specs: Sequence[str]) -> list[Tool]:
-    """The tools of `specs` (`package.module:function`, or a built-in: `calculator`); ToolDefinitionError naming the
-    spec for one that does not import, cannot be described, or repeats a name."""
+    """The tools of `specs` (`package.module:function`, or a built-in: `calculator`, `python`); ToolDefinitionError
+    naming the spec for one that does not import, cannot be described, or repeats a name."""
     tools: dict[str, Tool] = {}
     for spec in specs:
         function = _resolve(spec)

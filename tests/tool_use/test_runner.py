@@ -89,7 +89,8 @@ def test_tools_load_from_specs_and_built_in_names(user_module):
 
 
 def test_bad_tool_specs_are_refused_in_one_line(user_module):
-    cases = {"abacus": "tools: 'abacus' is no built-in tool (calculator) and not of the form package.module:function",
+    cases = {"abacus": "tools: 'abacus' is no built-in tool (calculator, python) and not of the form "
+                       "package.module:function",
              "no_such_module_xyz:f": "tools: no_such_module_xyz:f: module 'no_such_module_xyz' does not import: "
                                      "ModuleNotFoundError",
              "user_tools:missing": "tools: user_tools:missing: user_tools has no function 'missing'"}
