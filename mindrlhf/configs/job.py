@@ -89,6 +89,10 @@ class JobOptions:
             "tools/convert_weight.py: a whole .ckpt, a trainer step folder or a shard folder with its strategy.ckpt "
             "(merged, then split); default: the starting policy's backbone with a zero head (verl's default).")
     save_data_file: str = _flag("", "Write each step's experience as MindRecord <path>.step_<N>.mindrecord.")
+    log_completions: bool = _flag(False, "Write each step's sampled responses to <output_dir>/completions.jsonl, "
+                                         "a line each: prompt, completion, reward, reward terms, advantage (TRL's "
+                                         "log_completions; the rows rank 0 holds: every row when the rollout is "
+                                         "gathered).")
     tensorboard_dir: str = _flag("", "Write TensorBoard event files here.")
     resume: str = _flag("", "'auto' (newest complete checkpoint in save_ckpt_dir; with none there the run starts "
                             "from step 0 and logs so) or a step folder; --resume alone means auto.", nargs="?",

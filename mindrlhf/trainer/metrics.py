@@ -169,7 +169,7 @@ class MetricsWriter:
             return
         if self.jsonl_path:
             os.makedirs(output_dir, exist_ok=True)
-            _truncate_after_step(self.jsonl_path, resume_step)
+            truncate_after_step(self.jsonl_path, resume_step)
         if tensorboard_dir:
             self._tb = summary_writer_class()(tensorboard_dir, purge_step=resume_step + 1 if resume_step else None)
 
@@ -185,7 +185,7 @@ class MetricsWriter:
         if not self.enabled:
             return
         if self.jsonl_path:
-            _append_line(self.jsonl_path, json.dumps({"step": step, **_plain(metrics)}) + "\n")
+            append_lines(self.jsonl_path, json.dumps({"step": step, **_plain(metrics)}) + "\n")
         if self._tb is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and math.isfinite(value):
@@ -197,9 +197,9 @@ class MetricsWriter:
             self._tb.close()
 
 
-def _append_line(path: str, line: str) -> None:
-    """Appends `line` whole or not at all: a write that fails (a full disk, a file size limit) is cut back off and
-    raised as `MetricsError`."""
+def append_lines(path: str, line: str, what: str = "this step's metrics") -> None:
+    """Appends `line` (one or more lines) whole or not at all: a write that fails (a full disk, a file size limit) is
+    cut back off and raised as `MetricsError` naming `what` could not be written."""
     size = os.path.getsize(path) if os.path.exists(path) else 0
     try:
         with open(path, "a", encoding="utf-8") as f:
@@ -209,7 +209,7 @@ def _append_line(path: str, line: str) -> None:
             os.truncate(path, size)
         except OSError:
             pass
-        raise MetricsError(f"{path}: cannot write this step's metrics ({err.strerror or err}); the lines before it "
+        raise MetricsError(f"{path}: cannot write {what} ({err.strerror or err}); the lines before it "
                            "and the checkpoints are intact") from None
 
 
@@ -220,7 +220,7 @@ def _plain(metrics: Mapping[str, float]) -> dict:
             for k, v in metrics.items()}
 
 
-def _truncate_after_step(path: str, step: int) -> None:
+def truncate_after_step(path: str, step: int) -> None:
     """Keeps the JSONL lines of steps <= `step` (a resumed run rewrites what came after its checkpoint); a run
     from the start (`step` 0) starts an empty file."""
     if not os.path.exists(path):

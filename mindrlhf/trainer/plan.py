@@ -335,8 +335,8 @@ def check_rerun(job: JobOptions) -> None:
     what = leftovers.describe("" if own_checkpoints or folder == job.checkpoint_dir else job.checkpoint_dir)
     if not job.overwrite_output:
         raise ConfigError(f"{folder}: holds a run's {what}; --resume continues that run, --overwrite_output deletes "
-                          "its checkpoints, metrics.jsonl, TensorBoard events and progress.png first, or choose "
-                          "another --output_dir (run_grpo.sh: OUTPUT)")
+                          "its checkpoints, metrics.jsonl, completions.jsonl, TensorBoard events and progress.png "
+                          "first, or choose another --output_dir (run_grpo.sh: OUTPUT)")
     if not job.check_flags and output_owner.claimed(job.output_dir):
         tensorboard = (job.tensorboard_dir, os.path.join(job.output_dir, "tensorboard"))
         output_owner.delete_leftovers(job.output_dir, job.checkpoint_dir, tensorboard)

@@ -40,6 +40,7 @@ from mindrlhf.data.reader import PromptDataset
 from mindrlhf.parallel.array_collectives import ArrayCollectives
 from mindrlhf.parallel.swap import SwapManager
 from mindrlhf.reward.rules import accuracy_reward
+from mindrlhf.trainer.completions import CompletionsLog
 from mindrlhf.trainer.evaluation import score_greedy
 from mindrlhf.trainer.experience_maker import ExperienceMaker, StepBatch
 from mindrlhf.trainer.metrics import (
@@ -99,6 +100,7 @@ class RLTrainer:
         with agreed(self.comm.failed_ranks, "opening the metrics"):
             self.metrics_writer = MetricsWriter(job.output_dir, job.tensorboard_dir or None, enabled=self.rank == 0,
                                                 resume_step=self.step)
+            self.completions_log = CompletionsLog(job.output_dir, job.log_completions and self.rank == 0, self.step)
         self._log_job()
 
     def _load_data(self) -> None:
@@ -198,6 +200,8 @@ class RLTrainer:
         elapsed = time.perf_counter() - start
         trained_tokens = batch.trained_tokens * self.config.schedule.num_iterations if actor["actor/updates"] else 0
         metrics = self._step_metrics(batch, actor, elapsed, trained_tokens)
+        with agreed(self.comm.failed_ranks, "writing the step's completions"):
+            self.completions_log.write(self.step, batch.generated, self.tokenizer)
         if self.job.save_data_file:
             with agreed(self.comm.failed_ranks, "writing the step's experience"):
                 if self.rank == 0:

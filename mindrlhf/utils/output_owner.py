@@ -31,6 +31,7 @@ import psutil
 
 LOCK_FILE = "run.lock"
 METRICS_FILE = "metrics.jsonl"
+COMPLETIONS_FILE = "completions.jsonl"  # --log_completions
 PROGRESS_PLOT = "progress.png"
 TENSORBOARD_EVENTS = "events.out.tfevents.*"
 IN_USE = 2  # exit code of `python -m mindrlhf.utils.output_owner hold` when another run holds the folder
@@ -297,11 +298,11 @@ def find_leftovers(output_dir: str, checkpoint_dir: str) -> RunLeftovers:
 
 
 def delete_leftovers(output_dir: str, checkpoint_dir: str, tensorboard_dirs=()) -> list[str]:
-    """Deletes what a run left (`find_leftovers`), its TensorBoard event files in `tensorboard_dirs` and its
-    progress.png; returns the paths deleted."""
+    """Deletes what a run left (`find_leftovers`), its TensorBoard event files in `tensorboard_dirs`, its
+    progress.png and completions.jsonl; returns the paths deleted."""
     found = find_leftovers(output_dir, checkpoint_dir)
     folders = [os.path.join(checkpoint_dir, name) for name in found.checkpoints + found.partial]
-    files = [os.path.join(output_dir, name) for name in (METRICS_FILE, PROGRESS_PLOT)]
+    files = [os.path.join(output_dir, name) for name in (METRICS_FILE, COMPLETIONS_FILE, PROGRESS_PLOT)]
     files += [path for folder in tensorboard_dirs if folder for path in
               sorted(glob.glob(os.path.join(glob.escape(folder), TENSORBOARD_EVENTS)))]
     deleted = []

@@ -45,9 +45,9 @@ def job_args(mindrecord, out_dir, steps, extra=()):
 def straight_args(mindrecord, out_dir, steps=4):
     """The GRPO straight run's flags (tests/conftest.py's `straight_run`, 4 steps: train tp=2, infer dp=2,
     checkpoints at steps 2 and 4; prompts in two buckets, 128 and 256 tokens: its second step switches to the
-    larger). Its steps 1..k are the same with `steps=k` (constant lr, data order and sampling seeds independent of
-    the number of steps), which the tests that compare a job to it rely on."""
-    return job_args(mindrecord, out_dir, steps, ["--prompt_buckets", "128", "256"])
+    larger; its completions logged). Its steps 1..k are the same with `steps=k` (constant lr, data order and sampling
+    seeds independent of the number of steps), which the tests that compare a job to it rely on."""
+    return job_args(mindrecord, out_dir, steps, ["--prompt_buckets", "128", "256", "--log_completions", "true"])
 
 
 def memory_features_yaml(folder):

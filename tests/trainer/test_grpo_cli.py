@@ -134,7 +134,8 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
     frozen = gc.get_freeze_count()
     logged_run(mindrecord, out, [
         "--steps", "1", "--max_new_tokens", "24", "--dynamic_sampling", "true", "--max_sampling_retries", "2",
-        "--num_iterations", "1", "--save_data_file", str(tmp_path / "exp" / "grpo"), "--stop_strings", STOP])
+        "--num_iterations", "1", "--save_data_file", str(tmp_path / "exp" / "grpo"), "--stop_strings", STOP,
+        "--log_completions", "true"])
     assert gc.get_freeze_count() > frozen
     metrics = metrics_lines(out)[0]
     assert_documented([metrics])
@@ -167,6 +168,18 @@ def test_one_process_run_with_dynamic_sampling_saves_its_experience(tmp_path, mi
         else:
             assert length == 24 or response[-1] in tokenizer.stop_token_ids, text(response)
     assert 0 < stopped < len(records)
+    # --log_completions: a line per saved row, its texts, reward, terms and advantage
+    logged = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert len(logged) == len(records) and {line["step"] for line in logged} == {1}
+    for line, record, advantage, length in zip(logged, records, group_advantages(rewards, 4), lengths):
+        assert line["completion"] == text(record["response_ids"][:length].tolist())
+        assert line["prompt"] == tokenizer.decode(record["prompt_ids"].tolist())  # its real tokens only
+        assert line["reward"] == pytest.approx(float(record["reward"]))
+        assert line["advantage"] == pytest.approx(float(advantage), abs=1e-6)
+        assert line["response_length"] == length
+    terms = sorted(key for key in logged[0] if key.startswith("reward/"))
+    assert terms and all(np.mean([line[key] for line in logged]) == pytest.approx(metrics[key], abs=1e-6)
+                         for key in terms)
 
 
 @pytest.mark.slow

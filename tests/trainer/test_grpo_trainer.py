@@ -186,6 +186,12 @@ def test_a_killed_worker_ends_the_job_whose_last_checkpoint_resumes_exactly(stra
     assert [line["step"] for line in lines] == [line["step"] for line in straight] == [1, 2, 3, 4]
     for a, b in zip(lines[2:], straight[2:]):
         assert without_timing(a) == pytest.approx(without_timing(b), rel=1e-6, abs=1e-9)
+    # the completions logged before the kill and after the resume are the straight run's, none twice
+    logged, straight_logged = ([json.loads(line) for line in (folder / "completions.jsonl").read_text().splitlines()]
+                               for folder in (out, straight_dir / "out"))
+    assert [line["step"] for line in logged] == [line["step"] for line in straight_logged]
+    assert {line["step"] for line in logged} == {1, 2, 3, 4}
+    assert [line["completion"] for line in logged] == [line["completion"] for line in straight_logged]
     for rank in range(2):
         resumed, reference = ({k: v.asnumpy() for k, v in ms.load_checkpoint(
             str(folder / "checkpoints" / "step_000004" / f"rank_{rank}" / "train.ckpt")).items()}

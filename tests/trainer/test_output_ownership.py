@@ -16,8 +16,8 @@ from mindrlhf.trainer.plan import check_write_targets, claim_output
 from mindrlhf.utils import output_owner
 
 RERUN = ("holds a run's checkpoints step_000001..step_000002 and metrics of 2 steps; --resume continues that run, "
-         "--overwrite_output deletes its checkpoints, metrics.jsonl, TensorBoard events and progress.png first, or "
-         "choose another --output_dir (run_grpo.sh: OUTPUT)")
+         "--overwrite_output deletes its checkpoints, metrics.jsonl, completions.jsonl, TensorBoard events and "
+         "progress.png first, or choose another --output_dir (run_grpo.sh: OUTPUT)")
 INPUTS = ("policy.ckpt", "prompts.mindrecord", "msrun.out")  # what run_grpo.sh converted and logged
 
 
@@ -30,6 +30,7 @@ def earlier_run(out):
     (out / "tensorboard").mkdir()
     (out / "tensorboard" / "events.out.tfevents.1.vm").write_text("")
     (out / "progress.png").write_bytes(b"\x89PNG")
+    (out / "completions.jsonl").write_text(json.dumps({"step": 1, "completion": "x"}) + "\n")
     for name in INPUTS:
         (out / name).write_text("")
     return out

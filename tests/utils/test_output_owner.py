@@ -222,8 +222,9 @@ def test_the_leftovers_are_deleted_and_the_rest_stays(tmp_path):
     for path in keep:
         path.write_text("")
     (folder / "progress.png").write_bytes(b"\x89PNG")
+    (folder / "completions.jsonl").write_text("{}\n")
     deleted = output_owner.delete_leftovers(str(folder), str(folder / "checkpoints"), [str(tensorboard)])
-    assert len(deleted) == 6
+    assert len(deleted) == 7
     assert not find_leftovers(str(folder), str(folder / "checkpoints"))
     assert sorted(p.name for p in folder.iterdir()) == sorted(["checkpoints", "tensorboard", *(p.name for p in keep)])
     assert list((folder / "checkpoints").iterdir()) == [] and list(tensorboard.iterdir()) == []
