@@ -7,6 +7,7 @@ A folder with only `vocab.json` + `merges.txt` is a Qwen2 byte-level BPE (`Qwen2
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -96,9 +97,8 @@ class HFTokenizer(TokenizersBackend):
         if self.special_tokens["eos_token"] is None:
             raise ValueError(f"{config_path}: eos_token is not set (generation needs an end-of-sequence token)")
         template = _chat_template_of(self.folder, config, config_path)
+        self._template_source = template
         self._chat_template = None if template is None else compile_chat_template(template, config_path)
-        self._template_reads_tools = template is not None and "tools" in meta.find_undeclared_variables(
-            self._chat_template.environment.parse(template))
         self.eos_token_id = self._tokenizer.token_to_id(self.special_tokens["eos_token"])
         pad = self.special_tokens["pad_token"] or self.special_tokens["eos_token"]
         self.pad_token_id = self._tokenizer.token_to_id(pad)
@@ -111,10 +111,11 @@ class HFTokenizer(TokenizersBackend):
                     stops.append(token_id)
         self.stop_token_ids = stops
 
-    @property
+    @functools.cached_property
     def supports_tools(self) -> bool:
-        """Whether the chat template renders a `tools=` list (it reads the `tools` variable)."""
-        return self._chat_template is not None and self._template_reads_tools
+        """Whether the chat template renders a `tools=` list (it reads the `tools` variable); parsed when asked."""
+        return self._chat_template is not None and "tools" in meta.find_undeclared_variables(
+            self._chat_template.environment.parse(self._template_source))
 
     def apply_chat_template(self, messages: Sequence[Mapping], add_generation_prompt: bool = True,
                             tokenize: bool = False, tools: Sequence[Mapping] | None = None) -> str | list[int]:
@@ -123,7 +124,7 @@ class HFTokenizer(TokenizersBackend):
         if self._chat_template is None:
             raise ValueError(f"{self.folder}: the tokenizer has no chat template (tokenizer_config.json "
                              "'chat_template' or chat_template.jinja); use the 'raw' prompt template")
-        if tools and not self._template_reads_tools:
+        if tools and not self.supports_tools:
             raise ValueError(f"{self.folder}: the chat template does not render tools (it never reads `tools`); "
                              "use a tokenizer whose template supports tool calling")
         tokens = {key: value for key, value in self.special_tokens.items() if value is not None}

@@ -1,6 +1,7 @@
 """Tool calls read from a model's text in the Hermes convention of Qwen2.5's chat template (and of SmolLM2's
 tool-calling prompts): each call a JSON object `{"name": ..., "arguments": {...}}` between `<tool_call>` and
-`</tool_call>`. A call that cannot be read is kept as an error text to answer the model with, not dropped."""
+`</tool_call>`. A call that cannot be read is kept as an error text to answer the model with, not dropped; an
+answer too long for the model is cut (`cut_answer`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,3 +47,8 @@ def _read_call(body: str) -> ToolCall:
     if not isinstance(arguments, dict):
         return ToolCall(call["name"], {}, f'the "arguments" of {call["name"]} are not an object')
     return ToolCall(call["name"], arguments)
+
+
+def cut_answer(text: str, max_chars: int) -> str | None:
+    """`text` cut at `max_chars` with a note saying so, or None when it fits."""
+    return None if len(text) <= max_chars else text[:max_chars] + f"\n... (cut at {max_chars} characters)"

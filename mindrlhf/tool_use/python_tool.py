@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 
+from mindrlhf.tool_use.calls import cut_answer
+
 TIMEOUT_S = 10.0
 CPU_S = 5
 MEMORY_BYTES = 1 << 30
@@ -62,7 +64,7 @@ def run_python(code: str, timeout: float = TIMEOUT_S, cpu_seconds: int = CPU_S, 
 def _read(path: str, max_chars: int) -> str:
     with open(path, "rb") as f:
         text = f.read(4 * max_chars + 4).decode("utf-8", "replace")
-    return text if len(text) <= max_chars else text[:max_chars] + f"\n... (cut at {max_chars} characters)"
+    return cut_answer(text, max_chars) or text
 
 
 def python(code: str) -> str:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from mindrlhf.tool_use.calculator import calculator
-from mindrlhf.tool_use.calls import ToolCall
+from mindrlhf.tool_use.calls import ToolCall, cut_answer
 from mindrlhf.tool_use.python_tool import python
 from mindrlhf.tool_use.schema import ToolDefinitionError, function_schema
 
@@ -114,9 +114,8 @@ class ToolRunner:
             return ToolResult(f"error: {call.name} raised {type(err).__name__}: {err}", "error")
         if not isinstance(value, str):
             return ToolResult(f"error: {call.name} returned {type(value).__name__}, not text", "error")
-        if len(value) > self.max_chars:
-            return ToolResult(value[:self.max_chars] + f"\n... (cut at {self.max_chars} characters)", "truncated")
-        return ToolResult(value, "ok")
+        cut = cut_answer(value, self.max_chars)
+        return ToolResult(value, "ok") if cut is None else ToolResult(cut, "truncated")
 
     def close(self) -> None:
         """Stops taking calls; threads of calls that hang are left to end on their own."""

@@ -200,8 +200,9 @@ class RLTrainer:
         elapsed = time.perf_counter() - start
         trained_tokens = batch.trained_tokens * self.config.schedule.num_iterations if actor["actor/updates"] else 0
         metrics = self._step_metrics(batch, actor, elapsed, trained_tokens)
-        with agreed(self.comm.failed_ranks, "writing the step's completions"):
-            self.completions_log.write(self.step, batch.generated, self.tokenizer)
+        if self.job.log_completions:  # an agreement is a collective: none on steps that write nothing
+            with agreed(self.comm.failed_ranks, "writing the step's completions"):
+                self.completions_log.write(self.step, batch.generated, self.tokenizer)
         if self.job.save_data_file:
             with agreed(self.comm.failed_ranks, "writing the step's experience"):
                 if self.rank == 0:
