@@ -129,6 +129,15 @@ class GenerationConfig(Validated):
              "above, rounded up and at least one row fewer. 0.5 halves (rows, rows / 2, ...: the fewest decode graphs "
              "and KV caches; up to half of a count's rows idle); 0.67 leaves at most a third of them idle for about "
              "twice the caches' rows and twice the decode graphs (measured in docs/performance.md).")
+    max_tool_calling_iterations: int = help_field(
+        0, "Tool turns a response may take (TRL's max_tool_calling_iterations; verl's max_assistant_turns is this "
+           "+ 1): a turn of the model that calls a tool (tools.tools) pauses its row, the calls run, their answers "
+           "go back as the chat template's tool turn and decoding resumes. 0 = no tools. A response that would call "
+           "once more ends there, as a clipped response does.")
+    max_tool_response_tokens: int = help_field(
+        256, "Tokens of one tool turn as the model reads it (the template's framing included); a longer answer is "
+             "cut to fit and counted as truncated. With max_tool_calling_iterations a response row is "
+             "max_new_tokens + iterations x this wide.")
     use_kv_cache: bool = help_field(
         True, "Prefill once, then decode one token per step against the static KV cache. False recomputes the "
               "full forward over a fixed [prompt bucket + max_new_tokens] buffer each step (for comparison).")
@@ -139,9 +148,23 @@ class GenerationConfig(Validated):
         return not self.do_sample or self.temperature == 0
 
     @property
+    def response_width(self) -> int:
+        """Positions of a response row: the model's max_new_tokens, plus each tool turn's when tools are on."""
+        return self.max_new_tokens + self.max_tool_calling_iterations * self.max_tool_response_tokens
+
+    @property
     def cache_length(self) -> int:
-        """Slots of the static KV cache: the largest prompt bucket plus max_new_tokens."""
-        return max(self.prompt_buckets) + self.max_new_tokens
+        """Slots of the static KV cache: the largest prompt bucket plus a response row (`response_width`)."""
+        return max(self.prompt_buckets) + self.response_width
+
+    @property
+    def extend_widths(self) -> list[int]:
+        """The widths the extend graph compiles for (a tool turn and the token before it): 8, 16, 32, ... up to the
+        first that holds max_tool_response_tokens + 1."""
+        widths = [8]
+        while widths[-1] < self.max_tool_response_tokens + 1:
+            widths.append(widths[-1] * 2)
+        return widths
 
     def decode_rows(self, rows: int) -> int:
         """The KV-cache rows a batch of `rows` samples decodes in: `max_num_seqs` slots when fewer (continuous
@@ -214,10 +237,16 @@ class GenerationConfig(Validated):
               "must be an integer >= 0 (0 = every prompt of a rank in one prefill call)")
         check(not self.max_num_batched_tokens or self.max_num_batched_tokens >= max(buckets), "max_num_batched_tokens",
               f"must be at least the largest prompt bucket {max(buckets)} (a prompt is prefilled in one call)")
+        check(_is_int(self.max_tool_calling_iterations) and self.max_tool_calling_iterations >= 0,
+              "max_tool_calling_iterations", "must be an integer >= 0 (0 = no tools)")
+        check(_is_int(self.max_tool_response_tokens) and self.max_tool_response_tokens >= 1,
+              "max_tool_response_tokens", "must be an integer >= 1")
+        check(self.use_kv_cache or not self.max_tool_calling_iterations, "max_tool_calling_iterations",
+              "needs use_kv_cache (a tool's answer is appended to the KV cache)")
         check(_is_int(self.max_model_len) and self.max_model_len >= 0, "max_model_len", "must be an integer >= 0")
         check(not self.max_model_len or self.cache_length <= self.max_model_len, "max_model_len",
-              f"must hold the largest prompt bucket {max(buckets)} + max_new_tokens {self.max_new_tokens} = "
-              f"{max(buckets) + self.max_new_tokens} positions")
+              f"must hold the largest prompt bucket {max(buckets)} + a response row {self.response_width} = "
+              f"{self.cache_length} positions")
 
     def check_model(self, vocab_size: int, seq_length: int, model_yaml: str = "") -> None:
         """Checks the fields that depend on the network (`model_yaml`, named in the error when given): token ids in
@@ -238,8 +267,11 @@ class GenerationConfig(Validated):
         """The largest prompt bucket + max_new_tokens fit the seq_length of the net `model_yaml` describes."""
         if self.cache_length > seq_length:
             of = f" of {model_yaml}" if model_yaml else ""
+            tools = (f" + max_tool_calling_iterations={self.max_tool_calling_iterations} x "
+                     f"max_tool_response_tokens={self.max_tool_response_tokens}") if self.max_tool_calling_iterations \
+                else ""
             raise ConfigError(
-                f"generation.max_new_tokens={self.max_new_tokens} + largest of generation.prompt_buckets="
+                f"generation.max_new_tokens={self.max_new_tokens}{tools} + largest of generation.prompt_buckets="
                 f"{max(self.prompt_buckets)} = {self.cache_length} exceeds model_config.seq_length={seq_length}{of} "
                 f"(the KV cache / generation buffer length)")
 

@@ -10,6 +10,7 @@ YAML layout (`--config grpo.yaml`), every section and field optional::
     schedule:   {steps: 100, batch_size: 8, num_iterations: 1, ...}
     checkpoint: {save_interval: 0, keep_last: 3}
     eval:       {eval_interval: 0, eval_batch_size: 0}
+    tools:      {tools: [calculator], tool_timeout: 10}  (with generation.max_tool_calling_iterations)
 
 Each field is also a command-line flag of `grpo_one_stage.py` (`--num_generations 8`, or the dotted
 `--generation.num_generations 8` where a name is used by two sections).
@@ -34,6 +35,7 @@ from mindrlhf.configs.base import ConfigError, Validated, from_mapping, help_fie
 from mindrlhf.configs.generation import GenerationConfig, shown_as
 from mindrlhf.configs.mindspeed import is_mindspeed_yaml, translate
 from mindrlhf.configs.stage_configs import DPOConfig, RewardModelConfig, SFTConfig
+from mindrlhf.configs.tools import ToolsConfig
 
 
 @dataclass(frozen=True)
@@ -357,6 +359,7 @@ SECTIONS: dict[str, type] = {
     "sft": SFTConfig,
     "dpo": DPOConfig,
     "reward_model": RewardModelConfig,
+    "tools": ToolsConfig,
 }
 
 
@@ -382,6 +385,7 @@ class GRPOConfig:
     sft: SFTConfig = dataclasses.field(default_factory=SFTConfig)  # the stages before RL (--stage)
     dpo: DPOConfig = dataclasses.field(default_factory=DPOConfig)
     reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)
+    tools: ToolsConfig = dataclasses.field(default_factory=ToolsConfig)
     # "section.field" -> the YAML file (or "command line") that gave its value, the latest last; not a setting
     sources: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -450,6 +454,12 @@ class GRPOConfig:
             raise ConfigError(f"generation.num_generations must be >= 2 for {self.algorithm.adv_estimator} (a group of "
                               f"one has advantage 0 everywhere, so nothing would be learned), got "
                               f"{self.generation.num_generations}")
+        iterations = self.generation.max_tool_calling_iterations
+        if bool(self.tools.tools) != bool(iterations):
+            raise ConfigError("tools.tools lists tools but generation.max_tool_calling_iterations is 0: set how many "
+                              "tool turns a response may take (e.g. 2)" if self.tools.tools else
+                              f"generation.max_tool_calling_iterations={iterations} but tools.tools lists no tool "
+                              "(--tools calculator, or package.module:function)")
         if self.generation.greedy:
             raise ConfigError("generation: GRPO needs sampling (do_sample true and temperature > 0): with greedy "
                               "decoding every response of a group is identical and all advantages are zero")

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.generation.stopping import StopStrings
+from mindrlhf.generation.trajectories import ToolTurnHandler, Trajectories, Uniforms
 from mindrlhf.models.qwen2.modeling import KVCache
 
 
@@ -30,102 +31,23 @@ class GraphCalls:
 
 
 class _Decoding:
-    """One generate call's settings, graph calls and progress bar; the response buffers, the end of a response (an
-    EOS or a stop string) and the step down to fewer cache rows, shared by the strategies."""
+    """One generate call's settings, graph calls, progress bar and tool-turn handler (None: single-turn), shared by
+    the strategies."""
 
     def __init__(self, config: GenerationConfig, calls: GraphCalls, stop: StopStrings | None, with_log_probs: bool,
-                 bar: tqdm):
+                 bar: tqdm, tools: ToolTurnHandler | None = None):
         self.config, self.calls, self.stop, self.with_log_probs, self.bar = config, calls, stop, with_log_probs, bar
+        self.tools = tools
 
-    def buffers(self, batch: int):
-        """The response ids, mask, log-probs (or None) of `batch` samples and whether each has finished."""
-        cfg = self.config
-        response = np.full((batch, cfg.max_new_tokens), cfg.pad_token_id, np.int32)
-        resp_mask = np.zeros((batch, cfg.max_new_tokens), np.int32)
-        log_probs = np.zeros((batch, cfg.max_new_tokens), np.float32) if self.with_log_probs else None
-        return response, resp_mask, log_probs, np.zeros(batch, bool)
-
-    def ended(self, tokens: np.ndarray, response: np.ndarray, samples: np.ndarray, last: np.ndarray) -> np.ndarray:
-        """Whether each of `samples` ended with its newest token `tokens` (at index `last` of its `response` row): an
-        EOS, or the completion of a stop string."""
-        ended = np.isin(tokens, self.config.eos_token_ids)
-        if self.stop is not None:
-            check = np.flatnonzero(~ended)
-            ended[check] = self.stop.completed(response, samples[check], last[check])
-        return ended
-
-    def step_down(self, cache: KVCache, counts: list[int], running: np.ndarray) -> tuple[KVCache, np.ndarray | None]:
-        """When the cache rows `running` fit a smaller row count of `counts` than `cache` has, moves them into rows
-        0, 1, ... of the smallest such count's cache; returns that cache and, for each of its rows, the row of
-        `cache` it came from (-1: none). Else `cache` and None."""
-        target = min(c for c in counts if c >= running.size)
-        if target >= cache.batch_size:
-            return cache, None
-        source = np.full(target, -1)
-        source[:running.size] = running
-        small = self.calls.cache(target)
-        self.calls.move(cache, small, np.maximum(source, 0))
-        return small, source
+    def trajectories(self, batch: int) -> Trajectories:
+        """The response rows of `batch` samples, their tokens drawn from the call's stream."""
+        uniforms = Uniforms(self.calls.uniforms, self.config.max_new_tokens, batch)
+        return Trajectories(self.config, batch, self.with_log_probs, self.stop, uniforms, self.tools)
 
 
 class FixedBatch(_Decoding):
-    """Every sample keeps a row of the batch to the end of the call: with the KV cache (`cached`: prefill, then
-    decode steps that step down to fewer rows as samples end) or without it (`uncached`: a full forward a token).
-    Each returns the response buffers, the steps and the rows the decode calls computed."""
-
-    def cached(self, prompts, prompts_mask, prompt_lengths, prefill_prompts: int):
-        """Prefill reads each prompt once and fills the cache rows of its `num_generations` samples; each decode
-        step runs every sample still running, in the smallest row count of `decode_row_counts` they fit."""
-        cfg, run = self.config, self.calls.run
-        n = cfg.num_generations
-        bucket = prompts.shape[1]
-        batch = len(prompts) * n
-        cache = self.calls.cache(batch)
-        response, resp_mask, log_probs, finished = self.buffers(batch)
-        valid = np.zeros((batch, cache.length), np.float32)
-        valid[:, :bucket] = np.repeat(prompts_mask, n, 0)
-        chosen = self._prefill(cache, (batch, cache.length), prompts, prompts_mask, prefill_prompts)
-        sample_of = np.arange(batch)  # the sample each cache row decodes, -1: none
-        counts = cfg.decode_row_counts(batch)
-        steps, computed = cfg.max_new_tokens, 0
-        for t in range(cfg.max_new_tokens):
-            tokens = self._step(t, *chosen, finished, response, resp_mask, log_probs)
-            self.bar.update()
-            if finished.all() or t == cfg.max_new_tokens - 1:
-                steps = t + 1
-                break
-            slot = bucket + t
-            valid[:, slot] = 1.0
-            running = np.flatnonzero((sample_of >= 0) & ~finished[np.maximum(sample_of, 0)])
-            cache, source = self.step_down(cache, counts, running)
-            if source is not None:
-                sample_of = np.where(source >= 0, sample_of[np.maximum(source, 0)], -1)
-            rows = np.maximum(sample_of, 0)  # a row without a sample repeats sample 0's inputs, its output unused
-            uniforms = self.calls.uniforms(batch)[rows] * (sample_of >= 0)
-            positions = (prompt_lengths[rows] + t).astype(np.int32)[:, None]
-            decoded = run("decode", (cache.batch_size, cache.length), cache.decode, Tensor(tokens[rows][:, None]),
-                          Tensor(positions), Tensor(np.full(cache.batch_size, slot, np.int32)), Tensor(valid[rows]),
-                          uniforms=uniforms, with_log_probs=self.with_log_probs)
-            computed += cache.batch_size
-            chosen = _by_sample(decoded, sample_of, batch)
-        return response, resp_mask, log_probs, steps, computed
-
-    def _prefill(self, cache: KVCache, key: tuple, prompts: np.ndarray, prompts_mask: np.ndarray,
-                 prefill_prompts: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Fills the cache rows of every prompt's n samples (prompt j: rows j n .. j n + n - 1), `prefill_prompts`
-        prompts a call (all of them when it does not divide their number), fewer to fit `max_num_batched_tokens`;
-        returns the first tokens of the U n rows and their log-probs (each sample's own draw from its prompt's
-        logits)."""
-        count, n = len(prompts), self.config.num_generations
-        chunk = prefill_prompts if prefill_prompts and count % prefill_prompts == 0 else count
-        chunk = self.config.prefill_prompts(chunk, prompts.shape[1])  # a divisor of chunk: within the token budget
-        uniforms = self.calls.uniforms(count * n)
-        chosen = [self.calls.run("prefill", key, cache.prefill, Tensor(prompts[start:start + chunk]),
-                                 Tensor(prompts_mask[start:start + chunk]), *cache.rows_of(start, chunk, n),
-                                 uniforms=uniforms[start * n:(start + chunk) * n], with_log_probs=self.with_log_probs)
-                  for start in range(0, count, chunk)]
-        tokens = np.concatenate([c[0] for c in chosen])
-        return tokens, np.concatenate([c[1] for c in chosen]) if self.with_log_probs else None
+    """Every sample keeps a row of the batch to the end of the call, without the KV cache: a full forward over the
+    [prompt | response so far] buffer for each token. Returns the trajectories, the steps and the rows computed."""
 
     def uncached(self, ids, mask, forward: nn.Cell):
         """A full forward of `forward` over the [prompt | response so far] buffer for each token, every row a call."""
@@ -135,19 +57,23 @@ class FixedBatch(_Decoding):
         buf = np.full((batch, width), cfg.pad_token_id, np.int32)
         buf_mask = np.zeros((batch, width), np.int32)
         buf[:, :bucket], buf_mask[:, :bucket] = ids, mask
-        response, resp_mask, log_probs, finished = self.buffers(batch)
+        traj = self.trajectories(batch)
+        samples = np.arange(batch)
         steps = cfg.max_new_tokens
         for t in range(cfg.max_new_tokens):
-            chosen = self.calls.run("forward", (), forward, Tensor(buf), Tensor(buf_mask),
-                                    Tensor(bucket + t - 1, ms.int32), uniforms=self.calls.uniforms(batch),
-                                    with_log_probs=self.with_log_probs)
-            tokens = self._step(t, *chosen, finished, response, resp_mask, log_probs)
+            running = samples[~traj.finished]
+            uniforms = np.zeros(batch, np.float32)
+            uniforms[running] = traj.draws(running)
+            tokens, token_lp = self.calls.run("forward", (), forward, Tensor(buf), Tensor(buf_mask),
+                                              Tensor(bucket + t - 1, ms.int32), uniforms=uniforms,
+                                              with_log_probs=self.with_log_probs)
+            traj.record(running, tokens[running], None if token_lp is None else token_lp[running])
             self.bar.update()
-            if finished.all():
+            if traj.finished.all():
                 steps = t + 1
                 break
-            buf[:, bucket + t], buf_mask[:, bucket + t] = tokens, 1
-        return response, resp_mask, log_probs, steps, batch * (steps - 1)
+            buf[:, bucket + t], buf_mask[:, bucket + t] = np.where(traj.finished, cfg.pad_token_id, tokens), 1
+        return traj, steps, batch * (steps - 1), int(traj.produced.sum()) - batch
 
     def _step(self, t, tokens, token_lp, finished, response, resp_mask, log_probs) -> np.ndarray:
         """Records step t's chosen tokens and log-probs; returns the tokens fed to the next step."""
@@ -162,125 +88,152 @@ class FixedBatch(_Decoding):
         return tokens
 
 
-def _by_sample(chosen: tuple, sample_of: np.ndarray, batch: int) -> tuple:
-    """A decode call's (tokens, log-probs or None) of cache rows, at their samples' places in arrays of `batch` (0
-    for a sample no row decoded: one that has ended)."""
-    held = sample_of >= 0
-    spread = []
-    for values in chosen:
-        if values is not None:
-            full = np.zeros(batch, values.dtype)
-            full[sample_of[held]] = values[held]
-            values = full
-        spread.append(values)
-    return tuple(spread)
+class CachedRollout(_Decoding):
+    """Prefill, decode and (with tools) extend on the static KV cache. The fixed batch (`slots` 0): every sample has a
+    cache row from the start, all prompts prefilled first (`prefill_prompts` a call). Continuous batching (`slots` =
+    max_num_seqs): a slot whose sample finished takes the next waiting one, its prompt prefilled once into the free
+    slots its waiting samples take. Every occupied row decodes a token a call at its own position; once no sample
+    waits, the running ones step down to fewer rows (`decode_row_counts`). A sample whose turn calls a tool gets the
+    tool's turn appended to its cache rows by an extend call and decodes on."""
 
-
-class ContinuousBatch(_Decoding):
-    """Continuous batching over `max_num_seqs` slots (KV-cache rows): a slot whose response ended takes the next
-    waiting sample (samples in order: prompt j's are j n .. j n + n - 1); a prompt is prefilled once into all the
-    free slots its waiting samples take; then every occupied slot decodes one token a call, each at its own
-    position. Once no sample waits, the running ones step down to fewer slots."""
-
-    def run(self, prompts, prompts_mask, prompt_lengths):
-        """Returns the fixed batch's buffers, the number of decode calls and the rows they computed."""
+    def run(self, prompts, prompts_mask, prompt_lengths, slots: int = 0, prefill_prompts: int = 0):
+        """Returns the trajectories, the steps (decode calls, + 1 for the fixed batch's prefill), the rows the decode
+        calls computed and the tokens they made."""
         cfg = self.config
-        bucket = prompts.shape[1]
-        state = _Slots(self, cfg.max_num_seqs, len(prompts) * cfg.num_generations)
-        cache = self.calls.cache(cfg.max_num_seqs)
-        valid = np.zeros((cache.batch_size, cache.length), np.float32)
-        counts = cfg.decode_row_counts(cfg.max_num_seqs)
-        calls = computed = 0
+        batch = len(prompts) * cfg.num_generations
+        self.prompts, self.prompts_mask, self.prompt_lengths = prompts, prompts_mask, prompt_lengths
+        self.bucket = prompts.shape[1]
+        traj = self.trajectories(batch)
+        cache = self.calls.cache(slots or batch)
+        self.valid = np.zeros((cache.batch_size, cache.length), np.float32)
+        self.sample_of = np.full(cache.batch_size, -1)  # the sample each cache row holds, -1: none
+        waiting = collections.deque(range(batch) if slots else ())
+        if not slots:
+            self._prefill_all(traj, cache, prefill_prompts)
+        counts = cfg.decode_row_counts(cache.batch_size)
+        calls = computed = decoded = 0
         while True:
-            self._fill(state, cache, (cache.batch_size, cache.length), prompts, prompts_mask, valid)
-            occupied = np.flatnonzero(state.sample_of >= 0)
+            self._fill(traj, cache, waiting)
+            occupied = np.flatnonzero(self.sample_of >= 0)
             if not occupied.size:
-                return state.response, state.resp_mask, state.log_probs, calls, computed
-            if not state.waiting:
+                return traj, calls + (0 if slots else 1), computed, decoded
+            if not waiting:
                 cache, source = self.step_down(cache, counts, occupied)
                 if source is not None:
-                    state.keep_slots(source)
-                    valid = np.where(source[:, None] >= 0, valid[np.maximum(source, 0)], 0.0).astype(np.float32)
-                    occupied = np.flatnonzero(state.sample_of >= 0)
-            slots = cache.batch_size
-            samples, t = state.sample_of[occupied], state.next_token[occupied]
-            tokens = np.full(slots, cfg.pad_token_id, np.int32)
-            tokens[occupied] = state.response[samples, t - 1]
-            write_at = np.full(slots, bucket, np.int32)  # an empty slot writes where its next sample starts
-            write_at[occupied] = bucket + t - 1
-            positions = np.zeros(slots, np.int32)
-            positions[occupied] = prompt_lengths[samples] + t - 1
-            valid[occupied, write_at[occupied]] = 1.0
-            chosen = self.calls.run("decode", (slots, cache.length), cache.decode, Tensor(tokens[:, None]),
-                                    Tensor(positions[:, None]), Tensor(write_at), Tensor(valid),
-                                    uniforms=state.uniforms(occupied), with_log_probs=self.with_log_probs)
+                    self.sample_of = np.where(source >= 0, self.sample_of[np.maximum(source, 0)], -1)
+                    self.valid = np.where(source[:, None] >= 0, self.valid[np.maximum(source, 0)], 0.0).astype(
+                        np.float32)
+                    occupied = np.flatnonzero(self.sample_of >= 0)
+            rows = cache.batch_size
+            samples = self.sample_of[occupied]
+            tokens = np.full(rows, cfg.pad_token_id, np.int32)
+            tokens[occupied] = traj.last_token(samples)
+            write_at = np.full(rows, self.bucket, np.int32)  # an empty row writes where its next sample starts
+            write_at[occupied] = self.bucket + traj.length[samples] - 1
+            positions = np.zeros(rows, np.int32)
+            positions[occupied] = self.prompt_lengths[samples] + traj.length[samples] - 1
+            self.valid[occupied, write_at[occupied]] = 1.0
+            chosen = self.calls.run("decode", (rows, cache.length), cache.decode, Tensor(tokens[:, None]),
+                                    Tensor(positions[:, None]), Tensor(write_at), Tensor(self.valid),
+                                    uniforms=self._draws(traj, occupied, rows), with_log_probs=self.with_log_probs)
             calls += 1
-            computed += slots
+            computed += rows
+            decoded += occupied.size
             self.bar.update()
-            state.record(occupied, chosen)
+            self._settle(traj, cache, occupied, chosen)
 
-    def _fill(self, state: _Slots, cache: KVCache, key: tuple, prompts, prompts_mask, valid) -> None:
-        """Gives the free slots the next waiting samples, a prompt at a time: the prompt is prefilled once into the
-        slots its samples take, which then hold their first token (a sample that ends there frees its slot again)."""
-        n, slots, bucket = self.config.num_generations, state.sample_of.size, prompts.shape[1]
-        while state.waiting and (state.sample_of < 0).any():
-            free = np.flatnonzero(state.sample_of < 0)
-            prompt = state.waiting[0] // n
-            taken = [state.waiting.popleft() for _ in range(min(len(free), n - state.waiting[0] % n))]
-            rows = free[:len(taken)]
-            state.sample_of[rows], state.next_token[rows] = taken, 0
-            valid[rows] = 0.0
-            valid[rows, :bucket] = prompts_mask[prompt]
-            written = np.zeros(slots, np.float32)
-            written[rows] = 1.0
-            chosen = self.calls.run("prefill", key, cache.prefill, Tensor(prompts[prompt:prompt + 1]),
-                                    Tensor(prompts_mask[prompt:prompt + 1]), Tensor(np.zeros(slots, np.int32)),
-                                    Tensor(written), uniforms=state.uniforms(rows), with_log_probs=self.with_log_probs)
-            state.record(rows, chosen)
+    def step_down(self, cache: KVCache, counts: list[int], running: np.ndarray) -> tuple[KVCache, np.ndarray | None]:
+        """When the cache rows `running` fit a smaller row count of `counts` than `cache` has, moves them into rows
+        0, 1, ... of the smallest such count's cache; returns that cache and, for each of its rows, the row of
+        `cache` it came from (-1: none). Else `cache` and None."""
+        target = min(c for c in counts if c >= running.size)
+        if target >= cache.batch_size:
+            return cache, None
+        source = np.full(target, -1)
+        source[:running.size] = running
+        small = self.calls.cache(target)
+        self.calls.move(cache, small, np.maximum(source, 0))
+        return small, source
 
-
-class _Slots:
-    """The decode slots of one continuous-batching call (`ContinuousBatch`): the sample each slot holds (-1: empty)
-    and the index of the token it produces next, the samples waiting for a slot, and the whole batch's response
-    buffers. Sample s's token t is drawn at uniform [t, s] of the generator's stream, row t drawn (for every
-    sample, in one call) the first time a sample reaches token t, as the fixed batch draws it: the samples do not
-    depend on the slots."""
-
-    def __init__(self, decoding: ContinuousBatch, slots: int, batch: int):
-        self.decoding, self.batch = decoding, batch
-        self.response, self.resp_mask, self.log_probs, _ = decoding.buffers(batch)
-        self.sample_of = np.full(slots, -1)
-        self.next_token = np.zeros(slots, np.int64)
-        self.waiting = collections.deque(range(batch))
-        self.uniform_rows = np.zeros((decoding.config.max_new_tokens, batch), np.float32)  # row t: drawn or 0
-        self.rows_drawn = 0
-
-    def uniforms(self, rows: np.ndarray) -> np.ndarray:
-        """A uniform a slot: [t, s] for the slots `rows` (sample s, producing its token t), 0 elsewhere."""
-        t = self.next_token[rows]
-        while self.rows_drawn <= int(t.max()):
-            self.uniform_rows[self.rows_drawn] = self.decoding.calls.uniforms(self.batch)
-            self.rows_drawn += 1
-        drawn = np.zeros(self.sample_of.size, np.float32)
-        drawn[rows] = self.uniform_rows[t, self.sample_of[rows]]
+    def _draws(self, traj: Trajectories, rows: np.ndarray, count: int) -> np.ndarray:
+        """A uniform a cache row: the next model token's of the sample each of `rows` holds, 0 elsewhere."""
+        drawn = np.zeros(count, np.float32)
+        drawn[rows] = traj.draws(self.sample_of[rows])
         return drawn
 
-    def keep_slots(self, source: np.ndarray) -> None:
-        """Fewer slots: slot i now holds what slot source[i] held (-1: empty), as `step_down` moved them."""
-        held = source >= 0
-        self.sample_of = np.where(held, self.sample_of[np.maximum(source, 0)], -1)
-        self.next_token = np.where(held, self.next_token[np.maximum(source, 0)], 0)
+    def _settle(self, traj: Trajectories, cache: KVCache, rows: np.ndarray, chosen) -> None:
+        """Records the tokens `chosen` for the cache rows `rows`; a row whose sample finished is emptied, and the
+        samples whose turn called a tool get the tool's turn through extend calls until none does."""
+        while rows.size:
+            tokens, token_lp = chosen
+            samples = self.sample_of[rows]
+            fed = traj.record(samples, tokens[rows], None if token_lp is None else token_lp[rows])
+            self.sample_of[rows[traj.finished[samples]]] = -1
+            rows = np.array([row for row in rows if self.sample_of[row] in fed], np.int64)
+            if rows.size:
+                chosen = self._extend(traj, cache, rows, [fed[self.sample_of[row]] for row in rows])
 
-    def record(self, rows: np.ndarray, chosen) -> None:
-        """Writes the tokens chosen for slots `rows` into their samples' responses; a slot whose sample ended (an
-        EOS, a stop string, or its last token) is emptied."""
-        tokens, token_lp = chosen
-        samples, t = self.sample_of[rows], self.next_token[rows]
-        self.response[samples, t] = tokens[rows]
-        self.resp_mask[samples, t] = 1
-        if self.log_probs is not None:
-            self.log_probs[samples, t] = token_lp[rows]
-        ended = self.decoding.ended(tokens[rows], self.response, samples, t)
-        ended |= t == self.decoding.config.max_new_tokens - 1
-        self.sample_of[rows[ended]] = -1
-        self.next_token[rows[~ended]] += 1
+    def _extend(self, traj: Trajectories, cache: KVCache, rows: np.ndarray, fed: list[list[int]]):
+        """One extend call: the tokens `fed` (a sample's newest model token, then its tool turn) into cache rows
+        `rows` at their samples' next slots; the tokens chosen after them."""
+        count, length = cache.batch_size, cache.length
+        width = min(next(w for w in self.config.extend_widths if w >= max(map(len, fed))), length)
+        tokens = np.zeros((count, width), np.int32)
+        positions = np.zeros((count, width), np.int32)
+        written = np.zeros((count, width), np.float32)
+        window_start = np.zeros(count, np.int32)
+        last = np.zeros(count, np.int32)
+        for row, ids in zip(rows, fed):
+            sample = self.sample_of[row]
+            first = self.bucket + int(traj.length[sample]) - len(ids)  # the slot of the newest model token
+            window_start[row] = min(first, length - width)
+            offset = first - window_start[row]
+            tokens[row, offset:offset + len(ids)] = ids
+            written[row, offset:offset + len(ids)] = 1.0
+            slot_positions = self.prompt_lengths[sample] - self.bucket + window_start[row] + np.arange(width)
+            positions[row] = np.maximum(slot_positions, 0)  # a column left of the prompt is not written
+            self.valid[row, first:first + len(ids)] = 1.0
+            last[row] = offset + len(ids) - 1
+        return self.calls.run("extend", (count, length), cache.extend, Tensor(tokens), Tensor(positions),
+                              Tensor(window_start), Tensor(written), Tensor(self.valid), Tensor(last),
+                              uniforms=self._draws(traj, rows, count), with_log_probs=self.with_log_probs)
+
+    def _prefill_all(self, traj: Trajectories, cache: KVCache, prefill_prompts: int) -> None:
+        """Fills the cache rows of every prompt's n samples (prompt j: rows j n .. j n + n - 1), `prefill_prompts`
+        prompts a call (all of them when it does not divide their number), fewer to fit `max_num_batched_tokens`;
+        records each sample's first token (its own draw from its prompt's logits)."""
+        count, n = len(self.prompts), self.config.num_generations
+        chunk = prefill_prompts if prefill_prompts and count % prefill_prompts == 0 else count
+        chunk = self.config.prefill_prompts(chunk, self.bucket)  # a divisor of chunk: within the token budget
+        self.sample_of[:] = np.arange(count * n)
+        self.valid[:, :self.bucket] = np.repeat(self.prompts_mask, n, 0)
+        uniforms = traj.draws(np.arange(count * n))
+        key = (cache.batch_size, cache.length)
+        chosen = [self.calls.run("prefill", key, cache.prefill, Tensor(self.prompts[start:start + chunk]),
+                                 Tensor(self.prompts_mask[start:start + chunk]), *cache.rows_of(start, chunk, n),
+                                 uniforms=uniforms[start * n:(start + chunk) * n], with_log_probs=self.with_log_probs)
+                  for start in range(0, count, chunk)]
+        tokens = np.concatenate([c[0] for c in chosen])
+        token_lp = np.concatenate([c[1] for c in chosen]) if self.with_log_probs else None
+        self._settle(traj, cache, np.arange(count * n), (tokens, token_lp))
+
+    def _fill(self, traj: Trajectories, cache: KVCache, waiting: collections.deque) -> None:
+        """Gives the free rows the next waiting samples, a prompt at a time: the prompt is prefilled once into the
+        rows its samples take, which then hold their first token (a sample that ends there frees its row again)."""
+        n, rows = self.config.num_generations, cache.batch_size
+        while waiting and (self.sample_of < 0).any():
+            free = np.flatnonzero(self.sample_of < 0)
+            prompt = waiting[0] // n
+            taken = [waiting.popleft() for _ in range(min(len(free), n - waiting[0] % n))]
+            new = free[:len(taken)]
+            self.sample_of[new] = taken
+            self.valid[new] = 0.0
+            self.valid[new, :self.bucket] = self.prompts_mask[prompt]
+            written = np.zeros(rows, np.float32)
+            written[new] = 1.0
+            chosen = self.calls.run("prefill", (rows, cache.length), cache.prefill,
+                                    Tensor(self.prompts[prompt:prompt + 1]),
+                                    Tensor(self.prompts_mask[prompt:prompt + 1]), Tensor(np.zeros(rows, np.int32)),
+                                    Tensor(written), uniforms=self._draws(traj, new, rows),
+                                    with_log_probs=self.with_log_probs)
+            self._settle(traj, cache, new, chosen)

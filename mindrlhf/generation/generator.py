@@ -22,30 +22,35 @@ from tqdm import tqdm
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.data.reader import pad_rows
-from mindrlhf.generation.decoding import ContinuousBatch, FixedBatch, GraphCalls
+from mindrlhf.generation.decoding import CachedRollout, FixedBatch, GraphCalls
 from mindrlhf.generation.selection import TokenSelection, float32_uniforms
 from mindrlhf.generation.stopping import StopStrings
+from mindrlhf.generation.trajectories import ToolTurnHandler
 from mindrlhf.models.qwen2.modeling import KVCache, Qwen2ForCausalLM, positions_and_bias
 
 logger = logging.getLogger(__name__)
 
-GRAPHS = ("prefill", "decode", "forward", "move")
+GRAPHS = ("prefill", "decode", "extend", "forward", "move")
 
 
 @dataclass
 class GenerationOutput:
     """Rollout of B = num_prompts * num_generations rows; sample i of prompt j is row j * num_generations + i.
 
-    Masks are int32 (1 = token). `response_mask` is 1 up to and including the first EOS; after it
-    `response_ids` hold pad_token_id and `log_probs` 0.
+    Masks are int32 (1 = token). `response_mask` is 1 up to and including the first EOS (the last turn's, with
+    tools); after it `response_ids` hold pad_token_id and `log_probs` 0.
     """
 
     prompt_ids: np.ndarray  # [B, P] int32, left-padded to the prompt bucket P
     prompt_mask: np.ndarray  # [B, P] int32
-    response_ids: np.ndarray  # [B, max_new_tokens] int32
-    response_mask: np.ndarray  # [B, max_new_tokens] int32
+    response_ids: np.ndarray  # [B, response_width] int32 (max_new_tokens without tools)
+    response_mask: np.ndarray  # [B, response_width] int32
     response_lengths: np.ndarray  # [B] int32, tokens per response including the EOS
-    log_probs: np.ndarray | None = None  # [B, max_new_tokens] float32, see Generator.generate
+    log_probs: np.ndarray | None = None  # [B, response_width] float32, see Generator.generate
+    # with tools (generation.max_tool_calling_iterations): the rows are response_width wide, tool_mask [B, width]
+    # int32 marks the tool turns' tokens (their log_probs are 0) and tool_calls holds each sample's calls
+    tool_mask: np.ndarray | None = None
+    tool_calls: list[list[dict]] | None = None
     # the call's work: batch_size, rows, prompt_bucket, steps, seconds, response_tokens, computed_rows (the rows the
     # decode calls computed), idle_rows (those that made no token) and idle_row_share
     stats: dict = field(default_factory=dict)
@@ -55,7 +60,7 @@ class GenerationOutput:
         return self.response_ids.shape[0]
 
     def sequences(self) -> tuple[np.ndarray, np.ndarray]:
-        """[prompt | response] ids and attention mask, [B, P + max_new_tokens] int32 (for the log-prob passes)."""
+        """[prompt | response] ids and attention mask, [B, P + response_width] int32 (for the log-prob passes)."""
         ids = np.concatenate([self.prompt_ids, self.response_ids], axis=1)
         mask = np.concatenate([self.prompt_mask, self.response_mask], axis=1)
         return ids, mask
@@ -133,10 +138,12 @@ class Generator:
     """
 
     def __init__(self, model: Qwen2ForCausalLM, config: GenerationConfig, graphs: CompiledGraphs | None = None,
-                 prefill_prompts: int = 0, detokenize: Callable[[Sequence[int]], str] | None = None):
+                 prefill_prompts: int = 0, detokenize: Callable[[Sequence[int]], str] | None = None,
+                 tools: ToolTurnHandler | None = None):
         if graphs is not None and graphs.model is not model:
             raise ValueError("graphs: the compiled graphs of another model cannot be shared")
         self.model = model
+        self.tools = tools
         self.detokenize = detokenize
         self.prefill_prompts = prefill_prompts
         self._graphs = CompiledGraphs(model) if graphs is None else graphs
@@ -151,6 +158,9 @@ class Generator:
     def config(self, config: GenerationConfig) -> None:
         # a GenerationConfig is frozen and validated as it is made: kept by reference, only checked against the model
         config.check_model(self.model.config.vocab_size, self.model.config.seq_length)
+        if config.max_tool_calling_iterations and self.tools is None:
+            raise ConfigError("generation.max_tool_calling_iterations: the generator needs the tools' turns "
+                              "(tools) to call them")
         self._config = config
         if config.stop_strings and self.detokenize is None:
             raise ConfigError("generation.stop_strings: the generator needs the tokenizer's text of the responses "
@@ -192,6 +202,7 @@ class Generator:
         for cache in self._graphs.caches.values():
             counts["prefill"] += len(getattr(cache.prefill, "compile_cache", ()) or ())
             counts["decode"] += len(getattr(cache.decode, "compile_cache", ()) or ())
+            counts["extend"] += len(getattr(cache.extend, "compile_cache", ()) or ())
             counts["move"] += sum(len(getattr(cell, "compile_cache", ()) or ()) for cell in cache.moves.values())
         if self._graphs.forward_cell is not None:
             counts["forward"] += len(getattr(self._graphs.forward_cell, "compile_cache", ()) or ())
@@ -231,27 +242,30 @@ class Generator:
         bar = tqdm(total=cfg.max_new_tokens, desc="generate", unit="tok", leave=False,
                    disable=not (progress and sys.stderr.isatty()))
         calls = GraphCalls(run=self._run, uniforms=self._uniforms, cache=self.cache, move=self._move_rows)
-        context = (cfg, calls, self._stop, return_log_probs, bar)
+        tools = self.tools if cfg.max_tool_calling_iterations else None
+        context = (cfg, calls, self._stop, return_log_probs, bar, tools)
         with bar:
             if not cfg.use_kv_cache:
                 decoded = FixedBatch(*context).uncached(ids, mask, self._forward_cell())
-            elif cfg.decode_rows(batch) < batch:
-                decoded = ContinuousBatch(*context).run(prompts, prompts_mask, lengths)
             else:
-                decoded = FixedBatch(*context).cached(prompts, prompts_mask, lengths, self.prefill_prompts)
-        response, resp_mask, log_probs, steps, computed = decoded
+                slots = cfg.max_num_seqs if cfg.decode_rows(batch) < batch else 0
+                decoded = CachedRollout(*context).run(prompts, prompts_mask, lengths, slots, self.prefill_prompts)
+        traj, steps, computed, made = decoded
         elapsed = time.perf_counter() - start
-        tokens = int(resp_mask.sum())
-        # `computed`: the rows the decode calls computed; the first token of every sample came from a prefill call,
-        # so the decode rows that made a token were tokens - batch, and the others were idle
-        idle = computed - (tokens - batch)
+        tokens = int(traj.produced.sum())
+        idle = computed - made  # the rows the decode calls computed that made no token
         stats = {"batch_size": batch, "rows": cfg.decode_rows(batch) if cfg.use_kv_cache else batch,
                  "prompt_bucket": bucket, "steps": steps, "seconds": elapsed, "response_tokens": tokens,
                  "computed_rows": computed, "idle_rows": idle, "idle_row_share": idle / computed if computed else 0.0}
+        if tools is not None:
+            stats.update(tool_turns=int(traj.tool_turns.sum()), tool_seconds=traj.tool_seconds,
+                         tool_tokens=int(traj.tool_mask.sum()))
         logger.debug("generated %s", stats)
-        return GenerationOutput(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=resp_mask,
-                                response_lengths=resp_mask.sum(axis=1).astype(np.int32),
-                                log_probs=log_probs if return_log_probs else None, stats=stats)
+        return GenerationOutput(prompt_ids=ids, prompt_mask=mask, response_ids=traj.response, response_mask=traj.mask,
+                                response_lengths=traj.mask.sum(axis=1).astype(np.int32),
+                                log_probs=traj.log_probs if return_log_probs else None, stats=stats,
+                                tool_mask=traj.tool_mask if tools is not None else None,
+                                tool_calls=traj.calls if tools is not None else None)
 
     def _run(self, graph: str, key: tuple, cell: nn.Cell, *args: Tensor, uniforms: np.ndarray,
              with_log_probs: bool) -> tuple[np.ndarray, np.ndarray | None]:

@@ -5,6 +5,7 @@ from mindrlhf.tool_use.calculator import calculator, evaluate_arithmetic
 from mindrlhf.tool_use.calls import ToolCall, parse_tool_calls
 from mindrlhf.tool_use.runner import Tool, ToolResult, ToolRunner, load_tools
 from mindrlhf.tool_use.schema import ToolDefinitionError, function_schema
+from mindrlhf.tool_use.turns import ToolTurn, ToolTurns
 
-__all__ = ["Tool", "ToolCall", "ToolDefinitionError", "ToolResult", "ToolRunner", "calculator", "evaluate_arithmetic",
-           "function_schema", "load_tools", "parse_tool_calls"]
+__all__ = ["Tool", "ToolCall", "ToolDefinitionError", "ToolResult", "ToolRunner", "ToolTurn", "ToolTurns",
+           "calculator", "evaluate_arithmetic", "function_schema", "load_tools", "parse_tool_calls"]

@@ -22,9 +22,28 @@ from mindrlhf.algorithms import (
 from mindrlhf.data.experience import Experience, concat_experiences
 from mindrlhf.engine.batches import RankRows, group_unit
 from mindrlhf.engine.sizing import RESPONSE_COLUMNS
+from mindrlhf.generation.trajectories import call_counts
 from mindrlhf.reward import columns_per_completion
 from mindrlhf.reward.rules import take_answer_check_timeouts
 from mindrlhf.trainer.metrics import row_statistics, token_count
+
+
+def tool_columns(out) -> dict[str, np.ndarray]:
+    """The experience columns of a multi-turn rollout (`GenerationOutput` with a tool mask): `loss_mask`, the model's
+    own tokens (what the policy trains), and per response its turns and how its tool calls went."""
+    counts = [call_counts(calls) for calls in out.tool_calls]
+    tool_turns = (np.diff(out.tool_mask, axis=1, prepend=0) == 1).sum(axis=1)
+    columns = {"loss_mask": (out.response_mask * (1 - out.tool_mask)).astype(np.int32),
+               "num_turns": (1 + tool_turns).astype(np.int32)}
+    for name in ("calls", "errors", "timeouts", "truncated"):
+        columns[f"tool/{name}"] = np.array([c[name] for c in counts], np.int32)
+    return columns
+
+
+def trained_tokens(exp: Experience) -> str:
+    """The column of the tokens the policy trains: the model's own (`loss_mask`) in a multi-turn rollout, else every
+    response token."""
+    return "loss_mask" if "loss_mask" in exp else "response_mask"
 
 
 @dataclass(frozen=True)
@@ -34,7 +53,8 @@ class StepBatch:
     (the whole rollout when it was gathered, `gathered`; else this rank's own); `rank_rows`, each trained role's rows
     on this rank (`RankRows`) by role name; `trained_tokens`, the prompt and response tokens of the rows trained on;
     `sampling`, the sampling rounds' metrics; `decode_rows`, this rank's rollouts' decode rows (computed, idle);
-    `answer_check_timeouts`, this rank's answer checks by meaning that ran past their time limit."""
+    `answer_check_timeouts`, this rank's answer checks by meaning that ran past their time limit; `tool_seconds`, this
+    rank's rollouts' seconds in tool calls."""
 
     rows: Experience
     generated: Experience
@@ -44,6 +64,7 @@ class StepBatch:
     sampling: dict
     decode_rows: tuple[int, int]
     answer_check_timeouts: int = 0
+    tool_seconds: float = 0.0
 
 
 class ExperienceMaker:
@@ -57,17 +78,20 @@ class ExperienceMaker:
         self.advantage_estimator = get_advantage_estimator(self.config.algorithm.adv_estimator)
         self._decode_rows = np.zeros(2, np.int64)
         self._answer_timeouts = 0
+        self._tool_seconds = 0.0  # this step's rollouts' seconds in tool calls (timing/tools)
 
     def make(self) -> StepBatch:
         """The step's batch, with advantages (see the module doc for its two paths)."""
         self._decode_rows = np.zeros(2, np.int64)
         self._answer_timeouts = 0
+        self._tool_seconds = 0.0
         take_answer_check_timeouts()  # the held-out evaluation's are not this step's
         if self.plan.rollout_rows_stay:
             return self._own_rows()
         generated, train, sampling = self._gathered_rows()
         update_rows = self.plan.shape.update_rows
-        rank_rows = {"actor": RankRows.of_batch(train, self.train_layout.dp, self.train_layout.dp_rank, update_rows)}
+        rank_rows = {"actor": RankRows.of_batch(train, self.train_layout.dp, self.train_layout.dp_rank, update_rows,
+                                                trained_tokens(train))}
         if self.critic:
             rank_rows["critic"] = RankRows.of_batch(train, self.critic.layout.dp, self.critic.layout.dp_rank,
                                                     update_rows)
@@ -76,7 +100,7 @@ class ExperienceMaker:
         # dynamic sampling trains on some of the generated rows only
         train_rows = rows if train is generated else row_statistics(train, eos)
         return StepBatch(rows, generated, True, rank_rows, token_count(train_rows), sampling,
-                         self._decode_rows_seen(), self._answer_timeouts)
+                         self._decode_rows_seen(), self._answer_timeouts, self._tool_seconds)
 
     def _own_rows(self) -> StepBatch:
         own = self._with_advantages(self._rollout())
@@ -85,9 +109,12 @@ class ExperienceMaker:
             rows = packed.unpack(self.comm.gather_data_parallel_rows(packed.pack(), self.infer_layout))
         layout = self.train_layout
         batch_positions = np.arange(layout.dp_rank * own.num_rows, (layout.dp_rank + 1) * own.num_rows)
-        share = RankRows(own, rows["response_length"].reshape(layout.dp, -1), batch_positions)
+        lengths = rows["response_length"].reshape(layout.dp, -1)
+        trained = rows["model_length"].reshape(layout.dp, -1) if "model_length" in rows else None
+        share = RankRows(own, lengths, batch_positions) if trained is None else \
+            RankRows(own, trained, batch_positions, lengths)
         return StepBatch(rows, own, False, {"actor": share}, token_count(rows), {"sampling/rounds": 1},
-                         self._decode_rows_seen(), self._answer_timeouts)
+                         self._decode_rows_seen(), self._answer_timeouts, self._tool_seconds)
 
     def _decode_rows_seen(self) -> tuple[int, int]:
         return int(self._decode_rows[0]), int(self._decode_rows[1])
@@ -100,9 +127,14 @@ class ExperienceMaker:
             out = self.actor.generate(batch["prompt_ids"], batch["attention_mask"], progress=self.plan.rank == 0)
         self._decode_rows += (out.stats["computed_rows"], out.stats["idle_rows"])
         inputs = {name: getattr(out, name) for name in RESPONSE_COLUMNS}
+        columns = columns_per_completion(batch["columns"], group_size)
+        tools = tool_columns(out) if out.tool_mask is not None else {}
+        if tools:
+            self._tool_seconds += out.stats["tool_seconds"]
+            columns["tool_calls"] = out.tool_calls
         with self.phases("reward"):
             solutions = [s for s in batch["solution"] for _ in range(group_size)]
-            scores = self.reward.score(inputs, solutions, columns_per_completion(batch["columns"], group_size))
+            scores = self.reward.score({**inputs, **tools}, solutions, columns)
             self._answer_timeouts += take_answer_check_timeouts()
         ref_logp = None
         if self.reference:
@@ -113,7 +145,7 @@ class ExperienceMaker:
             with self.phases("old"):
                 old_logp = self.actor.log_probs(inputs)
         mask = out.response_mask.astype(np.float32)
-        columns = {**inputs, "old_logp": (old_logp * mask).astype(np.float32)}
+        columns = {**inputs, **tools, "old_logp": (old_logp * mask).astype(np.float32)}
         if ref_logp is not None:
             columns["ref_logp"] = (ref_logp * mask).astype(np.float32)
         columns["rewards"] = scores.total.astype(np.float32)
@@ -128,8 +160,8 @@ class ExperienceMaker:
         with self.phases("values"):
             values = self.critic.values(exp)
         kl, coef = None, 0.0
-        if self.kl_ctrl is not None:
-            kl = kl_penalty(exp.old_logp, exp.ref_logp, "k1") * exp.response_mask
+        if self.kl_ctrl is not None:  # on the model's own tokens (a tool's answer is no action of the policy)
+            kl = kl_penalty(exp.old_logp, exp.ref_logp, "k1") * exp[trained_tokens(exp)]
             coef = self.kl_ctrl.value
         token_rewards = token_level_rewards(exp.rewards, exp.response_mask, kl, coef)
         return exp.with_columns(values=values, token_rewards=token_rewards)

@@ -31,6 +31,8 @@ LINE_METRICS = (
     "dpo/grad_norm", "timing/step", "e2e_tps", "eval/accuracy",
 )
 LINE_UNITS = {"timing/step": "s"}
+TOOL_PREFIX = "tool/"
+TOOL_COUNTS = ("tool/calls", "tool/errors", "tool/timeouts", "tool/truncated")  # a response's calls, by outcome
 NOT_ON_THE_LINE = ("reward/frac_zero_std",)
 # metrics that measure the machine (clock, throughput, memory), not the job: names or name prefixes
 MACHINE_METRICS = ("timing/", "perf/", "memory/", "e2e_tps", "update_tps", "vllm_tps")
@@ -66,13 +68,17 @@ def score_metrics(scores: np.ndarray, terms: Mapping[str, np.ndarray], group_siz
 def row_statistics(exp, eos_token_ids: Iterable[int]):
     """Per response, what the step's metrics read (an `Experience` of 1-D columns, cheap to gather): its score
     `rewards` and reward terms, `response_length` (tokens, the end token included), `prompt_length` (unpadded) and
-    `clipped` (cut at the response width without an end token)."""
+    `clipped` (cut at the response width without an end token); with tools also `model_length` (the model's own
+    tokens), `num_turns` and the `tool/*` counts of each response's calls."""
     lengths = exp.response_mask.sum(axis=1)
     last = exp.response_ids[np.arange(len(lengths)), np.maximum(lengths - 1, 0)]
     clipped = (lengths == exp.response_mask.shape[1]) & ~np.isin(last, list(eos_token_ids))
     terms = {name: exp[name] for name in exp if name.startswith(REWARD_TERM_PREFIX)}
+    tools = {name: exp[name] for name in exp if name.startswith(TOOL_PREFIX) or name == "num_turns"}
+    if tools:
+        tools["model_length"] = exp.loss_mask.sum(axis=1)
     return Experience({"rewards": exp.rewards, **terms, "response_length": lengths,
-                       "prompt_length": exp.prompt_mask.sum(axis=1), "clipped": clipped})
+                       "prompt_length": exp.prompt_mask.sum(axis=1), "clipped": clipped, **tools})
 
 
 def token_count(rows) -> int:
@@ -81,15 +87,32 @@ def token_count(rows) -> int:
 
 
 def length_metrics(rows) -> dict:
-    """`response_length/{mean,max,min}` (tokens, the end token included), `response_length/clip_ratio` (the
-    share of responses cut at the response width without an end token) and `prompt_length/{mean,max,min}`
-    (unpadded prompt tokens; every prompt has the same number of rows, so these are the prompts' own), from
-    `rows` (`row_statistics`)."""
-    lengths, prompts = rows.response_length, rows.prompt_length
+    """`response_length/{mean,max,min}` (tokens, the end token included; with tools the model's own tokens only),
+    `response_length/clip_ratio` (the share of responses cut at the response width without an end token) and
+    `prompt_length/{mean,max,min}` (unpadded prompt tokens; every prompt has the same number of rows, so these are the
+    prompts' own), from `rows` (`row_statistics`)."""
+    lengths = rows.model_length if "model_length" in rows else rows.response_length
+    prompts = rows.prompt_length
     return {"response_length/mean": float(lengths.mean()), "response_length/max": int(lengths.max()),
             "response_length/min": int(lengths.min()), "response_length/clip_ratio": float(rows.clipped.mean()),
             "prompt_length/mean": float(prompts.mean()), "prompt_length/max": int(prompts.max()),
             "prompt_length/min": int(prompts.min())}
+
+
+def tool_metrics(rows, tool_seconds: Iterable[float]) -> dict:
+    """A multi-turn step's `num_turns/{mean,max,min}` (the model's turns a response), `tool/calls`, `tool/errors`,
+    `tool/timeouts`, `tool/truncated` (the step's calls, and those that failed so) and `tool/call_share` (the share of
+    responses that called a tool), from `rows` (`row_statistics`), and `timing/tools`, the largest of the ranks'
+    `tool_seconds` (within their timing/generate); nothing for a job without tools."""
+    if "num_turns" not in rows:
+        return {}
+    turns = rows.num_turns
+    metrics = {"num_turns/mean": float(turns.mean()), "num_turns/max": int(turns.max()),
+               "num_turns/min": int(turns.min())}
+    metrics.update({name: int(rows[name].sum()) for name in TOOL_COUNTS})
+    metrics["tool/call_share"] = float((rows["tool/calls"] > 0).mean())
+    metrics["timing/tools"] = round(float(np.max(np.asarray(list(tool_seconds), np.float64))), 4)
+    return metrics
 
 
 def throughput_metrics(step_tokens: int, trained_tokens: int, world_size: int,

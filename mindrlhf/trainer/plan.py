@@ -35,6 +35,7 @@ from mindrlhf.engine.step_shape import StepShape
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.layout import Layout, tensor_parallel_refusal, tensor_parallel_sizes
 from mindrlhf.reward import get_reward_function
+from mindrlhf.tool_use import ToolDefinitionError, load_tools
 from mindrlhf.trainer.specs import ActorSpec, CriticSpec, NetSpec, ReferenceSpec, RewardSpec
 from mindrlhf.utils import output_owner
 
@@ -78,6 +79,7 @@ class JobPlan:
                                                                                job, world_size, rank)
         eval_batch_size = _check_batches(config, job, shape)
         generation = _generation(config, tokenizer, job, train_cfg, infer_cfg)
+        check_tool_template(config, tokenizer)
         check_decode_rows(config, generation, job, shape, eval_batch_size)
         critic_cfg, critic_layout = _critic_config_and_layout(config, job, train_cfg, shape, world_size, rank)
         shape = shape.with_critic(critic_layout.dp) if critic_layout is not None else shape
@@ -90,7 +92,7 @@ class JobPlan:
         infer = NetSpec(infer_cfg, infer_layout, job.sft_path_infer, job.load_sft_checkpoint_infer)
         actor = ActorSpec(train, infer, shares_train_weights(train, infer), generation, config.loss, config.optimizer,
                           config.schedule, shape, config.eval.eval_max_new_tokens or generation.max_new_tokens,
-                          job.init_seed)
+                          job.init_seed, config.tools)
         reference = ReferenceSpec(dataclasses.replace(infer, checkpoint=job.load_ref_checkpoint),
                                   generation.temperature) if needs_reference(config, job) else None
         critic = CriticSpec(NetSpec(critic_cfg, critic_layout, job.sft_path_critic, job.load_critic_checkpoint),
@@ -228,6 +230,19 @@ def check_registered_names(config: GRPOConfig) -> None:
             get_reward_function(name)
         except (ValueError, ImportError, TypeError) as err:
             raise _sourced(config, "reward", ("reward_funcs",), f"reward.reward_funcs: {err}") from None
+    try:
+        load_tools(config.tools.tools)
+    except ToolDefinitionError as err:
+        raise _sourced(config, "tools", ("tools",), str(err)) from None
+
+
+def check_tool_template(config: GRPOConfig, tokenizer) -> None:
+    """A job with tools needs a tokenizer whose chat template renders them (and their answers' turns)."""
+    if config.tools.tools and not getattr(tokenizer, "supports_tools", False):
+        raise _sourced(config, "tools", ("tools",),
+                       f"tools.tools: the tokenizer {tokenizer!r} has no chat template that renders tools (a "
+                       "tokenizer folder whose tokenizer_config.json or chat_template.jinja reads `tools`, as "
+                       "Qwen2.5's)")
 
 
 def _sourced(config: GRPOConfig, section: str, fields: tuple[str, ...], message: str) -> ConfigError:

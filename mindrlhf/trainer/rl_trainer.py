@@ -52,11 +52,12 @@ from mindrlhf.trainer.metrics import (
     score_metrics,
     throughput_metrics,
     token_count,
+    tool_metrics,
 )
 from mindrlhf.trainer.phases import PHASES, Phases, peak_rss_gib
 from mindrlhf.trainer.plan import JobPlan
 from mindrlhf.trainer.plot import plot_progress
-from mindrlhf.trainer.roles import Actor, Critic, Reference, Reward, Role
+from mindrlhf.trainer.roles import Actor, Critic, Reference, Reward, Role, tool_turns_of
 from mindrlhf.trainer.specs import phase_plan
 from mindrlhf.utils.agreement import agreed
 
@@ -113,7 +114,7 @@ class RLTrainer:
         """The roles' nets (their strategy files need nothing else)."""
         plan = self.plan
         self.reward = Reward(plan.reward, self.tokenizer)
-        self.actor = Actor(plan.actor, self.tokenizer.completion)
+        self.actor = Actor(plan.actor, self.tokenizer.completion, tool_turns_of(plan.actor, self.tokenizer))
         self.reference = Reference(plan.reference) if plan.reference else None
         self.critic = Critic(plan.critic) if plan.critic else None
         self.roles: list[Role] = [role for role in (self.actor, self.reference, self.reward, self.critic) if role]
@@ -234,10 +235,10 @@ class RLTrainer:
         metrics["timing/step"] = round(elapsed, 4)
         metrics.update(throughput_metrics(token_count(rows), trained_tokens, self.world_size, metrics))
         own = np.array([peak_rss_gib(), self.phases.seconds.get("generate", 0.0), *batch.decode_rows,
-                        batch.answer_check_timeouts], np.float32)
+                        batch.answer_check_timeouts, batch.tool_seconds], np.float32)
         ranks = self.comm.all_gather(own).reshape(-1, own.size)
         metrics.update(memory_metrics(ranks[:, 0]))
-        metrics.update(rollout_rank_metrics(ranks[:, 1], ranks[:, 2], ranks[:, 3]))
+        metrics.update(rollout_rank_metrics(ranks[:, 1], ranks[:, 2], ranks[:, 3]), **tool_metrics(rows, ranks[:, 5]))
         # the ranks that own rows scored them (tensor-parallel peers scored the same rows again)
         metrics["reward/answer_check_timeouts"] = int(ranks[self.infer_layout.row_owners(), 4].sum())
         return metrics

@@ -57,6 +57,8 @@ from mindrlhf.parallel.layers import init_random_weights, random_full_state
 from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.strategy import net_layouts
 from mindrlhf.reward import build_reward_fn
+from mindrlhf.tool_use import ToolRunner, ToolTurns, load_tools
+from mindrlhf.trainer.completions import response_turns
 from mindrlhf.trainer.specs import (
     CRITIC_MOMENTS,
     CRITIC_WEIGHTS,
@@ -148,6 +150,16 @@ def adamw(opt, net, params, state_prefix: str = "", learning_rate: float | None 
     return AdamW(params, **kwargs)
 
 
+def tool_turns_of(spec: ActorSpec, tokenizer) -> ToolTurns | None:
+    """The tool turns of the actor's rollouts (its spec's tools, their answers in `tokenizer`'s chat template), or
+    None for a job without tools."""
+    tools = spec.tools
+    if not tools.tools:
+        return None
+    runner = ToolRunner(load_tools(tools.tools), tools.tool_timeout, tools.max_tool_result_chars, tools.tool_workers)
+    return ToolTurns(runner, tokenizer, spec.generation.max_tool_response_tokens)
+
+
 class Actor(Role):
     """The policy: a train net (train layout, possibly in pipeline stages) in a training engine with the GRPO loss,
     an inference net (infer layout) with the sampling generator and an old-policy forward engine, and the online
@@ -158,9 +170,10 @@ class Actor(Role):
 
     name = "actor"
 
-    def __init__(self, spec: ActorSpec, detokenize=None):
+    def __init__(self, spec: ActorSpec, detokenize=None, tool_turns=None):
         self.spec = spec
         self.detokenize = detokenize  # token ids -> the rewards' text: the generators' stop strings read it
+        self.tool_turns = tool_turns  # the tools' turns of a multi-turn rollout (`tool_use.ToolTurns`), or None
         self.train_layout, self.infer_layout = spec.train.layout, spec.infer.layout
         self.train_net = Qwen2ForCausalLM(spec.train.model, self.train_layout)
         self.train_strategy = net_layouts(self.train_net, self.train_layout)  # of this rank's stage
@@ -191,8 +204,8 @@ class Actor(Role):
             adamw(opt, train, self.train_net.trainable_params()), self.train_layout, train.model,
             MicroBatchSizer.for_pass("train", sched, train.model, self.train_layout, spec.group_size, training=True),
             spec.shape, comm,
-            update_policy(opt, sched, spec.shape, loss.aggregation, opt.learning_rate, opt.warmup_steps,
-                          opt.max_grad_norm),
+            dataclasses.replace(update_policy(opt, sched, spec.shape, loss.aggregation, opt.learning_rate,
+                                              opt.warmup_steps, opt.max_grad_norm), token_mask=spec.token_mask),
             self.train_strategy, stage_shared=self.train_net.stage_shared_params, dp_sums=dp_sums)
         self.to_infer = None if self.shares_weights else \
             self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
@@ -209,13 +222,13 @@ class Actor(Role):
 
     def _build_generators(self) -> None:
         spec, gen = self.spec, self.spec.generation
-        self.generator = Generator(self.infer_net, gen, detokenize=self.detokenize)
+        self.generator = Generator(self.infer_net, gen, detokenize=self.detokenize, tools=self.tool_turns)
         self.generator.reseed([gen.seed, self.infer_layout.dp_rank])  # each dp rank samples a stream of its own
         # the evaluation prefills as many prompts a call as the rollout: both run one prefill graph
         self.eval_generator = Generator(self.infer_net, dataclasses.replace(
             gen, do_sample=False, num_generations=1, max_new_tokens=spec.eval_max_new_tokens),
             graphs=self.generator.graphs, prefill_prompts=spec.shape.prompts_per_infer_rank,
-            detokenize=self.detokenize)
+            detokenize=self.detokenize, tools=self.tool_turns)
 
     def resharder_to(self, net, strategy: dict, prefix: str):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
@@ -486,7 +499,9 @@ class Reward(Role):
     def score(self, rollout: Mapping[str, np.ndarray], solutions, columns=None) -> RewardScores:
         """The rewards of the responses of `rollout` (prompt and response ids and masks by name), given each one's
         gold answer (`solutions`); `columns`: the prompts' other dataset fields, one list per name with a value per
-        response, passed to TRL-form reward functions as keyword arguments."""
+        response, passed to TRL-form reward functions as keyword arguments. A multi-turn rollout (a `loss_mask`) also
+        gives them `turns`, each response's turns as {"role", "content"} messages (its `tool_calls` come in
+        `columns`)."""
         prompt_ids, prompt_mask = rollout["prompt_ids"], rollout["prompt_mask"]
         response_ids, response_mask = rollout["response_ids"], rollout["response_mask"]
         completions = self.tokenizer.completions(response_ids, response_mask)
@@ -502,6 +517,9 @@ class Reward(Role):
                                                                     skip_special_tokens=False)
                     extra["completion_ids"] = [ids[mask.astype(bool)].tolist()
                                                for ids, mask in zip(response_ids, response_mask)]
+                    if "loss_mask" in rollout:
+                        extra["turns"] = response_turns(self.tokenizer, response_ids, response_mask,
+                                                        rollout["loss_mask"])
                 rewards, terms = self.rules(completions, solutions, **extra)
         if self.net is not None:
             scores = self.model_scores(rollout)

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.configs.grpo_configs import CriticConfig, LossConfig, OptimizerConfig, RewardConfig, ScheduleConfig
+from mindrlhf.configs.tools import ToolsConfig
 from mindrlhf.engine.step_shape import StepShape
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.layout import Layout
@@ -62,10 +63,17 @@ class ActorSpec:
     shape: StepShape  # the plan's (`JobPlan.shape`)
     eval_max_new_tokens: int  # the greedy evaluation's longest answer
     init_seed: int
+    tools: ToolsConfig = dataclasses.field(default_factory=ToolsConfig)  # the tools its rollouts may call
 
     @property
     def group_size(self) -> int:
         return self.shape.group_size
+
+    @property
+    def token_mask(self) -> str:
+        """The experience column of the tokens the policy loss trains: with tools the model's own (`loss_mask`, the
+        tool turns' tokens left out), else every response token."""
+        return "loss_mask" if self.tools.tools else "response_mask"
 
     @property
     def infer_group(self) -> str:

@@ -450,7 +450,7 @@ def test_compiles_once_per_bucket_and_once_for_decode(model):
     for length in (5, 9, 30, 33, 9):
         prompts = rng.integers(1, MODEL["vocab_size"], size=(2, length)).tolist()
         gen.generate(prompts)
-    expected = {"prefill": 3, "decode": 1, "forward": 0, "move": 0}
+    expected = {"prefill": 3, "decode": 1, "extend": 0, "forward": 0, "move": 0}
     assert gen.compile_counts() == expected
     assert gen.graph_compile_counts() == expected  # MindSpore's own record (Cell.compile_cache)
     assert sorted(sig[3][1] for sig in gen.first_call_seconds if sig[0] == "prefill") == [16, 32, 64]
@@ -474,7 +474,7 @@ def test_a_generator_sharing_graphs_runs_the_other_ones(model):
     np.testing.assert_array_equal(out_shared.response_ids, out_alone.response_ids)
     np.testing.assert_array_equal(out_shared.response_mask, out_alone.response_mask)
     assert shared.cache(4) is rollout.cache(4) and alone.cache(4) is not rollout.cache(4)
-    graphs = {"prefill": 1, "decode": 1, "forward": 0, "move": 0}
+    graphs = {"prefill": 1, "decode": 1, "extend": 0, "forward": 0, "move": 0}
     assert rollout.graph_compile_counts() == alone.graph_compile_counts() == graphs  # nothing compiled twice
     assert shared.compile_counts() == rollout.compile_counts() == graphs
     prefills = [sig for sig in rollout.first_call_seconds if sig[0] == "prefill"]

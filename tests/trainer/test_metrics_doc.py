@@ -51,6 +51,15 @@ def stand_in_trainer():
     return trainer
 
 
+def tool_columns(exp) -> dict:
+    """A multi-turn rollout's columns for `exp`'s rows: the second response token of each row was a tool's."""
+    tool_mask = np.zeros_like(exp.response_mask)
+    tool_mask[:, 1] = exp.response_mask[:, 1]
+    columns = {"loss_mask": exp.response_mask * (1 - tool_mask), "num_turns": 1 + tool_mask.sum(1)}
+    columns.update({f"tool/{name}": tool_mask.sum(1) for name in ("calls", "errors", "timeouts", "truncated")})
+    return columns
+
+
 def written_records(folder) -> list[dict]:
     """metrics.jsonl of the evaluation before training and of one step of the stand-in trainer, whose actor and
     critic are training engines on stand-in train steps (tests/support/fake_engines.py)."""
@@ -65,14 +74,15 @@ def written_records(folder) -> list[dict]:
     from mindrlhf.trainer.roles import Actor, Critic
 
     exp = with_critic_columns(make_experience(8, 3, 4))
-    exp = exp.with_columns(**{"reward/format": exp.rewards})
+    exp = exp.with_columns(**{"reward/format": exp.rewards}, **tool_columns(exp))
     trainer = stand_in_trainer()
     share = RankRows.of_batch(exp, 1, 0, exp.num_rows)
     updates = role_with_engine(Actor, "actor", [1.0] * 4, 2, ACTOR_INPUTS, GRPOLossNet.OUTPUTS).train(share)
     updates.update(role_with_engine(Critic, "critic", [1.0] * 4, 2, CRITIC_INPUTS, ValueLossNet.OUTPUTS).train(share))
     updates.update(trainer._update_kl_controller(exp))
     # decode rows computed, idle; 3 answer checks past their limit on this rank (6 on the other)
-    batch = StepBatch(row_statistics(exp, [1]), exp, True, {}, 100, {}, (40, 15), 3)
+    # and 0.5 s in tool calls (1 s on the other)
+    batch = StepBatch(row_statistics(exp, [1]), exp, True, {}, 100, {}, (40, 15), 3, 0.5)
     metrics = trainer._step_metrics(batch, updates, elapsed=2.0, trained_tokens=100)
     metrics.update(trainer._eval_metrics())
     writer = MetricsWriter(str(folder))
@@ -93,6 +103,15 @@ def test_every_metric_written_has_one_row_and_every_row_is_written(tmp_path):
     assert step["perf/idle_decode_rows"] == 0.375
     assert step["reward/answer_check_timeouts"] == 3 + 6  # both ranks own rows (infer dp=2)
     assert 0.0005 < step["timing/generate_spread"] < 1  # the second rank's generate phase took twice as long
+    # a tool turn of one token in every response: its turns and calls, lengths of the model's own tokens only
+    from support.experience import make_experience
+
+    mask = make_experience(8, 3, 4).response_mask
+    called = mask[:, 1]  # the responses of 2 tokens or more
+    assert 0 < called.sum() < len(mask)  # the case needs responses with and without a call
+    assert step["tool/calls"] == step["tool/errors"] == called.sum() and step["tool/call_share"] == called.mean()
+    assert step["num_turns/max"] == 2 and step["num_turns/mean"] == 1 + called.mean() and step["timing/tools"] == 1.0
+    assert step["response_length/mean"] == pytest.approx((mask.sum(1) - called).mean())
     never = [name for name in metric_rows() if not any(name_pattern(name).match(key) for key in written)]
     assert not never, f"rows of docs/metrics.md for metrics nothing writes: {never}"
 

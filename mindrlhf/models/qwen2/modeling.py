@@ -115,6 +115,8 @@ class Qwen2Attention(nn.Cell):
                 # reads (several rows from one prompt: its samples; rows not marked keep what they hold)
                 self._fill_prompt_slots(key_cache, k, prefill_rows)
                 self._fill_prompt_slots(value_cache, v, prefill_rows)
+            elif isinstance(slot_index, tuple):
+                k, v = self._extend_rows(key_cache, k, slot_index), self._extend_rows(value_cache, v, slot_index)
             else:
                 # decode: the new position's key and value go in place into the cache's rows `slot_index`
                 # [B, kv_heads] (KVCache: one row of head_dim values a sample, head and position); a ScatterUpdate
@@ -131,6 +133,17 @@ class Qwen2Attention(nn.Cell):
         out = ops.matmul(self._by_kv_head(probs, batch, seq), v)
         out = out.reshape(batch, self.heads_local, seq, hd).transpose(0, 2, 1, 3)
         return self.wo(out.reshape(batch, seq, self.heads_local * hd))
+
+    def _extend_rows(self, cache, x, extension):
+        """Writes the columns of keys or values x [B, kv_heads, W, hd] that `extension` = (rows [B, kv_heads, W] int32,
+        written [B, 1, W, 1] 0/1) marks into those cache rows (a column not marked keeps what its row holds); returns
+        the whole cache as [B, kv_heads, L, hd] in the compute dtype."""
+        rows, written = extension
+        batch, heads, width, hd = x.shape
+        kept = ops.gather(cache, rows, 0)
+        new = ops.select(ops.broadcast_to(written > 0, kept.shape), x.astype(cache.dtype), kept)
+        updated = self.write_rows(cache, rows, new)
+        return updated.reshape(batch, heads, cache.shape[0] // (batch * heads), hd).astype(self.compute_dtype)
 
     @staticmethod
     def _fill_prompt_slots(cache, x, prefill_rows):
@@ -604,6 +617,31 @@ class _DecodeCell(_CachedCell):
         return self.model.logits(h.reshape(batch, h.shape[-1]))
 
 
+class _ExtendCell(_CachedCell):
+    """Appends up to W tokens a row to the cache (a tool's answer after a turn): row b's tokens sit in a window of W
+    slots from `window_start[b]`, the columns `written[b]` marks (1) are new and go into the cache, the others keep
+    the slots' contents; each column attends causally to the slots `valid_slots` [B, L] marks (the new ones
+    included). Returns the logits at column `last[b]` of each row [B, vocab]."""
+
+    def __init__(self, model: Qwen2ForCausalLM, key_caches, value_caches, shape: tuple[int, int, int, int]):
+        super().__init__(model, key_caches, value_caches, shape)
+        batch, kv_heads, length, _ = shape
+        self.first_rows = Tensor((np.arange(batch * kv_heads, dtype=np.int32) * length).reshape(batch, kv_heads, 1))
+        self.key_slots = Tensor(np.arange(length, dtype=np.int32).reshape(1, 1, length))
+
+    def construct(self, token_ids, position_ids, window_start, written, valid_slots, last):
+        batch, width = token_ids.shape
+        slots = window_start.reshape(batch, 1) + ops.arange(0, width, dtype=ms.int32).reshape(1, width)  # [B, W]
+        rows = self.first_rows + slots.reshape(batch, 1, width)
+        allowed = (self.key_slots <= slots.reshape(batch, width, 1)).astype(ms.float32) * \
+            valid_slots.astype(ms.float32).reshape(batch, 1, self.cache_length)
+        attn_bias = ((1.0 - allowed) * MASK_VALUE).reshape(batch, 1, width, self.cache_length)
+        extension = (rows, written.reshape(batch, 1, width, 1))
+        h = self.model.model(token_ids, position_ids, attn_bias, self.key_caches, self.value_caches, extension)
+        picked = ops.arange(0, batch, dtype=ms.int32) * width + last
+        return self.model.logits(ops.gather(h.reshape(batch * width, h.shape[-1]), picked, 0))
+
+
 class KVCache:
     """Static key/value cache for `batch_size` sequences of up to `length` positions, with two graphs.
 
@@ -612,7 +650,8 @@ class KVCache:
     for all of its samples' rows, and prompts may come a few at a time) and returns each prompt's last-position
     logits [B', vocab]; `decode(token_ids, position_ids, slots, valid_slots)` runs one
     new token per sequence, writes row b's at cache position `slots[b]` (int32 [B]: rows may be at different points
-    of their responses) and attends to the positions where `valid_slots` [B, L] is 1.
+    of their responses) and attends to the positions where `valid_slots` [B, L] is 1; `extend(token_ids, position_ids,
+    window_start, written, valid_slots, last)` appends several tokens a row ([B, W], bucketed widths: `_ExtendCell`).
     Each graph compiles once per input shape. The cache Parameters are not part of the model's
     checkpoint (they live here, named `kv_cache.<batch size>.*`).
     """
@@ -637,6 +676,7 @@ class KVCache:
         self.key_caches, self.value_caches = layer_caches("key"), layer_caches("value")
         self.prefill = _PrefillCell(model, self.key_caches, self.value_caches, self.shape)
         self.decode = _DecodeCell(model, self.key_caches, self.value_caches, self.shape)
+        self.extend = _ExtendCell(model, self.key_caches, self.value_caches, self.shape)
         self.moves: dict[int, _MoveRowsCell] = {}  # by the batch size of the cache they write
 
     def nbytes(self) -> int:
