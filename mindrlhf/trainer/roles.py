@@ -150,6 +150,15 @@ def adamw(opt, net, params, state_prefix: str = "", learning_rate: float | None 
     return AdamW(params, **kwargs)
 
 
+def actor_update_policy(spec: ActorSpec) -> UpdatePolicy:
+    """How the policy's updates are made: its optimizer's rate, warmup and clip, the loss's aggregation, over the
+    tokens it trains (`ActorSpec.token_mask`: with tools the model's own, never a tool's answer)."""
+    opt = spec.optimizer
+    policy = update_policy(opt, spec.schedule, spec.shape, spec.loss.aggregation, opt.learning_rate,
+                           opt.warmup_steps, opt.max_grad_norm)
+    return dataclasses.replace(policy, token_mask=spec.token_mask)
+
+
 def tool_turns_of(spec: ActorSpec, tokenizer) -> ToolTurns | None:
     """The tool turns of the actor's rollouts (its spec's tools, their answers in `tokenizer`'s chat template), or
     None for a job without tools."""
@@ -204,9 +213,8 @@ class Actor(Role):
             adamw(opt, train, self.train_net.trainable_params()), self.train_layout, train.model,
             MicroBatchSizer.for_pass("train", sched, train.model, self.train_layout, spec.group_size, training=True),
             spec.shape, comm,
-            dataclasses.replace(update_policy(opt, sched, spec.shape, loss.aggregation, opt.learning_rate,
-                                              opt.warmup_steps, opt.max_grad_norm), token_mask=spec.token_mask),
-            self.train_strategy, stage_shared=self.train_net.stage_shared_params, dp_sums=dp_sums)
+            actor_update_policy(spec), self.train_strategy, stage_shared=self.train_net.stage_shared_params,
+            dp_sums=dp_sums)
         self.to_infer = None if self.shares_weights else \
             self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
         self.old_log_probs = ForwardEngine(ResponseLogProbs(self.infer_net, gen.temperature), MicroBatchSizer.for_pass(

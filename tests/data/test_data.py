@@ -660,19 +660,22 @@ def test_pad_rows_left_and_right():
         pad_rows([[1, 2, 3]], 2, 0)
 
 
-def test_arithmetic_task_splits_are_correct_disjoint_and_reproducible(tmp_path):
+@pytest.mark.parametrize("task,stem,operators", [("word", "arithmetic", {"+", "-", "*"}),
+                                                 ("tools", "tool_arithmetic", {"*"})])
+def test_arithmetic_task_splits_are_correct_disjoint_and_reproducible(tmp_path, task, stem, operators):
+    """The word problems, and the tool task's products of two 3-digit numbers (`--task tools`)."""
     from mindrlhf.data.answers import extract_gold_answer
 
     spec = importlib.util.spec_from_file_location("make_arithmetic", os.path.join(SAMPLE_DIR, "make_arithmetic.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--output_dir", str(tmp_path)])
+    module.main(["--output_dir", str(tmp_path), "--task", task])
     splits = {}
-    for name in ("arithmetic_train.jsonl", "arithmetic_heldout.jsonl"):
+    for name in (f"{stem}_train.jsonl", f"{stem}_heldout.jsonl"):
         committed = (Path(SAMPLE_DIR) / name).read_bytes()
         assert (tmp_path / name).read_bytes() == committed, f"{name} is not what make_arithmetic.py writes"
         splits[name] = [json.loads(line) for line in committed.decode().splitlines()]
-    train, heldout = splits["arithmetic_train.jsonl"], splits["arithmetic_heldout.jsonl"]
+    train, heldout = splits[f"{stem}_train.jsonl"], splits[f"{stem}_heldout.jsonl"]
     assert len(train) == 2000 and len(heldout) >= 200
     assert not {p["question"] for p in train} & {p["question"] for p in heldout}
     for problem in train + heldout:
@@ -683,5 +686,6 @@ def test_arithmetic_task_splits_are_correct_disjoint_and_reproducible(tmp_path):
             assert eval(expr) == int(result) >= 0, problem
             value = int(result)
         assert final == f"#### {value}" and extract_gold_answer(problem["answer"]) == value, problem
-    operators = {step.split(" ")[1] for p in train for step in p["answer"].split("\n")[:-1]}
-    assert operators == {"+", "-", "*"}
+    assert {step.split(" ")[1] for p in train for step in p["answer"].split("\n")[:-1]} == operators
+    if task == "tools":  # too big to multiply in a small model's head
+        assert min(extract_gold_answer(p["answer"]) for p in train) > 10000

@@ -65,7 +65,25 @@ CASES = {
                              r"error: algorithm.adv_estimator: 'gae' needs a critic"),
     "missing data": (lambda tmp, rec: ["--mind_dataset_dir", str(tmp / "none.mindrecord")],
                      r"none.mindrecord: --mind_dataset_dir file not found"),
+    # the tools (#67): each a line before the cluster forms
+    "tools without tool turns": (lambda tmp, rec: ["--tools", "calculator"],
+                                 r"tools.tools lists tools but generation.max_tool_calling_iterations is 0"),
+    "tool turns without tools": (lambda tmp, rec: ["--max_tool_calling_iterations", "2"],
+                                 r"max_tool_calling_iterations=2 but tools.tools lists no tool"),
+    "a tool that does not import": (lambda tmp, rec: [*TOOL_TURNS, "--tools", "nosuch_module:lookup"],
+                                    r"tools: nosuch_module:lookup: module 'nosuch_module' does not import"),
+    "a tool without type hints": (lambda tmp, rec: [*TOOL_TURNS, "--tools", "os.path:join"],
+                                  r"tools: os.path:join: tool join: parameter 'a' has no type hint"),
+    "two tools of one name": (lambda tmp, rec: [*TOOL_TURNS, "--tools", "calculator", "calculator"],
+                              r"tools: two tools are named 'calculator'"),
+    "an unknown built-in": (lambda tmp, rec: [*TOOL_TURNS, "--tools", "abacus"],
+                            r"tools: 'abacus' is no built-in tool \(calculator, python\)"),
+    "a template without tools": (lambda tmp, rec: [*TOOL_TURNS, "--tools", "calculator"],
+                                 r"the tokenizer .* has no chat template that renders tools"),
 }
+
+
+TOOL_TURNS = ["--max_tool_calling_iterations", "1", "--max_tool_response_tokens", "32"]
 
 
 def _write(path, text):

@@ -6,6 +6,10 @@ appear in the train split. Each line is `{"question": ..., "answer": "<worked st
 standard-library only, so the files are rebuilt byte for byte:
 
     python examples/qwen_grpo_tutorial/data/make_arithmetic.py [--num_train 2000] [--num_heldout 200] [--seed 7]
+
+`--task tools` writes `tool_arithmetic_train.jsonl` and `tool_arithmetic_heldout.jsonl` instead: products of two
+3-digit numbers, too big for a small model to work out in its head, which a policy with a calculator answers
+(model_configs/arith_tools).
 """
 from __future__ import annotations
 
@@ -83,18 +87,36 @@ def multiply_subtract(rng: random.Random) -> Problem:
     return f"{story} {_ask(rng, name, item)}", [f"{a} * {b} = {a * b}", f"{a * b} - {c} = {a * b - c}"], a * b - c
 
 
+def big_multiply(rng: random.Random) -> Problem:
+    name, item, container = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(CONTAINERS)
+    a, b = rng.randint(101, 999), rng.randint(101, 999)
+    story = rng.choice([f"{name} has {a} {container} with {b} {item} in each.",
+                        f"{name} packs {b} {item} into each of {a} {container}."])
+    return f"{story} {_ask(rng, name, item)}", [f"{a} * {b} = {a * b}"], a * b
+
+
+def big_rate(rng: random.Random) -> Problem:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    a, b = rng.randint(101, 999), rng.randint(101, 999)
+    question = rng.choice([f"{name} makes {a} {item} a day. How many {item} does {name} make in {b} days?",
+                           f"A shop sells {a} {item} every week. How many {item} does it sell in {b} weeks?"])
+    return question, [f"{a} * {b} = {a * b}"], a * b
+
+
 TEMPLATES: list[Callable[[random.Random], Problem]] = [
     add, subtract, multiply, add_subtract, multiply_add, multiply_subtract]
+TASKS = {"word": ("arithmetic", TEMPLATES), "tools": ("tool_arithmetic", [big_multiply, big_rate])}
 
 
-def make_splits(num_train: int, num_heldout: int, seed: int) -> tuple[list[dict], list[dict]]:
+def make_splits(num_train: int, num_heldout: int, seed: int,
+                templates: list[Callable[[random.Random], Problem]] = TEMPLATES) -> tuple[list[dict], list[dict]]:
     """(train, held-out) problems with distinct questions, the templates in turn; deterministic per arguments."""
     rng = random.Random(seed)
     seen: set[str] = set()
     problems: list[dict] = []
     index = 0
     while len(problems) < num_train + num_heldout:
-        question, steps, answer = TEMPLATES[index % len(TEMPLATES)](rng)
+        question, steps, answer = templates[index % len(templates)](rng)
         index += 1
         if question in seen:
             continue
@@ -110,9 +132,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num_heldout", type=int, default=200)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--output_dir", default=here)
+    parser.add_argument("--task", choices=sorted(TASKS), default="word",
+                        help="word: the word problems; tools: products of 3-digit numbers, for a calculator")
     args = parser.parse_args(argv)
-    train, heldout = make_splits(args.num_train, args.num_heldout, args.seed)
-    for name, problems in (("arithmetic_train.jsonl", train), ("arithmetic_heldout.jsonl", heldout)):
+    stem, templates = TASKS[args.task]
+    train, heldout = make_splits(args.num_train, args.num_heldout, args.seed, templates)
+    for name, problems in ((f"{stem}_train.jsonl", train), (f"{stem}_heldout.jsonl", heldout)):
         path = os.path.join(args.output_dir, name)
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(p, ensure_ascii=False) + "\n" for p in problems)

@@ -6,6 +6,10 @@ policy answers in (`<think>steps</think><answer>N</answer>`, what the `format` a
     --kind pairwise  a preference pair per problem on the same prompt: the worked solution (chosen) against a wrong
                      one (rejected; seeded: half the time the last step's result is off by 1-3, else a wrong answer
                      given without working, the bundled policy's own failure)
+    --kind tool_sft  a tool-use demonstration per problem (the cold start of a policy with a calculator): the
+                     question, a calculator call a step, the calculator's answer as the tool turn, then
+                     <answer>N</answer>; the record's `tools` field (TRL's) holds the calculator's schema
+                     (--direct_fraction: a seeded share answered without a call)
 
     python examples/qwen_grpo_tutorial/data/make_stage_data.py --kind pairwise --input arithmetic_train.jsonl \\
         --output pairs.jsonl
@@ -24,6 +28,7 @@ from mindrlhf.data.answers import r1_completion
 from mindrlhf.data.mindrecord import read_problems
 from mindrlhf.data.sources import DataError
 from mindrlhf.data.templates import R1_THINK_SYSTEM_PROMPT
+from mindrlhf.tool_use import calculator, function_schema
 from mindrlhf.utils.atomic import atomic_output
 
 
@@ -34,6 +39,19 @@ def prompt(question: str) -> list[dict]:
 def conversation(question: str, answer: str, direct: bool = False) -> dict:
     """One problem as an SFT record of chat messages (`direct`: the answer without the working)."""
     return {"messages": prompt(question) + [{"role": "assistant", "content": r1_completion(answer, direct=direct)}]}
+
+
+def tool_demonstration(question: str, answer: str, direct: bool = False) -> dict:
+    """One problem solved with the calculator, a call a worked step (`direct`: answered without a call)."""
+    steps, _, number = answer.rpartition("####")
+    messages = [{"role": "user", "content": question}]
+    for step in ([] if direct else steps.strip().splitlines()):
+        expression, _, result = step.rpartition("=")
+        call = {"name": "calculator", "arguments": {"expression": expression.strip()}}
+        messages += [{"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
+                     {"role": "tool", "content": result.strip()}]
+    messages.append({"role": "assistant", "content": f"<answer>{number.strip()}</answer>"})
+    return {"messages": messages, "tools": [function_schema(calculator)]}
 
 
 def wrong_completion(answer: str, rng: random.Random) -> str:
@@ -68,7 +86,7 @@ def pairs(question: str, answer: str, count: int, rng: random.Random) -> list[di
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=("sft", "pairwise"), required=True)
+    parser.add_argument("--kind", choices=("sft", "pairwise", "tool_sft"), required=True)
     parser.add_argument("--input", required=True, help="GSM8K-style JSON/JSONL/Parquet problems (question, answer)")
     parser.add_argument("--output", required=True, help="the JSONL to write")
     parser.add_argument("--seed", type=int, default=0,
@@ -76,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs_per_problem", type=int, default=1,
                         help="pairwise: this many pairs of each problem, each against a wrong answer of its own")
     parser.add_argument("--direct_fraction", type=float, default=0.0,
-                        help="sft: the share of the problems (a seeded choice) answered without the working")
+                        help="sft, tool_sft: the share of the problems (a seeded choice) answered without the "
+                             "working (without a call)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     try:
@@ -90,12 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= args.direct_fraction <= 1.0:
         print(f"error: --direct_fraction must be in [0, 1], got {args.direct_fraction}", file=sys.stderr)
         return 2
-    records = [conversation(p.question, p.answer, rng.random() < args.direct_fraction) for p in problems] \
-        if args.kind == "sft" else \
-        [record for p in problems for record in pairs(p.question, p.answer, args.pairs_per_problem, rng)]
+    if args.kind == "pairwise":
+        records = [record for p in problems for record in pairs(p.question, p.answer, args.pairs_per_problem, rng)]
+    else:
+        make = conversation if args.kind == "sft" else tool_demonstration
+        records = [make(p.question, p.answer, rng.random() < args.direct_fraction) for p in problems]
     with atomic_output(args.output, ".jsonl") as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write("".join(json.dumps(record) + "\n" for record in records))
-    print(f"{len(records)} {'conversations' if args.kind == 'sft' else 'pairs'} -> {args.output}")
+    print(f"{len(records)} {'pairs' if args.kind == 'pairwise' else 'conversations'} -> {args.output}")
     return 0
 
 

@@ -1,0 +1,84 @@
+"""`MODEL=arith_tools bash run_grpo.sh`, the README's tool job, shortened: the bundled tool-using policy on products of
+3-digit numbers through msrun (dp=2), each response free to call the built-in calculator once. The calls run, their
+answers come back as the chat template's tool turn (the completions' segments), the step's turns and calls are
+logged, and a resumed job calls the tools again with the same inputs: its steps equal the straight run's."""
+import json
+import re
+import shutil
+
+import pytest
+from support.jobs import without_timing
+from support.msrun import free_port, run_command
+from support.paths import RUN_GRPO
+
+from mindrlhf.tool_use import calculator, parse_tool_calls
+from mindrlhf.tool_use.turns import CUT
+
+pytestmark = pytest.mark.msrun
+
+STEPS, SAVED = 4, 2
+FLAGS = ["--steps", str(STEPS), "--eval_interval", "0", "--log_completions", "true"]
+
+
+def job_env(out, **extra) -> dict:
+    import os
+
+    return dict(os.environ, MODEL="arith_tools", OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3", **extra)
+
+
+def records(path, steps=None) -> list[dict]:
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in lines if steps is None or r["step"] in steps]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("arith_tools") / "out"
+    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--save_interval", str(SAVED)], job_env(out), timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+def test_the_tool_job_calls_the_calculator_and_reads_its_answers(run):
+    out, stdout = run
+    assert re.search(r"held-out accuracy: before=\d+\.\d% after=\d+\.\d%", stdout), stdout[-2000:]
+    steps = [r for r in records(out / "metrics.jsonl") if r["step"] >= 1 and "tool/calls" in r]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    for r in steps:
+        assert r["tool/calls"] > 0 and r["num_turns/max"] == 2 and r["num_turns/min"] == 1
+        assert r["tool/call_share"] == pytest.approx(r["tool/calls"] / 64)  # one call at most a response
+        assert r["num_turns/mean"] == pytest.approx(1 + r["tool/call_share"])
+        assert r["timing/tools"] < r["timing/generate"]
+    called = [r for r in records(out / "completions.jsonl") if len(r["segments"]) == 3]
+    assert len(called) == sum(r["tool/calls"] for r in steps)
+    for r in called:
+        first, tool, last = r["segments"]
+        assert (first["role"], tool["role"], last["role"]) == ("assistant", "tool", "assistant")
+        (call,) = parse_tool_calls(first["text"])
+        # the tool turn holds the calculator's answer to the call the model wrote (an error text for a malformed
+        # one), and rewards read the whole text
+        answer = calculator(**call.arguments) if call.error is None else f"error: {call.error}"
+        framed = re.fullmatch(r"\nuser\n<tool_response>\n(.*)\n</tool_response>\nassistant\n", tool["text"], re.S)
+        shown = framed.group(1)
+        assert shown == answer or (shown.endswith(CUT) and answer.startswith(shown[:-len(CUT)])), (shown, answer)
+        assert r["completion"].startswith(first["text"]) and r["completion"].endswith(last["text"])
+        # the model's own tokens: the length and the advantage leave the tool turn out
+        assert r["response_length"] < len(r["completion"])
+
+
+def test_a_resumed_tool_job_gives_the_straight_runs_steps(run, tmp_path):
+    straight, _ = run
+    out = tmp_path / "out"
+    saved = f"step_{SAVED:06d}"
+    shutil.copytree(straight / "checkpoints" / saved, out / "checkpoints" / saved)
+    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--resume"], job_env(out, EVAL_DATA=""), timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    later = set(range(SAVED + 1, STEPS + 1))
+
+    def step_metrics(path):  # the straight run also evaluates after its last step
+        return [{k: v for k, v in without_timing(r).items() if not k.startswith("eval/")}
+                for r in records(path, later)]
+
+    assert len(step_metrics(out / "metrics.jsonl")) == 2
+    assert step_metrics(out / "metrics.jsonl") == step_metrics(straight / "metrics.jsonl")
+    assert records(out / "completions.jsonl", later) == records(straight / "completions.jsonl", later)
