@@ -27,8 +27,8 @@ LINE_METRICS = (
     "critic/score/mean", "critic/score/std", "actor/pg_loss", "actor/kl_loss", "actor/pg_clipfrac", "actor/entropy",
     "actor/grad_norm", "actor/lr", "critic/vf_loss", "critic/vf_explained_var", "response_length/mean",
     "response_length/clip_ratio", "num_turns/mean", "tool/call_share", "sft/loss", "sft/grad_norm", "sft/lr",
-    "reward_model/loss", "reward_model/accuracy", "reward_model/margin", "reward_model/grad_norm", "dpo/loss", "rewards/accuracies", "rewards/margins",
-    "dpo/grad_norm", "timing/step", "e2e_tps", "eval/accuracy",
+    "reward_model/loss", "reward_model/accuracy", "reward_model/margin", "reward_model/grad_norm", "dpo/loss",
+    "rewards/accuracies", "rewards/margins", "dpo/grad_norm", "timing/step", "e2e_tps", "eval/accuracy",
 )
 LINE_UNITS = {"timing/step": "s"}
 TOOL_PREFIX = "tool/"
