@@ -217,6 +217,22 @@ RL_KEYS: dict[str, Rule] = {
     "num_cpus_for_local_task": ForeignKey(always, WARN, "a Ray setting"),
     "num_cpus_for_placement_group": ForeignKey(always, WARN, "a Ray setting"),
     "log_max_throughput": ForeignKey(always, WARN, "a logging choice"),
+    # multi-turn rollouts with tools (MindSpeed-RL's ReTool recipe)
+    "multi_turn_enable": ForeignKey(_falsy, WARN, "multi-turn rollouts are on when tools.tools lists tools (with "
+                                                  "generation.max_tool_calling_iterations, max_tool_calls here)"),
+    "tool_config_path": ForeignKey(_falsy, REFUSE, "tools here are Python functions (TRL's form): list them as "
+                                                   "tools.tools in a mindrlhf YAML given after this one, or --tools "
+                                                   "calculator python package.module:function"),
+    "max_tool_calls": ToFields(("generation.max_tool_calling_iterations",)),
+    "max_tool_response_length": ToFields(("generation.max_tool_response_tokens",)),
+    "max_parallel_calls": ForeignKey(always, WARN, "a turn's calls all run at once here (tools.tool_workers threads)"),
+    "max_total_response_length": ForeignKey(always, WARN, "a response row here is generation.max_new_tokens (the "
+                                                          "model's own tokens) + max_tool_calls x "
+                                                          "max_tool_response_length"),
+    "tool_response_truncate_side": ForeignKey(lambda v: v in (None, "right"), WARN,
+                                              "a tool answer too long for its turn is cut at its end here"),
+    "tool_parser_format": ForeignKey(lambda v: v in (None, "hermes"), REFUSE,
+                                     "tool calls are read in the Hermes format here (<tool_call>{...}</tool_call>)"),
 }
 
 GENERATE_KEYS: dict[str, Rule] = {

@@ -1,7 +1,7 @@
-"""Tool calls read from a model's text in the Hermes convention of Qwen2.5's chat template (and of SmolLM2's
-tool-calling prompts): each call a JSON object `{"name": ..., "arguments": {...}}` between `<tool_call>` and
-`</tool_call>`. A call that cannot be read is kept as an error text to answer the model with, not dropped; an
-answer too long for the model is cut (`cut_answer`)."""
+"""Tool calls read from a model's text in the Hermes convention of Qwen2.5's chat template: each call a JSON object
+`{"name": ..., "arguments": {...}}` between `<tool_call>` and `</tool_call>`, or, as SmolLM2's function-calling
+models write them, a JSON list of such objects in one block. A call that cannot be read is kept as an error text to
+answer the model with, not dropped; an answer too long for the model is cut (`cut_answer`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,16 +26,21 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     calls = []
     for match in _BLOCK.finditer(text):
         body, closed = match.group(1).strip(), match.group(0).endswith(CLOSE)
-        calls.append(_read_call(body) if closed else
-                     ToolCall("", {}, f"the tool call is not closed with {CLOSE}"))
+        calls += _read_block(body) if closed else [ToolCall("", {}, f"the tool call is not closed with {CLOSE}")]
     return calls
 
 
-def _read_call(body: str) -> ToolCall:
+def _read_block(body: str) -> list[ToolCall]:
     try:
-        call = json.loads(body)
+        value = json.loads(body)
     except json.JSONDecodeError as err:
-        return ToolCall("", {}, f"the tool call is not JSON ({err.msg} at character {err.pos})")
+        return [ToolCall("", {}, f"the tool call is not JSON ({err.msg} at character {err.pos})")]
+    if isinstance(value, list) and value:  # SmolLM2's form: the turn's calls as one list
+        return [_read_call(call) for call in value]
+    return [_read_call(value)]
+
+
+def _read_call(call) -> ToolCall:
     if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
         return ToolCall("", {}, 'the tool call is not an object with a "name" string')
     arguments = call.get("arguments", {})

@@ -158,9 +158,9 @@ def _train_graph_bytes(plan, kind: str, net, prompt_width: int, response_width: 
 
 def graph_bytes(plan, device: str) -> tuple[int, int]:
     """(bytes the graphs a rank compiles keep while the job runs, the part of them that belongs to response widths
-    narrower than `max_new_tokens`): every width of `schedule.response_buckets` (a long run reaches them: a pass
-    reads the narrowest width that holds its longest response), a prefill graph per prompt bucket and the decode
-    graph."""
+    narrower than a response row, `response_width`): every width of `schedule.response_buckets` (a long run reaches
+    them: a pass reads the narrowest width that holds its longest response), a prefill graph per prompt bucket and
+    the decode graph."""
     gen, infer = plan.generation, plan.actor.infer
     ins, tp = NetShape.of(infer.model), infer.layout.tp
     decodes = sum(forward_graph_bytes(ins, Call(rows, 0, 1, 0), tp, device)
@@ -168,14 +168,14 @@ def graph_bytes(plan, device: str) -> tuple[int, int]:
     rollout = decodes + sum(forward_graph_bytes(ins, Call(_prefilled(plan, bucket), 0, bucket, 0), tp, device)
                             for bucket in gen.prompt_buckets)
     widths = [_width_graph_bytes(plan, width, device)
-              for width in response_widths(gen.max_new_tokens, plan.config.schedule.response_buckets)]
+              for width in response_widths(gen.response_width, plan.config.schedule.response_buckets)]
     return rollout + sum(widths), sum(widths[:-1])
 
 
 def _transients(plan) -> dict[str, dict[str, int]]:
     """Phase -> the terms that exist only while it runs (activations, logits, one call's gradients)."""
     gen = plan.generation
-    P, R = max(gen.prompt_buckets), gen.max_new_tokens
+    P, R = max(gen.prompt_buckets), gen.response_width
     train_cfg, infer_cfg = plan.actor.train.model, plan.actor.infer.model
     train, infer = plan.actor.train.layout, plan.actor.infer.layout
     ts, ins = NetShape.of(train_cfg), NetShape.of(infer_cfg)

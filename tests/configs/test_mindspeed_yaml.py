@@ -139,12 +139,33 @@ def test_mini_batch_size_counts_prompts_and_must_divide_the_batch(tmp_path):
     ("actor_config", "lr_decay_style", "linear", "the learning rate here is constant or cosine "
                                                  "(optimizer.lr_schedule); set lr_decay_style: constant or cosine"),
     ("generate_config", "infer_expert_parallel_size", 2, "no mixture-of-experts model is built here; set 1"),
+    ("rl_config", "tool_config_path", "./configs/tools/retool_config.yaml",
+     "tools here are Python functions (TRL's form): list them as tools.tools in a mindrlhf YAML given after this one"),
+    ("rl_config", "tool_parser_format", "qwen3_coder", "tool calls are read in the Hermes format here"),
 ])
 def test_a_refusal_names_the_file_the_key_and_what_to_set(tmp_path, section, key, value, advice):
     path = _edited(tmp_path, section, **{key: value})
     with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: {re.escape(section)}.{key}={re.escape(repr(value))} "
                                           rf"is not supported: {re.escape(advice)}"):
         GRPOConfig.from_yaml(path)
+
+
+def test_the_multi_turn_keys_map_and_the_tools_come_from_a_mindrlhf_yaml(tmp_path):
+    """MindSpeed-RL's ReTool keys: the bounds map, the tools are a mindrlhf YAML's (a job with tool turns but no
+    tool is refused in one line)."""
+    data = _sample()
+    data["rl_config"].update(multi_turn_enable=True, max_tool_calls=2, max_tool_response_length=128,
+                             max_parallel_calls=1, tool_parser_format="hermes", tool_response_truncate_side="middle")
+    data["generate_config"]["max_model_len"] = 4352  # the 2048 + 2048 of the sample, and the two tool turns
+    path = _write(tmp_path, data)
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  tools: [python]\n")
+    config = GRPOConfig.from_yaml(path, str(tools))
+    assert (config.generation.max_tool_calling_iterations, config.generation.max_tool_response_tokens) == (2, 128)
+    assert config.tools.tools == ["python"]
+    config.validate()
+    with pytest.raises(ConfigError, match="max_tool_calling_iterations=2 but tools.tools lists no tool"):
+        GRPOConfig.from_yaml(path).validate()
 
 
 @pytest.mark.parametrize("name", ["math_verify_reward", "step", "retool_reward", "my_acc"])

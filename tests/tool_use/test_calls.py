@@ -1,4 +1,4 @@
-"""Tool calls read from the model's text (Hermes / Qwen2.5 convention): good, several, malformed."""
+"""Tool calls read from the model's text (Hermes / Qwen2.5 convention, and SmolLM2's list): good, several, malformed."""
 from mindrlhf.tool_use import ToolCall, parse_tool_calls
 
 
@@ -33,3 +33,13 @@ def test_malformed_calls_are_kept_as_errors_for_the_model():
         "the tool call is not closed with </tool_call>",
     ]
     assert calls[3] == ToolCall("calculator", {"expression": "2*3"})
+
+
+def test_a_list_of_calls_in_one_block_is_smollm2s_form():
+    calls = parse_tool_calls('<tool_call>[{"name": "calculator", "arguments": {"expression": "2 * 3"}}, '
+                             '{"name": "python", "arguments": {"code": "print(1)"}}, 7]</tool_call>')
+    assert [(c.name, c.arguments, c.error) for c in calls[:2]] == [
+        ("calculator", {"expression": "2 * 3"}, None), ("python", {"code": "print(1)"}, None)]
+    assert calls[2].error == 'the tool call is not an object with a "name" string'
+    (empty,) = parse_tool_calls("<tool_call>[]</tool_call>")
+    assert empty.error == 'the tool call is not an object with a "name" string'

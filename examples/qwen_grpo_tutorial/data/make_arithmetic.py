@@ -52,12 +52,19 @@ def subtract(rng: random.Random) -> Problem:
     return f"{story} {_ask(rng, name, item)}", [f"{a} - {b} = {a - b}"], a - b
 
 
-def multiply(rng: random.Random) -> Problem:
+def _product(rng: random.Random, low: int, high: int, stories: Callable[..., list[str]]) -> Problem:
+    """A containers-of-items product of two numbers in [low, high], told by one of `stories(name, item, container,
+    a, b)`."""
     name, item, container = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(CONTAINERS)
-    a, b = rng.randint(2, 9), rng.randint(2, 9)
-    story = rng.choice([f"{name} has {a} {container} with {b} {item} in each.",
-                        f"{name} buys {a} {container} of {item}, and each holds {b} {item}."])
+    a, b = rng.randint(low, high), rng.randint(low, high)
+    story = rng.choice(stories(name, item, container, a, b))
     return f"{story} {_ask(rng, name, item)}", [f"{a} * {b} = {a * b}"], a * b
+
+
+def multiply(rng: random.Random) -> Problem:
+    return _product(rng, 2, 9, lambda name, item, container, a, b: [
+        f"{name} has {a} {container} with {b} {item} in each.",
+        f"{name} buys {a} {container} of {item}, and each holds {b} {item}."])
 
 
 def add_subtract(rng: random.Random) -> Problem:
@@ -88,11 +95,9 @@ def multiply_subtract(rng: random.Random) -> Problem:
 
 
 def big_multiply(rng: random.Random) -> Problem:
-    name, item, container = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(CONTAINERS)
-    a, b = rng.randint(101, 999), rng.randint(101, 999)
-    story = rng.choice([f"{name} has {a} {container} with {b} {item} in each.",
-                        f"{name} packs {b} {item} into each of {a} {container}."])
-    return f"{story} {_ask(rng, name, item)}", [f"{a} * {b} = {a * b}"], a * b
+    return _product(rng, 101, 999, lambda name, item, container, a, b: [
+        f"{name} has {a} {container} with {b} {item} in each.",
+        f"{name} packs {b} {item} into each of {a} {container}."])
 
 
 def big_rate(rng: random.Random) -> Problem:
