@@ -1,6 +1,7 @@
-"""The decoding strategies of a `Generator` call: the fixed batch (with the KV cache or without) and continuous
-batching over decode slots. They fill the response buffers; the Generator runs, counts and times the graphs for them
-(`GraphCalls`) and keeps the random stream."""
+"""The decoding strategies of a `Generator` call: on the KV cache the fixed batch or continuous batching over decode
+slots (`CachedRollout`, with the tail's step-down and the tool turns' extend calls), and the uncached fixed batch.
+They feed the samples' `Trajectories`; the Generator runs, counts and times the graphs for them (`GraphCalls`) and
+keeps the random stream."""
 from __future__ import annotations
 
 import collections
@@ -74,18 +75,6 @@ class FixedBatch(_Decoding):
                 break
             buf[:, bucket + t], buf_mask[:, bucket + t] = np.where(traj.finished, cfg.pad_token_id, tokens), 1
         return traj, steps, batch * (steps - 1), int(traj.produced.sum()) - batch
-
-    def _step(self, t, tokens, token_lp, finished, response, resp_mask, log_probs) -> np.ndarray:
-        """Records step t's chosen tokens and log-probs; returns the tokens fed to the next step."""
-        alive = ~finished
-        if log_probs is not None:
-            log_probs[:, t] = np.where(alive, token_lp, 0.0)
-        tokens = np.where(alive, tokens, self.config.pad_token_id).astype(np.int32)
-        response[:, t] = tokens
-        resp_mask[:, t] = alive
-        running = np.flatnonzero(alive)
-        finished[running] = self.ended(tokens[running], response, running, np.full(running.size, t))
-        return tokens
 
 
 class CachedRollout(_Decoding):
@@ -164,14 +153,15 @@ class CachedRollout(_Decoding):
     def _settle(self, traj: Trajectories, cache: KVCache, rows: np.ndarray, chosen) -> None:
         """Records the tokens `chosen` for the cache rows `rows`; a row whose sample finished is emptied, and the
         samples whose turn called a tool get the tool's turn through extend calls until none does."""
-        while rows.size:
+        while True:
             tokens, token_lp = chosen
             samples = self.sample_of[rows]
             fed = traj.record(samples, tokens[rows], None if token_lp is None else token_lp[rows])
             self.sample_of[rows[traj.finished[samples]]] = -1
+            if not fed:  # no tool turn (every step of a job without tools)
+                return
             rows = np.array([row for row in rows if self.sample_of[row] in fed], np.int64)
-            if rows.size:
-                chosen = self._extend(traj, cache, rows, [fed[self.sample_of[row]] for row in rows])
+            chosen = self._extend(traj, cache, rows, [fed[self.sample_of[row]] for row in rows])
 
     def _extend(self, traj: Trajectories, cache: KVCache, rows: np.ndarray, fed: list[list[int]]):
         """One extend call: the tokens `fed` (a sample's newest model token, then its tool turn) into cache rows

@@ -19,11 +19,6 @@ class StopStrings:
         self.detokenize = detokenize
         self.longest = max(len(s.encode("utf-8")) for s in self.strings)
 
-    def completed(self, response: np.ndarray, samples: np.ndarray, last: np.ndarray) -> np.ndarray:
-        """For each sample s of `samples` (rows of `response` [B, T]) whose newest token is at index `last` of its
-        row, whether its tokens 0 .. last now hold a stop string (bool [len(samples)])."""
-        return np.array([self.ends(response[s, :t + 1]) for s, t in zip(samples, last)], bool).reshape(-1)
-
     def ends(self, tokens: np.ndarray) -> bool:
         """Whether the text of `tokens` (a response so far) holds a stop string. Decodes a window of the last tokens,
         widened until the tokens between its first and the newest cover the longest string's bytes: a string the

@@ -78,7 +78,7 @@ class ToolTurns:
     def _fitted(self, texts: list[str], last_token: int) -> tuple[list[int], list[str] | None]:
         """The tool turn's tokens after the model's `last_token` (whose own text, an end-of-turn token, the template
         also writes: it is not repeated) and, when the results had to be cut to fit `max_tokens`, the cut texts
-        (each a beginning of its result and `CUT`; at worst `CUT` alone, which `check_fits` made sure fits)."""
+        (each a beginning of its result and `CUT`; at worst `CUT` alone, which `__init__` checked fits)."""
         tokens = self._tokens(texts, last_token)
         if len(tokens) <= self.max_tokens:
             return tokens, None

@@ -31,14 +31,12 @@ def test_the_window_finds_a_string_where_the_whole_text_does(strings):
     assert 20 < found < 300  # the case has responses that stop and responses that do not
 
 
-def test_completed_checks_each_sample_at_its_own_newest_token():
+def test_each_sample_is_checked_at_its_own_newest_token():
     strings = ["ab"]
     stop = StopStrings(strings, detokenize)
     response = np.array([[0, 1, 7, 7], [0, 0, 0, 1], [2, 7, 7, 7]])
     # sample 0 at token 1 ("ab"), sample 1 at token 2 ("aaa": not yet), sample 2 at token 0 ("ab" in one token)
-    np.testing.assert_array_equal(stop.completed(response, np.array([0, 1, 2]), np.array([1, 2, 0])),
-                                  [True, False, True])
-    assert stop.completed(response, np.array([], int), np.array([], int)).shape == (0,)
+    assert [stop.ends(response[s, :t + 1]) for s, t in ((0, 1), (1, 2), (2, 0))] == [True, False, True]
 
 
 def test_a_string_split_between_tokens_and_a_character_split_in_bytes():
