@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from mindrlhf.algorithms.advantages import ADVANTAGE_ESTIMATORS
+from mindrlhf.data.experience import trained_tokens
 from mindrlhf.utils.registry import Registry
 
 
@@ -90,12 +91,14 @@ def gae_advantages_returns(token_rewards, values, response_mask, gamma: float = 
 
 @ADVANTAGE_ESTIMATORS.register("gae")
 def gae_estimator(batch, group_size: int, settings) -> tuple[np.ndarray, np.ndarray]:
-    """PPO: GAE over `token_rewards` and the critic's `values` (`algorithm.gamma`, `algorithm.lam`); the
-    advantages are whitened over every valid token of the batch (the global batch: every rank holds it)."""
+    """PPO: GAE over `token_rewards` and the critic's `values` (`algorithm.gamma`, `algorithm.lam`) at the policy's
+    tokens (`trained_tokens`: a tool turn's are passed over, as padding); the advantages are whitened over those
+    tokens of the batch (the global batch: every rank holds it)."""
     del group_size
-    advantages, returns = gae_advantages_returns(batch["token_rewards"], batch["values"], batch["response_mask"],
-                                                 settings.gamma, settings.lam)
-    return masked_whiten(advantages, batch["response_mask"]), returns
+    mask = batch[trained_tokens(batch)]
+    advantages, returns = gae_advantages_returns(batch["token_rewards"], batch["values"], mask, settings.gamma,
+                                                 settings.lam)
+    return masked_whiten(advantages, mask), returns
 
 
 def value_loss(values, old_values, returns, response_mask, cliprange_value: float = 0.5,

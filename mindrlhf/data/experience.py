@@ -97,6 +97,12 @@ class Experience:
         return Experience(out)
 
 
+def trained_tokens(columns) -> str:
+    """The column of the response tokens that are the policy's actions (its loss, KL, GAE and the critic's loss
+    read them): the model's own (`loss_mask`) in a multi-turn rollout, else every response token."""
+    return "loss_mask" if "loss_mask" in columns else "response_mask"
+
+
 def concat_experiences(parts: list[Experience], pad_token_id: int) -> Experience:
     """Rows of all parts (same columns); prompts are left-padded to the widest part."""
     if len(parts) == 1:

@@ -59,6 +59,13 @@ class GenerationOutput:
     def batch_size(self) -> int:
         return self.response_ids.shape[0]
 
+    @property
+    def model_mask(self) -> np.ndarray:
+        """[B, response_width] int32: the tokens the model chose (`response_mask` without the tool turns)."""
+        if self.tool_mask is None:
+            return self.response_mask
+        return (self.response_mask * (1 - self.tool_mask)).astype(np.int32)
+
     def sequences(self) -> tuple[np.ndarray, np.ndarray]:
         """[prompt | response] ids and attention mask, [B, P + response_width] int32 (for the log-prob passes)."""
         ids = np.concatenate([self.prompt_ids, self.response_ids], axis=1)

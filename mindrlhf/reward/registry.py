@@ -124,10 +124,11 @@ def _checked_rewards(name: str, values, expected_length: int) -> np.ndarray:
 
 
 class WeightedRewards:
-    """`(completions, solutions, prompts=None, completion_ids=None, **columns) -> (total, per_function)`: total =
-    sum_i weight_i * reward_i over the functions with an opinion (float32 [n]); per_function maps each name (as
-    given) to its unweighted rewards (float32 [n], NaN where it returned None). `prompts`, `completion_ids` and
-    `columns` are passed to the TRL-form functions only (see the module doc)."""
+    """`(completions, solutions, prompts=None, completion_ids=None, model_completions=None, **columns) -> (total,
+    per_function)`: total = sum_i weight_i * reward_i over the functions with an opinion (float32 [n]); per_function
+    maps each name (as given) to its unweighted rewards (float32 [n], NaN where it returned None). `prompts`,
+    `completion_ids` and `columns` are passed to the TRL-form functions only (see the module doc); the two-argument
+    functions read `model_completions` when given (a multi-turn rollout's model text: no tool's answer)."""
 
     def __init__(self, names: Sequence[str], functions: Sequence[RewardFn], weights: Sequence[float],
                  timeout: float | None = None):
@@ -143,8 +144,10 @@ class WeightedRewards:
         return any(self.trl_form)
 
     def __call__(self, completions: Sequence[str], solutions: Sequence[str], prompts: Sequence[str] | None = None,
-                 completion_ids: Sequence[Sequence[int]] | None = None, **columns):
+                 completion_ids: Sequence[Sequence[int]] | None = None,
+                 model_completions: Sequence[str] | None = None, **columns):
         check_reward_inputs(completions, solutions)
+        own = completions if model_completions is None else model_completions
         weighted = np.zeros((len(self.functions), len(completions)), dtype=np.float64)
         per_function = {}
         for index, (name, fn, weight, trl_form) in enumerate(zip(self.names, self.functions, self.weights,
@@ -153,7 +156,7 @@ class WeightedRewards:
                 call = partial(fn, prompts=prompts, completions=list(completions), completion_ids=completion_ids,
                                solution=list(solutions), **columns)
             else:
-                call = partial(fn, completions, solutions)
+                call = partial(fn, own, solutions)
             try:
                 values = call_with_time_limit(call, self.timeout)
             except TimeLimitExceeded:

@@ -19,7 +19,7 @@ from mindrlhf.algorithms import (
     kl_penalty,
     token_level_rewards,
 )
-from mindrlhf.data.experience import Experience, concat_experiences
+from mindrlhf.data.experience import Experience, concat_experiences, trained_tokens
 from mindrlhf.engine.batches import RankRows, group_unit
 from mindrlhf.engine.sizing import RESPONSE_COLUMNS
 from mindrlhf.generation.trajectories import call_counts
@@ -33,17 +33,11 @@ def tool_columns(out) -> dict[str, np.ndarray]:
     own tokens (what the policy trains), and per response its turns and how its tool calls went."""
     counts = [call_counts(calls) for calls in out.tool_calls]
     tool_turns = (np.diff(out.tool_mask, axis=1, prepend=0) == 1).sum(axis=1)
-    columns = {"loss_mask": (out.response_mask * (1 - out.tool_mask)).astype(np.int32),
+    columns = {"loss_mask": out.model_mask,
                "num_turns": (1 + tool_turns).astype(np.int32)}
     for name in ("calls", "errors", "timeouts", "truncated"):
         columns[f"tool/{name}"] = np.array([c[name] for c in counts], np.int32)
     return columns
-
-
-def trained_tokens(exp: Experience) -> str:
-    """The column of the tokens the policy trains: the model's own (`loss_mask`) in a multi-turn rollout, else every
-    response token."""
-    return "loss_mask" if "loss_mask" in exp else "response_mask"
 
 
 @dataclass(frozen=True)
@@ -94,7 +88,7 @@ class ExperienceMaker:
                                                 trained_tokens(train))}
         if self.critic:
             rank_rows["critic"] = RankRows.of_batch(train, self.critic.layout.dp, self.critic.layout.dp_rank,
-                                                    update_rows)
+                                                    update_rows, trained_tokens(train))
         eos = self.generation.eos_token_ids
         rows = row_statistics(generated, eos)
         # dynamic sampling trains on some of the generated rows only

@@ -35,7 +35,7 @@ import numpy as np
 from mindrlhf.algorithms import build_kl_controller, kl_penalty
 from mindrlhf.checkpoint.coordinator import CheckpointCoordinator, write_strategies
 from mindrlhf.checkpoint.step import find_resume_checkpoint
-from mindrlhf.data.experience import Experience, write_experience
+from mindrlhf.data.experience import Experience, trained_tokens, write_experience
 from mindrlhf.data.reader import PromptDataset
 from mindrlhf.parallel.array_collectives import ArrayCollectives
 from mindrlhf.parallel.swap import SwapManager
@@ -199,8 +199,8 @@ class RLTrainer:
             with self.phases("sync_ref"):
                 self.reference.sync_from_actor()
         elapsed = time.perf_counter() - start
-        trained_tokens = batch.trained_tokens * self.config.schedule.num_iterations if actor["actor/updates"] else 0
-        metrics = self._step_metrics(batch, actor, elapsed, trained_tokens)
+        updated_tokens = batch.trained_tokens * self.config.schedule.num_iterations if actor["actor/updates"] else 0
+        metrics = self._step_metrics(batch, actor, elapsed, updated_tokens)
         if self.job.log_completions:  # an agreement is a collective: none on steps that write nothing
             with agreed(self.comm.failed_ranks, "writing the step's completions"):
                 self.completions_log.write(self.step, batch.generated, self.tokenizer)
@@ -219,7 +219,7 @@ class RLTrainer:
         self.kl_ctrl.update(kl, exp.num_rows)
         return {"actor/reward_kl_penalty": kl, "actor/reward_kl_penalty_coeff": used}
 
-    def _step_metrics(self, batch: StepBatch, actor: dict, elapsed: float, trained_tokens: int) -> dict:
+    def _step_metrics(self, batch: StepBatch, actor: dict, elapsed: float, updated_tokens: int) -> dict:
         """The step's metrics (docs/metrics.md): scores and lengths of every generated row, the actor's (and
         critic's) update statistics, sampling rounds, phase times and memory, throughput."""
         rows = batch.rows
@@ -228,12 +228,12 @@ class RLTrainer:
         if self.critic:
             generated = batch.generated
             metrics.update(critic_metrics(generated["values"], generated.returns, generated.advantages,
-                                          generated.response_mask))
+                                          generated[trained_tokens(generated)]))
         metrics.update(length_metrics(rows))
         metrics.update(batch.sampling)
         metrics.update(self.phases.step_metrics())
         metrics["timing/step"] = round(elapsed, 4)
-        metrics.update(throughput_metrics(token_count(rows), trained_tokens, self.world_size, metrics))
+        metrics.update(throughput_metrics(token_count(rows), updated_tokens, self.world_size, metrics))
         own = np.array([peak_rss_gib(), self.phases.seconds.get("generate", 0.0), *batch.decode_rows,
                         batch.answer_check_timeouts, batch.tool_seconds], np.float32)
         ranks = self.comm.all_gather(own).reshape(-1, own.size)

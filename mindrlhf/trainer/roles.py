@@ -57,7 +57,7 @@ from mindrlhf.parallel.layers import init_random_weights, random_full_state
 from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.strategy import net_layouts
 from mindrlhf.reward import build_reward_fn
-from mindrlhf.tool_use import ToolRunner, ToolTurns, load_tools
+from mindrlhf.tool_use import GroupToolTurns, ToolRunner, ToolTurns, load_tools
 from mindrlhf.trainer.completions import response_turns
 from mindrlhf.trainer.specs import (
     CRITIC_MOMENTS,
@@ -159,6 +159,15 @@ def actor_update_policy(spec: ActorSpec) -> UpdatePolicy:
     return dataclasses.replace(policy, token_mask=spec.token_mask)
 
 
+def critic_update_policy(spec: CriticSpec, token_mask: str) -> UpdatePolicy:
+    """How the critic's updates are made: its own rate, warmup and clip, the loss's aggregation, over the tokens the
+    policy trains (`token_mask`, the actor's: a tool turn's tokens are no action, their values are not fitted)."""
+    critic = spec.critic
+    policy = update_policy(spec.optimizer, spec.schedule, spec.shape, spec.aggregation, critic.learning_rate,
+                           critic.lr_warmup_steps, critic.grad_clip)
+    return dataclasses.replace(policy, token_mask=token_mask)
+
+
 def tool_turns_of(spec: ActorSpec, tokenizer) -> ToolTurns | None:
     """The tool turns of the actor's rollouts (its spec's tools, their answers in `tokenizer`'s chat template), or
     None for a job without tools."""
@@ -219,7 +228,7 @@ class Actor(Role):
             self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
         self.old_log_probs = ForwardEngine(ResponseLogProbs(self.infer_net, gen.temperature), MicroBatchSizer.for_pass(
             "log_prob", sched, infer.model, self.infer_layout, spec.group_size, training=False))
-        self._build_generators()
+        self._build_generators(comm)
         if self.shares_weights:
             logger.info("actor: the inference net uses the train net's weights (same model and layout %s): no "
                         "second copy, no reshard", self.infer_layout)
@@ -228,15 +237,18 @@ class Actor(Role):
         else:
             self.to_infer.run()
 
-    def _build_generators(self) -> None:
-        spec, gen = self.spec, self.spec.generation
-        self.generator = Generator(self.infer_net, gen, detokenize=self.detokenize, tools=self.tool_turns)
+    def _build_generators(self, comm) -> None:
+        spec, gen, layout = self.spec, self.spec.generation, self.infer_layout
+        tools = self.tool_turns
+        if tools is not None and layout.tp > 1:  # the tp peers roll out the same samples: one rank calls the tools
+            tools = GroupToolTurns(tools, comm, layout.tp_group, leader=layout.tp_rank == 0)
+        self.generator = Generator(self.infer_net, gen, detokenize=self.detokenize, tools=tools)
         self.generator.reseed([gen.seed, self.infer_layout.dp_rank])  # each dp rank samples a stream of its own
         # the evaluation prefills as many prompts a call as the rollout: both run one prefill graph
         self.eval_generator = Generator(self.infer_net, dataclasses.replace(
             gen, do_sample=False, num_generations=1, max_new_tokens=spec.eval_max_new_tokens),
             graphs=self.generator.graphs, prefill_prompts=spec.shape.prompts_per_infer_rank,
-            detokenize=self.detokenize, tools=self.tool_turns)
+            detokenize=self.detokenize, tools=tools)
 
     def resharder_to(self, net, strategy: dict, prefix: str):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
@@ -391,9 +403,7 @@ class Critic(Role):
             "critic", self.net, ValueLossNet(self.net, ValueLossCell(critic.cliprange_value)),
             adamw(opt, spec.net, self.net.trainable_params(), "critic_", critic.learning_rate), self.layout, model,
             MicroBatchSizer.for_pass("critic train", sched, model, self.layout, group, training=True),
-            spec.shape, comm, update_policy(opt, sched, spec.shape, spec.aggregation, critic.learning_rate,
-                                            critic.lr_warmup_steps, critic.grad_clip),
-            self.strategy, dp_sums=dp_sums)
+            spec.shape, comm, critic_update_policy(spec, actor.spec.token_mask), self.strategy, dp_sums=dp_sums)
         self.values_engine = ForwardEngine(
             ResponseValues(self.net),
             MicroBatchSizer.for_pass("values", sched, model, self.layout, group, training=False),
@@ -509,7 +519,8 @@ class Reward(Role):
         gold answer (`solutions`); `columns`: the prompts' other dataset fields, one list per name with a value per
         response, passed to TRL-form reward functions as keyword arguments. A multi-turn rollout (a `loss_mask`) also
         gives them `turns`, each response's turns as {"role", "content"} messages (its `tool_calls` come in
-        `columns`)."""
+        `columns`), and the two-argument functions (`accuracy`, ...) the model's own text (a number a tool returned is
+        no answer of the model's)."""
         prompt_ids, prompt_mask = rollout["prompt_ids"], rollout["prompt_mask"]
         response_ids, response_mask = rollout["response_ids"], rollout["response_mask"]
         completions = self.tokenizer.completions(response_ids, response_mask)
@@ -519,6 +530,8 @@ class Reward(Role):
         with agreed(self.failed_ranks, "the reward functions"):
             if self.rules is not None:
                 extra = {}
+                if "loss_mask" in rollout:
+                    extra["model_completions"] = self.tokenizer.completions(response_ids, rollout["loss_mask"])
                 if self.rules.needs_prompts:  # TRL-form functions also get the prompts, completion ids and columns
                     extra.update(columns or {})
                     extra["prompts"] = self.tokenizer.decode_masked(prompt_ids, prompt_mask,

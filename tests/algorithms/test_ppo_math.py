@@ -83,6 +83,26 @@ def test_gae_estimator_whitens_the_advantages_of_the_batch_and_keeps_raw_returns
     np.testing.assert_allclose(returns, expected_returns)
 
 
+def test_gae_passes_over_a_tool_turn_as_if_its_tokens_were_not_there():
+    """A multi-turn response (`loss_mask`: tool tokens at 2..4): its advantages and returns are those of the response
+    without the tool's tokens (0 at them), whitened over the model's tokens only."""
+    rng = np.random.default_rng(4)
+    response = np.array([[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0, 0, 0]])
+    loss_mask = response.copy()
+    loss_mask[0, 2:5] = 0
+    rewards, values = rng.normal(size=(2, 8)), rng.normal(size=(2, 8))
+    batch = {"token_rewards": rewards, "values": values, "response_mask": response, "loss_mask": loss_mask}
+    advantages, returns = get_advantage_estimator("gae")(batch, 1, SimpleNamespace(gamma=0.9, lam=0.8))
+    own = np.flatnonzero(loss_mask[0])
+    np.testing.assert_allclose(returns[0, own] - values[0, own], reference_gae(rewards[0, own], values[0, own], 0.9,
+                                                                                0.8), rtol=1e-5)
+    assert (advantages[0, 2:5] == 0).all() and (returns[0, 2:5] == 0).all()
+    raw, _ = gae_advantages_returns(rewards, values, loss_mask, 0.9, 0.8)
+    np.testing.assert_allclose(advantages, masked_whiten(raw, loss_mask), rtol=1e-5)
+    assert not np.allclose(advantages, masked_whiten(gae_advantages_returns(rewards, values, response, 0.9, 0.8)[0],
+                                                     response), atol=1e-3)
+
+
 def test_value_loss_by_hand():
     # clip 0.5; token 0: v moved 0.2 from old (inside): both errors (0.2-1)^2 = 0.64 -> 0.5 * 0.64 = 0.32
     # token 1: v = 2, old = 0 -> clipped 0.5, R = 0: errors 4 and 0.25 -> 0.5 * 4 = 2 (unclipped larger)

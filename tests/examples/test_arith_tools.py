@@ -1,5 +1,6 @@
 """`MODEL=arith_tools bash run_grpo.sh`, the README's tool job, shortened: the bundled tool-using policy on products of
-3-digit numbers through msrun (dp=2), each response free to call the built-in calculator once. The calls run, their
+3-digit numbers through msrun (train dp=2; here the inference net in tp=2, resharded each step, its tp group's first
+rank calling the tools for both), each response free to call the built-in calculator once. The calls run, their
 answers come back as the chat template's tool turn (the completions' segments), the step's turns and calls are
 logged, and a resumed job calls the tools again with the same inputs: its steps equal the straight run's."""
 import json
@@ -9,7 +10,7 @@ import shutil
 import pytest
 from support.jobs import without_timing
 from support.msrun import free_port, run_command
-from support.paths import RUN_GRPO
+from support.paths import ROOT, RUN_GRPO
 
 from mindrlhf.tool_use import calculator, parse_tool_calls
 from mindrlhf.tool_use.turns import CUT
@@ -20,10 +21,11 @@ STEPS, SAVED = 4, 2
 FLAGS = ["--steps", str(STEPS), "--eval_interval", "0", "--log_completions", "true"]
 
 
-def job_env(out, **extra) -> dict:
+def job_env(out, infer_yaml, **extra) -> dict:
     import os
 
-    return dict(os.environ, MODEL="arith_tools", OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3", **extra)
+    return dict(os.environ, MODEL="arith_tools", OUTPUT=str(out), MASTER_PORT=str(free_port()), GLOG_v="3",
+                INFER_YAML=str(infer_yaml), **extra)
 
 
 def records(path, steps=None) -> list[dict]:
@@ -33,14 +35,22 @@ def records(path, steps=None) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("arith_tools") / "out"
-    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--save_interval", str(SAVED)], job_env(out), timeout=1200)
+    folder = tmp_path_factory.mktemp("arith_tools")
+    shipped = (ROOT / "model_configs" / "arith_tools" / "infer.yaml").read_text()
+    assert "  data_parallel: 2\n  model_parallel: 1\n" in shipped
+    infer_yaml = folder / "infer_tp2.yaml"
+    infer_yaml.write_text(shipped.replace("  data_parallel: 2\n  model_parallel: 1\n",
+                                          "  data_parallel: 1\n  model_parallel: 2\n"))
+    out = folder / "out"
+    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--save_interval", str(SAVED)], job_env(out, infer_yaml),
+                       timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, proc.stdout
+    return out, proc.stdout, infer_yaml
 
 
 def test_the_tool_job_calls_the_calculator_and_reads_its_answers(run):
-    out, stdout = run
+    out, stdout, _ = run
+    assert "infer layout dp=1 x tp=2" in stdout, stdout[-2000:]
     assert re.search(r"held-out accuracy: before=\d+\.\d% after=\d+\.\d%", stdout), stdout[-2000:]
     steps = [r for r in records(out / "metrics.jsonl") if r["step"] >= 1 and "tool/calls" in r]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
@@ -67,11 +77,12 @@ def test_the_tool_job_calls_the_calculator_and_reads_its_answers(run):
 
 
 def test_a_resumed_tool_job_gives_the_straight_runs_steps(run, tmp_path):
-    straight, _ = run
+    straight, _, infer_yaml = run
     out = tmp_path / "out"
     saved = f"step_{SAVED:06d}"
     shutil.copytree(straight / "checkpoints" / saved, out / "checkpoints" / saved)
-    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--resume"], job_env(out, EVAL_DATA=""), timeout=1200)
+    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--resume"], job_env(out, infer_yaml, EVAL_DATA=""),
+                       timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     later = set(range(SAVED + 1, STEPS + 1))
 

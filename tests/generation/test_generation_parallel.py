@@ -1,5 +1,5 @@
 """Generation with a tensor-parallel inference net (KV cache split by kv heads, or shared when tp exceeds them)
-equals one process."""
+equals one process, tool turns included (one rank of the tp group calls the tools)."""
 import numpy as np
 import pytest
 from support.msrun import load_ranks, run_worker
@@ -27,3 +27,7 @@ def test_tensor_parallel_generation_equals_single_process(one_process, tmp_path,
         np.testing.assert_array_equal(got["sampled"], ref["sampled"], err_msg=f"rank {rank} sampled")
         np.testing.assert_array_equal(got["sampled_mask"], ref["sampled_mask"])
         np.testing.assert_allclose(got["log_probs"], ref["log_probs"], atol=1e-5)
+        # each rank's handler answers with its rank in the tokens: every rank appended rank 0's tool turns
+        np.testing.assert_array_equal(got["tool_rollout"], ref["tool_rollout"], err_msg=f"rank {rank} tool turns")
+        assert got["tool_salts"].tolist() == [0] * len(ref["tool_salts"])
+    assert ref["tool_mask"].sum() > 6 and ref["tool_salts"].size > 3  # tool turns were taken

@@ -1,12 +1,12 @@
 """Multi-turn rollouts with tools (#67) on a tiny random Qwen2 (GRAPH_MODE): the KV cache after an extend equals a
 fresh prefill of the same tokens; the rollout pauses a row at a turn that calls a tool, appends the tool's turn and
 resumes, on the fixed batch, the slots and the step-down paths alike."""
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
 ms = pytest.importorskip("mindspore")
+
+from support.tool_handlers import CountingTool  # noqa: E402
 
 from mindrlhf.configs.generation import GenerationConfig  # noqa: E402
 from mindrlhf.generation import Generator  # noqa: E402
@@ -103,26 +103,6 @@ def test_the_cache_after_an_extend_equals_a_fresh_prefill_of_the_same_tokens(mod
                                            cache_tokens(fresh, theirs[layer], 0, real), atol=1e-5,
                                            err_msg=f"row {b}, layer {layer}")
     assert np.abs(logits[:2]).max() > 0.1
-
-
-class CountingTool:
-    """A tool-turn handler standing in for ToolTurns: a turn of an even number of tokens is answered with 1 to 6
-    tokens that depend on the turn's tokens (ids 100..119); an odd one called no tool (the response ends)."""
-
-    def __init__(self):
-        self.turns = []
-
-    def respond(self, turns):
-        answers = []
-        for turn in turns:
-            self.turns.append(list(turn))
-            if len(turn) % 2:
-                answers.append(None)
-                continue
-            count = int(sum(turn)) % 6 + 1
-            answers.append(SimpleNamespace(tokens=[100 + (int(sum(turn)) + i) % 20 for i in range(count)],
-                                           calls=[{"name": "count", "turn": len(turn)}]))
-        return answers
 
 
 PROMPTS = [[5, 9, 17], [3, 1, 4, 1, 5, 9, 2], [7, 7] + list(range(20, 30))]

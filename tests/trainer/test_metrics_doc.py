@@ -83,7 +83,7 @@ def written_records(folder) -> list[dict]:
     # decode rows computed, idle; 3 answer checks past their limit on this rank (6 on the other)
     # and 0.5 s in tool calls (1 s on the other)
     batch = StepBatch(row_statistics(exp, [1]), exp, True, {}, 100, {}, (40, 15), 3, 0.5)
-    metrics = trainer._step_metrics(batch, updates, elapsed=2.0, trained_tokens=100)
+    metrics = trainer._step_metrics(batch, updates, elapsed=2.0, updated_tokens=100)
     metrics.update(trainer._eval_metrics())
     writer = MetricsWriter(str(folder))
     writer.record(0, trainer._eval_metrics())
