@@ -50,7 +50,41 @@ class ParallelLayer(nn.Cell):
         self.split_shards: dict[str, int] = {}  # parameters cut into fewer shards than tp (shared by tp peers)
 
 
-class ColumnParallelLinear(ParallelLayer):
+class _LowRankAdapted(ParallelLayer):
+    """A linear layer that may carry a LoRA adapter (Hu et al. 2021, PEFT's form): y = W x + b + (alpha / r) B A
+    dropout(x), A [r, in], B [out, r], named `<layer>.lora_a` / `<layer>.lora_b`. Where a rank's
+    gradient of A or B is a partial sum, it is summed over the ranks that hold the same part (`_lora_grad_groups`),
+    as for the weight; the forward needs no collective of its own."""
+
+    def __init__(self, layout: Layout | None):
+        super().__init__(layout)
+        self.has_lora = False  # `lora_a`, `lora_b` exist once `add_lora` made them
+
+    def add_lora(self, rank: int, alpha: float, dropout: float = 0.0) -> None:
+        """Adds the adapter (A and B zero: `init_lora_weights` gives PEFT's start) of `rank`, scaled alpha / rank."""
+        a_shape, b_shape = self._lora_shapes(rank)
+        dtype = self.weight.dtype
+        self.lora_a = Parameter(initializer(Zero(), a_shape, dtype), name="lora_a")  # named by the cell's path
+        self.lora_b = Parameter(initializer(Zero(), b_shape, dtype), name="lora_b")
+        self.lora_scaling = float(alpha) / rank
+        self.has_lora = True
+        self.lora_dropout = nn.Dropout(p=dropout) if dropout > 0 else None
+        self._sum_grad_a, self._sum_grad_b = (CopyToTensorParallel(group) if group else None
+                                              for group in self._lora_grad_groups())
+
+    def _lora(self, x2d):
+        """(alpha / r) B A dropout(x) for the flattened input [N, in(_local)]."""
+        a, b = self.lora_a.astype(self.compute_dtype), self.lora_b.astype(self.compute_dtype)
+        if self._sum_grad_a is not None:
+            a = self._sum_grad_a(a)
+        if self._sum_grad_b is not None:
+            b = self._sum_grad_b(b)
+        if self.lora_dropout is not None:
+            x2d = self.lora_dropout(x2d)
+        return self.matmul(self.matmul(x2d, a), b) * self.lora_scaling
+
+
+class ColumnParallelLinear(_LowRankAdapted):
     """y = x W^T + b with W [out, in] split by rows (output features) over tp.
 
     The input is replicated; the output stays split unless `gather_output`. With `shards` < tp the rows are cut
@@ -91,16 +125,34 @@ class ColumnParallelLinear(ParallelLayer):
             weight = self.share(weight.astype(weight.dtype))
             if self.has_bias:
                 bias = self.share(bias.astype(bias.dtype))
-        y = self.matmul(x.reshape(-1, x.shape[-1]).astype(self.compute_dtype), weight.astype(self.compute_dtype))
+        x2d = x.reshape(-1, x.shape[-1]).astype(self.compute_dtype)
+        y = self.matmul(x2d, weight.astype(self.compute_dtype))
         if self.has_bias:
             y = ops.bias_add(y, bias.astype(self.compute_dtype))
+        if self.has_lora:
+            y = y + self._lora(x2d)
         y = y.reshape(lead + (self.out_local,))
         if self.gather_out is not None:
             y = self.gather_out(y)
         return y
 
+    def _lora_shapes(self, rank: int):
+        return (rank, self.weight.shape[1]), (self.out_local, rank)
 
-class RowParallelLinear(ParallelLayer):
+    def _lora_grad_groups(self):
+        # A is whole and sees the gradient of this rank's outputs only; B is split like the weight, a part that tp
+        # peers share (`shards` < tp) summed over them
+        shared = self.layout.shard_group(self.split_shards["weight"]) if self.share is not None else None
+        return self.layout.tp_group, shared
+
+    def add_lora(self, rank: int, alpha: float, dropout: float = 0.0) -> None:
+        super().add_lora(rank, alpha, dropout)
+        self.split_axes.update({"lora_a": None, "lora_b": 0})
+        if self.share is not None:
+            self.split_shards["lora_b"] = self.split_shards["weight"]
+
+
+class RowParallelLinear(_LowRankAdapted):
     """y = x W^T + b with W [out, in] split by columns (input features) over tp.
 
     The input arrives split (from a column-parallel layer); partial products are summed over tp.
@@ -123,13 +175,27 @@ class RowParallelLinear(ParallelLayer):
 
     def construct(self, x):
         lead = x.shape[:-1]
-        y = self.matmul(x.reshape(-1, x.shape[-1]).astype(self.compute_dtype), self.weight.astype(self.compute_dtype))
+        x2d = x.reshape(-1, x.shape[-1]).astype(self.compute_dtype)
+        y = self.matmul(x2d, self.weight.astype(self.compute_dtype))
+        if self.has_lora:  # a partial sum, as the weight's: reduced with it
+            y = y + self._lora(x2d)
         y = y.reshape(lead + (self.out_features,))
         if self.reduce_out is not None:
             y = self.reduce_out(y)
         if self.has_bias:
             y = ops.bias_add(y.reshape(-1, self.out_features), self.bias.astype(self.compute_dtype)).reshape(y.shape)
         return y
+
+    def _lora_shapes(self, rank: int):
+        return (rank, self.in_local), (self.out_features, rank)
+
+    def _lora_grad_groups(self):
+        # A is split like the weight (its gradient is this rank's own); B is whole and sees this rank's part of x
+        return None, self.layout.tp_group
+
+    def add_lora(self, rank: int, alpha: float, dropout: float = 0.0) -> None:
+        super().add_lora(rank, alpha, dropout)
+        self.split_axes.update({"lora_a": 1, "lora_b": None})
 
 
 class VocabParallelEmbedding(ParallelLayer):
@@ -388,6 +454,30 @@ def random_full_state(net: nn.Cell, layout: Layout | None = None, seed: int = 0)
         else:
             values = values / np.sqrt(shape[-1])
         state[param.name] = values.astype(np.float32)
+    return state
+
+
+def is_adapter(name: str) -> bool:
+    """Whether a parameter name is a LoRA adapter's (`<layer>.lora_a`, `<layer>.lora_b`)."""
+    return name.endswith((".lora_a", ".lora_b"))
+
+
+def lora_full_state(net: nn.Cell, layout: Layout | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """PEFT's start of every adapter of `net`, unsplit and the same whatever the layout: A ~ U(-1/sqrt(in),
+    1/sqrt(in)) (torch's kaiming_uniform_ with a = sqrt(5)), each from its own stream (seed, name); B = 0."""
+    layout = layout or Layout()
+    axes, shards = param_split_axes(net), param_split_shards(net, layout.tp)
+    state = {}
+    for param in net.get_parameters():
+        if not is_adapter(param.name):
+            continue
+        shape = full_shape(tuple(param.shape), axes[param.name], shards[param.name])
+        if param.name.endswith(".lora_b"):
+            state[param.name] = np.zeros(shape, np.float32)
+            continue
+        bound = 1.0 / np.sqrt(shape[1])
+        rng = np.random.default_rng([seed, zlib.crc32(param.name.encode())])
+        state[param.name] = rng.uniform(-bound, bound, shape).astype(np.float32)
     return state
 
 

@@ -7,20 +7,29 @@ from support.cases import Run, Runs, selected, waits_for
 from support.msrun import load_ranks, run_worker
 from support.tolerances import assert_weights_close_after_adam
 
+from mindrlhf.parallel.layers import is_adapter
+
 pytestmark = pytest.mark.msrun
 TOL = 1e-5  # logits, losses, gradients and grad norms: no Adam normalisation in between, float noise stays small
 
 
 # the parallel runs the tests read, by name: (dp, tp, kv heads, the dp sums' route, further flags)
+LORA = ("--lora_rank", "2")  # only the adapters train (#68): their gradients' sums over tp are the ones to check
 PARALLEL = {"tp2": (1, 2, 4, "native", ()), "dp2": (2, 1, 4, "native", ()),
-            "dp2xtp2-over-1-kv-head-shared-memory-sums-sequence-parallel": (2, 2, 1, "auto", ("--seq_parallel",))}
+            "dp2xtp2-over-1-kv-head-shared-memory-sums-sequence-parallel": (2, 2, 1, "auto", ("--seq_parallel",)),
+            "tp2-lora": (1, 2, 4, "native", LORA), "dp2xtp2-over-1-kv-head-lora": (2, 2, 1, "native", LORA)}
+
+
+def reference_of(kv: int, extra) -> str:
+    """The one-process run of the model a parallel run trains (its kv heads, with or without adapters)."""
+    return "reference" + ("" if kv == 4 else f"-kv{kv}") + ("-lora" if "--lora_rank" in extra else "")
 
 
 def spmd_run(dp, tp, kv, collectives, extra):
     """A run of tests/workers/spmd_equivalence.py on dp x tp ranks with `kv` kv heads, after the one-process
     reference run of its model."""
     args = ["--dp", str(dp), "--tp", str(tp), "--n_kv_heads", str(kv), "--cpu_collectives", collectives, *extra]
-    return Run(dp * tp, args, after=("reference" if kv == 4 else f"reference-kv{kv}",))
+    return Run(dp * tp, args, after=(reference_of(kv, extra),))
 
 
 # each run launched once, the runs of one process count in one launch, and read by every test of its name
@@ -28,6 +37,7 @@ def spmd_run(dp, tp, kv, collectives, extra):
 # read the same dp2 and tp2 runs, and the same reference)
 RUNS = {"reference": Run(1, []),
         "reference-kv1": Run(1, ["--n_kv_heads", "1"]),  # the same model with 1 kv head (4 query heads)
+        "reference-lora": Run(1, list(LORA)), "reference-kv1-lora": Run(1, ["--n_kv_heads", "1", *LORA]),
         **{name: spmd_run(*params) for name, params in PARALLEL.items()}}
 
 
@@ -81,13 +91,15 @@ def replica_weights(ranks, tp, d, t, prefix="weight/"):
 
 
 @waits_for(2)  # the references, then the runs of its process count
-@pytest.mark.parametrize("run", ["tp2", "dp2", "dp2xtp2-over-1-kv-head-shared-memory-sums-sequence-parallel"])
+@pytest.mark.parametrize("run", ["tp2", "dp2", "dp2xtp2-over-1-kv-head-shared-memory-sums-sequence-parallel",
+                                 "tp2-lora", "dp2xtp2-over-1-kv-head-lora"])
 def test_parallel_run_matches_single_process(runs, run):
     """dp2xtp2-over-1-kv-head-...: the one kv head (wk/wv rows) is held by both ranks of a tp pair (tp wider than
     the kv heads), whose gradients of it are summed, and the global norm counts it once; the dp gradient sums (of
     the whole step, in the graph, and of the micro-batches' buffers, in place between graphs) go through shared
     memory, as the trainer's on one CPU host; and the tp pairs run sequence parallel (norm weights' gradients summed
-    over tp)."""
+    over tp). *-lora: LoRA adapters on every linear layer, the only trained parameters (A whole and B split in a
+    column-parallel layer, A split and B whole in a row-parallel one, B of the shared kv head shared)."""
     ranks, reference, dp, tp = results(runs, run)
     logits = np.concatenate([ranks[d * tp]["logits"] for d in range(dp)], axis=0)
     np.testing.assert_allclose(logits, reference["logits"], atol=TOL)
@@ -102,6 +114,7 @@ def test_parallel_run_matches_single_process(runs, run):
     np.testing.assert_allclose(reference["first_grad_norm"], full_norm, rtol=1e-5)
     grad_keys = [k for k in reference if k.startswith("grad/")]
     assert len(grad_keys) > 20
+    assert all(is_adapter(k.split("/", 1)[1]) for k in grad_keys) == run.endswith("-lora")
     for key in grad_keys:
         np.testing.assert_allclose(assemble(ranks, dp, tp, key), reference[key], atol=TOL, err_msg=key)
     # weights after the AdamW updates: Adam turns float noise in near-zero gradients into weight differences of a

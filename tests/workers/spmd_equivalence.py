@@ -19,6 +19,7 @@ from support.configs import TINY_QWEN2, tiny_qwen2_config
 
 from mindrlhf.algorithms import GRPOLossCell, ValueLossCell, aggregation_weights
 from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs, ResponseValues, ValueLossNet
+from mindrlhf.configs.lora import LoraConfig
 from mindrlhf.engine.batches import prompt_micro_batches
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.optim import AdamW
@@ -140,11 +141,13 @@ def main(argv: list[str]):
     parser.add_argument("--cpu_collectives", choices=("native", "auto"), default="native",
                         help="auto: the dp gradient sums through shared memory (mindrlhf.parallel.shared_memory)")
     parser.add_argument("--seq_parallel", action="store_true", help="parallel_config.use_seq_parallel")
+    parser.add_argument("--lora_rank", type=int, default=0, help="LoRA adapters on every linear layer (all-linear)")
     args = parser.parse_args(argv)
     worker_setup.graph_mode_on_cpu()
     layout, dp_sums = parallel_layout(args.dp, args.tp, args.cpu_collectives)
     cfg = tiny_qwen2_config(n_kv_heads=args.n_kv_heads, compute_dtype=args.compute_dtype)
     cfg.parallel_config.use_seq_parallel = args.seq_parallel
+    cfg.lora = LoraConfig(lora_rank=args.lora_rank, lora_alpha=4.0)  # random B (init_random_weights): A learns too
     net = Qwen2ForCausalLM(cfg, layout)
     axes = param_split_axes(net)
     init_random_weights(net, layout, seed=0)

@@ -21,6 +21,7 @@ from mindrlhf.configs.foreign_keys import (
     read_aliases,
     refuse_typo,
 )
+from mindrlhf.configs.lora import LoraConfig
 from mindrlhf.configs.parallel import ParallelConfig
 from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.utils.atomic import atomic_output
@@ -83,6 +84,9 @@ class Qwen2Config:
     recompute: RecomputeConfig = dataclasses.field(
         default_factory=RecomputeConfig, metadata={"help": "Activation recompute of trained nets (top-level "
                                                            "`recompute_config`)."})
+    lora: LoraConfig = dataclasses.field(
+        default_factory=LoraConfig, metadata={"help": "LoRA adapters of this network (the job's `lora` section): "
+                                                      "rank 0 = none."})
     arch: str = help_field(DEFAULT_ARCH, "The network the YAML describes (`model.arch.type`, not a model_config "
                            "field): Qwen2ForCausalLM (alias LlamaForCausalLM) or Qwen2ForValue (critic, reward model).")
 
@@ -107,6 +111,15 @@ class Qwen2Config:
                               f"max_position_embedding={self.max_position_embedding}")
         if self.rms_norm_eps <= 0 or self.theta <= 0:
             raise ConfigError("model_config.rms_norm_eps and theta must be positive")
+        if self.lora.enabled:
+            self.lora.check_widths(self.linear_widths())
+
+    def linear_widths(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of a decoder layer, by its Hugging Face name."""
+        d, q, kv, i = self.hidden_size, self.num_heads * self.get_head_dim(), \
+            self.n_kv_heads * self.get_head_dim(), self.intermediate_size
+        return {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d), "gate_proj": (d, i),
+                "up_proj": (d, i), "down_proj": (i, d)}
 
     def get_head_dim(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads

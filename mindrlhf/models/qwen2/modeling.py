@@ -11,6 +11,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from mindrlhf.configs.lora import LoraConfig
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.comm import CopyToTensorParallel, GatherFromTensorParallel
 from mindrlhf.parallel.layers import (
@@ -23,6 +24,7 @@ from mindrlhf.parallel.layers import (
     VocabParallelEmbedding,
     VocabParallelLogProbs,
     expand_as,
+    is_adapter,
     scaled_by_temperature,
     shard_size,
     to_ms_dtype,
@@ -89,6 +91,7 @@ class Qwen2Attention(nn.Cell):
         self.wv = ColumnParallelLinear(config.hidden_size, config.n_kv_heads * hd, bias, name="wv", shards=kv_shards,
                                        **kw)
         self.wo = RowParallelLinear(config.num_heads * hd, config.hidden_size, False, name="wo", **kw)
+        add_adapters({"q_proj": self.wq, "k_proj": self.wk, "v_proj": self.wv, "o_proj": self.wo}, config.lora)
 
     def _by_kv_head(self, x, batch, seq):
         """[B, heads, S, X] -> [B, kv_heads, group * S, X]: each kv head with the query heads that share it
@@ -201,9 +204,25 @@ class Qwen2MLP(nn.Cell):
         self.w1 = ColumnParallelLinear(config.hidden_size, config.intermediate_size, name="w1", **kw)
         self.w3 = ColumnParallelLinear(config.hidden_size, config.intermediate_size, name="w3", **kw)
         self.w2 = RowParallelLinear(config.intermediate_size, config.hidden_size, name="w2", **kw)
+        add_adapters({"gate_proj": self.w1, "up_proj": self.w3, "down_proj": self.w2}, config.lora)
 
     def construct(self, x):
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+
+
+def add_adapters(layers: dict, lora: LoraConfig) -> None:
+    """LoRA adapters on those of `layers` (Hugging Face module name -> linear layer) that `lora` targets."""
+    if lora.enabled:
+        for module in lora.modules():
+            if module in layers:
+                layers[module].add_lora(lora.lora_rank, lora.lora_alpha, lora.lora_dropout)
+
+
+def freeze_all_but_adapters(net: nn.Cell) -> None:
+    """With adapters, only they train: every other parameter gets no gradient (and no optimizer state)."""
+    for param in net.get_parameters():
+        if not is_adapter(param.name):
+            param.requires_grad = False
 
 
 def uses_sequence_parallel(config: Qwen2Config, layout: Layout) -> bool:
@@ -477,6 +496,8 @@ class Qwen2ForCausalLM(nn.Cell):
         last = self.model.last_stage
         self.lm_head = VocabParallelHead(config, self.layout) if last else None
         self.log_prob_of_labels = VocabParallelLogProbs(config.vocab_size, self.layout) if last else None
+        if config.lora.enabled:
+            freeze_all_but_adapters(self)
 
     @property
     def stage_shared_params(self) -> tuple[str, ...]:
