@@ -21,7 +21,7 @@ from mindrlhf.checkpoint.step import (
     stored_parameters,
 )
 from mindrlhf.configs.base import ConfigError
-from mindrlhf.parallel.layers import load_full_state
+from mindrlhf.parallel.layers import is_adapter, load_full_state, lora_full_state
 from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
 
 VALUE_HEAD = "score.weight"
@@ -68,12 +68,14 @@ def merge_trainer_checkpoint(step_dir: str, net: str = "actor") -> dict:
         raise CheckpointError(f"{step_dir}: cannot merge the rank checkpoints: {str(err).splitlines()[0]}") from None
 
 
-def load_weights(net, layout, path: str, prefix: str = "") -> None:
+def load_weights(net, layout, path: str, prefix: str = "", adapter_seed: int = 0) -> None:
     """Loads a full `.ckpt` (split to this rank's shards), a trainer step folder (its actor, merged and split) or a
     folder of per-rank shards (`shards.load_shards`: this rank's own file, or resharded) into `net`.
 
     Names in the files are the plain model names (as `tools/convert_weight.py` writes them; a net prefix in them
-    is dropped); the net's own names may carry `prefix`. Optimizer entries are ignored. Errors name the file.
+    is dropped); the net's own names may carry `prefix`. Optimizer entries are ignored. A net with LoRA adapters
+    loads a base model's weights and starts its adapters as PEFT does (`start_adapters`, `adapter_seed`). Errors
+    name the file.
     """
     form = checkpoint_form(path)
     if form == "shards":
@@ -82,9 +84,23 @@ def load_weights(net, layout, path: str, prefix: str = "") -> None:
     state = _read_form(path, form, "actor")
     plain = {prefix + plain_name(name): value for name, value in state.items()}
     try:
-        load_full_state(net, plain, layout)
+        missing = load_full_state(net, plain, layout, strict=False)
     except ValueError as err:
         raise ConfigError(f"{path}: {err}") from None
+    adapters = [name for name in missing if is_adapter(name)]
+    others = [name for name in missing if not is_adapter(name)]
+    if others:
+        raise ConfigError(f"{path}: parameters missing from the state: {', '.join(others)}")
+    if adapters and any(is_adapter(name) for name in plain):
+        raise ConfigError(f"{path}: holds LoRA adapters of other target modules (missing {adapters[0]}); give the "
+                          "lora section they were trained with")
+    if adapters:
+        start_adapters(net, layout, adapter_seed, prefix)
+
+
+def start_adapters(net, layout, seed: int, prefix: str = "") -> None:
+    """Sets `net`'s LoRA adapters to PEFT's start (A seeded, B zero: the net computes its base model's logits)."""
+    load_full_state(net, lora_full_state(net, layout, seed, prefix), layout, strict=False)
 
 
 def load_value_model(net, layout, state: dict, source: str, prefix: str, yaml_path: str) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from mindrlhf.configs.base import ConfigError, Validated, from_mapping, help_field, load_yaml
 from mindrlhf.configs.generation import GenerationConfig, shown_as
+from mindrlhf.configs.lora import LoraConfig
 from mindrlhf.configs.mindspeed import is_mindspeed_yaml, translate
 from mindrlhf.configs.stage_configs import DPOConfig, RewardModelConfig, SFTConfig
 from mindrlhf.configs.tools import ToolsConfig
@@ -360,6 +361,7 @@ SECTIONS: dict[str, type] = {
     "dpo": DPOConfig,
     "reward_model": RewardModelConfig,
     "tools": ToolsConfig,
+    "lora": LoraConfig,
 }
 
 
@@ -386,6 +388,7 @@ class GRPOConfig:
     dpo: DPOConfig = dataclasses.field(default_factory=DPOConfig)
     reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)
     tools: ToolsConfig = dataclasses.field(default_factory=ToolsConfig)
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)  # the policy's adapters (rank 0: none)
     # "section.field" -> the YAML file (or "command line") that gave its value, the latest last; not a setting
     sources: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 

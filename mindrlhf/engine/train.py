@@ -113,12 +113,13 @@ class TrainEngine:
 
     # ------------------------------------------------------------------ state
     def weights(self) -> list:
-        return list(self.net.trainable_params())
+        """Every weight of the net, the frozen ones too (a LoRA net's base: swapped and saved like the adapters)."""
+        return list(self.net.get_parameters())
 
     def optimizer_state(self) -> list:
         """The optimizer's moments and step counter (what swaps and checkpoints handle besides the weights)."""
-        trained = {id(p) for p in self.net.trainable_params()}
-        return [p for p in self.optimizer.get_parameters() if id(p) not in trained]
+        weights = {id(p) for p in self.net.get_parameters()}
+        return [p for p in self.optimizer.get_parameters() if id(p) not in weights]
 
     def strategy_file(self, file_name: str) -> dict[str, tuple[dict, dict | None]]:
         """The checkpoint's strategy file of this net: its layouts, or with pipeline stages every stage's layouts

@@ -462,9 +462,11 @@ def is_adapter(name: str) -> bool:
     return name.endswith((".lora_a", ".lora_b"))
 
 
-def lora_full_state(net: nn.Cell, layout: Layout | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+def lora_full_state(net: nn.Cell, layout: Layout | None = None, seed: int = 0,
+                    prefix: str = "") -> dict[str, np.ndarray]:
     """PEFT's start of every adapter of `net`, unsplit and the same whatever the layout: A ~ U(-1/sqrt(in),
-    1/sqrt(in)) (torch's kaiming_uniform_ with a = sqrt(5)), each from its own stream (seed, name); B = 0."""
+    1/sqrt(in)) (torch's kaiming_uniform_ with a = sqrt(5)), each from its own stream (seed, its name without the
+    net's `prefix`: a train net and its inference twin start alike); B = 0."""
     layout = layout or Layout()
     axes, shards = param_split_axes(net), param_split_shards(net, layout.tp)
     state = {}
@@ -476,7 +478,8 @@ def lora_full_state(net: nn.Cell, layout: Layout | None = None, seed: int = 0) -
             state[param.name] = np.zeros(shape, np.float32)
             continue
         bound = 1.0 / np.sqrt(shape[1])
-        rng = np.random.default_rng([seed, zlib.crc32(param.name.encode())])
+        plain = param.name[len(prefix):] if param.name.startswith(prefix) else param.name
+        rng = np.random.default_rng([seed, zlib.crc32(plain.encode())])
         state[param.name] = rng.uniform(-bound, bound, shape).astype(np.float32)
     return state
 

@@ -29,7 +29,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import mindspore as ms
@@ -497,13 +497,18 @@ class Resharder:
     (a world gather at construction, or `src_stage_layouts` if the caller already has what
     `gather_stage_layouts` returns), and each parameter comes from the stage that holds it through a
     zero-padded world AllReduce.
+
+    `leave_out`: a test of source names the destination does not take (a LoRA policy's adapters, into the
+    reference: the base model).
     """
 
     def __init__(self, src_net: nn.Cell, dst_net: nn.Cell, src_strategy, dst_strategy,
                  name_map: Mapping[str, str] | None = None, rank: int | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, pack_below_bytes: int = PACK_BELOW_BYTES,
-                 src_pipeline=None, src_stage_layouts=None):
+                 src_pipeline=None, src_stage_layouts=None, leave_out: Callable[[str], bool] | None = None):
         src_layouts = _with_net_shapes(_as_layouts(src_strategy, "source"), src_net, "source")
+        if leave_out is not None:
+            src_layouts = {name: layout for name, layout in src_layouts.items() if not leave_out(name)}
         dst_layouts = _with_net_shapes(_as_layouts(dst_strategy, "destination"), dst_net, "destination")
         self.src_params = {p.name: p for p in src_net.get_parameters()}
         self.dst_params = {p.name: p for p in dst_net.get_parameters()}

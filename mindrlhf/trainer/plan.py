@@ -27,6 +27,7 @@ from mindrlhf.configs.base import ConfigError, load_yaml
 from mindrlhf.configs.generation import GenerationConfig
 from mindrlhf.configs.grpo_configs import GRPOConfig, ScheduleConfig
 from mindrlhf.configs.job import JobOptions
+from mindrlhf.configs.lora import LoraConfig
 from mindrlhf.configs.mindspeed import is_mindspeed_yaml
 from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.data.reader import read_prompt_records
@@ -75,8 +76,7 @@ class JobPlan:
         config.validate()
         check_registered_names(config)
         check_job_inputs(job)
-        train_cfg, infer_cfg, train_layout, infer_layout, shape = _policy_nets(config.schedule, config.generation,
-                                                                               job, world_size, rank)
+        train_cfg, infer_cfg, train_layout, infer_layout, shape = _policy_nets(config, job, world_size, rank)
         eval_batch_size = _check_batches(config, job, shape)
         generation = _generation(config, tokenizer, job, train_cfg, infer_cfg)
         check_tool_template(config, tokenizer)
@@ -93,7 +93,9 @@ class JobPlan:
         actor = ActorSpec(train, infer, shares_train_weights(train, infer), generation, config.loss, config.optimizer,
                           config.schedule, shape, config.eval.eval_max_new_tokens or generation.max_new_tokens,
                           job.init_seed, config.tools)
-        reference = ReferenceSpec(dataclasses.replace(infer, checkpoint=job.load_ref_checkpoint),
+        # the reference is the base policy: the inference net without adapters
+        reference = ReferenceSpec(dataclasses.replace(infer, model=with_lora(infer_cfg, LoraConfig()),
+                                                      checkpoint=job.load_ref_checkpoint),
                                   generation.temperature) if needs_reference(config, job) else None
         critic = CriticSpec(NetSpec(critic_cfg, critic_layout, job.sft_path_critic, job.load_critic_checkpoint),
                             train, config.critic, config.optimizer, config.schedule, config.loss.aggregation,
@@ -439,11 +441,12 @@ def check_pipeline(cfg, layout, sched: ScheduleConfig, rows_per_rank: int, path:
                           f"stages the train micro-batches are {path}'s parallel_config.micro_batch_num; leave it 0")
 
 
-def _policy_nets(sched: ScheduleConfig, gen: GenerationConfig, job: JobOptions, world_size: int, rank: int):
+def _policy_nets(config: GRPOConfig, job: JobOptions, world_size: int, rank: int):
     """(train_cfg, infer_cfg, train_layout, infer_layout, the step's `StepShape` over them) of the policy's two
-    YAMLs, checked together."""
-    train_cfg = Qwen2Config.from_yaml(job.sft_path_train)
-    infer_cfg = Qwen2Config.from_yaml(job.sft_path_infer)
+    YAMLs, checked together; both nets carry the job's LoRA adapters (`lora`), if any."""
+    sched, gen = config.schedule, config.generation
+    train_cfg = with_lora(Qwen2Config.from_yaml(job.sft_path_train), config.lora)
+    infer_cfg = with_lora(Qwen2Config.from_yaml(job.sft_path_infer), config.lora)
     check_model_configs(train_cfg, infer_cfg, job.sft_path_train, job.sft_path_infer)
     train_layout = Layout.from_config(train_cfg.parallel_config, world_size, rank,
                                       f"{job.sft_path_train}: parallel_config")
@@ -456,6 +459,13 @@ def _policy_nets(sched: ScheduleConfig, gen: GenerationConfig, job: JobOptions, 
     check_tensor_parallel(train_cfg, train_layout.tp, job.sft_path_train)
     check_tensor_parallel(infer_cfg, infer_layout.tp, job.sft_path_infer)
     return train_cfg, infer_cfg, train_layout, infer_layout, shape
+
+
+def with_lora(model: Qwen2Config, lora: LoraConfig) -> Qwen2Config:
+    """`model` with `lora`'s adapters (a rank above a target layer's width refused, naming it)."""
+    if lora.enabled:
+        lora.check_widths(model.linear_widths())
+    return dataclasses.replace(model, lora=lora)
 
 
 # ---------------------------------------------------------------------- batches, tokenizer, generation

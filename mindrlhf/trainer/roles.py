@@ -44,6 +44,7 @@ from mindrlhf.checkpoint.weights import (
     load_value_model,
     load_weights,
     read_weights,
+    start_adapters,
     with_zero_value_head,
 )
 from mindrlhf.engine.batches import rows_of_rank
@@ -53,7 +54,7 @@ from mindrlhf.engine.train import LearningRateSchedule, TrainEngine, UpdatePolic
 from mindrlhf.generation import Generator
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.optim import AdamW, ShardedAdamW
-from mindrlhf.parallel.layers import init_random_weights, random_full_state
+from mindrlhf.parallel.layers import init_random_weights, is_adapter, random_full_state
 from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.strategy import net_layouts
 from mindrlhf.reward import build_reward_fn
@@ -212,9 +213,10 @@ class Actor(Role):
         spec, train, infer = self.spec, self.spec.train, self.spec.infer
         gen, sched, opt, loss = spec.generation, spec.schedule, spec.optimizer, spec.loss
         if train.checkpoint:
-            load_weights(self.train_net, self.train_layout, train.checkpoint)
+            load_weights(self.train_net, self.train_layout, train.checkpoint, adapter_seed=spec.init_seed)
         else:
             init_random_weights(self.train_net, self.train_layout, seed=spec.init_seed)
+            start_adapters(self.train_net, self.train_layout, spec.init_seed)
         loss_cell = GRPOLossCell(beta=loss.beta, epsilon_low=loss.epsilon_low, epsilon_high=loss.epsilon_high,
                                  kl_estimator=loss.kl_estimator)
         self.engine = TrainEngine(
@@ -233,7 +235,7 @@ class Actor(Role):
             logger.info("actor: the inference net uses the train net's weights (same model and layout %s): no "
                         "second copy, no reshard", self.infer_layout)
         elif infer.checkpoint:
-            load_weights(self.infer_net, self.infer_layout, infer.checkpoint, INFER_PREFIX)
+            load_weights(self.infer_net, self.infer_layout, infer.checkpoint, INFER_PREFIX, spec.init_seed)
         else:
             self.to_infer.run()
 
@@ -254,8 +256,10 @@ class Actor(Role):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
         net's names), from every pipeline stage when the train net has them."""
         names = {name[len(prefix):]: name for name in strategy}
+        # a net without adapters (the reference: the base model) takes the base weights only
+        leave_out = None if any(is_adapter(name) for name in strategy) else is_adapter
         return Resharder(self.train_net, net, self.train_strategy, strategy, names, rank=self.train_layout.rank,
-                         src_pipeline=self.train_layout, src_stage_layouts=self.engine.stages)
+                         src_pipeline=self.train_layout, src_stage_layouts=self.engine.stages, leave_out=leave_out)
 
     # ------------------------------------------------------------------ state
     def attach(self, swap) -> None:
@@ -267,7 +271,7 @@ class Actor(Role):
     def swap_groups(self) -> dict[str, list]:
         groups = {TRAIN_WEIGHTS: self.engine.weights(), OPTIMIZER_MOMENTS: self.engine.optimizer_state()}
         if not self.shares_weights:
-            groups[INFER_WEIGHTS] = list(self.infer_net.trainable_params())
+            groups[INFER_WEIGHTS] = list(self.infer_net.get_parameters())
         return groups
 
     def strategies(self) -> dict[str, dict]:
@@ -356,13 +360,13 @@ class Reference(Role):
             self.from_actor.run()
 
     def swap_groups(self) -> dict[str, list]:
-        return {REF_WEIGHTS: list(self.net.trainable_params())}
+        return {REF_WEIGHTS: list(self.net.get_parameters())}
 
     def strategies(self) -> dict[str, dict]:
         return {"ref": self.strategy}
 
     def rank_files(self) -> dict[str, list]:
-        return {REF_CKPT: list(self.net.trainable_params())}
+        return {REF_CKPT: list(self.net.get_parameters())}
 
     def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
         return {INFER_STRATEGY: (self.strategy, None)}
@@ -504,7 +508,7 @@ class Reward(Role):
                     f" + rule rewards {self.rules}" if self.rules else "")
 
     def swap_groups(self) -> dict[str, list]:
-        return {REWARD_MODEL_WEIGHTS: list(self.net.trainable_params())} if self.net is not None else {}
+        return {REWARD_MODEL_WEIGHTS: list(self.net.get_parameters())} if self.net is not None else {}
 
     def strategies(self) -> dict[str, dict]:
         return {"reward_model": self.strategy} if self.net is not None else {}

@@ -212,7 +212,7 @@ class Qwen2Config:
 
     def to_dict(self) -> dict:
         model_cfg = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                     if f.name not in ("parallel_config", "arch", "recompute")}
+                     if f.name not in ("parallel_config", "arch", "recompute", "lora")}  # lora: the job's
         model_cfg = {"type": "Qwen2Config", **model_cfg}
         data = {
             "model": {"model_config": model_cfg, "arch": {"type": self.arch}},

@@ -1,0 +1,52 @@
+"""A GRPO job with LoRA adapters (#68) in one process: the policy starts from a base checkpoint with PEFT's adapters
+(B = 0), only the adapters train (the optimizer holds them alone; every base weight is saved bit-identical to the
+checkpoint it started from), and the reference is the base model without adapters."""
+import json
+
+import numpy as np
+import pytest
+from support.jobs import base_args
+from support.paths import TINY_SFT_CKPT
+
+from mindrlhf.checkpoint.weights import read_weights
+from mindrlhf.cli import train
+from mindrlhf.parallel.layers import is_adapter
+
+pytestmark = [pytest.mark.usefixtures("graph_mode"), pytest.mark.slow]
+
+
+def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference(tmp_path, mindrecord):
+    base = read_weights(str(TINY_SFT_CKPT))
+    seen = {}
+
+    def check(trainer, step, metrics):
+        if step != 1:
+            return
+        actor, reference = trainer.actor, trainer.reference
+        seen["optimized"] = [p.name for p in actor.engine.optimizer.parameters]
+        seen["reference"] = {p.name.split(".", 1)[1]: p.asnumpy().copy() for p in reference.net.get_parameters()}
+        seen["train"] = {p.name: p.asnumpy().copy() for p in actor.train_net.get_parameters()}
+
+    out = tmp_path / "out"
+    args = base_args(mindrecord, out) + ["--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "2",
+                                         "--save_interval", "2", "--lora_rank", "4", "--lora_alpha", "8",
+                                         "--lora_target_modules", "q_proj", "v_proj", "down_proj"]
+    assert train.main(args, callbacks=[check]) == 0
+    adapters = sorted(n for n in seen["train"] if is_adapter(n))
+    assert len(adapters) == 2 * 3 * 2  # A and B of 3 modules in each of the 2 layers
+    assert sorted(seen["optimized"]) == adapters
+    # the reference: the base model (no adapters), its weights the checkpoint's
+    assert not any(is_adapter(n) for n in seen["reference"])
+    assert set(seen["reference"]) == set(base)
+    for name, value in base.items():
+        np.testing.assert_array_equal(seen["reference"][name], value, err_msg=name)
+    # after two steps: every base weight is the checkpoint's, bit for bit; the adapters learned
+    saved = read_weights(str(out / "checkpoints" / "step_000002"))
+    assert sorted(n for n in saved if is_adapter(n)) == adapters
+    for name, value in base.items():
+        np.testing.assert_array_equal(saved[name], value, err_msg=f"{name} moved")
+    b_norms = [np.abs(saved[n]).max() for n in adapters if n.endswith(".lora_b")]
+    assert min(b_norms) > 0  # B started at 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "actor/grad_norm" in r] == [1, 2]
+    assert all(np.isfinite(r["actor/grad_norm"]) and r["actor/grad_norm"] > 0 for r in lines if "actor/grad_norm" in r)
