@@ -21,7 +21,9 @@ from mindrlhf.checkpoint.step import (
     stored_parameters,
 )
 from mindrlhf.configs.base import ConfigError
-from mindrlhf.parallel.layers import is_adapter, load_full_state, lora_full_state
+from mindrlhf.configs.lora import is_adapter
+from mindrlhf.models.qwen2.peft_files import read_peft_folder
+from mindrlhf.parallel.layers import load_full_state, lora_full_state
 from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
 
 VALUE_HEAD = "score.weight"
@@ -96,6 +98,17 @@ def load_weights(net, layout, path: str, prefix: str = "", adapter_seed: int = 0
                           "lora section they were trained with")
     if adapters:
         start_adapters(net, layout, adapter_seed, prefix)
+
+
+def load_adapters(net, layout, folder: str) -> None:
+    """Loads a PEFT LoRA folder's adapters into `net` (every adapter of the net, split to this rank's shards)."""
+    _, adapters = read_peft_folder(folder)
+    try:
+        missing = [name for name in load_full_state(net, adapters, layout, strict=False) if is_adapter(name)]
+    except ValueError as err:
+        raise ConfigError(f"{folder}: {err}") from None
+    if missing:
+        raise ConfigError(f"{folder}: no adapter for {missing[0]} (and {len(missing) - 1} more)")
 
 
 def start_adapters(net, layout, seed: int, prefix: str = "") -> None:

@@ -10,6 +10,10 @@ MindSpore -> HF (writes model.safetensors + config.json, and the tokenizer files
     through the strategy file; optimizer entries are dropped. `--net critic` exports a PPO run's critic from it
     (written as a one-label *ForSequenceClassification, or *ForTokenClassification when its YAML sets
     value_head_bias; the critic's YAML as --config_path).
+    A LoRA policy (a checkpoint with adapters) is written as a PEFT adapter folder (adapter_config.json,
+    adapter_model.safetensors: `peft.PeftModel.from_pretrained(base, OUT_DIR)` loads it), or with --merge_lora as
+    a Hugging Face model of the merged weights W + (lora_alpha / r) B A. lora_alpha is the step folder's (its
+    meta.json) or --lora_alpha's.
 
 The same command is installed as `mindrlhf-convert-weight`. Bad input prints one line `error: ...` to stderr
 and exits with status 2.
@@ -19,11 +23,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mindrlhf.checkpoint.step import STEP_NETS, CheckpointError
+from mindrlhf.checkpoint.step import STEP_NETS, CheckpointError, is_step_folder, read_meta
 from mindrlhf.checkpoint.weights import read_weights
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.cli import OneLineErrorParser
 from mindrlhf.models.qwen2.convert import ConversionError, convert_hf_to_ms, convert_ms_to_hf
+from mindrlhf.models.qwen2.peft_files import LoraFilesError, merged_weights, split_adapters, write_peft_folder
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="With --reverse of a trainer checkpoint folder: the policy (actor) or the PPO critic.")
     parser.add_argument("--reverse", "--reversed", dest="reverse", action="store_true",
                         help="Convert a MindSpore ckpt back to a Hugging Face folder.")
+    parser.add_argument("--merge_lora", action="store_true",
+                        help="With --reverse of a LoRA policy: write the merged weights as a Hugging Face model "
+                             "instead of a PEFT adapter folder.")
+    parser.add_argument("--lora_alpha", type=float, default=None,
+                        help="With --reverse of a LoRA policy: its lora_alpha (default: the step folder's).")
+    parser.add_argument("--base_model", default=None,
+                        help="With --reverse of a LoRA policy: base_model_name_or_path of the adapter config.")
     return parser
 
 
@@ -65,6 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.reverse:
             weights = read_weights(args.mindspore_ckpt_path, args.net)
+            if split_adapters(weights)[1]:
+                alpha = lora_alpha_of(args)
+                if not args.merge_lora:
+                    if args.tokenizer_dir is not None:
+                        parser.error("--tokenizer_dir applies to a model folder; a PEFT folder holds the adapters "
+                                     "only (or give --merge_lora)")
+                    config = write_peft_folder(weights, alpha, args.torch_ckpt_dir, args.base_model)
+                    print(f"wrote {args.torch_ckpt_dir} (PEFT LoRA adapters: r={config['r']}, lora_alpha={alpha:g}, "
+                          f"{', '.join(config['target_modules'])})")
+                    return 0
+                weights = merged_weights(weights, alpha)
             cfg = convert_ms_to_hf(args.mindspore_ckpt_path, args.config_path, args.torch_ckpt_dir, args.dtype,
                                    weights=weights, tokenizer_dir=args.tokenizer_dir)
             print(f"wrote {args.torch_ckpt_dir} ({cfg.num_parameters()} parameters, {cfg.param_init_type})")
@@ -72,10 +95,21 @@ def main(argv: list[str] | None = None) -> int:
             cfg = convert_hf_to_ms(args.torch_ckpt_dir, args.mindspore_ckpt_path, args.dtype, args.config_path,
                                    args.output_yaml)
             print(f"wrote {args.mindspore_ckpt_path} ({cfg.num_parameters()} parameters, {cfg.param_init_type})")
-    except (ConversionError, ConfigError, CheckpointError, OSError) as err:
+    except (ConversionError, ConfigError, CheckpointError, LoraFilesError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def lora_alpha_of(args) -> float:
+    """The LoRA policy's lora_alpha: --lora_alpha, else the step folder's job config."""
+    if args.lora_alpha is not None:
+        return args.lora_alpha
+    path = args.mindspore_ckpt_path
+    alpha = read_meta(path).get("config", {}).get("lora", {}).get("lora_alpha") if is_step_folder(path) else None
+    if alpha is None:
+        raise LoraFilesError(f"{path}: holds LoRA adapters but no lora_alpha of theirs; give --lora_alpha")
+    return float(alpha)
 
 
 if __name__ == "__main__":

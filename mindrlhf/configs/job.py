@@ -78,6 +78,10 @@ class JobOptions:
             "rank_<i>/*.ckpt (tools/transform_checkpoint.py --dst_strategy <output_dir>/strategy/train: each rank "
             "reads its own; shards of another layout, with their strategy.ckpt, are resharded on load) or a trainer "
             "step folder (default: seeded random weights).")
+    load_lora_adapter: str = _flag(
+        "", "A PEFT LoRA adapter folder (adapter_config.json, adapter_model.safetensors; e.g. written by "
+            "tools/convert_weight.py --reverse) the policy's adapters start from, on the base weights of "
+            "--load_sft_checkpoint_train; its r, lora_alpha and target_modules must be the job's lora section's.")
     load_sft_checkpoint_infer: str = _flag(
         "", "Inference weights, in the same forms (shards for <output_dir>/strategy/infer); default: resharded "
             "from the train net (the usual case).")

@@ -11,6 +11,11 @@ TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 ALL_LINEAR = "all-linear"  # PEFT's shorthand: every linear layer but the output head
 
 
+def is_adapter(name: str) -> bool:
+    """Whether a parameter name is a LoRA adapter's (`<layer>.lora_a`, `<layer>.lora_b`)."""
+    return name.endswith((".lora_a", ".lora_b"))
+
+
 @dataclass(frozen=True)
 class LoraConfig(Validated):
     """LoRA adapters: y = W x + (lora_alpha / lora_rank) B A x on each target module, A random and B zero at the start

@@ -13,6 +13,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal, Zero, initializer
 
+from mindrlhf.configs.lora import is_adapter
 from mindrlhf.parallel.comm import (
     CopyToTensorParallel,
     GatherFromTensorParallel,
@@ -455,11 +456,6 @@ def random_full_state(net: nn.Cell, layout: Layout | None = None, seed: int = 0)
             values = values / np.sqrt(shape[-1])
         state[param.name] = values.astype(np.float32)
     return state
-
-
-def is_adapter(name: str) -> bool:
-    """Whether a parameter name is a LoRA adapter's (`<layer>.lora_a`, `<layer>.lora_b`)."""
-    return name.endswith((".lora_a", ".lora_b"))
 
 
 def lora_full_state(net: nn.Cell, layout: Layout | None = None, seed: int = 0,

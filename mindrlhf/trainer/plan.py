@@ -90,9 +90,10 @@ class JobPlan:
             if job.eval_dataset_file and not job.check_flags else None  # --check_flags: not written yet
         train = NetSpec(train_cfg, train_layout, job.sft_path_train, job.load_sft_checkpoint_train)
         infer = NetSpec(infer_cfg, infer_layout, job.sft_path_infer, job.load_sft_checkpoint_infer)
+        check_lora_adapter(config, job)
         actor = ActorSpec(train, infer, shares_train_weights(train, infer), generation, config.loss, config.optimizer,
                           config.schedule, shape, config.eval.eval_max_new_tokens or generation.max_new_tokens,
-                          job.init_seed, config.tools)
+                          job.init_seed, config.tools, job.load_lora_adapter)
         # the reference is the base policy: the inference net without adapters
         reference = ReferenceSpec(dataclasses.replace(infer, model=with_lora(infer_cfg, LoraConfig()),
                                                       checkpoint=job.load_ref_checkpoint),
@@ -459,6 +460,22 @@ def _policy_nets(config: GRPOConfig, job: JobOptions, world_size: int, rank: int
     check_tensor_parallel(train_cfg, train_layout.tp, job.sft_path_train)
     check_tensor_parallel(infer_cfg, infer_layout.tp, job.sft_path_infer)
     return train_cfg, infer_cfg, train_layout, infer_layout, shape
+
+
+def check_lora_adapter(config: GRPOConfig, job: JobOptions) -> None:
+    """A --load_lora_adapter folder must be a PEFT LoRA adapter of the job's rank, alpha and target modules."""
+    if not job.load_lora_adapter:
+        return
+    from mindrlhf.models.qwen2.peft_files import LoraFilesError, check_adapter_config, read_peft_folder
+
+    if not config.lora.enabled:
+        raise ConfigError(f"--load_lora_adapter {job.load_lora_adapter}: the job trains no adapters (lora.lora_rank "
+                          "is 0); give --lora_rank and the adapter's other settings")
+    try:
+        adapter_config, _ = read_peft_folder(job.load_lora_adapter)
+        check_adapter_config(adapter_config, config.lora, job.load_lora_adapter)
+    except LoraFilesError as err:
+        raise ConfigError(str(err)) from None
 
 
 def with_lora(model: Qwen2Config, lora: LoraConfig) -> Qwen2Config:

@@ -41,12 +41,14 @@ from mindrlhf.checkpoint.step import (
     TRAIN_STRATEGY,
 )
 from mindrlhf.checkpoint.weights import (
+    load_adapters,
     load_value_model,
     load_weights,
     read_weights,
     start_adapters,
     with_zero_value_head,
 )
+from mindrlhf.configs.lora import is_adapter
 from mindrlhf.engine.batches import rows_of_rank
 from mindrlhf.engine.forward import ForwardEngine
 from mindrlhf.engine.sizing import MicroBatchSizer
@@ -54,7 +56,7 @@ from mindrlhf.engine.train import LearningRateSchedule, TrainEngine, UpdatePolic
 from mindrlhf.generation import Generator
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.optim import AdamW, ShardedAdamW
-from mindrlhf.parallel.layers import init_random_weights, is_adapter, random_full_state
+from mindrlhf.parallel.layers import init_random_weights, random_full_state
 from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.strategy import net_layouts
 from mindrlhf.reward import build_reward_fn
@@ -217,6 +219,8 @@ class Actor(Role):
         else:
             init_random_weights(self.train_net, self.train_layout, seed=spec.init_seed)
             start_adapters(self.train_net, self.train_layout, spec.init_seed)
+        if spec.lora_adapter:
+            load_adapters(self.train_net, self.train_layout, spec.lora_adapter)
         loss_cell = GRPOLossCell(beta=loss.beta, epsilon_low=loss.epsilon_low, epsilon_high=loss.epsilon_high,
                                  kl_estimator=loss.kl_estimator)
         self.engine = TrainEngine(

@@ -64,6 +64,7 @@ class ActorSpec:
     eval_max_new_tokens: int  # the greedy evaluation's longest answer
     init_seed: int
     tools: ToolsConfig = dataclasses.field(default_factory=ToolsConfig)  # the tools its rollouts may call
+    lora_adapter: str = ""  # a PEFT folder its adapters start from (--load_lora_adapter; "": PEFT's start)
 
     @property
     def group_size(self) -> int:

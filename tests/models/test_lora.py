@@ -9,13 +9,12 @@ ms = pytest.importorskip("mindspore")
 from mindspore import Tensor  # noqa: E402
 
 from mindrlhf.configs.base import ConfigError  # noqa: E402
-from mindrlhf.configs.lora import TARGET_MODULES, LoraConfig  # noqa: E402
+from mindrlhf.configs.lora import TARGET_MODULES, LoraConfig, is_adapter  # noqa: E402, is_adapter
 from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from mindrlhf.optim import AdamW  # noqa: E402
 from mindrlhf.parallel.layers import (  # noqa: E402
     ColumnParallelLinear,
     RowParallelLinear,
-    is_adapter,
     load_full_state,
     lora_full_state,
     param_split_axes,

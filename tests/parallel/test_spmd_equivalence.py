@@ -7,7 +7,7 @@ from support.cases import Run, Runs, selected, waits_for
 from support.msrun import load_ranks, run_worker
 from support.tolerances import assert_weights_close_after_adam
 
-from mindrlhf.parallel.layers import is_adapter
+from mindrlhf.configs.lora import is_adapter
 
 pytestmark = pytest.mark.msrun
 TOL = 1e-5  # logits, losses, gradients and grad norms: no Adam normalisation in between, float noise stays small

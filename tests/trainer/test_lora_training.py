@@ -1,6 +1,7 @@
 """A GRPO job with LoRA adapters (#68) in one process: the policy starts from a base checkpoint with PEFT's adapters
 (B = 0), only the adapters train (the optimizer holds them alone; every base weight is saved bit-identical to the
-checkpoint it started from), and the reference is the base model without adapters."""
+checkpoint it started from), and the reference is the base model without adapters. The trained adapters, exported
+as a PEFT folder, start a new job (--load_lora_adapter); an adapter of another rank is refused in one line."""
 import json
 
 import numpy as np
@@ -10,12 +11,12 @@ from support.paths import TINY_SFT_CKPT
 
 from mindrlhf.checkpoint.weights import read_weights
 from mindrlhf.cli import train
-from mindrlhf.parallel.layers import is_adapter
+from mindrlhf.configs.lora import is_adapter
 
 pytestmark = [pytest.mark.usefixtures("graph_mode"), pytest.mark.slow]
 
 
-def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference(tmp_path, mindrecord):
+def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference(tmp_path, mindrecord, capfd):
     base = read_weights(str(TINY_SFT_CKPT))
     seen = {}
 
@@ -50,3 +51,31 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "actor/grad_norm" in r] == [1, 2]
     assert all(np.isfinite(r["actor/grad_norm"]) and r["actor/grad_norm"] > 0 for r in lines if "actor/grad_norm" in r)
+    # the trained adapters as a PEFT folder (lora_alpha from the step folder), then the start of a new job
+    from support.paths import TINY
+
+    from mindrlhf.cli import convert_weight
+
+    step = out / "checkpoints" / "step_000002"
+    adapter = tmp_path / "adapter"
+    assert convert_weight.main(["--reverse", "--mindspore_ckpt_path", str(step), "--torch_ckpt_dir", str(adapter),
+                                "--config_path", str(TINY / "model.yaml")]) == 0
+    assert json.loads((adapter / "adapter_config.json").read_text())["lora_alpha"] == 8.0
+    started = {}
+
+    def first(trainer, step, metrics):
+        started.update({p.name: p.asnumpy().copy() for p in trainer.actor.train_net.get_parameters()})
+
+    again = base_args(mindrecord, tmp_path / "again") + [
+        "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1", "--learning_rate", "1e-12",
+        "--lora_rank", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj", "down_proj",
+        "--load_lora_adapter", str(adapter)]
+    assert train.main(again, callbacks=[first]) == 0
+    for name in adapters:  # an update of lr 1e-12 moves them by ~1e-12
+        np.testing.assert_allclose(started[name], saved[name], atol=1e-8, err_msg=name)
+    other_rank = list(again)
+    other_rank[other_rank.index("--lora_rank") + 1] = "2"
+    capfd.readouterr()
+    assert train.main(other_rank) == 2
+    err = capfd.readouterr().err
+    assert "the adapter has r=4" in err and "lora_rank=2" in err and "Traceback" not in err

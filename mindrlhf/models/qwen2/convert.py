@@ -447,12 +447,14 @@ def save_ms_checkpoint(tensors: dict[str, np.ndarray], ckpt_path: str) -> None:
     write_checkpoint(tensors.items(), ckpt_path)
 
 
-def _save_safetensors(tensors: dict[str, np.ndarray], path: str) -> None:
+def save_safetensors(tensors: dict[str, np.ndarray], path: str) -> None:
+    """Writes {name: array} as one safetensors file (atomically), as torch's `save_pretrained` does."""
     with atomic_output(path, ".safetensors") as tmp:
         save_file({n: np.ascontiguousarray(a) for n, a in tensors.items()}, tmp, metadata={"format": "pt"})
 
 
-def _save_json(data: dict, path: str) -> None:
+def save_json(data: dict, path: str) -> None:
+    """Writes `data` as indented JSON (atomically)."""
     with atomic_output(path, ".json") as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2)
@@ -569,6 +571,6 @@ def write_hf_folder(weights: dict[str, np.ndarray], cfg: Qwen2Config, out_dir: s
             continue
         with atomic_output(target) as tmp:
             shutil.copyfile(path, tmp)
-    _save_safetensors(tensors, os.path.join(out_dir, SAFE_WEIGHTS))
-    _save_json(hf_config_dict(cfg, out_dtype, value_head), os.path.join(out_dir, "config.json"))
+    save_safetensors(tensors, os.path.join(out_dir, SAFE_WEIGHTS))
+    save_json(hf_config_dict(cfg, out_dtype, value_head), os.path.join(out_dir, "config.json"))
     return dataclasses.replace(cfg, param_init_type=out_dtype)

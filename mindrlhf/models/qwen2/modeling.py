@@ -11,7 +11,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-from mindrlhf.configs.lora import LoraConfig
+from mindrlhf.configs.lora import LoraConfig, is_adapter
 from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.comm import CopyToTensorParallel, GatherFromTensorParallel
 from mindrlhf.parallel.layers import (
@@ -24,7 +24,6 @@ from mindrlhf.parallel.layers import (
     VocabParallelEmbedding,
     VocabParallelLogProbs,
     expand_as,
-    is_adapter,
     scaled_by_temperature,
     shard_size,
     to_ms_dtype,
