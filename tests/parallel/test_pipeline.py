@@ -175,19 +175,23 @@ PIPELINED = {"pp2-mb1": (2, 1, 1, False, ()),
              "pp2-mb4-selective-recompute": (2, 1, 4, False, ("--recompute", "selective")),
              "pp2xtp2-mb2-tied-sequence-parallel-full-recompute": (2, 2, 2, True, ("--seq_parallel", "--recompute",
                                                                                     "full")),
-             "pp4-mb4-tied": (4, 1, 4, True, ())}
+             "pp4-mb4-tied": (4, 1, 4, True, ()),
+             "pp2xtp2-mb2-lora": (2, 2, 2, False, ("--lora_rank", "2"))}  # only the adapters train (#68)
 
 
-def one_piece(tied: bool) -> str:
-    return "one-piece-tied" if tied else "one-piece"
+def one_piece(tied: bool, extra=()) -> str:
+    return "one-piece" + ("-tied" if tied else "") + ("-lora" if "--lora_rank" in extra else "")
 
 
 def pipeline_runs(root) -> dict[str, Run]:
-    runs = {one_piece(tied): Run(1, ["--reference_only"] + ["--tied"] * tied) for tied in (False, True)}
+    runs = {}
     for name, (pp, tp, micro_batches, tied, extra) in PIPELINED.items():
-        reference = root / one_piece(tied) / "rank_0.npz"
+        lora = list(extra[extra.index("--lora_rank"):][:2]) if "--lora_rank" in extra else []
+        reference = one_piece(tied, extra)
+        runs[reference] = Run(1, ["--reference_only"] + ["--tied"] * tied + lora)
         runs[name] = Run(pp * tp, ["--pp", str(pp), "--tp", str(tp), "--micro_batches", str(micro_batches),
-                                   "--reference", str(reference), *extra] + ["--tied"] * tied, (one_piece(tied),))
+                                   "--reference", str(root / reference / "rank_0.npz"), *extra] + ["--tied"] * tied,
+                         (reference,))
     return runs
 
 
@@ -211,10 +215,11 @@ def test_pipeline_train_step_equals_the_whole_model(pipelined, run):
     kind of its steps: pp2-mb1 only warm-up and cool-down, pp4-mb4 steady-state exchanges on the middle stages.
     Two variants recompute the stages' layers in the backward pass (the attention only, and full layers with tp
     collectives inside, the latter with the stages' residual stream cut along the sequence over tp: sequence
-    parallel, the stages exchanging whole activations): neither may change a value."""
-    pp, tp, _, tied, _ = PIPELINED[run]
+    parallel, the stages exchanging whole activations): neither may change a value. pp2xtp2-mb2-lora trains LoRA
+    adapters alone (on every linear layer of each stage, split over tp like their layers)."""
+    pp, tp, _, tied, extra = PIPELINED[run]
     world = pp * tp
-    (whole,) = load_ranks(pipelined(one_piece(tied)), 1)  # the one-piece run's outputs, norms and weights
+    (whole,) = load_ranks(pipelined(one_piece(tied, extra)), 1)  # the one-piece run's outputs, norms and weights
     ranks = [{**whole, **result} for result in load_ranks(pipelined(run), world)]
     embedding = "weight/model.tok_embeddings.embedding_weight"
     for rank in range(tp, world):  # the last stage holds the tied copy, bit for bit its first-stage peer's

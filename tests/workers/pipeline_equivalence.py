@@ -21,6 +21,7 @@ from support.configs import tiny_qwen2_config
 
 from mindrlhf.algorithms import GRPOLossCell, aggregation_weights
 from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseHidden, ResponseLogProbs
+from mindrlhf.configs.lora import LoraConfig
 from mindrlhf.configs.recompute import RecomputeConfig
 from mindrlhf.engine.batches import prompt_micro_batches
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM
@@ -69,7 +70,7 @@ def one_piece(cfg) -> dict[str, np.ndarray]:
         whole_norms.append(float(norm.asnumpy()))
     result = {"whole_outputs": np.array(whole_outputs), "whole_norms": np.array(whole_norms),
               "old_logp": arrays[4], "ref_logp": arrays[5], "clip": np.array(clip),
-              "tied": np.array(cfg.tie_word_embeddings)}
+              "tied": np.array(cfg.tie_word_embeddings), "lora_rank": np.array(cfg.lora.lora_rank)}
     result.update({f"whole/{p.name[len(ONE_PIECE):]}": p.asnumpy() for p in whole.trainable_params()})
     return result
 
@@ -110,6 +111,7 @@ def main(argv: list[str]):
     parser.add_argument("--pp", type=int, default=2)
     parser.add_argument("--micro_batches", type=int, default=1)
     parser.add_argument("--tied", action="store_true")
+    parser.add_argument("--lora_rank", type=int, default=0, help="LoRA adapters on every linear layer: only they train")
     parser.add_argument("--recompute", choices=("off", "full", "selective"), default="off")
     parser.add_argument("--seq_parallel", action="store_true", help="the stages' parallel_config.use_seq_parallel")
     parser.add_argument("--reference_only", action="store_true", help="the one-piece run only (one process)")
@@ -118,11 +120,13 @@ def main(argv: list[str]):
     args = parser.parse_args(argv)
     worker_setup.graph_mode_on_cpu()
     cfg = tiny_qwen2_config(num_layers=4, tie_word_embeddings=args.tied)
+    cfg.lora = LoraConfig(lora_rank=args.lora_rank, lora_alpha=4.0)  # random B (init_random_weights): A learns too
     if args.reference_only:
         worker_setup.save_rank_results(args.out, 0, one_piece(cfg))
         return
     reference = dict(np.load(args.reference))
     assert bool(reference["tied"]) == args.tied, (args.reference, args.tied)
+    assert int(reference["lora_rank"]) == args.lora_rank, (args.reference, args.lora_rank)
     worker_setup.save_rank_results(args.out, worker_setup.communication()[1], stages(args, cfg, reference))
 
 
