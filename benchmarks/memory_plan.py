@@ -237,7 +237,9 @@ QWEN7B_YAML = os.path.join(ROOT, "model_configs", "qwen2_5", "qwen2_5_7b.yaml")
 QWEN32B = dict(hidden_size=5120, num_layers=64, num_heads=40, n_kv_heads=8, intermediate_size=27648,
                vocab_size=152064)
 DEVICE_GIB = 64e9 / 2**30  # a "64 GB" device
-# (name, model fields, train (dp, tp, pp, micro_batch_num), infer (dp, tp), weights dtype, recompute, ZeRO-1)
+# (name, model fields, train (dp, tp, pp, micro_batch_num), infer (dp, tp), weights dtype, recompute, ZeRO-1[,
+# further flags: LoRA's])
+LORA16 = ("--lora_rank", "16", "--lora_alpha", "32", "--lora_target_modules", "all-linear")
 RECIPES = (
     ("7B as shipped (fp32 weights, 2 micro-batches)", {}, (1, 4, 2, 2), (2, 4), "float32", False, False),
     ("7B, 1 response per micro-batch", {}, (1, 4, 2, 64), (2, 4), "float32", False, False),
@@ -250,6 +252,10 @@ RECIPES = (
     ("32B on 16, tp8 x pp2, fp32 + recompute", QWEN32B, (1, 8, 2, 64), (2, 8), "float32", True, False),
     ("32B on 32, dp2 x tp8 x pp2 + ZeRO-1, fp32 + recompute", QWEN32B, (2, 8, 2, 32), (4, 8), "float32", True, True),
     ("32B on 32, tp8 x pp4, fp32 + recompute", QWEN32B, (1, 8, 4, 64), (4, 8), "float32", True, False),
+    ("7B on 4, tp4, LoRA r16, bf16 + recompute", {}, (1, 4, 1, 0), (1, 4), "bfloat16", True, False, LORA16),
+    ("7B on 4, tp4, full, bf16 + recompute", {}, (1, 4, 1, 0), (1, 4), "bfloat16", True, False),
+    ("32B on 8, tp8, LoRA r16, bf16 + recompute", QWEN32B, (1, 8, 1, 0), (1, 8), "bfloat16", True, False, LORA16),
+    ("32B on 8, tp8, full, bf16 + recompute", QWEN32B, (1, 8, 1, 0), (1, 8), "bfloat16", True, False),
 )
 # the sequence lengths: the 7B YAMLs' seq_length 4096 as 2048 prompt + 2048 generated tokens; 8 prompts x 8 samples
 # a step, one update per step
@@ -280,7 +286,7 @@ def recipe_plan(recipe: tuple, workdir: str) -> dict:
     from mindrlhf.trainer.memory_report import job_memory
     from mindrlhf.trainer.plan import JobPlan
 
-    name, model, train, infer, dtype, recompute, shard = recipe
+    name, model, train, infer, dtype, recompute, shard, *extra = recipe
     train_yaml, infer_yaml = os.path.join(workdir, "train.yaml"), os.path.join(workdir, "infer.yaml")
     _recipe_yaml(train_yaml, model, dtype, train, recompute, shard)
     # the same recompute_config in both (the plan compares the YAMLs; forward-only nets do not recompute)
@@ -290,7 +296,7 @@ def recipe_plan(recipe: tuple, workdir: str) -> dict:
     args = build_parser().parse_args(
         ["--sft_path_train", train_yaml, "--sft_path_infer", infer_yaml, "--mind_dataset_dir", data,
          "--tokenizer_dir", os.path.join(ARITH, "policy"), *RECIPE_FLAGS,
-         "--micro_batch_size_per_device", "0" if train[2] > 1 else "1"])
+         "--micro_batch_size_per_device", "0" if train[2] > 1 else "1", *(extra[0] if extra else ())])
     from mindrlhf.configs.job import JobOptions
 
     job = JobOptions.from_args(args)

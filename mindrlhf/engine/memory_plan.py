@@ -69,15 +69,19 @@ class NetShape:
     tied: bool = False
     param_bytes: int = 4
     compute_bytes: int = 4
+    lora_rank: int = 0  # LoRA adapters (rank 0: none) on `lora_modules`, Hugging Face names
+    lora_modules: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, cfg) -> NetShape:
         """The shape of a `Qwen2Config` (read by field name)."""
+        lora = cfg.lora
         return cls(vocab=cfg.vocab_size, hidden=cfg.hidden_size, layers=cfg.num_layers, heads=cfg.num_heads,
                    kv_heads=cfg.n_kv_heads, head_dim=cfg.get_head_dim(),
                    intermediate=cfg.intermediate_size, qkv_bias=cfg.qkv_has_bias, tied=cfg.tie_word_embeddings,
                    param_bytes=dtype_bytes(cfg.param_init_type, "model_config.param_init_type"),
-                   compute_bytes=dtype_bytes(cfg.compute_dtype, "model_config.compute_dtype"))
+                   compute_bytes=dtype_bytes(cfg.compute_dtype, "model_config.compute_dtype"),
+                   lora_rank=lora.lora_rank, lora_modules=lora.modules() if lora.enabled else ())
 
     def local_kv_heads(self, tp: int = 1) -> int:
         """Key/value heads a tp rank holds: its shard of them, or one whole head when tp is wider than the heads."""
@@ -88,7 +92,23 @@ class NetShape:
         norms replicated."""
         q, kv = self.heads * self.head_dim // tp, self.local_kv_heads(tp) * self.head_dim
         bias = q + 2 * kv if self.qkv_bias else 0
-        return self.hidden * (2 * q + 2 * kv) + bias + 3 * self.hidden * self.intermediate // tp + 2 * self.hidden
+        base = self.hidden * (2 * q + 2 * kv) + bias + 3 * self.hidden * self.intermediate // tp + 2 * self.hidden
+        return base + self.layer_adapter_elements(tp)
+
+    def layer_adapter_elements(self, tp: int = 1) -> int:
+        """LoRA parameters of one decoder layer on a tp rank: per column-parallel target A [r, in] whole and B
+        [out / tp, r]; per row-parallel one A [r, in / tp] and B [out, r] whole."""
+        d, q, kv = self.hidden, self.heads * self.head_dim, self.local_kv_heads(tp) * self.head_dim
+        i = self.intermediate // tp
+        sizes = {"q_proj": d + q // tp, "k_proj": d + kv, "v_proj": d + kv, "gate_proj": d + i, "up_proj": d + i,
+                 "o_proj": q // tp + d, "down_proj": i + d}
+        return self.lora_rank * sum(sizes[module] for module in self.lora_modules)
+
+    def trained_elements(self, tp: int = 1, pp: int = 1, stage: int = 0) -> int:
+        """The parameters a stage trains on a tp rank: its adapters with LoRA, else all it holds."""
+        if self.lora_rank:
+            return self.layers // pp * self.layer_adapter_elements(tp)
+        return self.stage_elements(tp, pp, stage)
 
     def stage_elements(self, tp: int = 1, pp: int = 1, stage: int = 0) -> int:
         """Parameters pipeline stage `stage` of `pp` holds on one tp rank: its layers, the vocab-parallel embedding

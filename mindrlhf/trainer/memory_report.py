@@ -96,15 +96,15 @@ def _groups(plan) -> dict[str, int]:
     """Swap group -> bytes on the plan's rank."""
     train, infer = plan.actor.train, plan.actor.infer
     ts, ins = NetShape.of(train.model), NetShape.of(infer.model)
-    elements = ts.stage_elements(train.layout.tp, train.layout.pp, train.layout.stage)
+    place = (train.layout.tp, train.layout.pp, train.layout.stage)
     shard = train.model.parallel_config.optimizer_shard
-    groups = {TRAIN_WEIGHTS: elements * ts.param_bytes,
-              OPTIMIZER_MOMENTS: moment_bytes(elements, train.layout.dp, shard)}
-    infer_bytes = ins.stage_elements(infer.layout.tp) * ins.param_bytes
+    groups = {TRAIN_WEIGHTS: ts.stage_elements(*place) * ts.param_bytes,
+              OPTIMIZER_MOMENTS: moment_bytes(ts.trained_elements(*place), train.layout.dp, shard)}
     if not plan.actor.shares_train_weights:
-        groups[INFER_WEIGHTS] = infer_bytes
-    if plan.reference:
-        groups[REF_WEIGHTS] = infer_bytes
+        groups[INFER_WEIGHTS] = ins.stage_elements(infer.layout.tp) * ins.param_bytes
+    if plan.reference:  # the base model: no adapters
+        base = NetShape.of(plan.reference.net.model)
+        groups[REF_WEIGHTS] = base.stage_elements(plan.reference.net.layout.tp) * base.param_bytes
     if plan.critic:
         cs, cl = NetShape.of(plan.critic.net.model), plan.critic.net.layout
         critic = cs.stage_elements(cl.tp, cl.pp, cl.stage) - (0 if cs.tied else cs.vocab * cs.hidden // cl.tp)
@@ -190,7 +190,7 @@ def _transients(plan) -> dict[str, dict[str, int]]:
     in_flight = train.pp - train.stage if train.stage < train.pp - 1 else 0
     recompute = recompute_of(train_cfg, train.pp, train.stage)
     acts, logits = train_activation_bytes(ts, call, train.tp, train.pp, train.stage, in_flight, recompute)
-    grads = ts.stage_elements(train.tp, train.pp, train.stage) * ts.param_bytes
+    grads = ts.trained_elements(train.tp, train.pp, train.stage) * ts.param_bytes
     out = {"generate": generate, "eval": generate, "ref": forward, "old": forward, "values": forward,
            "train": {"activations": acts, "logits": logits, "gradients": grads}}
     out["update_critic"] = out["train"]

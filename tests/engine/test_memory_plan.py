@@ -325,3 +325,24 @@ def test_the_plan_counts_the_graphs_of_every_width_and_bucket_a_run_reaches(tmp_
     budget, _ = _planned_graph_bytes(tmp_path, generation={"max_num_batched_tokens": 256})
     both, _ = _planned_graph_bytes(tmp_path, generation={"max_num_batched_tokens": 512})
     assert budget < one == both
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_lora_adapters_are_counted_as_the_net_holds_them_and_alone_are_trained(tp):
+    """A tp rank's LoRA net (rank 3 on q, k, o and down: both kinds of layer, k's kv head shared at tp 4) holds
+    what `stage_elements` counts and trains what `trained_elements` counts."""
+    from mindrlhf.configs.lora import LoraConfig
+    from mindrlhf.models.qwen2 import Qwen2ForCausalLM
+    from mindrlhf.parallel.layout import Layout
+
+    cfg = Qwen2Config(vocab_size=704, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=128,
+                      seq_length=32, max_position_embedding=32,
+                      lora=LoraConfig(lora_rank=3, lora_target_modules=["q_proj", "k_proj", "o_proj", "down_proj"]))
+    net = Qwen2ForCausalLM(cfg, Layout(dp=1, tp=tp, rank=tp - 1))
+    shape = NetShape.of(cfg)
+    assert shape.stage_elements(tp) == sum(p.size for p in net.get_parameters())
+    assert shape.trained_elements(tp) == sum(p.size for p in net.trainable_params())
+    assert shape.trained_elements(tp) < shape.stage_elements(tp) // 10
+    plain = NetShape(**{**shape.__dict__, "lora_rank": 0, "lora_modules": ()})
+    assert plain.trained_elements(tp) == plain.stage_elements(tp) == shape.stage_elements(tp) - \
+        shape.trained_elements(tp)
