@@ -106,8 +106,15 @@ KERNEL_SWITCHES = ("use_mcore_models", "use_fused_rmsnorm", "use_fused_swiglu", 
                    "variable_seq_lengths", "distributed_backend", "no_shared_storage")
 
 # megatron_training and actor_config (MindSpeed-RL's actor arguments: actor_config over megatron_training)
+# MindSpeed-LLM's LoRA target names (Megatron's fused modules) -> the Hugging Face modules they hold
+MEGATRON_LORA_MODULES = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+                         "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+
 MEGATRON_KEYS: dict[str, Rule] = {
     "stage": ForeignKey(lambda v: v in (None, "ray_grpo"), REFUSE, _STAGE),
+    "lora_r": ToFields(("lora.lora_rank",)),
+    "lora_alpha": ToFields(("lora.lora_alpha",), float),
+    "lora_target_modules": COMPUTED,
     "global_batch_size": COMPUTED,
     "seed": ToFields(("schedule.seed", "generation.seed")),
     "train_iters": ToFields(("schedule.steps",)),
@@ -385,7 +392,20 @@ def translate(data: Mapping, source: str) -> tuple[dict[str, dict[str, Any]], Mi
     _read_reward(rl, t)
     _read_generation(rl, sampling, t)
     _read_reference_load(actor, ref, t)
+    _read_lora_targets(actor, t)
     return t.sections, t.notes
+
+
+def _read_lora_targets(actor: _View, t: _Translation) -> None:
+    """lora_target_modules in Megatron's names (linear_qkv, linear_proj, linear_fc1, linear_fc2) or Hugging Face's."""
+    if "lora_target_modules" not in actor:
+        return
+    where, value = actor["lora_target_modules"]
+    names = [value] if isinstance(value, str) else list(value or ())
+    modules = []
+    for name in names:
+        modules += MEGATRON_LORA_MODULES.get(name, (name,))
+    t.set("lora.lora_target_modules", value=modules)
 
 
 def _mapping(value: Any, where: str, source: str) -> dict:

@@ -360,3 +360,18 @@ def test_the_key_table_lists_every_key():
     missing = [f"{where}: {key}" for where, keys in known_keys().items() for key in keys
                if f"`{key}`" not in section and not re.search(rf"`[\w.]+\.{key}`", section)]
     assert not missing, missing
+
+
+def test_mindspeed_llms_lora_keys_map_megatrons_module_names_onto_hugging_faces(tmp_path):
+    """lora_r, lora_alpha and lora_target_modules (Megatron's fused linear_qkv / linear_proj / linear_fc1 /
+    linear_fc2, or Hugging Face names) in megatron_training give the lora section."""
+    from mindrlhf.configs.lora import LoraConfig
+
+    data = _sample()
+    data["megatron_training"].update(lora_r=8, lora_alpha=16, lora_target_modules=["linear_qkv", "linear_fc2"])
+    config = GRPOConfig.from_yaml(_write(tmp_path, data))
+    assert config.lora == LoraConfig(lora_rank=8, lora_alpha=16.0,
+                                     lora_target_modules=["q_proj", "k_proj", "v_proj", "down_proj"])
+    data["megatron_training"]["lora_target_modules"] = ["linear_fc1", "o_proj"]
+    config = GRPOConfig.from_yaml(_write(tmp_path, data, "other.yaml"))
+    assert config.lora.modules() == ("o_proj", "gate_proj", "up_proj")
