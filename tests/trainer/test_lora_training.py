@@ -1,6 +1,7 @@
 """A GRPO job with LoRA adapters (#68) in one process: the policy starts from a base checkpoint with PEFT's adapters
 (B = 0), only the adapters train (the optimizer holds them alone; every base weight is saved bit-identical to the
-checkpoint it started from), and the reference is the base model without adapters. The trained adapters, exported
+checkpoint it started from), the reference is the base model without adapters, and a resumed job continues bit for
+bit. The trained adapters, exported
 as a PEFT folder, start a new job (--load_lora_adapter); an adapter of another rank is refused in one line."""
 import json
 
@@ -30,7 +31,7 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
 
     out = tmp_path / "out"
     args = base_args(mindrecord, out) + ["--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "2",
-                                         "--save_interval", "2", "--lora_rank", "4", "--lora_alpha", "8",
+                                         "--save_interval", "1", "--lora_rank", "4", "--lora_alpha", "8",
                                          "--lora_target_modules", "q_proj", "v_proj", "down_proj"]
     assert train.main(args, callbacks=[check]) == 0
     adapters = sorted(n for n in seen["train"] if is_adapter(n))
@@ -51,6 +52,20 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "actor/grad_norm" in r] == [1, 2]
     assert all(np.isfinite(r["actor/grad_norm"]) and r["actor/grad_norm"] > 0 for r in lines if "actor/grad_norm" in r)
+    # resumed from step 1, the job's step 2 is the straight run's, bit for bit
+    import shutil
+
+    from support.jobs import without_timing
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out / "checkpoints" / "step_000001", resumed / "checkpoints" / "step_000001")
+    assert train.main(base_args(mindrecord, resumed) + args[len(base_args(mindrecord, out)):] + ["--resume"]) == 0
+    step2 = [without_timing(r) for r in map(json.loads, (resumed / "metrics.jsonl").read_text().splitlines())
+             if r["step"] == 2]
+    assert step2 and step2 == [without_timing(r) for r in lines if r["step"] == 2]
+    again_saved = read_weights(str(resumed / "checkpoints" / "step_000002"))
+    for name in adapters:
+        np.testing.assert_array_equal(again_saved[name], saved[name], err_msg=name)
     # the trained adapters as a PEFT folder (lora_alpha from the step folder), then the start of a new job
     from support.paths import TINY
 
