@@ -498,17 +498,15 @@ class Resharder:
     `gather_stage_layouts` returns), and each parameter comes from the stage that holds it through a
     zero-padded world AllReduce.
 
-    `leave_out`: a test of source names the destination does not take (a LoRA policy's adapters, into the
-    reference: the base model).
+    `only`: a test of the parameter names (source and destination) to move, the others left as they are: a LoRA
+    policy's base weights into the reference (the base model), or its adapters alone once the base is there.
     """
 
     def __init__(self, src_net: nn.Cell, dst_net: nn.Cell, src_strategy, dst_strategy,
                  name_map: Mapping[str, str] | None = None, rank: int | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, pack_below_bytes: int = PACK_BELOW_BYTES,
-                 src_pipeline=None, src_stage_layouts=None, leave_out: Callable[[str], bool] | None = None):
+                 src_pipeline=None, src_stage_layouts=None, only: Callable[[str], bool] | None = None):
         src_layouts = _with_net_shapes(_as_layouts(src_strategy, "source"), src_net, "source")
-        if leave_out is not None:
-            src_layouts = {name: layout for name, layout in src_layouts.items() if not leave_out(name)}
         dst_layouts = _with_net_shapes(_as_layouts(dst_strategy, "destination"), dst_net, "destination")
         self.src_params = {p.name: p for p in src_net.get_parameters()}
         self.dst_params = {p.name: p for p in dst_net.get_parameters()}
@@ -522,6 +520,11 @@ class Resharder:
             src_stages = {name: (stage, src_pipeline.stage_size) for name, stage in stage_of.items()}
             self.src_dtypes = {**dtypes, **self.src_dtypes}
             world, stages = src_pipeline.world_size, src_pipeline.pp
+        if only is not None:
+            src_layouts = {name: layout for name, layout in src_layouts.items() if only(name)}
+            dst_layouts = {name: layout for name, layout in dst_layouts.items() if only(name)}
+            if name_map is not None:
+                name_map = {src: dst for src, dst in name_map.items() if src in src_layouts}
         pairs = validate_pair(src_layouts, dst_layouts, name_map, "source", "destination", allow_unused_src=False,
                               src_stages=stages)
         if rank is None:

@@ -162,6 +162,10 @@ def actor_update_policy(spec: ActorSpec) -> UpdatePolicy:
     return dataclasses.replace(policy, token_mask=spec.token_mask)
 
 
+def _is_base_weight(name: str) -> bool:
+    return not is_adapter(name)
+
+
 def critic_update_policy(spec: CriticSpec, token_mask: str) -> UpdatePolicy:
     """How the critic's updates are made: its own rate, warmup and clip, the loss's aggregation, over the tokens the
     policy trains (`token_mask`, the actor's: a tool turn's tokens are no action, their values are not fitted)."""
@@ -232,6 +236,9 @@ class Actor(Role):
             dp_sums=dp_sums)
         self.to_infer = None if self.shares_weights else \
             self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX)
+        # with LoRA the base weights never change: after the first reshard a step moves the adapters alone
+        self.adapters_to_infer = self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX, is_adapter) \
+            if self.to_infer is not None and spec.train.model.lora.enabled else None
         self.old_log_probs = ForwardEngine(ResponseLogProbs(self.infer_net, gen.temperature), MicroBatchSizer.for_pass(
             "log_prob", sched, infer.model, self.infer_layout, spec.group_size, training=False))
         self._build_generators(comm)
@@ -256,14 +263,15 @@ class Actor(Role):
             graphs=self.generator.graphs, prefill_prompts=spec.shape.prompts_per_infer_rank,
             detokenize=self.detokenize, tools=tools)
 
-    def resharder_to(self, net, strategy: dict, prefix: str):
+    def resharder_to(self, net, strategy: dict, prefix: str, only=None):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
-        net's names), from every pipeline stage when the train net has them."""
+        net's names), from every pipeline stage when the train net has them; `only`: a test of the names to move
+        (default: all `net` has; a net without adapters, the reference, takes the base weights alone)."""
         names = {name[len(prefix):]: name for name in strategy}
-        # a net without adapters (the reference: the base model) takes the base weights only
-        leave_out = None if any(is_adapter(name) for name in strategy) else is_adapter
+        if only is None and not any(is_adapter(name) for name in strategy):
+            only = _is_base_weight
         return Resharder(self.train_net, net, self.train_strategy, strategy, names, rank=self.train_layout.rank,
-                         src_pipeline=self.train_layout, src_stage_layouts=self.engine.stages, leave_out=leave_out)
+                         src_pipeline=self.train_layout, src_stage_layouts=self.engine.stages, only=only)
 
     # ------------------------------------------------------------------ state
     def attach(self, swap) -> None:
@@ -298,7 +306,7 @@ class Actor(Role):
         self.generator.load_rng_state(state["generator_rng"])
 
     def after_resume(self) -> None:
-        self.sync_inference()
+        self.sync_inference(everything=True)
 
     # ------------------------------------------------------------------ work
     def generate(self, prompt_ids, attention_mask, progress: bool = False):
@@ -335,10 +343,13 @@ class Actor(Role):
         self.assert_resident((TRAIN_WEIGHTS, OPTIMIZER_MOMENTS), "train")
         return self.engine.update(share)
 
-    def sync_inference(self) -> None:
-        """Reshards the train net's weights into the inference net (nothing to do when it is the train net)."""
+    def sync_inference(self, everything: bool = False) -> None:
+        """Reshards the train net's weights into the inference net (nothing to do when it is the train net): with
+        LoRA the adapters alone unless `everything`."""
         self.assert_resident((TRAIN_WEIGHTS, self.infer_group), "sync_inference")
-        if self.to_infer is not None:
+        if self.adapters_to_infer is not None and not everything:
+            self.adapters_to_infer.run()
+        elif self.to_infer is not None:
             self.to_infer.run()
 
 

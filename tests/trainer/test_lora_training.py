@@ -94,3 +94,44 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
     assert train.main(other_rank) == 2
     err = capfd.readouterr().err
     assert "the adapter has r=4" in err and "lora_rank=2" in err and "Traceback" not in err
+
+
+def test_a_lora_jobs_own_inference_net_gets_the_base_once_and_the_adapters_every_step(tmp_path, mindrecord):
+    """An inference net of its own (float16 weights: not the train net): the first reshard moves every weight,
+    a step's the adapters alone (every move an adapter's, their bytes a fraction of the base's; a mark put on an
+    inference base weight after step 1 is still there after step 2's sync); the inference net holds the train net's
+    adapters after each step."""
+    import mindspore as ms
+    from support.jobs import yaml_with
+
+    infer_yaml = yaml_with(tmp_path, "infer.yaml", [("param_init_type: float32", "param_init_type: float16")])
+    seen = []
+
+    def check(trainer, step, metrics):
+        actor = trainer.actor
+        moved = [m.dst_name for m in actor.adapters_to_infer.moves]
+        everything = [m.dst_name for m in actor.to_infer.moves]
+        train = {p.name: p.asnumpy().copy() for p in actor.train_net.get_parameters()}
+        infer = {p.name.split(".", 1)[1]: p.asnumpy().copy() for p in actor.infer_net.get_parameters()}
+        seen.append((moved, everything, train, infer))
+        if step == 1:  # a mark on an inference base weight: step 2's sync, adapters only, must leave it
+            norm = next(p for p in actor.infer_net.get_parameters() if p.name.endswith("norm_out.weight"))
+            norm.set_data(ms.Tensor(norm.asnumpy() * 2))
+
+    args = base_args(mindrecord, tmp_path / "out") + [
+        "--sft_path_infer", str(infer_yaml), "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "2",
+        "--lora_rank", "4", "--lora_alpha", "8"]
+    assert train.main(args, callbacks=[check]) == 0
+    for moved, everything, train_weights, infer_weights in seen:
+        assert moved and all(is_adapter(name) for name in moved)
+        assert set(moved) < set(everything) and any(not is_adapter(name) for name in everything)
+        assert set(infer_weights) == set(train_weights)
+        adapter_bytes = sum(train_weights[n].nbytes for n in train_weights if is_adapter(n))
+        assert adapter_bytes < 0.2 * sum(v.nbytes for v in train_weights.values())
+    # the step's update is in the inference net by the next step's rollout: compare after the sync of step 2's
+    # callback (each callback runs after its step's reshard)
+    _, _, train_weights, infer_weights = seen[-1]
+    for name, value in train_weights.items():  # float16 copies of the float32 weights
+        expected = value.astype(np.float16) * (2 if name.endswith("norm_out.weight") else 1)
+        np.testing.assert_array_equal(infer_weights[name], expected, err_msg=name)
+    assert any(not np.array_equal(seen[0][2][n], seen[1][2][n]) for n in seen[0][2] if is_adapter(n))
