@@ -242,6 +242,11 @@ class Actor(Role):
         self.old_log_probs = ForwardEngine(ResponseLogProbs(self.infer_net, gen.temperature), MicroBatchSizer.for_pass(
             "log_prob", sched, infer.model, self.infer_layout, spec.group_size, training=False))
         self._build_generators(comm)
+        lora = train.model.lora
+        if lora.enabled:
+            logger.info("actor: LoRA rank %d, alpha %g on %s: %.3fM trained parameters on this rank, the base frozen "
+                        "(the reference is the base model)", lora.lora_rank, lora.lora_alpha, ", ".join(lora.modules()),
+                        sum(p.size for p in self.train_net.trainable_params()) / 1e6)
         if self.shares_weights:
             logger.info("actor: the inference net uses the train net's weights (same model and layout %s): no "
                         "second copy, no reshard", self.infer_layout)
