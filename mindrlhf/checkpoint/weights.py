@@ -100,9 +100,11 @@ def load_weights(net, layout, path: str, prefix: str = "", adapter_seed: int = 0
         start_adapters(net, layout, adapter_seed, prefix)
 
 
-def load_adapters(net, layout, folder: str) -> None:
-    """Loads a PEFT LoRA folder's adapters into `net` (every adapter of the net, split to this rank's shards)."""
+def load_adapters(net, layout, folder: str, prefix: str = "") -> None:
+    """Loads a PEFT LoRA folder's adapters into `net` (every adapter of the net, split to this rank's shards; the
+    net's names may carry `prefix`)."""
     _, adapters = read_peft_folder(folder)
+    adapters = {prefix + name: value for name, value in adapters.items()}
     try:
         missing = [name for name in load_full_state(net, adapters, layout, strict=False) if is_adapter(name)]
     except ValueError as err:

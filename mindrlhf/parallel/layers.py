@@ -62,7 +62,7 @@ class _LowRankAdapted(ParallelLayer):
         self.has_lora = False  # `lora_a`, `lora_b` exist once `add_lora` made them
 
     def add_lora(self, rank: int, alpha: float, dropout: float = 0.0) -> None:
-        """Adds the adapter (A and B zero: `init_lora_weights` gives PEFT's start) of `rank`, scaled alpha / rank."""
+        """Adds the adapter of `rank`, scaled alpha / rank (A and B zero here; `lora_full_state` is PEFT's start)."""
         a_shape, b_shape = self._lora_shapes(rank)
         dtype = self.weight.dtype
         self.lora_a = Parameter(initializer(Zero(), a_shape, dtype), name="lora_a")  # named by the cell's path

@@ -252,6 +252,8 @@ class Actor(Role):
                         "second copy, no reshard", self.infer_layout)
         elif infer.checkpoint:
             load_weights(self.infer_net, self.infer_layout, infer.checkpoint, INFER_PREFIX, spec.init_seed)
+            if spec.lora_adapter:
+                load_adapters(self.infer_net, self.infer_layout, spec.lora_adapter, INFER_PREFIX)
         else:
             self.to_infer.run()
 
