@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-from mindrlhf.data.experience import Experience
+from mindrlhf.data.experience import Experience, trained_tokens
 from mindrlhf.generation.trajectories import segments
 from mindrlhf.trainer.metrics import append_lines, truncate_after_step
 from mindrlhf.utils.output_owner import COMPLETIONS_FILE
@@ -20,7 +20,7 @@ def completion_records(step: int, exp: Experience, tokenizer) -> list[dict]:
     prompts = tokenizer.decode_masked(exp.prompt_ids, exp.prompt_mask, skip_special_tokens=False)
     completions = tokenizer.completions(exp.response_ids, exp.response_mask)
     multi_turn = "loss_mask" in exp
-    mask = (exp.loss_mask if multi_turn else exp.response_mask).astype(np.float64)
+    mask = exp[trained_tokens(exp)].astype(np.float64)
     advantages = (exp.advantages * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1.0)
     terms = exp.reward_terms
     records = [{"step": step, "prompt": prompts[i], "completion": completions[i], "reward": float(exp.rewards[i]),

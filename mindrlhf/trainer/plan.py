@@ -479,10 +479,11 @@ def check_lora_adapter(config: GRPOConfig, job: JobOptions) -> None:
 
 
 def with_lora(model: Qwen2Config, lora: LoraConfig) -> Qwen2Config:
-    """`model` with `lora`'s adapters (a rank above a target layer's width refused, naming it)."""
-    if lora.enabled:
-        lora.check_widths(model.linear_widths())
-    return dataclasses.replace(model, lora=lora)
+    """`model` with `lora`'s adapters (checked as the model's YAML is: a rank above a target layer's width refused,
+    naming it)."""
+    adapted = dataclasses.replace(model, lora=lora)
+    adapted.validate()
+    return adapted
 
 
 # ---------------------------------------------------------------------- batches, tokenizer, generation
