@@ -125,7 +125,8 @@ def concat_experiences(parts: list[Experience], pad_token_id: int) -> Experience
 
 EXPERIENCE_SCHEMA = {
     "prompt_ids": {"type": "int32", "shape": [-1]}, "response_ids": {"type": "int32", "shape": [-1]},
-    "response_mask": {"type": "int32", "shape": [-1]}, "ref_logp": {"type": "float32", "shape": [-1]},
+    "response_mask": {"type": "int32", "shape": [-1]}, "loss_mask": {"type": "int32", "shape": [-1]},
+    "ref_logp": {"type": "float32", "shape": [-1]},
     "old_logp": {"type": "float32", "shape": [-1]}, "reward": {"type": "float32"},
     "advantages": {"type": "float32", "shape": [-1]}, "returns": {"type": "float32", "shape": [-1]},
 }
@@ -133,16 +134,18 @@ EXPERIENCE_SCHEMA = {
 
 def write_experience(path: str, exp: Experience) -> None:
     """One step's experience as MindRecord (real prompt tokens only; responses padded to the step's width; no
-    `ref_logp` in a job without a reference model)."""
+    `ref_logp` in a job without a reference model; `loss_mask`, the model's own tokens, in a job with tools)."""
+    optional = ("loss_mask", "ref_logp")
     per_token = [name for name in ("ref_logp", "old_logp", "advantages", "returns") if name in exp]
     records = []
     for i in range(exp.num_rows):
         record = {"prompt_ids": exp.prompt_ids[i][exp.prompt_mask[i].astype(bool)].astype(np.int32),
                   "reward": float(exp.rewards[i])}
-        for name in ("response_ids", "response_mask"):
-            record[name] = exp[name][i].astype(np.int32)
+        for name in ("response_ids", "response_mask", "loss_mask"):
+            if name in exp:
+                record[name] = exp[name][i].astype(np.int32)
         for name in per_token:
             record[name] = exp[name][i].astype(np.float32)
         records.append(record)
-    schema = {name: field for name, field in EXPERIENCE_SCHEMA.items() if name != "ref_logp" or "ref_logp" in exp}
+    schema = {name: field for name, field in EXPERIENCE_SCHEMA.items() if name not in optional or name in exp}
     write_mindrecord_atomically(records, path, "mindrlhf experience", schema=schema)

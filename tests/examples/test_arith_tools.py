@@ -93,3 +93,34 @@ def test_a_resumed_tool_job_gives_the_straight_runs_steps(run, tmp_path):
     assert len(step_metrics(out / "metrics.jsonl")) == 2
     assert step_metrics(out / "metrics.jsonl") == step_metrics(straight / "metrics.jsonl")
     assert records(out / "completions.jsonl", later) == records(straight / "completions.jsonl", later)
+
+
+def test_dynamic_sampling_keeps_the_tool_turns_of_every_round(tmp_path):
+    """DAPO's dynamic sampling on the tool job (the whole rollout gathered, its rounds concatenated): the saved
+    experience of a step holds every round's responses with their model-token mask (`loss_mask`), which gives the
+    step's logged lengths and calls; the kept groups are those whose rewards differ."""
+    import numpy as np
+    from mindspore.dataset import MindDataset
+
+    from mindrlhf.algorithms import dynamic_sampling_mask
+    from mindrlhf.engine.batches import group_unit
+
+    out, saved = tmp_path / "out", tmp_path / "exp" / "tools"
+    shipped = ROOT / "model_configs" / "arith_tools" / "infer.yaml"
+    flags = ["--steps", "1", "--eval_interval", "0", "--dynamic_sampling", "true", "--max_sampling_retries", "1",
+             "--save_data_file", str(saved)]
+    proc = run_command(["bash", str(RUN_GRPO), *flags], job_env(out, shipped, EVAL_DATA=""), timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (metrics,) = [r for r in records(out / "metrics.jsonl") if r.get("step") == 1 and "tool/calls" in r]
+    rows = list(MindDataset(str(saved) + ".step_000001.mindrecord", shuffle=False)
+                .create_dict_iterator(output_numpy=True))
+    assert len(rows) == 64 * metrics["sampling/rounds"]
+    model, whole = (np.stack([r[name] for r in rows]) for name in ("loss_mask", "response_mask"))
+    assert ((model == 0) | (whole == 1)).all()
+    assert model.sum(1).mean() == pytest.approx(metrics["response_length/mean"])
+    called = model.sum(1) < whole.sum(1)  # a tool turn's tokens are in the response, not the model's
+    assert called.sum() == metrics["tool/calls"] > 0
+    rewards = np.array([float(r["reward"]) for r in rows])
+    differing = int(sum(dynamic_sampling_mask(part, 8).sum() for part in np.split(rewards, metrics["sampling/rounds"])))
+    kept = min(differing, 8)
+    assert metrics["sampling/kept_groups"] == kept - kept % group_unit(8, 2)
