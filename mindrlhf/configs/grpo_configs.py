@@ -463,6 +463,9 @@ class GRPOConfig:
                               "tool turns a response may take (e.g. 2)" if self.tools.tools else
                               f"generation.max_tool_calling_iterations={iterations} but tools.tools lists no tool "
                               "(--tools calculator, or package.module:function)")
+        if self.lora.enabled and self.schedule.ref_model_sync_steps:
+            raise ConfigError(f"schedule.ref_model_sync_steps={self.schedule.ref_model_sync_steps}: with LoRA the "
+                              "reference is the base model the adapters sit on, which never changes; set it to 0")
         if self.generation.greedy:
             raise ConfigError("generation: GRPO needs sampling (do_sample true and temperature > 0): with greedy "
                               "decoding every response of a group is identical and all advantages are zero")

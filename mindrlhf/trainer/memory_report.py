@@ -102,7 +102,7 @@ def _groups(plan) -> dict[str, int]:
               OPTIMIZER_MOMENTS: moment_bytes(ts.trained_elements(*place), train.layout.dp, shard)}
     if not plan.actor.shares_train_weights:
         groups[INFER_WEIGHTS] = ins.stage_elements(infer.layout.tp) * ins.param_bytes
-    if plan.reference:  # the base model: no adapters
+    if plan.reference and not plan.reference.shares_policy_base:  # the base model: no adapters
         base = NetShape.of(plan.reference.net.model)
         groups[REF_WEIGHTS] = base.stage_elements(plan.reference.net.layout.tp) * base.param_bytes
     if plan.critic:

@@ -37,7 +37,7 @@ from mindrlhf.models.qwen2.config import Qwen2Config
 from mindrlhf.parallel.layout import Layout, tensor_parallel_refusal, tensor_parallel_sizes
 from mindrlhf.reward import get_reward_function
 from mindrlhf.tool_use import ToolDefinitionError, ToolRunner, ToolTurns, load_tools
-from mindrlhf.trainer.specs import ActorSpec, CriticSpec, NetSpec, ReferenceSpec, RewardSpec
+from mindrlhf.trainer.specs import REF_WEIGHTS, ActorSpec, CriticSpec, NetSpec, ReferenceSpec, RewardSpec
 from mindrlhf.utils import output_owner
 
 logger = logging.getLogger("mindrlhf.trainer")
@@ -94,10 +94,12 @@ class JobPlan:
         actor = ActorSpec(train, infer, shares_train_weights(train, infer), generation, config.loss, config.optimizer,
                           config.schedule, shape, config.eval.eval_max_new_tokens or generation.max_new_tokens,
                           job.init_seed, config.tools, job.load_lora_adapter)
-        # the reference is the base policy: the inference net without adapters
+        # the reference is the base policy: the inference net without adapters (with LoRA, on that net's weights)
+        shares_base = infer_cfg.lora.enabled and not job.load_ref_checkpoint
         reference = ReferenceSpec(dataclasses.replace(infer, model=with_lora(infer_cfg, LoraConfig()),
-                                                      checkpoint=job.load_ref_checkpoint),
-                                  generation.temperature) if needs_reference(config, job) else None
+                                                      checkpoint=job.load_ref_checkpoint), generation.temperature,
+                                  actor.infer_group if shares_base else REF_WEIGHTS) \
+            if needs_reference(config, job) else None
         critic = CriticSpec(NetSpec(critic_cfg, critic_layout, job.sft_path_critic, job.load_critic_checkpoint),
                             train, config.critic, config.optimizer, config.schedule, config.loss.aggregation,
                             shape, job.init_seed) if critic_cfg is not None else None

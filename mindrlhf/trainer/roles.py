@@ -55,6 +55,7 @@ from mindrlhf.engine.sizing import MicroBatchSizer
 from mindrlhf.engine.train import LearningRateSchedule, TrainEngine, UpdatePolicy, total_updates
 from mindrlhf.generation import Generator
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
+from mindrlhf.models.qwen2.modeling import share_weights
 from mindrlhf.optim import AdamW, ShardedAdamW
 from mindrlhf.parallel.layers import init_random_weights, random_full_state
 from mindrlhf.parallel.reshard import Resharder
@@ -362,7 +363,8 @@ class Actor(Role):
 
 class Reference(Role):
     """The reference policy in the inference layout: log-probs for the KL term; copied from the actor's train
-    net at the start and every `schedule.ref_model_sync_steps` steps."""
+    net at the start and every `schedule.ref_model_sync_steps` steps. With LoRA, the base model: a net without
+    adapters on the actor's inference net's own base weights (no copy, nothing to reshard, save or swap)."""
 
     name = "reference"
 
@@ -371,31 +373,34 @@ class Reference(Role):
         self.net = Qwen2ForCausalLM(spec.net.model, self.layout)
         self.net.update_parameters_name(REF_PREFIX)
         self.strategy = net_layouts(self.net, self.layout)
+        self.own_weights = not spec.shares_policy_base
 
     def build(self, actor: Actor) -> None:
-        self.from_actor = actor.resharder_to(self.net, self.strategy, REF_PREFIX)
+        if not self.own_weights:
+            share_weights(self.net, actor.infer_net)
         # the actor's sizer: both passes read the same rows in the same layout
         self.engine = ForwardEngine(ResponseLogProbs(self.net, self.spec.temperature), actor.log_prob_sizer)
+        self.from_actor = actor.resharder_to(self.net, self.strategy, REF_PREFIX) if self.own_weights else None
         if self.spec.net.checkpoint:
             load_weights(self.net, self.layout, self.spec.net.checkpoint, REF_PREFIX)
-        else:
+        elif self.from_actor is not None:
             self.from_actor.run()
 
     def swap_groups(self) -> dict[str, list]:
-        return {REF_WEIGHTS: list(self.net.get_parameters())}
+        return {REF_WEIGHTS: list(self.net.get_parameters())} if self.own_weights else {}
 
     def strategies(self) -> dict[str, dict]:
-        return {"ref": self.strategy}
+        return {"ref": self.strategy} if self.own_weights else {}
 
     def rank_files(self) -> dict[str, list]:
-        return {REF_CKPT: list(self.net.get_parameters())}
+        return {REF_CKPT: list(self.net.get_parameters())} if self.own_weights else {}
 
     def shared_files(self) -> dict[str, tuple[dict, dict | None]]:
-        return {INFER_STRATEGY: (self.strategy, None)}
+        return {INFER_STRATEGY: (self.strategy, None)} if self.own_weights else {}
 
     def log_probs(self, columns) -> np.ndarray:
         """Reference log-probs of the rows of `columns` (prompt and response ids and masks by name)."""
-        self.assert_resident((REF_WEIGHTS,), "log_probs")
+        self.assert_resident((self.spec.weights_group,), "log_probs")
         return self.engine.run(columns)
 
     def sync_from_actor(self) -> None:

@@ -93,13 +93,24 @@ class ActorSpec:
 @dataclass(frozen=True)
 class ReferenceSpec:
     """The reference policy: a net in the inference layout, loaded from `net.checkpoint` or resharded from the
-    actor's train net (and again every `ref_model_sync_steps`, in the `sync_ref` phase after the actor's reshard)."""
+    actor's train net (and again every `ref_model_sync_steps`, in the `sync_ref` phase after the actor's reshard).
+    With LoRA it is the base model and holds no weights of its own: its net shares the base weights of the actor's
+    inference net (`weights_group`, that net's swap group)."""
 
     name: ClassVar[str] = "reference"
-    resident_in: ClassVar[dict[str, tuple[str, ...]]] = {"ref": (REF_WEIGHTS,),
-                                                         "sync_ref": (TRAIN_WEIGHTS, REF_WEIGHTS)}
     net: NetSpec
     temperature: float
+    weights_group: str = REF_WEIGHTS  # the swap group of its weights: its own, or the actor's inference group
+
+    @property
+    def shares_policy_base(self) -> bool:
+        return self.weights_group != REF_WEIGHTS
+
+    @property
+    def resident_in(self) -> dict[str, tuple[str, ...]]:
+        if self.shares_policy_base:
+            return {"ref": (self.weights_group,)}
+        return {"ref": (REF_WEIGHTS,), "sync_ref": (TRAIN_WEIGHTS, REF_WEIGHTS)}
 
 
 @dataclass(frozen=True)

@@ -413,6 +413,25 @@ def test_the_phase_plan_follows_from_the_roles_specs(files, tokenizer):
         "sync_ref": (TRAIN_WEIGHTS,), "eval": (TRAIN_WEIGHTS, KV_CACHES)}
 
 
+def test_with_lora_the_reference_is_the_base_of_the_inference_nets_weights(files, tokenizer):
+    """With LoRA the reference holds no weights: its ref phase needs the inference net's group; with a reference
+    checkpoint of its own it keeps its own; ref_model_sync_steps is refused (the base never changes)."""
+    lora = config_of(lora={"lora_rank": 2, "lora_alpha": 4})
+    plan = build(files, tokenizer, lora)
+    assert plan.reference.shares_policy_base and plan.reference.weights_group == INFER_WEIGHTS
+    assert not plan.reference.net.model.lora.enabled and plan.actor.infer.model.lora.enabled
+    resident = phase_plan(plan.roles(), PHASES)
+    assert resident["ref"] == (INFER_WEIGHTS,) and REF_WEIGHTS not in sum(resident.values(), ())
+    shared = build(files, tokenizer, lora, sft_path_infer=files.train)
+    assert shared.reference.weights_group == TRAIN_WEIGHTS
+    (files.tmp / "ref.ckpt").write_bytes(b"")  # the plan checks it exists; the role reads it
+    own = build(files, tokenizer, lora, load_ref_checkpoint=str(files.tmp / "ref.ckpt"))
+    assert not own.reference.shares_policy_base and phase_plan(own.roles(), PHASES)["ref"] == (REF_WEIGHTS,)
+    with pytest.raises(ConfigError, match=r"^schedule.ref_model_sync_steps=3: with LoRA the reference is the base "
+                                          r"model the adapters sit on, which never changes; set it to 0"):
+        build(files, tokenizer, config_of(lora={"lora_rank": 2}, schedule={"ref_model_sync_steps": 3}))
+
+
 def test_a_critic_exactly_with_gae(files, tokenizer):
     gae = config_of(algorithm={"adv_estimator": "gae"})
     with pytest.raises(ConfigError, match=r"^algorithm.adv_estimator: 'gae' needs a critic \(--sft_path_critic\)"):

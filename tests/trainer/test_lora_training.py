@@ -17,6 +17,27 @@ from mindrlhf.configs.lora import is_adapter
 pytestmark = [pytest.mark.usefixtures("graph_mode"), pytest.mark.slow]
 
 
+def reference_and_policy_log_probs(actor, reference) -> tuple:
+    """Log-probs of 16 random responses under the reference, the policy, and the policy with every B zeroed (its
+    adapters off: the base model)."""
+    import mindspore as ms
+
+    rng = np.random.default_rng(0)
+    columns = {"prompt_ids": rng.integers(3, 700, (16, 256), dtype=np.int32),
+               "prompt_mask": np.ones((16, 256), np.int32),
+               "response_ids": rng.integers(3, 700, (16, 96), dtype=np.int32),
+               "response_mask": np.ones((16, 96), np.int32)}
+    ref, policy = reference.engine.run(columns), actor.old_log_probs.run(columns)
+    b_weights = [p for p in actor.infer_net.get_parameters() if p.name.endswith("lora_b")]
+    trained = [b.asnumpy().copy() for b in b_weights]
+    for b in b_weights:
+        b.set_data(ms.Tensor(np.zeros_like(b.asnumpy())))
+    base = actor.old_log_probs.run(columns)
+    for b, value in zip(b_weights, trained):
+        b.set_data(ms.Tensor(value))
+    return ref, policy, base
+
+
 def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference(tmp_path, mindrecord, capfd):
     base = read_weights(str(TINY_SFT_CKPT))
     seen = {}
@@ -26,8 +47,12 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
             return
         actor, reference = trainer.actor, trainer.reference
         seen["optimized"] = [p.name for p in actor.engine.optimizer.parameters]
-        seen["reference"] = {p.name.split(".", 1)[1]: p.asnumpy().copy() for p in reference.net.get_parameters()}
+        seen["reference"] = {p.name: p.asnumpy().copy() for p in reference.net.get_parameters()}
         seen["train"] = {p.name: p.asnumpy().copy() for p in actor.train_net.get_parameters()}
+        policy_params = {id(p) for p in actor.infer_net.get_parameters()}
+        seen["shared"] = all(id(p) in policy_params for p in reference.net.get_parameters())
+        seen["ref_groups"] = reference.swap_groups()
+        seen["log_probs"] = reference_and_policy_log_probs(actor, reference)
 
     out = tmp_path / "out"
     args = base_args(mindrecord, out) + ["--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "2",
@@ -37,11 +62,16 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
     adapters = sorted(n for n in seen["train"] if is_adapter(n))
     assert len(adapters) == 2 * 3 * 2  # A and B of 3 modules in each of the 2 layers
     assert sorted(seen["optimized"]) == adapters
-    # the reference: the base model (no adapters), its weights the checkpoint's
+    # the reference: the base model (no adapters) on the policy's own base weights (no copy to swap or save), its
+    # log-probs the policy's with the adapters off, not the policy's
     assert not any(is_adapter(n) for n in seen["reference"])
-    assert set(seen["reference"]) == set(base)
+    assert set(seen["reference"]) == set(base) and seen["shared"] and seen["ref_groups"] == {}
     for name, value in base.items():
         np.testing.assert_array_equal(seen["reference"][name], value, err_msg=name)
+    ref_logp, policy_logp, base_logp = seen["log_probs"]
+    assert np.abs(ref_logp - policy_logp).max() > 1e-4
+    np.testing.assert_allclose(ref_logp, base_logp, atol=1e-5)
+    assert not list((out / "checkpoints" / "step_000001").rglob("ref.ckpt"))
     # after two steps: every base weight is the checkpoint's, bit for bit; the adapters learned
     saved = read_weights(str(out / "checkpoints" / "step_000002"))
     assert sorted(n for n in saved if is_adapter(n)) == adapters

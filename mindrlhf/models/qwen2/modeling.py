@@ -224,6 +224,16 @@ def freeze_all_but_adapters(net: nn.Cell) -> None:
             param.requires_grad = False
 
 
+def share_weights(net: nn.Cell, source: nn.Cell) -> None:
+    """Makes each parameter of `net` the parameter `source` holds at the same place (cell path and attribute): both
+    nets then compute with one copy of the weights. `source` may hold more (a net with adapters)."""
+    cells = dict(source.cells_and_names())
+    for path, cell in net.cells_and_names():
+        own = cell._params  # MindSpore keeps a cell's own parameters (not its children's) there
+        for attr in [attr for attr, param in own.items() if param is not None]:
+            cell.insert_param_to_cell(attr, getattr(cells[path], attr))
+
+
 def uses_sequence_parallel(config: Qwen2Config, layout: Layout) -> bool:
     """Whether a net runs sequence parallel: `parallel_config.use_seq_parallel` with tp > 1."""
     return config.parallel_config.use_seq_parallel and layout.tp > 1
