@@ -126,6 +126,33 @@ MODEL_ALIASES: dict[str, str] = {
     "max_position_embeddings": "max_position_embedding",
 }
 
+# verl's names of GRPO config fields, by section, read as the field (`read_verl_keys`)
+VERL_ALIASES: dict[str, dict[str, str]] = {"lora": {"target_modules": "lora_target_modules"}}
+
+
+def read_verl_keys(section: str, values: Mapping, source: str) -> dict:
+    """A GRPO YAML section with verl's names read as this config's fields: `lora.target_modules`, and
+    `generation.max_assistant_turns` (the model's turns: tool turns + 1); `max_tool_response_length` (characters of
+    a tool's text in verl) is refused, naming the field that bounds a tool turn here (in tokens)."""
+    out = read_aliases(values, VERL_ALIASES.get(section, {}), section, source)
+    if section != "generation":
+        return out
+    if "max_tool_response_length" in out:
+        raise ConfigError(f"{source}: generation.max_tool_response_length is verl's cut of a tool's text in "
+                          "characters; here a tool turn is cut in tokens: give generation.max_tool_response_tokens")
+    if "max_assistant_turns" in out:
+        turns = out.pop("max_assistant_turns")
+        if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+            raise ConfigError(f"{source}: generation.max_assistant_turns must be an integer >= 1 (verl's count of "
+                              f"the model's turns), got {turns!r}")
+        given = out.get("max_tool_calling_iterations", turns - 1)
+        if given != turns - 1:
+            raise ConfigError(f"{source}: generation.max_assistant_turns={turns} (verl's: {turns - 1} tool turns) "
+                              f"and generation.max_tool_calling_iterations={given} disagree; give one of them")
+        out["max_tool_calling_iterations"] = turns - 1
+    return out
+
+
 # `model.model_config.eos_token_id` given as a list (MindFormers' predict YAMLs: [151645, 151643]): the first id is
 # the model's eos_token_id; the rest is said with this reason
 EOS_LIST_REASON = ("the first id is the model's eos_token_id; generation stops at the tokenizer's stop ids (Qwen2 "

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindrlhf.configs.base import ConfigError, Validated, from_mapping, help_field, load_yaml
+from mindrlhf.configs.foreign_keys import read_verl_keys
 from mindrlhf.configs.generation import GenerationConfig, shown_as
 from mindrlhf.configs.lora import LoraConfig
 from mindrlhf.configs.mindspeed import is_mindspeed_yaml, translate
@@ -413,7 +414,7 @@ class GRPOConfig:
             if not given:
                 sections[name] = getattr(base, name)
                 continue
-            values = {**dataclasses.asdict(getattr(base, name)), **given}
+            values = {**dataclasses.asdict(getattr(base, name)), **read_verl_keys(name, given, source)}
             elsewhere = {other: [f.name for f in dataclasses.fields(other_cls)]
                          for other, other_cls in SECTIONS.items() if other != name}
             sections[name] = from_mapping(section_cls, values, f"{source}: {name}", elsewhere=elsewhere)

@@ -110,6 +110,16 @@ def test_defaults_follow_the_seed_tutorial():
     ("loss:\n  aggregation: mean\n", r"loss: unknown loss aggregation 'mean'"),
     ("loss:\n  kl_estimator: k9\n", r"unknown KL estimator 'k9'"),
     ("eval:\n  eval_batch_size: -1\n", r"eval.eval_batch_size must be >= 0 \(0 = the rollout's rows per rank\)"),
+    # verl's names (#67, #68)
+    ("generation:\n  max_tool_response_length: 256\n", r"grpo.yaml: generation.max_tool_response_length is verl's "
+                                                      r"cut of a tool's text in characters; .* give "
+                                                      r"generation.max_tool_response_tokens"),
+    ("generation:\n  max_assistant_turns: 3\n  max_tool_calling_iterations: 1\n",
+     r"generation.max_assistant_turns=3 \(verl's: 2 tool turns\) and generation.max_tool_calling_iterations=1 "
+     r"disagree"),
+    ("generation:\n  max_assistant_turns: 0\n", r"generation.max_assistant_turns must be an integer >= 1"),
+    ("lora:\n  target_modules: [q_proj]\n  lora_target_modules: [v_proj]\n",
+     r"lora.target_modules=\['q_proj'\] and lora.lora_target_modules=\['v_proj'\] disagree"),
 ])
 def test_bad_yaml_names_the_file_and_field(tmp_path, yaml_text, message):
     path = tmp_path / "grpo.yaml"
@@ -134,6 +144,16 @@ def test_cross_field_checks(overrides, message):
         config = GRPOConfig().replace(overrides)
         config.validate()
         check_registered_names(config)  # the reward function names
+
+
+def test_verls_names_read_as_the_fields(tmp_path):
+    path = tmp_path / "grpo.yaml"
+    path.write_text("generation:\n  max_assistant_turns: 3\ntools:\n  tools: [calculator]\n"
+                    "lora:\n  lora_rank: 8\n  target_modules: [q_proj, v_proj]\n")
+    config = GRPOConfig.from_yaml(str(path))
+    config.validate()
+    assert config.generation.max_tool_calling_iterations == 2  # verl counts the model's turns: 2 tool turns
+    assert config.lora.lora_target_modules == ["q_proj", "v_proj"] and config.lora.lora_rank == 8
 
 
 def test_layout_from_config_covers_the_world():
