@@ -97,6 +97,24 @@ def main(argv=None) -> None:
     dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "solution": r["solution"]} for r in rows])
 
     model = AutoModelForCausalLM.from_pretrained(job["policy_dir"], dtype=torch.float32)
+    peft_config = None
+    if job.get("peft_lora"):  # LoRA: TRL's reference is then the model with its adapters off (use_adapter)
+        import peft
+
+        peft_config = peft.LoraConfig(task_type="CAUSAL_LM", **job["peft_lora"])
+    in_reference = [False]  # inside TRL's use_adapter: the no-grad pass is the reference's
+    adapter_switch = grpo_module.use_adapter
+
+    @contextmanager
+    def reference_adapter(*args, **kwargs):
+        with adapter_switch(*args, **kwargs):
+            in_reference[0] = True
+            try:
+                yield
+            finally:
+                in_reference[0] = False
+
+    grpo_module.use_adapter = reference_adapter
     # stop where mindrlhf stops (the tokenizer's stop ids: <|im_end|> and <|endoftext|>); TRL takes its EOS list
     # (generation and completion masks) from the model's generation config plus the tokenizer's EOS
     model.generation_config.eos_token_id = list(job["stop_token_ids"])
@@ -138,7 +156,7 @@ def main(argv=None) -> None:
         def _get_per_token_logps_and_entropies(self, model, *rest, **kwargs):
             if torch.is_grad_enabled():  # the loss's forward: part of the update
                 return super()._get_per_token_logps_and_entropies(model, *rest, **kwargs)
-            with timed("ref" if model is self.ref_model else "old"):
+            with timed("ref" if model is self.ref_model or in_reference[0] else "old"):
                 return super()._get_per_token_logps_and_entropies(model, *rest, **kwargs)
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
@@ -190,7 +208,7 @@ def main(argv=None) -> None:
     config = GRPOConfig(output_dir=os.path.join(args.output_dir, "trainer"), **job["trl_config"])
     trainer = TimedGRPOTrainer(model=model, reward_funcs=[reward_function(n) for n in job["reward_funcs"]],
                                args=config, train_dataset=dataset, processing_class=tokenizer,
-                               callbacks=[StepTimer()])
+                               callbacks=[StepTimer()], peft_config=peft_config)
     torch.set_num_threads(threads)
     trainer.train()
 
@@ -202,7 +220,9 @@ def main(argv=None) -> None:
     with open(os.path.join(args.output_dir, "metrics.jsonl"), "w") as f:
         for line in lines:
             f.write(json.dumps(line) + "\n")
-    print_result({"datasets": datasets.__version__}, eos_token_ids=list(trainer.eos_token_ids),
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    print_result({"datasets": datasets.__version__}, trainable_parameters=trainable,
+                 eos_token_ids=list(trainer.eos_token_ids),
                  optimizer=type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__)
 
 if __name__ == "__main__":

@@ -24,11 +24,17 @@ Cases:
   (`model_configs/smollm2`: the model's chat template, 4 prompts x 8 samples, 96 new tokens, one update per step),
   ours on 1 worker using both cores, as `run_grpo.sh` launches it (`--workers 2`: 2 data-parallel ranks).
 
+`--lora_rank R` trains LoRA adapters on every side (ours: run_grpo.sh's `--lora_rank`, `--lora_alpha`,
+`--lora_target_modules`; TRL: `GRPOTrainer(peft_config=peft.LoraConfig(...))` of the same rank, alpha and targets,
+its reference the base model with the adapters off, as ours) and adds the side `ours_full`, ours training the whole
+policy, so that one run gives LoRA against full fine-tuning and against TRL with PEFT.
+
     .venv/bin/python benchmarks/versus_trl.py                          # arith, 6 steps x 2 rounds, ~30 min
     .venv/bin/python benchmarks/versus_trl.py --steps 3 --rounds 1     # a quick look
     .venv/bin/python benchmarks/versus_trl.py --case 0.5b --workdir /tmp/vtrl   # 2 steps, ~20 GiB peak
     .venv/bin/python benchmarks/versus_trl.py --workers 1              # ours on 1 worker (train/infer dp=1 tp=1)
     .venv/bin/python benchmarks/versus_trl.py --case smollm2           # 4 steps x 2 rounds, ~30 min
+    .venv/bin/python benchmarks/versus_trl.py --case smollm2 --lora_rank 16 --rounds 1   # LoRA, ~25 min
 """
 from __future__ import annotations
 
@@ -49,8 +55,9 @@ from results_io import write_results
 HERE = os.path.dirname(os.path.abspath(__file__))  # benchmarks/
 TRL_VENV = os.path.join(HERE, ".venv-trl")
 # torch 2.13.0 CPU: the wheel on the machine (a looser pin pulls a multi-GB CUDA build; requirements-test.txt);
-# transformers as in the project's test venv, so both HF sides run the same Qwen2 code
-TRL_REQUIREMENTS = ("trl==1.16.0", "datasets==5.2.0", "accelerate==1.15.0", "torch==2.13.0", "transformers==5.23.0")
+# transformers and peft as in the project's test venv, so both HF sides run the same Qwen2 code (peft: --lora_rank)
+TRL_REQUIREMENTS = ("trl==1.16.0", "datasets==5.2.0", "accelerate==1.15.0", "torch==2.13.0", "transformers==5.23.0",
+                    "peft==0.21.2")
 DATA = os.path.join(ROOT, "examples", "qwen_grpo_tutorial", "data", "arithmetic_train.jsonl")
 MAX_PROMPT_LENGTH = 256  # run_grpo.sh's default
 # configs: the model_configs folder whose grpo.yaml is the job; template: rlhf_data.py's --template (run_grpo.sh's)
@@ -67,7 +74,11 @@ CASES = {
 # fp32 without recompute
 TRL_SIDES = {"trl": dict(bf16=True, gradient_checkpointing=True),
              "trl_fp32": dict(bf16=False, gradient_checkpointing=False)}
-SIDES = ("ours", *TRL_SIDES)
+# our sides: the job as the case and options give it, and with --lora_rank the same job training the whole policy
+OURS_SIDES = ("ours", "ours_full")
+SIDES = (*OURS_SIDES, *TRL_SIDES)
+RATIO_SIDES = ("ours_full", *TRL_SIDES)  # the sides "ours" is divided by in the table
+LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_target_modules")
 MEMORY_0_5B_GIB = 20  # peak of the larger side (ours with 1-response micro-batches; TRL ~12 GiB)
 # mindrlhf's loss aggregation -> TRL's loss_type with the same normalisation (per optimizer update)
 LOSS_TYPES = {"seq-mean-token-mean": "grpo", "token-mean": "dapo"}
@@ -110,9 +121,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None,
                    help="GRPO steps per run; the first is left out of the medians (default: 6 arith, 2 0.5b)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of the sides, interleaved")
-    p.add_argument("--sides", default=",".join(SIDES),
-                   help="which sides to run, comma-separated: ours, trl (TRL's defaults: bf16 autocast and gradient "
-                        "checkpointing), trl_fp32")
+    p.add_argument("--sides", default=None,
+                   help="which sides to run, comma-separated: ours, ours_full (with --lora_rank: ours training the "
+                        "whole policy), trl (TRL's defaults: bf16 autocast and gradient checkpointing), trl_fp32 "
+                        "(default: all that apply)")
+    p.add_argument("--lora_rank", type=int, default=0,
+                   help="ours trains LoRA adapters of this rank (run_grpo.sh's flag) and TRL a PEFT LoraConfig of "
+                        "the same rank, alpha and targets; 0: the whole policy")
+    p.add_argument("--lora_alpha", type=float, default=None, help="with --lora_rank (default: twice the rank)")
+    p.add_argument("--lora_target_modules", nargs="+", default=["all-linear"], help="with --lora_rank")
     p.add_argument("--workers", type=int, default=None,
                    help="msrun workers of our side (default: the case's YAMLs' layout: 2 arith, 1 0.5b and "
                         "smollm2); another count rewrites the train and infer YAMLs to a layout over it (tensor "
@@ -150,11 +167,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.micro_batch_size_per_device = case["micro"]
     if args.log_prob_micro_batch_size_per_device is None:
         args.log_prob_micro_batch_size_per_device = case["log_prob_micro"]
-    args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    default_sides = SIDES if args.lora_rank else tuple(side for side in SIDES if side != "ours_full")
+    args.sides = [s.strip() for s in (args.sides or ",".join(default_sides)).split(",") if s.strip()]
+    if args.lora_alpha is None:
+        args.lora_alpha = 2.0 * args.lora_rank
     if args.steps < 1 or args.rounds < 1:
         p.error("--steps and --rounds: at least 1")
     if not args.sides or set(args.sides) - set(SIDES):
         p.error(f"--sides: a comma-separated list of {', '.join(SIDES)}")
+    if "ours_full" in args.sides and not args.lora_rank:
+        p.error("--sides ours_full: only with --lora_rank (it is ours without the adapters)")
     return args
 
 
@@ -167,7 +189,21 @@ def job_overrides(args: argparse.Namespace) -> dict:
             overrides[name] = getattr(args, name)
     if args.seed is not None:
         overrides["seed"] = args.seed
+    if args.lora_rank:
+        overrides.update(lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
+                         lora_target_modules=list(args.lora_target_modules))
     return overrides
+
+
+def peft_lora(settings: dict) -> dict | None:
+    """`peft.LoraConfig` keyword arguments for the job's adapters (None without them); PEFT's all-linear is ours (every
+    linear layer of the blocks, not the output head)."""
+    lora = settings["lora"]
+    if not lora["lora_rank"]:
+        return None
+    targets = lora["lora_target_modules"]
+    return {"r": lora["lora_rank"], "lora_alpha": lora["lora_alpha"], "lora_dropout": lora["lora_dropout"],
+            "target_modules": "all-linear" if "all-linear" in targets else list(targets)}
 
 
 def job_settings(grpo_yaml: str, overrides: dict) -> dict:
@@ -324,7 +360,7 @@ def ours_launch(args: argparse.Namespace, overrides: dict, out: str, model: dict
                MASTER_PORT=str(8600 + (os.getpid() + len(out)) % 300))
     flags = ["--steps", str(args.steps), "--overwrite_output"]  # a rerun with the same --workdir replaces its run
     for name, value in overrides.items():
-        flags += [f"--{name}", str(value)]
+        flags += [f"--{name}", *(map(str, value) if isinstance(value, list) else [str(value)])]
     if args.case == "0.5b" or workers != CASES[args.case]["workers"] or args.recompute:
         # the case's model YAML laid out over the workers: tensor parallel for 0.5B (its 2 kv heads allow tp 1 or
         # 2), data parallel for the others (SmolLM2's 9 heads allow tp 1 or 3)
@@ -442,8 +478,8 @@ def run_summary(run: dict, prompt_tokens: list[int], responses: int) -> dict:
 
 
 def compare(summaries: dict[str, list[dict]]) -> list[dict]:
-    """Table rows: per side the value of each round and the mean over rounds; per TRL side `ratio_<side>`, ours'
-    mean over that side's."""
+    """Table rows: per side the value of each round and the mean over rounds; per other side (RATIO_SIDES)
+    `ratio_<side>`, ours' mean over that side's."""
     keys = [(phase, f"{label} s") for phase, label in TABLE_PHASES] + [
         ("tokens_per_s", "tokens/s (step)"), ("idle_decode_rows", "idle decode rows"),
         ("mean_reward", "mean reward"), ("first_step_s", "first step s"),
@@ -456,7 +492,7 @@ def compare(summaries: dict[str, list[dict]]) -> list[dict]:
             known = [value for value in row[side] if value is not None]
             row[f"{side}_mean"] = statistics.fmean(known) if known else None
         ours = row.get("ours_mean")
-        for side in TRL_SIDES:
+        for side in RATIO_SIDES:
             if side in summaries:
                 theirs = row.get(f"{side}_mean")
                 row[f"ratio_{side}"] = ours / theirs if ours is not None and theirs else None
@@ -465,12 +501,12 @@ def compare(summaries: dict[str, list[dict]]) -> list[dict]:
 
 
 def format_table(rows: list[dict], rounds: int) -> str:
-    """Each side's value per round, then ours over each TRL side that ran."""
+    """Each side's value per round, then ours over each other side that ran."""
     def cell(value) -> str:
         return "-" if value is None else f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
 
     sides = [side for side in SIDES if rows and side in rows[0]]
-    ratios = [side for side in TRL_SIDES if rows and f"ratio_{side}" in rows[0]]
+    ratios = [side for side in RATIO_SIDES if rows and f"ratio_{side}" in rows[0]]
     header = f"{'':<18}" + "".join(f"{f'{side} r{i + 1}':>12}" for side in sides for i in range(rounds)) + \
         "".join(f"{f'ours/{side}':>14}" for side in ratios)
     out = [header, "-" * len(header)]
@@ -535,7 +571,7 @@ def main(argv=None) -> dict:
     job = {"policy_dir": model["policy_dir"], "tokenizer_dir": model["tokenizer_dir"], "rows": rows,
            "stop_token_ids": special["stop_token_ids"], "reward_funcs": settings["reward"]["reward_funcs"],
            "warmup_steps": settings["optimizer"]["warmup_steps"], "updates_per_step": updates_per_step(config),
-           "torch_threads": args.torch_threads, "keep_group_order": True}
+           "torch_threads": args.torch_threads, "keep_group_order": True, "peft_lora": peft_lora(settings)}
     job_paths = {}
     for side, side_config in configs.items():
         job_paths[side] = os.path.join(workdir, f"{side}_job.json")
@@ -551,8 +587,9 @@ def main(argv=None) -> dict:
         for side in args.sides:
             out = os.path.join(workdir, f"{side}_round{round_index + 1}")
             load = os.getloadavg()[0]
-            if side == "ours":
-                run = run_ours(args, overrides, model, out)
+            if side in OURS_SIDES:
+                whole = {k: v for k, v in overrides.items() if k not in LORA_FIELDS}
+                run = run_ours(args, overrides if side == "ours" else whole, model, out)
             else:
                 run = run_theirs(python, job_paths[side], out, args.torch_threads)
             run["load_average"] = [load, os.getloadavg()[0]]
@@ -570,6 +607,9 @@ def main(argv=None) -> dict:
           f"{theirs.get('versions', {}).get('trl', '?')} GRPOTrainer (1 process, {args.torch_threads} torch "
           f"threads; trl: its defaults, bf16 autocast and gradient checkpointing; trl_fp32: fp32, no "
           f"checkpointing); {batch} prompts x {group} generations, {updates_per_step(config)} update(s) per step")
+    if args.lora_rank:
+        print(f"LoRA: ours and TRL (PEFT) train adapters of rank {args.lora_rank}, alpha {args.lora_alpha:g} on "
+              f"{' '.join(args.lora_target_modules)}; ours_full is ours training the whole policy")
     print(f"seconds: median of steps 2..{args.steps} of each round; tokens/s: (prompt + response tokens) / step "
           f"time; mean reward over all steps; load average {load_before[0]:.1f} -> {load_after[0]:.1f} on "
           f"{os.cpu_count()} CPUs")

@@ -214,3 +214,28 @@ def test_trl_venv_is_reused_when_its_stamp_matches(tmp_path, monkeypatch):
     (venv / ".versus-trl-installed").write_text("stale\n")
     vt.ensure_trl_venv(str(venv))
     assert len(calls) == 2
+
+
+def test_lora_sides_train_the_same_adapters_and_ours_full_the_whole_policy(tmp_path):
+    args = vt.parse_args(["--case", "smollm2", "--lora_rank", "16"])
+    assert args.sides == ["ours", "ours_full", "trl", "trl_fp32"] and args.lora_alpha == 32.0
+    overrides = vt.job_overrides(args)
+    assert overrides == {"lora_rank": 16, "lora_alpha": 32.0, "lora_target_modules": ["all-linear"]}
+    settings = vt.job_settings(os.path.join(vt.CASES["smollm2"]["configs"], "grpo.yaml"), overrides)
+    assert vt.peft_lora(settings) == {"r": 16, "lora_alpha": 32.0, "lora_dropout": 0.0, "target_modules": "all-linear"}
+    two = vt.job_settings(GRPO_YAML, {"lora_rank": 4, "lora_target_modules": ["q_proj", "v_proj"]})
+    assert vt.peft_lora(two)["target_modules"] == ["q_proj", "v_proj"] and vt.peft_lora(two)["lora_alpha"] == 16.0
+    assert vt.peft_lora(vt.job_settings(GRPO_YAML, {})) is None
+    flags = vt.ours_launch(args, overrides, str(tmp_path), {"policy_dir": "/m"})[1]
+    assert flags[3:] == ["--lora_rank", "16", "--lora_alpha", "32.0", "--lora_target_modules", "all-linear"]
+    # without LoRA there is no ours_full, and asking for it is refused
+    assert vt.parse_args(["--case", "smollm2"]).sides == ["ours", "trl", "trl_fp32"]
+    with pytest.raises(SystemExit):
+        vt.parse_args(["--sides", "ours,ours_full"])
+    # the table divides ours (LoRA) by ours_full as by each TRL side
+    base = dict.fromkeys((*(phase for phase, _ in vt.TABLE_PHASES), "tokens_per_s", "idle_decode_rows", "mean_reward",
+                          "first_step_s", "wall_s", "peak_rss_gib"), 1.0)
+    lora, full = dict(base, step=30.0, tokens_per_s=120.0), dict(base, step=45.0, tokens_per_s=80.0)
+    rows = {row["key"]: row for row in vt.compare({"ours": [lora], "ours_full": [full], "trl": [full]})}
+    assert rows["step"]["ratio_ours_full"] == pytest.approx(30 / 45)
+    assert rows["tokens_per_s"]["ratio_ours_full"] == pytest.approx(1.5) and "ratio_trl_fp32" not in rows["step"]
