@@ -507,15 +507,15 @@ def format_table(rows: list[dict], rounds: int) -> str:
 
     sides = [side for side in SIDES if rows and side in rows[0]]
     ratios = [side for side in RATIO_SIDES if rows and f"ratio_{side}" in rows[0]]
-    header = f"{'':<18}" + "".join(f"{f'{side} r{i + 1}':>12}" for side in sides for i in range(rounds)) + \
-        "".join(f"{f'ours/{side}':>14}" for side in ratios)
+    header = f"{'':<18}" + "".join(f"{f'{side} r{i + 1}':>13}" for side in sides for i in range(rounds)) + \
+        "".join(f"{f'ours/{side}':>16}" for side in ratios)
     out = [header, "-" * len(header)]
     for row in rows:
         values = [v for side in sides for v in (row[side] + [None] * rounds)[:rounds]]
-        line = f"{row['label']:<18}" + "".join(f"{cell(v):>12}" for v in values)
+        line = f"{row['label']:<18}" + "".join(f"{cell(v):>13}" for v in values)
         for side in ratios:
             ratio = row[f"ratio_{side}"]
-            line += f"{f'{ratio:.2f}x' if ratio is not None else '-':>14}"
+            line += f"{f'{ratio:.2f}x' if ratio is not None else '-':>16}"
         out.append(line)
     return "\n".join(out)
 
