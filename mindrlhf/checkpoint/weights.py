@@ -14,15 +14,17 @@ from mindrlhf.checkpoint.step import (
     STEP_NETS,
     CheckpointError,
     is_optimizer_state,
+    is_step_folder,
     is_weight,
     plain_name,
     rank_dir,
     read_arrays,
+    read_meta,
     stored_parameters,
 )
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.lora import is_adapter
-from mindrlhf.models.qwen2.peft_files import read_peft_folder
+from mindrlhf.models.qwen2.peft_files import LoraFilesError, merged_weights, read_peft_folder
 from mindrlhf.parallel.layers import load_full_state, lora_full_state
 from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
 
@@ -75,29 +77,58 @@ def load_weights(net, layout, path: str, prefix: str = "", adapter_seed: int = 0
     folder of per-rank shards (`shards.load_shards`: this rank's own file, or resharded) into `net`.
 
     Names in the files are the plain model names (as `tools/convert_weight.py` writes them; a net prefix in them
-    is dropped); the net's own names may carry `prefix`. Optimizer entries are ignored. A net with LoRA adapters
-    loads a base model's weights and starts its adapters as PEFT does (`start_adapters`, `adapter_seed`). Errors
-    name the file.
+    is dropped); the net's own names may carry `prefix`. Optimizer entries are ignored. Adapters in the file (a LoRA
+    job's step) are merged into their weights, and a net with adapters starts them as PEFT does
+    (`load_state_merging_adapters`). Errors name the file.
     """
     form = checkpoint_form(path)
     if form == "shards":
         load_shards(net, layout, path, prefix)
         return
     state = _read_form(path, form, "actor")
-    plain = {prefix + plain_name(name): value for name, value in state.items()}
+    load_state_merging_adapters(net, layout, {prefix + plain_name(name): value for name, value in state.items()},
+                                path, prefix, adapter_seed)
+
+
+def load_state_merging_adapters(net, layout, state: dict, source: str, prefix: str = "", adapter_seed: int = 0,
+                                where: str = "") -> None:
+    """Loads the full arrays `state` (read from `source`; names with `prefix`) into `net`. LoRA adapters in `state`
+    are merged into their weights first (W + alpha/r B A, alpha from `source`'s step folder): a LoRA job's policy
+    starts another job as the policy it computes, and is that job's reference too; `net`'s own adapters, if any,
+    then start as PEFT's (B = 0). Errors name `source` (and `where`)."""
+    suffix = f" ({where})" if where else ""
+    state = merge_saved_adapters(state, source)
     try:
-        missing = load_full_state(net, plain, layout, strict=False)
+        missing = load_full_state(net, state, layout, strict=False)
     except ValueError as err:
-        raise ConfigError(f"{path}: {err}") from None
-    adapters = [name for name in missing if is_adapter(name)]
+        raise ConfigError(f"{source}: {err}{suffix}") from None
     others = [name for name in missing if not is_adapter(name)]
     if others:
-        raise ConfigError(f"{path}: parameters missing from the state: {', '.join(others)}")
-    if adapters and any(is_adapter(name) for name in plain):
-        raise ConfigError(f"{path}: holds LoRA adapters of other target modules (missing {adapters[0]}); give the "
-                          "lora section they were trained with")
-    if adapters:
+        raise ConfigError(f"{source}: parameters missing from the state: {', '.join(others)}{suffix}")
+    if missing:
         start_adapters(net, layout, adapter_seed, prefix)
+
+
+def merge_saved_adapters(state: dict, source: str) -> dict:
+    """`state` with the LoRA adapters it holds, if any, merged into their weights (`peft_files.merged_weights`), at
+    the lora_alpha `source` was trained with."""
+    if not any(is_adapter(name) for name in state):
+        return state
+    try:
+        return merged_weights(state, saved_lora_alpha(source))
+    except LoraFilesError as err:
+        raise ConfigError(f"{source}: {err}") from None
+
+
+def saved_lora_alpha(path: str) -> float:
+    """The lora_alpha of the adapters a trainer step folder holds (its job config's); an error naming `path` where
+    the file does not say it."""
+    alpha = read_meta(path).get("config", {}).get("lora", {}).get("lora_alpha") if is_step_folder(path) else None
+    if alpha is None:
+        raise ConfigError(f"{path}: holds LoRA adapters but not their lora_alpha (a trainer step folder's meta.json "
+                          "says it): merge them first with tools/convert_weight.py --reverse --merge_lora "
+                          "--lora_alpha A")
+    return float(alpha)
 
 
 def load_adapters(net, layout, folder: str, prefix: str = "") -> None:
@@ -118,9 +149,11 @@ def start_adapters(net, layout, seed: int, prefix: str = "") -> None:
     load_full_state(net, lora_full_state(net, layout, seed, prefix), layout, strict=False)
 
 
-def load_value_model(net, layout, state: dict, source: str, prefix: str, yaml_path: str) -> None:
+def load_value_model(net, layout, state: dict, source: str, prefix: str, yaml_path: str,
+                     adapter_seed: int = 0) -> None:
     """Loads the backbone and value head of `state` (from `source`) into the value model `net` (names with
-    `prefix`); the head's bias must be there exactly when `yaml_path` declares `value_head_bias`."""
+    `prefix`; adapters as `load_state_merging_adapters` does); the head's bias must be there exactly when
+    `yaml_path` declares `value_head_bias`."""
     if VALUE_HEAD not in state:
         raise ConfigError(f"{source}: no value head '{VALUE_HEAD}' (expected a critic or a reward model converted by "
                           "tools/convert_weight.py)")
@@ -131,10 +164,7 @@ def load_value_model(net, layout, state: dict, source: str, prefix: str, yaml_pa
                           f"{yaml_path} sets model_config.value_head_bias: {str(wants_bias).lower()}")
     wanted = {prefix + name: value for name, value in state.items()
               if name.startswith("model.") or name in (VALUE_HEAD, VALUE_HEAD_BIAS)}
-    try:
-        load_full_state(net, wanted, layout)
-    except ValueError as err:
-        raise ConfigError(f"{source}: {err} ({yaml_path})") from None
+    load_state_merging_adapters(net, layout, wanted, source, prefix, adapter_seed, yaml_path)
 
 
 def with_zero_value_head(state: dict, hidden_size: int, bias: bool) -> dict:

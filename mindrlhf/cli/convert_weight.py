@@ -13,7 +13,8 @@ MindSpore -> HF (writes model.safetensors + config.json, and the tokenizer files
     A LoRA policy (a checkpoint with adapters) is written as a PEFT adapter folder (adapter_config.json,
     adapter_model.safetensors: `peft.PeftModel.from_pretrained(base, OUT_DIR)` loads it), or with --merge_lora as
     a Hugging Face model of the merged weights W + (lora_alpha / r) B A. lora_alpha is the step folder's (its
-    meta.json) or --lora_alpha's.
+    meta.json) or --lora_alpha's. A reward model or critic with adapters (`--net critic`) is written merged: its
+    value head trained whole, which a PEFT LoRA folder does not hold.
 
 The same command is installed as `mindrlhf-convert-weight`. Bad input prints one line `error: ...` to stderr
 and exits with status 2.
@@ -23,8 +24,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from mindrlhf.checkpoint.step import STEP_NETS, CheckpointError, is_step_folder, read_meta
-from mindrlhf.checkpoint.weights import read_weights
+from mindrlhf.checkpoint.step import STEP_NETS, CheckpointError
+from mindrlhf.checkpoint.weights import read_weights, saved_lora_alpha
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.cli import OneLineErrorParser
 from mindrlhf.models.qwen2.convert import ConversionError, convert_hf_to_ms, convert_ms_to_hf
@@ -77,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.reverse:
             weights = read_weights(args.mindspore_ckpt_path, args.net)
+            merged = ""
             if split_adapters(weights)[1]:
                 alpha = lora_alpha_of(args)
-                if not args.merge_lora:
+                if not args.merge_lora and args.net == "actor":
                     if args.tokenizer_dir is not None:
                         parser.error("--tokenizer_dir applies to a model folder; a PEFT folder holds the adapters "
                                      "only (or give --merge_lora)")
@@ -87,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"wrote {args.torch_ckpt_dir} (PEFT LoRA adapters: r={config['r']}, lora_alpha={alpha:g}, "
                           f"{', '.join(config['target_modules'])})")
                     return 0
-                weights = merged_weights(weights, alpha)
+                weights, merged = merged_weights(weights, alpha), " with the LoRA adapters merged"
             cfg = convert_ms_to_hf(args.mindspore_ckpt_path, args.config_path, args.torch_ckpt_dir, args.dtype,
                                    weights=weights, tokenizer_dir=args.tokenizer_dir)
-            print(f"wrote {args.torch_ckpt_dir} ({cfg.num_parameters()} parameters, {cfg.param_init_type})")
+            print(f"wrote {args.torch_ckpt_dir} ({cfg.num_parameters()} parameters, {cfg.param_init_type}{merged})")
         else:
             cfg = convert_hf_to_ms(args.torch_ckpt_dir, args.mindspore_ckpt_path, args.dtype, args.config_path,
                                    args.output_yaml)
@@ -103,13 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def lora_alpha_of(args) -> float:
     """The LoRA policy's lora_alpha: --lora_alpha, else the step folder's job config."""
-    if args.lora_alpha is not None:
-        return args.lora_alpha
-    path = args.mindspore_ckpt_path
-    alpha = read_meta(path).get("config", {}).get("lora", {}).get("lora_alpha") if is_step_folder(path) else None
-    if alpha is None:
-        raise LoraFilesError(f"{path}: holds LoRA adapters but no lora_alpha of theirs; give --lora_alpha")
-    return float(alpha)
+    return args.lora_alpha if args.lora_alpha is not None else saved_lora_alpha(args.mindspore_ckpt_path)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,11 @@ class LoraConfig(Validated):
         names = set(self.lora_target_modules)
         return TARGET_MODULES if ALL_LINEAR in names else tuple(m for m in TARGET_MODULES if m in names)
 
+    def describe(self, trained_parameters: int) -> str:
+        """The log's line of what trains: rank, alpha, targets and the count of trained parameters."""
+        return (f"LoRA rank {self.lora_rank}, alpha {self.lora_alpha:g} on {', '.join(self.modules())}: "
+                f"{trained_parameters / 1e6:.3f}M trained parameters on this rank, the base frozen")
+
     def validate(self) -> None:
         if not isinstance(self.lora_rank, int) or isinstance(self.lora_rank, bool) or self.lora_rank < 0:
             raise ConfigError(f"lora.lora_rank must be an integer >= 0 (0 = no adapters), got {self.lora_rank!r}")

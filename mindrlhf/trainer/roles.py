@@ -245,9 +245,8 @@ class Actor(Role):
         self._build_generators(comm)
         lora = train.model.lora
         if lora.enabled:
-            logger.info("actor: LoRA rank %d, alpha %g on %s: %.3fM trained parameters on this rank, the base frozen "
-                        "(the reference is the base model)", lora.lora_rank, lora.lora_alpha, ", ".join(lora.modules()),
-                        sum(p.size for p in self.train_net.trainable_params()) / 1e6)
+            logger.info("actor: %s (the reference is the base model)",
+                        lora.describe(sum(p.size for p in self.train_net.trainable_params())))
         if self.shares_weights:
             logger.info("actor: the inference net uses the train net's weights (same model and layout %s): no "
                         "second copy, no reshard", self.infer_layout)
@@ -336,8 +335,9 @@ class Actor(Role):
 
     def random_weights(self, seed: int) -> dict:
         """The whole train net's weights as random initialisation with `seed` gives them (the critic's backbone when
-        there is no checkpoint to start from)."""
-        return random_full_state(self.train_net, self.train_layout, seed)
+        there is no checkpoint to start from); adapters left out (the policy starts them with B = 0: it is its base)."""
+        return {name: value for name, value in random_full_state(self.train_net, self.train_layout, seed).items()
+                if not is_adapter(name)}
 
     def log_probs(self, columns) -> np.ndarray:
         """Old-policy log-probs of the rows of `columns` (prompt and response ids and masks by name) under the

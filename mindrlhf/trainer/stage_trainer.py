@@ -13,6 +13,7 @@ import numpy as np
 
 from mindrlhf.checkpoint.coordinator import CheckpointCoordinator
 from mindrlhf.checkpoint.step import find_resume_checkpoint
+from mindrlhf.checkpoint.weights import load_adapters
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.data.stage_data import StageDataset
 from mindrlhf.engine.batches import RankRows
@@ -26,7 +27,13 @@ from mindrlhf.parallel.layout import Layout
 from mindrlhf.parallel.strategy import net_layouts
 from mindrlhf.trainer.metrics import MetricsWriter, memory_metrics
 from mindrlhf.trainer.phases import peak_rss_gib
-from mindrlhf.trainer.plan import check_job_inputs, check_pipeline, check_tensor_parallel
+from mindrlhf.trainer.plan import (
+    check_job_inputs,
+    check_lora_adapter,
+    check_pipeline,
+    check_tensor_parallel,
+    with_lora,
+)
 from mindrlhf.trainer.plot import ProgressPanels, plot_progress
 from mindrlhf.trainer.roles import adamw, update_policy
 from mindrlhf.trainer.specs import NetSpec
@@ -77,7 +84,8 @@ class StagePlan:
             if getattr(job, flag):
                 raise ConfigError(f"--{flag} applies to the RL job only, not to --stage {job.stage}")
         stage = stage_of(job.stage, config)
-        cfg = Qwen2Config.from_yaml(job.sft_path_train)
+        cfg = with_lora(Qwen2Config.from_yaml(job.sft_path_train), config.lora)
+        check_lora_adapter(config, job)
         layout = Layout.from_config(cfg.parallel_config, world_size, rank, f"{job.sft_path_train}: parallel_config")
         sched = config.schedule
         if sched.batch_size % layout.dp:
@@ -123,6 +131,8 @@ class StageTrainer:
         cfg, layout, sched, stage = plan.net.model, plan.net.layout, config.schedule, plan.stage
         self.net = stage.build_net(cfg, layout)
         stage.load(self.net, layout, plan.net.checkpoint, job.init_seed)
+        if job.load_lora_adapter:
+            load_adapters(self.net, layout, job.load_lora_adapter, stage.prefix)
         self.comm = ArrayCollectives(self.world_size, self.rank)
         opt = config.optimizer
         policy = dataclasses.replace(
@@ -154,6 +164,8 @@ class StageTrainer:
         logger.info("%s of %s (layout %s, %.2fM parameters): %d training and %d held-out records, %d steps of %d",
                     stage.name, job.sft_path_train, layout, cfg.num_parameters() / 1e6, len(self.dataset.train),
                     len(self.dataset.held_out), plan.steps, sched.batch_size)
+        if cfg.lora.enabled:
+            logger.info("%s: %s", stage.name, cfg.lora.describe(sum(p.size for p in self.net.trainable_params())))
         note = stage.data_note(self.dataset)
         if note:
             logger.info("%s", note)

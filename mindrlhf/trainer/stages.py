@@ -21,7 +21,13 @@ from mindrlhf.algorithms.policy_cells import (
 )
 from mindrlhf.algorithms.preference_cells import DPOLossNet, PairwiseRewardLoss
 from mindrlhf.checkpoint.step import CRITIC_CKPT, CRITIC_PREFIX, CRITIC_STRATEGY, TRAIN_CKPT, TRAIN_STRATEGY
-from mindrlhf.checkpoint.weights import load_value_model, load_weights, read_weights, with_zero_value_head
+from mindrlhf.checkpoint.weights import (
+    load_value_model,
+    load_weights,
+    read_weights,
+    start_adapters,
+    with_zero_value_head,
+)
 from mindrlhf.data.stage_data import PackedSFTDataset, PairDataset, SFTDataset
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.parallel.layers import init_random_weights
@@ -54,13 +60,14 @@ class StageRole(Role):
 class Stage:
     """One stage: `name` (the metrics' prefix), its dataset class, rows per record (`group_size`: a pair's two
     answers stay in one call), how its loss weighs tokens, its role's name and files, and the headline of its
-    held-out score (`summary`: the last line says `<summary>: before=.. after=..`)."""
+    held-out score (`summary`: the last line says `<summary>: before=.. after=..`); `prefix`: its net's parameter
+    names' (the critic's for a reward model)."""
 
     name = ""
     dataset_class = SFTDataset
     group_size = 1
     aggregation, token_mask = "seq-mean-token-mean", "response_mask"
-    role_name, role_files = "actor", (TRAIN_CKPT, TRAIN_STRATEGY)
+    role_name, role_files, prefix = "actor", (TRAIN_CKPT, TRAIN_STRATEGY), ""
     summary, eval_key, percent = "", "", False
 
     def open_dataset(self, path: str, pad_token_id: int, seed: int, eval_fraction: float, eval_path: str):
@@ -76,11 +83,13 @@ class Stage:
         return Qwen2ForCausalLM(cfg, layout)
 
     def load(self, net, layout, checkpoint: str, seed: int) -> None:
-        """The start: `checkpoint` (a policy's weights), or random weights of `seed`."""
+        """The start: `checkpoint` (a policy's weights), or random weights of `seed`; LoRA adapters, if any, as
+        PEFT starts them (seeded by `seed`)."""
         if checkpoint:
-            load_weights(net, layout, checkpoint)
+            load_weights(net, layout, checkpoint, adapter_seed=seed)
         else:
             init_random_weights(net, layout, seed=seed)
+            start_adapters(net, layout, seed)
 
     def loss_net(self, net, config):
         raise NotImplementedError
@@ -146,20 +155,21 @@ class RewardModelStage(Stage):
 
     name, summary, eval_key, percent = "reward_model", "held-out pair accuracy", "eval/accuracy", True
     dataset_class, group_size = PairDataset, 2
-    role_name, role_files = "critic", (CRITIC_CKPT, CRITIC_STRATEGY)
+    role_name, role_files, prefix = "critic", (CRITIC_CKPT, CRITIC_STRATEGY), CRITIC_PREFIX
 
     def build_net(self, cfg, layout):
         net = Qwen2ForValue(cfg, layout)
-        net.update_parameters_name(CRITIC_PREFIX)
+        net.update_parameters_name(self.prefix)
         return net
 
     def load(self, net, layout, checkpoint: str, seed: int) -> None:
         if not checkpoint:
             init_random_weights(net, layout, seed=seed)
+            start_adapters(net, layout, seed, self.prefix)
             return
         cfg = net.config
         state = with_zero_value_head(read_weights(checkpoint), cfg.hidden_size, cfg.value_head_bias)
-        load_value_model(net, layout, state, checkpoint, CRITIC_PREFIX, "the reward model")
+        load_value_model(net, layout, state, checkpoint, CRITIC_PREFIX, "the reward model", seed)
 
     def loss_net(self, net, config):
         rm = config.reward_model

@@ -70,4 +70,4 @@ def test_an_adapter_checkpoint_without_its_alpha_is_refused_in_one_line(lora_che
     root, *_ = lora_checkpoint
     assert reverse(root, root / "nowhere") == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "holds LoRA adapters but no lora_alpha" in err and "--lora_alpha" in err
+    assert err.count("\n") == 0 and "holds LoRA adapters but not their lora_alpha" in err and "--lora_alpha A" in err

@@ -3,6 +3,7 @@ loss is transformers' masked cross-entropy; each stage's data-parallel job learn
 bit; a tensor-parallel SFT job makes the data-parallel one's updates; the step folders load where the RL job takes
 the net (a policy, a reward model); bad data ends in one line. The preference losses' formulas are
 tests/algorithms/test_preference_losses.py's."""
+import dataclasses
 import json
 import shutil
 import sys
@@ -443,3 +444,116 @@ def test_bad_sft_data_ends_the_job_in_one_line(tmp_path, capsys):
     for flag in ("--plan", "--only_save_strategy"):  # the RL job's: refused, not run as a stage would
         assert stages.main("dpo", stage_args(prompts, TINY / "model.yaml", tmp_path / "out2") + [flag]) == 2
         assert capsys.readouterr().err.strip() == f"error: {flag} applies to the RL job only, not to --stage dpo"
+
+
+def moments_of(step_dir, rank_file):
+    """The parameter names rank 0's AdamW moments of a step folder cover (what the optimizer trains)."""
+    from mindrlhf.checkpoint.step import is_optimizer_state, rank_dir, read_arrays
+
+    names = read_arrays(str(step_dir / rank_dir("", 0) / rank_file), keep=is_optimizer_state)
+    return {name.split(".", 1)[1] for name in names if name.split(".", 1)[0].endswith("adam_m")}
+
+
+@pytest.fixture(scope="module")
+def lora_stage_runs(tmp_path_factory):
+    """In one process, from the tiny SFT policy with rank-4 adapters on q_proj, v_proj and down_proj (alpha 8): an
+    SFT job of 2 steps (a step folder each), the same job resumed from its step 1, and a reward-model job of 2 steps
+    on pairs."""
+    import mindspore as ms
+    from support.paths import TINY_SFT_CKPT
+
+    from mindrlhf.cli import stages
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    folder = tmp_path_factory.mktemp("lora_stages")
+    one = layout_yaml(folder, "one.yaml", 1, 1)
+    lora = ("--lora_rank", "4", "--lora_alpha", "8", "--lora_target_modules", "q_proj", "v_proj", "down_proj",
+            "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--save_interval", "1", "--eval_interval", "1")
+    sft, pairs = stage_data(folder, "sft"), stage_data(folder, "pairwise")
+    assert stages.main("sft", stage_args(sft, one, folder / "sft", steps=2, extra=lora)) == 0
+    resumed = folder / "sft_resumed"
+    shutil.copytree(folder / "sft" / "checkpoints" / "step_000001", resumed / "checkpoints" / "step_000001")
+    assert stages.main("sft", stage_args(sft, one, resumed, steps=2, extra=(*lora, "--resume", "auto"))) == 0
+    assert stages.main("reward", stage_args(pairs, one, folder / "reward", steps=2, extra=lora)) == 0
+    return folder, one, TINY_SFT_CKPT
+
+
+@pytest.mark.slow
+def test_a_lora_sft_job_trains_the_adapters_alone_resumes_exactly_and_its_policy_loads_merged(lora_stage_runs):
+    """LoRA SFT: the optimizer's moments cover the adapters alone, every base weight is the starting checkpoint's bit
+    for bit, the held-out loss falls, the resumed run's step 2 is the straight run's; its step folder exports as a
+    PEFT folder (alpha from the folder) and loads into a net without adapters as the merged policy: the logits of the
+    net with the trained adapters."""
+    import mindspore as ms
+    from support.jobs import without_timing
+    from support.tools import run_convert_weight
+
+    from mindrlhf.checkpoint.step import TRAIN_CKPT
+    from mindrlhf.checkpoint.weights import load_weights, read_weights
+    from mindrlhf.configs.base import ConfigError
+    from mindrlhf.configs.lora import LoraConfig, is_adapter
+    from mindrlhf.models.qwen2 import Qwen2Config, Qwen2ForCausalLM
+    from mindrlhf.models.qwen2.peft_files import merged_weights
+    from mindrlhf.parallel.layers import load_full_state
+    from mindrlhf.parallel.layout import Layout
+
+    folder, one, start = lora_stage_runs
+    step = folder / "sft" / "checkpoints" / "step_000002"
+    saved, base = read_weights(str(step)), read_weights(str(start))
+    adapters = sorted(name for name in saved if is_adapter(name))
+    assert len(adapters) == 2 * 3 * 2 and moments_of(step, TRAIN_CKPT) == set(adapters)
+    for name, value in base.items():
+        np.testing.assert_array_equal(saved[name], value, err_msg=f"{name} moved")
+    assert min(np.abs(saved[n]).max() for n in adapters if n.endswith(".lora_b")) > 0  # B started at 0
+    records = metrics(folder / "sft")
+    assert records[-1]["eval/loss"] < records[0]["eval/loss"]
+    resumed = [without_timing(m) for m in metrics(folder / "sft_resumed")]
+    assert resumed == [without_timing(m) for m in records if m["step"] == 2]
+    again = read_weights(str(folder / "sft_resumed" / "checkpoints" / "step_000002"))
+    for name in adapters:
+        np.testing.assert_array_equal(again[name], saved[name], err_msg=name)
+    # loaded into a net without adapters (a full RL job's start, or its reference): the merged weights, whose logits
+    # are the adapted net's
+    cfg = Qwen2Config.from_yaml(str(one))
+    full, adapted = Qwen2ForCausalLM(cfg), Qwen2ForCausalLM(dataclasses.replace(cfg, lora=LoraConfig(
+        lora_rank=4, lora_alpha=8.0, lora_target_modules=("q_proj", "v_proj", "down_proj"))))
+    load_weights(full, Layout(), str(step))
+    load_full_state(adapted, saved)
+    merged = merged_weights(saved, 8.0)
+    for param in full.get_parameters():
+        np.testing.assert_array_equal(param.asnumpy(), merged[param.name], err_msg=param.name)
+    assert np.abs(merged["model.layers.0.attention.wq.weight"] - base["model.layers.0.attention.wq.weight"]).max() > 0
+    ids = ms.Tensor(np.random.default_rng(0).integers(3, 600, (2, 9)).astype(np.int32))
+    np.testing.assert_allclose(full(ids).asnumpy(), adapted(ids).asnumpy(), atol=1e-4)
+    # a .ckpt holding adapters says nothing of their alpha: one line, not a guess
+    ms.save_checkpoint([{"name": n, "data": ms.Tensor(v)} for n, v in saved.items()], str(folder / "lora.ckpt"))
+    with pytest.raises(ConfigError, match=r"lora\.ckpt: holds LoRA adapters but not their lora_alpha"):
+        load_weights(Qwen2ForCausalLM(cfg), Layout(), str(folder / "lora.ckpt"))
+    done = run_convert_weight("--reverse", "--mindspore_ckpt_path", step, "--torch_ckpt_dir", folder / "peft",
+                              "--config_path", one)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((folder / "peft" / "adapter_config.json").read_text())["lora_alpha"] == 8.0
+
+
+@pytest.mark.slow
+def test_a_lora_reward_model_trains_its_adapters_and_head_and_exports_merged(lora_stage_runs):
+    """A LoRA reward model: the moments cover the adapters and the value head, the backbone stays the starting
+    policy's bit for bit, the loss falls from log 2; its step folder exports as a *ForSequenceClassification of the
+    merged weights whose scores are those of mindrlhf's reward model loading the folder (merged as well)."""
+    from mindrlhf.checkpoint.step import CRITIC_CKPT
+    from mindrlhf.checkpoint.weights import read_weights
+    from mindrlhf.configs.lora import is_adapter
+
+    folder, one, start = lora_stage_runs
+    step = folder / "reward" / "checkpoints" / "step_000002"
+    saved, base = read_weights(str(step), "critic"), read_weights(str(start))
+    trained = moments_of(step, CRITIC_CKPT)
+    assert {name.split(".", 1)[1] for name in trained} == {n for n in saved if is_adapter(n)} | {"score.weight"}
+    for name, value in base.items():
+        if name.startswith("model."):
+            np.testing.assert_array_equal(saved[name], value, err_msg=f"{name} moved")
+    assert np.abs(saved["score.weight"]).max() > 0
+    steps = metrics(folder / "reward")[1:]
+    assert steps[0]["reward_model/loss"] == pytest.approx(np.log(2), abs=1e-4)  # a zero head scores every answer 0
+    assert steps[-1]["reward_model/loss"] < steps[0]["reward_model/loss"]
+    assert_exports_as_sequence_classification(step, one, folder / "hf_rm")

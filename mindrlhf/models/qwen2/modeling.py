@@ -583,6 +583,10 @@ class Qwen2ForValue(nn.Cell):
             if self.model.last_stage else None
         self.head_bias = config.value_head_bias
         self.compute_dtype = to_ms_dtype(config.compute_dtype)
+        if config.lora.enabled:  # the adapters and the head train (the head is PEFT's modules_to_save of SEQ_CLS)
+            freeze_all_but_adapters(self)
+            for param in self.score.get_parameters() if self.score is not None else ():
+                param.requires_grad = True
 
     def values(self, input_ids, attention_mask=None):
         """The head's output at every position, float32 [B, S]: the value of the state after reading token s. Call
