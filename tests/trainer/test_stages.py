@@ -457,8 +457,8 @@ def moments_of(step_dir, rank_file):
 @pytest.fixture(scope="module")
 def lora_stage_runs(tmp_path_factory):
     """In one process, from the tiny SFT policy with rank-4 adapters on q_proj, v_proj and down_proj (alpha 8): an
-    SFT job of 2 steps (a step folder each), the same job resumed from its step 1, and a reward-model job of 2 steps
-    on pairs."""
+    SFT job of 2 steps (a step folder each), the same job resumed from its step 1, and a reward-model job and a DPO
+    job of 2 steps on pairs."""
     import mindspore as ms
     from support.paths import TINY_SFT_CKPT
 
@@ -475,6 +475,7 @@ def lora_stage_runs(tmp_path_factory):
     shutil.copytree(folder / "sft" / "checkpoints" / "step_000001", resumed / "checkpoints" / "step_000001")
     assert stages.main("sft", stage_args(sft, one, resumed, steps=2, extra=(*lora, "--resume", "auto"))) == 0
     assert stages.main("reward", stage_args(pairs, one, folder / "reward", steps=2, extra=lora)) == 0
+    assert stages.main("dpo", stage_args(pairs, one, folder / "dpo", steps=2, extra=lora)) == 0
     return folder, one, TINY_SFT_CKPT
 
 
@@ -557,3 +558,24 @@ def test_a_lora_reward_model_trains_its_adapters_and_head_and_exports_merged(lor
     assert steps[0]["reward_model/loss"] == pytest.approx(np.log(2), abs=1e-4)  # a zero head scores every answer 0
     assert steps[-1]["reward_model/loss"] < steps[0]["reward_model/loss"]
     assert_exports_as_sequence_classification(step, one, folder / "hf_rm")
+
+
+@pytest.mark.slow
+def test_lora_dpo_starts_at_its_reference_and_moves_the_adapters_alone(lora_stage_runs):
+    """LoRA DPO: with B = 0 the policy is the starting checkpoint, whose log-probs are the reference's, so step 1's
+    loss is log 2 and its margins 0; the moments cover the adapters alone, the base stays the start's bit for bit, and
+    the second step's margins have moved."""
+    from mindrlhf.checkpoint.step import TRAIN_CKPT
+    from mindrlhf.checkpoint.weights import read_weights
+    from mindrlhf.configs.lora import is_adapter
+
+    folder, _, start = lora_stage_runs
+    step = folder / "dpo" / "checkpoints" / "step_000002"
+    saved, base = read_weights(str(step)), read_weights(str(start))
+    assert moments_of(step, TRAIN_CKPT) == {n for n in saved if is_adapter(n)}
+    for name, value in base.items():
+        np.testing.assert_array_equal(saved[name], value, err_msg=f"{name} moved")
+    steps = metrics(folder / "dpo")[1:]
+    assert steps[0]["dpo/loss"] == pytest.approx(np.log(2), rel=1e-4)
+    assert steps[0]["rewards/margins"] == pytest.approx(0, abs=1e-5)
+    assert abs(steps[1]["rewards/margins"]) > 1e-4 and steps[1]["dpo/loss"] != steps[0]["dpo/loss"]
