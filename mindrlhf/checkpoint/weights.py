@@ -25,7 +25,7 @@ from mindrlhf.checkpoint.step import (
 from mindrlhf.configs.base import ConfigError
 from mindrlhf.configs.lora import is_adapter
 from mindrlhf.models.qwen2.peft_files import LoraFilesError, merged_weights, read_peft_folder
-from mindrlhf.parallel.layers import load_full_state, lora_full_state
+from mindrlhf.parallel.layers import init_random_weights, load_full_state, lora_full_state
 from mindrlhf.parallel.strategy import StrategyError, merge_shards, read_staged_strategy_file, staged_world_size
 
 VALUE_HEAD = "score.weight"
@@ -142,6 +142,21 @@ def load_adapters(net, layout, folder: str, prefix: str = "") -> None:
         raise ConfigError(f"{folder}: {err}") from None
     if missing:
         raise ConfigError(f"{folder}: no adapter for {missing[0]} (and {len(missing) - 1} more)")
+
+
+def start_from(net, layout, checkpoint: str, seed: int) -> None:
+    """A job's start for `net`: `checkpoint` (`load_weights`, adapters seeded by `seed`), or `random_start`."""
+    if checkpoint:
+        load_weights(net, layout, checkpoint, adapter_seed=seed)
+    else:
+        random_start(net, layout, seed)
+
+
+def random_start(net, layout, seed: int, prefix: str = "") -> None:
+    """Random weights of `seed` for a job that starts without a checkpoint, its adapters, if any, as PEFT starts
+    them (B = 0: the net computes its random base model)."""
+    init_random_weights(net, layout, seed=seed)
+    start_adapters(net, layout, seed, prefix)
 
 
 def start_adapters(net, layout, seed: int, prefix: str = "") -> None:

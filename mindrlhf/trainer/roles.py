@@ -45,7 +45,7 @@ from mindrlhf.checkpoint.weights import (
     load_value_model,
     load_weights,
     read_weights,
-    start_adapters,
+    start_from,
     with_zero_value_head,
 )
 from mindrlhf.configs.lora import is_adapter
@@ -57,7 +57,7 @@ from mindrlhf.generation import Generator
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
 from mindrlhf.models.qwen2.modeling import share_weights
 from mindrlhf.optim import AdamW, ShardedAdamW
-from mindrlhf.parallel.layers import init_random_weights, random_full_state
+from mindrlhf.parallel.layers import random_full_state
 from mindrlhf.parallel.reshard import Resharder
 from mindrlhf.parallel.strategy import net_layouts
 from mindrlhf.reward import build_reward_fn
@@ -219,11 +219,7 @@ class Actor(Role):
         gradient sums, if any."""
         spec, train, infer = self.spec, self.spec.train, self.spec.infer
         gen, sched, opt, loss = spec.generation, spec.schedule, spec.optimizer, spec.loss
-        if train.checkpoint:
-            load_weights(self.train_net, self.train_layout, train.checkpoint, adapter_seed=spec.init_seed)
-        else:
-            init_random_weights(self.train_net, self.train_layout, seed=spec.init_seed)
-            start_adapters(self.train_net, self.train_layout, spec.init_seed)
+        start_from(self.train_net, self.train_layout, train.checkpoint, spec.init_seed)
         if spec.lora_adapter:
             load_adapters(self.train_net, self.train_layout, spec.lora_adapter)
         loss_cell = GRPOLossCell(beta=loss.beta, epsilon_low=loss.epsilon_low, epsilon_high=loss.epsilon_high,

@@ -23,14 +23,13 @@ from mindrlhf.algorithms.preference_cells import DPOLossNet, PairwiseRewardLoss
 from mindrlhf.checkpoint.step import CRITIC_CKPT, CRITIC_PREFIX, CRITIC_STRATEGY, TRAIN_CKPT, TRAIN_STRATEGY
 from mindrlhf.checkpoint.weights import (
     load_value_model,
-    load_weights,
+    random_start,
     read_weights,
-    start_adapters,
+    start_from,
     with_zero_value_head,
 )
 from mindrlhf.data.stage_data import PackedSFTDataset, PairDataset, SFTDataset
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
-from mindrlhf.parallel.layers import init_random_weights
 from mindrlhf.trainer.roles import Role
 
 logger = logging.getLogger("mindrlhf.trainer")
@@ -85,11 +84,7 @@ class Stage:
     def load(self, net, layout, checkpoint: str, seed: int) -> None:
         """The start: `checkpoint` (a policy's weights), or random weights of `seed`; LoRA adapters, if any, as
         PEFT starts them (seeded by `seed`)."""
-        if checkpoint:
-            load_weights(net, layout, checkpoint, adapter_seed=seed)
-        else:
-            init_random_weights(net, layout, seed=seed)
-            start_adapters(net, layout, seed)
+        start_from(net, layout, checkpoint, seed)
 
     def loss_net(self, net, config):
         raise NotImplementedError
@@ -164,12 +159,11 @@ class RewardModelStage(Stage):
 
     def load(self, net, layout, checkpoint: str, seed: int) -> None:
         if not checkpoint:
-            init_random_weights(net, layout, seed=seed)
-            start_adapters(net, layout, seed, self.prefix)
+            random_start(net, layout, seed, self.prefix)
             return
         cfg = net.config
         state = with_zero_value_head(read_weights(checkpoint), cfg.hidden_size, cfg.value_head_bias)
-        load_value_model(net, layout, state, checkpoint, CRITIC_PREFIX, "the reward model", seed)
+        load_value_model(net, layout, state, checkpoint, self.prefix, "the reward model", seed)
 
     def loss_net(self, net, config):
         rm = config.reward_model
