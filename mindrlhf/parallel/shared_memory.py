@@ -99,8 +99,7 @@ class SharedMemoryGroup:
         if key not in self._maps:
             path = os.path.join(self.folder, f"slot.{member}.{parity}.{nbytes}")
             if member == self.index:
-                os.makedirs(self.folder, exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+                fd = self._create_in_folder(path)
                 os.ftruncate(fd, HEADER_BYTES + nbytes)
                 self._created.append((path, self.sequence))
             else:
@@ -115,6 +114,19 @@ class SharedMemoryGroup:
             finally:
                 os.close(fd)
         return self._maps[key]
+
+    def _create_in_folder(self, path: str, attempts: int = 100) -> int:
+        """A new file of this member's in the group's folder, open for reading and writing. A peer removes the folder
+        when it holds no file (`_remove_folder`), which can fall between making the folder and creating the file:
+        then both are made again (once the file exists the folder stays)."""
+        for _ in range(attempts):
+            os.makedirs(self.folder, exist_ok=True)
+            try:
+                return os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            except FileNotFoundError:
+                continue
+        raise CollectiveError(f"shared-memory group {self.name}: {self.folder} was removed {attempts} times while "
+                              "this member created its tensor's file")
 
     def _wait_for_peers(self) -> None:
         for peer in self.peers:

@@ -17,8 +17,9 @@ from mindrlhf.tool_use.turns import CUT
 
 pytestmark = pytest.mark.msrun
 
-STEPS, SAVED = 4, 2
+STEPS, SAVED = 2, 1
 FLAGS = ["--steps", str(STEPS), "--eval_interval", "0", "--log_completions", "true"]
+HELDOUT_PROMPTS = 32  # of the shipped held-out set's 200: the tests read the accuracy line, not its value
 
 
 def job_env(out, infer_yaml, **extra) -> dict:
@@ -41,9 +42,12 @@ def run(tmp_path_factory):
     infer_yaml = folder / "infer_tp2.yaml"
     infer_yaml.write_text(shipped.replace("  data_parallel: 2\n  model_parallel: 1\n",
                                           "  data_parallel: 1\n  model_parallel: 2\n"))
+    heldout = folder / "heldout.jsonl"
+    shipped_heldout = ROOT / "examples" / "qwen_grpo_tutorial" / "data" / "tool_arithmetic_heldout.jsonl"
+    heldout.write_text("".join(shipped_heldout.read_text().splitlines(keepends=True)[:HELDOUT_PROMPTS]))
     out = folder / "out"
-    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--save_interval", str(SAVED)], job_env(out, infer_yaml),
-                       timeout=1200)
+    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--save_interval", str(SAVED)],
+                       job_env(out, infer_yaml, EVAL_DATA=str(heldout)), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout, infer_yaml
 
@@ -52,6 +56,7 @@ def test_the_tool_job_calls_the_calculator_and_reads_its_answers(run):
     out, stdout, _ = run
     assert "infer layout dp=1 x tp=2" in stdout, stdout[-2000:]
     assert re.search(r"held-out accuracy: before=\d+\.\d% after=\d+\.\d%", stdout), stdout[-2000:]
+    assert "held-out accuracy before training: " in stdout and f"% ({HELDOUT_PROMPTS} prompts)" in stdout
     steps = [r for r in records(out / "metrics.jsonl") if r["step"] >= 1 and "tool/calls" in r]
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     for r in steps:
@@ -90,7 +95,7 @@ def test_a_resumed_tool_job_gives_the_straight_runs_steps(run, tmp_path):
         return [{k: v for k, v in without_timing(r).items() if not k.startswith("eval/")}
                 for r in records(path, later)]
 
-    assert len(step_metrics(out / "metrics.jsonl")) == 2
+    assert len(step_metrics(out / "metrics.jsonl")) == STEPS - SAVED
     assert step_metrics(out / "metrics.jsonl") == step_metrics(straight / "metrics.jsonl")
     assert records(out / "completions.jsonl", later) == records(straight / "completions.jsonl", later)
 

@@ -230,9 +230,13 @@ def test_pipeline_train_step_equals_the_whole_model(pipelined, run):
     nonzero = [GRPOLossNet.OUTPUTS.index(name) for name in ("loss", "pg_loss", "kl_loss", "entropy")]
     for rank, result in enumerate(ranks):
         assert np.all(np.abs(result["whole_outputs"][:, nonzero]) > 1e-5)  # loss, pg_loss, kl, entropy
-        np.testing.assert_allclose(result["pipe_outputs"], result["whole_outputs"], rtol=1e-5, atol=1e-6,
+        # the outputs' float32 noise (sums in another order) follows the largest of them, not each one's size
+        scale = max(1.0, float(np.abs(result["whole_outputs"]).max()))
+        np.testing.assert_allclose(result["pipe_outputs"], result["whole_outputs"], rtol=1e-5, atol=1e-6 * scale,
                                    err_msg=f"rank {rank}")
-        np.testing.assert_allclose(result["pipe_norms"], result["whole_norms"], rtol=1e-5, err_msg=f"rank {rank}")
+        # (the LoRA run's norms, of adapter gradients summed over the tp pair, came 1.9e-5 apart on a host without
+        # AVX-512; a missing or doubled sum moves a norm by far more)
+        np.testing.assert_allclose(result["pipe_norms"], result["whole_norms"], rtol=5e-5, err_msg=f"rank {rank}")
     lr, updates = float(ranks[0]["adam/lr"]), int(ranks[0]["adam/updates"])
     held = set()
     for rank, result in enumerate(ranks):

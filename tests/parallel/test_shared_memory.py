@@ -95,3 +95,28 @@ def test_a_group_that_was_not_set_up_refuses_to_sum():
     finally:
         group.unlink_own()
         group.close()
+
+
+def test_a_member_makes_the_folder_again_when_a_peer_removes_it_before_the_members_file_is_made(monkeypatch):
+    """A peer removes the group's folder once it holds no file (after the peer's last slot went); when that falls
+    between this member making the folder and creating its tensor's file, the member makes both again instead of
+    failing the step (seen under load: FileNotFoundError for its own slot)."""
+    group = hc.SharedMemoryGroup("race", [0, 1], 0, key=f"test-{uuid.uuid4().hex[:8]}")
+    group.unlink_own()  # set up: the FIFO names and the folder gone, as after `open_groups`
+    made, makedirs = [], os.makedirs
+
+    def makedirs_then_the_peer_removes_it(path, *args, **kwargs):
+        makedirs(path, *args, **kwargs)
+        made.append(path)
+        if len(made) == 1:
+            os.rmdir(path)  # the peer's `_remove_folder` of the empty folder, between the member's two calls
+
+    monkeypatch.setattr(hc.os, "makedirs", makedirs_then_the_peer_removes_it)
+    try:
+        slot = group._slot(0, 0, 16)
+        assert made == [group.folder, group.folder]
+        assert os.path.getsize(os.path.join(group.folder, "slot.0.0.16")) == len(slot) == hc.HEADER_BYTES + 16
+    finally:
+        monkeypatch.undo()
+        group.close()
+    assert not os.path.exists(group.folder)

@@ -15,9 +15,11 @@ TOL = 1e-5  # logits, losses, gradients and grad norms: no Adam normalisation in
 
 # the parallel runs the tests read, by name: (dp, tp, kv heads, the dp sums' route, further flags)
 LORA = ("--lora_rank", "2")  # only the adapters train (#68): their gradients' sums over tp are the ones to check
+# (the LoRA run over a shared kv head has every kind of adapter split: a column-parallel layer's B split, a row-parallel
+# one's A, the shared kv head's B shared by a tp pair)
 PARALLEL = {"tp2": (1, 2, 4, "native", ()), "dp2": (2, 1, 4, "native", ()),
             "dp2xtp2-over-1-kv-head-shared-memory-sums-sequence-parallel": (2, 2, 1, "auto", ("--seq_parallel",)),
-            "tp2-lora": (1, 2, 4, "native", LORA), "dp2xtp2-over-1-kv-head-lora": (2, 2, 1, "native", LORA)}
+            "dp2xtp2-over-1-kv-head-lora": (2, 2, 1, "native", LORA)}
 
 
 def reference_of(kv: int, extra) -> str:
@@ -37,7 +39,7 @@ def spmd_run(dp, tp, kv, collectives, extra):
 # read the same dp2 and tp2 runs, and the same reference)
 RUNS = {"reference": Run(1, []),
         "reference-kv1": Run(1, ["--n_kv_heads", "1"]),  # the same model with 1 kv head (4 query heads)
-        "reference-lora": Run(1, list(LORA)), "reference-kv1-lora": Run(1, ["--n_kv_heads", "1", *LORA]),
+        "reference-kv1-lora": Run(1, ["--n_kv_heads", "1", *LORA]),
         **{name: spmd_run(*params) for name, params in PARALLEL.items()}}
 
 
@@ -66,6 +68,12 @@ def distinct_shards(ranks, tp, d, key):
     return shards[::share]
 
 
+def assert_close_to_reference(got, expected, key):
+    """`got` equals the one-process `expected` within float32 noise, which grows with the tensor's magnitude (sums in
+    another order: TOL absolute up to magnitude 1, relative to the largest value above it)."""
+    np.testing.assert_allclose(got, expected, atol=TOL * max(1.0, float(np.abs(expected).max())), err_msg=key)
+
+
 def assemble(ranks, dp, tp, key):
     """Full tensor of `key` from per-rank shards (tp-split along the recorded axis, dp replicas equal)."""
     name = key.split("/", 1)[1]
@@ -91,8 +99,7 @@ def replica_weights(ranks, tp, d, t, prefix="weight/"):
 
 
 @waits_for(2)  # the references, then the runs of its process count
-@pytest.mark.parametrize("run", ["tp2", "dp2", "dp2xtp2-over-1-kv-head-shared-memory-sums-sequence-parallel",
-                                 "tp2-lora", "dp2xtp2-over-1-kv-head-lora"])
+@pytest.mark.parametrize("run", list(PARALLEL))
 def test_parallel_run_matches_single_process(runs, run):
     """dp2xtp2-over-1-kv-head-...: the one kv head (wk/wv rows) is held by both ranks of a tp pair (tp wider than
     the kv heads), whose gradients of it are summed, and the global norm counts it once; the dp gradient sums (of
@@ -116,7 +123,7 @@ def test_parallel_run_matches_single_process(runs, run):
     assert len(grad_keys) > 20
     assert all(is_adapter(k.split("/", 1)[1]) for k in grad_keys) == run.endswith("-lora")
     for key in grad_keys:
-        np.testing.assert_allclose(assemble(ranks, dp, tp, key), reference[key], atol=TOL, err_msg=key)
+        assert_close_to_reference(assemble(ranks, dp, tp, key), reference[key], key)
     # weights after the AdamW updates: Adam turns float noise in near-zero gradients into weight differences of a
     # fraction of lr, so every rank's copy is compared with the one-process weights in lr units
     # (tests/support/tolerances.py)
@@ -159,7 +166,7 @@ def test_grpo_and_value_losses_are_normalised_over_the_global_batch(runs, run):
         grad_keys = [k for k in reference if k.startswith(f"grpo_grad_{name}/")]
         assert len(grad_keys) > 20
         for key in grad_keys:
-            np.testing.assert_allclose(assemble(ranks, dp, tp, key), reference[key], atol=TOL, err_msg=key)
+            assert_close_to_reference(assemble(ranks, dp, tp, key), reference[key], key)
     values = np.concatenate([ranks[d * tp]["critic_values"] for d in range(dp)], axis=0)
     np.testing.assert_allclose(values, reference["critic_values"], atol=TOL)
     assert np.all(reference["critic_outputs"] > 1e-3), reference["critic_outputs"]  # a loss, and some clipping
@@ -168,7 +175,7 @@ def test_grpo_and_value_losses_are_normalised_over_the_global_batch(runs, run):
     grad_keys = [k for k in reference if k.startswith("critic_grad/")]
     assert len(grad_keys) > 20 and "critic_grad/critic.score.weight" in grad_keys
     for key in grad_keys:
-        np.testing.assert_allclose(assemble(ranks, dp, tp, key), reference[key], atol=TOL, err_msg=key)
+        assert_close_to_reference(assemble(ranks, dp, tp, key), reference[key], key)
 
 
 def test_graphs_over_every_parameter_compile_within_a_real_models_call_depth_budget(tmp_path):

@@ -5,7 +5,7 @@ critic's values, clipped value loss and gradients on the same responses.
 Run with one process (reference, no msrun) or under msrun with `--dp/--tp`, one case or several in turn
 (`--cases`, `worker_setup.run_cases`); each rank writes `<out>/rank_<r>.npz` with its logits, loss, local gradients
 and local weights after the steps, and per aggregation its shares of the GRPO outputs and its local GRPO gradients,
-and the critic's values, value-loss shares and local gradients.
+and the critic's values, value-loss shares and local gradients (not with LoRA adapters: `--lora_rank`).
 """
 import argparse
 
@@ -164,7 +164,9 @@ def main(argv: list[str]):
     ids_l, labels_l, mask_l = (ms.Tensor(a[sl]) for a in (ids, labels, mask))
 
     logits = net(ids_l, mask_l).asnumpy()
-    grpo = grpo_results(net, layout, net.trainable_params(), dp_sums)
+    # the losses' global normalisation is the same code with adapters or without: the LoRA runs check the training
+    with_losses = args.lora_rank == 0
+    grpo = grpo_results(net, layout, net.trainable_params(), dp_sums) if with_losses else {}
     loss_net = NLLLoss(net)
     grads_of = SPMDGradients(loss_net, net.trainable_params(), layout, dp_sums=dp_sums)
     _, grads, grad_norm = grads_of(ids_l, labels_l, mask_l)
@@ -183,7 +185,8 @@ def main(argv: list[str]):
               "adam/updates": np.array(UPDATES)}
     result.update(grpo)
     result.update(micro_batched_results(cfg, layout, ids[sl], labels[sl], mask[sl], clip, dp_sums))
-    result.update(critic_results(cfg, layout, dp_sums))
+    if with_losses:
+        result.update(critic_results(cfg, layout, dp_sums))
     result.update({f"grad/{k}": v for k, v in first_grads.items()})
     result.update({f"weight/{p.name}": p.asnumpy() for p in net.trainable_params()})
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in axes.items()})
