@@ -15,7 +15,10 @@ fi
 STAMP="$VENV/.mindrlhf-installed${EXTRA:+-$EXTRA}"
 # the checkout's path too: the editable install points at one checkout (a venv another checkout used is re-pointed)
 HASH="$( (cat "$ROOT/requirements.txt" "$ROOT/requirements-test.txt" "$ROOT/setup.py"; echo "$ROOT") | sha256sum | cut -c1-16)"
-if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$HASH" ]; then
+installed() { [ -f "$1" ] && [ "$(cat "$1")" = "$HASH" ]; }
+# the test install holds the runtime one (requirements-test.txt includes requirements.txt): reinstalling would
+# uninstall mindrlhf for a moment, under any job of the same .venv that starts then (run_grpo.sh in the tests)
+if ! installed "$STAMP" && ! { [ -z "$EXTRA" ] && installed "$VENV/.mindrlhf-installed-test"; }; then
   echo "[bootstrap] installing dependencies${EXTRA:+ ($EXTRA)} into $VENV"
   REQ="$ROOT/requirements.txt"
   [ "$EXTRA" = "test" ] && REQ="$ROOT/requirements-test.txt"
