@@ -55,7 +55,7 @@ from mindrlhf.engine.sizing import MicroBatchSizer
 from mindrlhf.engine.train import LearningRateSchedule, TrainEngine, UpdatePolicy, total_updates
 from mindrlhf.generation import Generator
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
-from mindrlhf.models.qwen2.modeling import share_weights
+from mindrlhf.models.qwen2.modeling import copy_weights, share_weights
 from mindrlhf.optim import AdamW, ShardedAdamW
 from mindrlhf.parallel.layers import random_full_state
 from mindrlhf.parallel.reshard import Resharder
@@ -358,9 +358,10 @@ class Actor(Role):
 
 
 class Reference(Role):
-    """The reference policy in the inference layout: log-probs for the KL term; copied from the actor's train
-    net at the start and every `schedule.ref_model_sync_steps` steps. With LoRA, the base model: a net without
-    adapters on the actor's inference net's own base weights (no copy, nothing to reshard, save or swap)."""
+    """The reference policy in the inference layout: log-probs for the KL term; a local copy of the actor's
+    inference net (the same layout: nothing to reshard) at the start and every `schedule.ref_model_sync_steps`
+    steps, after the actor's reshard. With LoRA, the base model: a net without adapters on the actor's inference
+    net's own base weights (no copy, nothing to reshard, save or swap)."""
 
     name = "reference"
 
@@ -370,17 +371,20 @@ class Reference(Role):
         self.net.update_parameters_name(REF_PREFIX)
         self.strategy = net_layouts(self.net, self.layout)
         self.own_weights = not spec.shares_policy_base
+        self.policy: Qwen2ForCausalLM | None = None  # the actor's inference net, from build()
+        self.policy_group = ""  # its swap group
 
     def build(self, actor: Actor) -> None:
+        """Weights: --load_ref_checkpoint, or the actor's inference net's (the starting policy, once built)."""
+        self.policy, self.policy_group = actor.infer_net, actor.infer_group
         if not self.own_weights:
             share_weights(self.net, actor.infer_net)
         # the actor's sizer: both passes read the same rows in the same layout
         self.engine = ForwardEngine(ResponseLogProbs(self.net, self.spec.temperature), actor.log_prob_sizer)
-        self.from_actor = actor.resharder_to(self.net, self.strategy, REF_PREFIX) if self.own_weights else None
         if self.spec.net.checkpoint:
             load_weights(self.net, self.layout, self.spec.net.checkpoint, REF_PREFIX)
-        elif self.from_actor is not None:
-            self.from_actor.run()
+        elif self.own_weights:
+            copy_weights(self.net, self.policy)
 
     def swap_groups(self) -> dict[str, list]:
         return {REF_WEIGHTS: list(self.net.get_parameters())} if self.own_weights else {}
@@ -400,9 +404,9 @@ class Reference(Role):
         return self.engine.run(columns)
 
     def sync_from_actor(self) -> None:
-        """Reshards the actor's train weights into the reference net."""
-        self.assert_resident((TRAIN_WEIGHTS, REF_WEIGHTS), "sync_from_actor")
-        self.from_actor.run()
+        """Copies the actor's inference weights (its train weights, resharded this step) into the reference."""
+        self.assert_resident((self.policy_group, REF_WEIGHTS), "sync_from_actor")
+        copy_weights(self.net, self.policy)
 
 
 class Critic(Role):

@@ -92,8 +92,8 @@ class ActorSpec:
 
 @dataclass(frozen=True)
 class ReferenceSpec:
-    """The reference policy: a net in the inference layout, loaded from `net.checkpoint` or resharded from the
-    actor's train net (and again every `ref_model_sync_steps`, in the `sync_ref` phase after the actor's reshard).
+    """The reference policy: a net in the inference layout, loaded from `net.checkpoint` or copied from the actor's
+    inference net (and again every `ref_model_sync_steps`, in the `sync_ref` phase after the actor's reshard).
     With LoRA it is the base model and holds no weights of its own: its net shares the base weights of the actor's
     inference net (`weights_group`, that net's swap group)."""
 
@@ -110,7 +110,7 @@ class ReferenceSpec:
     def resident_in(self) -> dict[str, tuple[str, ...]]:
         if self.shares_policy_base:
             return {"ref": (self.weights_group,)}
-        return {"ref": (REF_WEIGHTS,), "sync_ref": (TRAIN_WEIGHTS, REF_WEIGHTS)}
+        return {"ref": (REF_WEIGHTS,), "sync_ref": (REF_WEIGHTS,)}  # with the actor's inference weights
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,31 @@ def test_a_net_with_adapters_computes_the_merged_weights_logits_and_starts_as_th
     np.testing.assert_allclose(adapted(ids).asnumpy(), base(ids).asnumpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_a_reference_copies_the_base_weights_of_a_net_with_adapters_and_keeps_its_own_memory():
+    """`copy_weights` (the reference's sync from the policy's inference net): every weight of the net without adapters
+    equals the source's at its place, a later change of the source leaves the copy alone, and a source of another
+    shape is refused naming the parameter."""
+    from mindrlhf.models.qwen2.modeling import copy_weights
+
+    source = Qwen2ForCausalLM(config(lora_rank=2))
+    source.update_parameters_name("infer.")
+    state = random_full_state(source, seed=5)
+    load_full_state(source, state)
+    reference = Qwen2ForCausalLM(config())
+    reference.update_parameters_name("ref.")
+    copy_weights(reference, source)
+    copied = {p.name[len("ref."):]: p.asnumpy().copy() for p in reference.get_parameters()}
+    assert {f"infer.{k}" for k in copied} == {k for k in state if not is_adapter(k)}
+    for name, value in copied.items():
+        np.testing.assert_array_equal(value, state[f"infer.{name}"], err_msg=name)
+    load_full_state(source, random_full_state(source, seed=6))
+    for p in reference.get_parameters():
+        np.testing.assert_array_equal(p.asnumpy(), copied[p.name[len("ref."):]], err_msg=p.name)
+    wider = Qwen2ForCausalLM(Qwen2Config(**{**MODEL, "intermediate_size": 64}))
+    with pytest.raises(ValueError, match=r"copy_weights: model\.layers\.0\.feed_forward\.w1\.weight is "):
+        copy_weights(wider, reference)
+
+
 def test_only_the_adapters_train_and_a_step_changes_nothing_else():
     net = Qwen2ForCausalLM(config(lora_rank=2))
     load_full_state(net, random_full_state(net, seed=4))  # B != 0: A gets a gradient too

@@ -397,10 +397,11 @@ def test_rollout_rows_stay_on_their_rank_only_where_no_rank_needs_anothers(files
 
 def test_the_phase_plan_follows_from_the_roles_specs(files, tokenizer):
     """What is on device in each phase is the union of the specs' `resident_in`; the inference phases keep the
-    train weights when the inference net is the train net; no reference net, no ref phase group at beta 0."""
+    train weights when the inference net is the train net; the reference syncs from the inference weights alone (a
+    local copy: the train weights may stay on host); no reference net, no ref phase group at beta 0."""
     grpo = {"generate": (INFER_WEIGHTS, KV_CACHES), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
             "gather": (), "values": (), "update_critic": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
-            "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "sync_ref": (INFER_WEIGHTS, TRAIN_WEIGHTS, REF_WEIGHTS),
+            "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "sync_ref": (INFER_WEIGHTS, REF_WEIGHTS),
             "eval": (INFER_WEIGHTS, KV_CACHES)}
     assert phase_plan(build(files, tokenizer).roles(), PHASES) == grpo
     gae = config_of(algorithm={"adv_estimator": "gae"})

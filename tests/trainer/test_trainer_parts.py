@@ -81,7 +81,7 @@ def make_swap():
 # a GRPO job's phase plan (`specs.phase_plan` of its roles' specs: tests/trainer/test_job_plan.py)
 GRPO_PHASE_PLAN = {"generate": (INFER_WEIGHTS,), "reward": (), "ref": (REF_WEIGHTS,), "old": (INFER_WEIGHTS,),
                    "gather": (), "values": (), "update_critic": (), "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
-                   "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "sync_ref": (INFER_WEIGHTS, TRAIN_WEIGHTS, REF_WEIGHTS),
+                   "reshard": (TRAIN_WEIGHTS, INFER_WEIGHTS), "sync_ref": (INFER_WEIGHTS, REF_WEIGHTS),
                    "eval": (INFER_WEIGHTS,)}
 
 

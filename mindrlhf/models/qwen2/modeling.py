@@ -234,6 +234,20 @@ def share_weights(net: nn.Cell, source: nn.Cell) -> None:
             cell.insert_param_to_cell(attr, getattr(cells[path], attr))
 
 
+def copy_weights(net: nn.Cell, source: nn.Cell) -> None:
+    """Copies into each parameter of `net`, in place, the parameter `source` holds at the same place (cell path and
+    attribute), which must have its shape and dtype: a local copy between two nets of one layout. `source` may hold
+    more (a net with adapters)."""
+    cells = dict(source.cells_and_names())
+    for path, cell in net.cells_and_names():
+        for attr, param in [(attr, param) for attr, param in cell._params.items() if param is not None]:
+            value = getattr(cells[path], attr)
+            if value.shape != param.shape or value.dtype != param.dtype:
+                raise ValueError(f"copy_weights: {param.name} is {param.dtype}{param.shape}, its source "
+                                 f"{value.name} {value.dtype}{value.shape}")
+            param.copy_(value)  # in place: no new buffer (set_data of a copy took ~40x as long)
+
+
 def uses_sequence_parallel(config: Qwen2Config, layout: Layout) -> bool:
     """Whether a net runs sequence parallel: `parallel_config.use_seq_parallel` with tp > 1."""
     return config.parallel_config.use_seq_parallel and layout.tp > 1
