@@ -197,7 +197,7 @@ class RLTrainer:
             self.actor.sync_inference()
         if sync_ref:
             with self.phases("sync_ref"):
-                self.reference.sync_from_actor()
+                self.reference.sync_from_actor(self.actor)
         elapsed = time.perf_counter() - start
         updated_tokens = batch.trained_tokens * self.config.schedule.num_iterations if actor["actor/updates"] else 0
         metrics = self._step_metrics(batch, actor, elapsed, updated_tokens)

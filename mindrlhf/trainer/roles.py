@@ -163,10 +163,6 @@ def actor_update_policy(spec: ActorSpec) -> UpdatePolicy:
     return dataclasses.replace(policy, token_mask=spec.token_mask)
 
 
-def _is_base_weight(name: str) -> bool:
-    return not is_adapter(name)
-
-
 def critic_update_policy(spec: CriticSpec, token_mask: str) -> UpdatePolicy:
     """How the critic's updates are made: its own rate, warmup and clip, the loss's aggregation, over the tokens the
     policy trains (`token_mask`, the actor's: a tool turn's tokens are no action, their values are not fitted)."""
@@ -268,11 +264,9 @@ class Actor(Role):
 
     def resharder_to(self, net, strategy: dict, prefix: str, only=None):
         """The online reshard of the train net's weights into `net` (its parameters named `prefix` + the train
-        net's names), from every pipeline stage when the train net has them; `only`: a test of the names to move
-        (default: all `net` has; a net without adapters, the reference, takes the base weights alone)."""
+        net's names; both nets carry the job's adapters, if any), from every pipeline stage when the train net has
+        them; `only`: a test of the names to move (default: all `net` has)."""
         names = {name[len(prefix):]: name for name in strategy}
-        if only is None and not any(is_adapter(name) for name in strategy):
-            only = _is_base_weight
         return Resharder(self.train_net, net, self.train_strategy, strategy, names, rank=self.train_layout.rank,
                          src_pipeline=self.train_layout, src_stage_layouts=self.engine.stages, only=only)
 
@@ -371,12 +365,9 @@ class Reference(Role):
         self.net.update_parameters_name(REF_PREFIX)
         self.strategy = net_layouts(self.net, self.layout)
         self.own_weights = not spec.shares_policy_base
-        self.policy: Qwen2ForCausalLM | None = None  # the actor's inference net, from build()
-        self.policy_group = ""  # its swap group
 
     def build(self, actor: Actor) -> None:
         """Weights: --load_ref_checkpoint, or the actor's inference net's (the starting policy, once built)."""
-        self.policy, self.policy_group = actor.infer_net, actor.infer_group
         if not self.own_weights:
             share_weights(self.net, actor.infer_net)
         # the actor's sizer: both passes read the same rows in the same layout
@@ -384,7 +375,7 @@ class Reference(Role):
         if self.spec.net.checkpoint:
             load_weights(self.net, self.layout, self.spec.net.checkpoint, REF_PREFIX)
         elif self.own_weights:
-            copy_weights(self.net, self.policy)
+            copy_weights(self.net, actor.infer_net)
 
     def swap_groups(self) -> dict[str, list]:
         return {REF_WEIGHTS: list(self.net.get_parameters())} if self.own_weights else {}
@@ -403,10 +394,10 @@ class Reference(Role):
         self.assert_resident((self.spec.weights_group,), "log_probs")
         return self.engine.run(columns)
 
-    def sync_from_actor(self) -> None:
+    def sync_from_actor(self, actor: Actor) -> None:
         """Copies the actor's inference weights (its train weights, resharded this step) into the reference."""
-        self.assert_resident((self.policy_group, REF_WEIGHTS), "sync_from_actor")
-        copy_weights(self.net, self.policy)
+        self.assert_resident((actor.infer_group, REF_WEIGHTS), "sync_from_actor")
+        copy_weights(self.net, actor.infer_net)
 
 
 class Critic(Role):
