@@ -8,6 +8,7 @@ import re
 import shutil
 
 import pytest
+import yaml
 from support.jobs import without_timing
 from support.msrun import free_port, run_command
 from support.paths import ROOT, RUN_GRPO
@@ -18,7 +19,11 @@ from mindrlhf.tool_use.turns import CUT
 pytestmark = pytest.mark.msrun
 
 STEPS, SAVED = 2, 1
-FLAGS = ["--steps", str(STEPS), "--eval_interval", "0", "--log_completions", "true"]
+PROMPTS = 4  # a step's prompts: the shipped job's 8 halved (half the rollout and the update), each sampled as shipped
+GENERATIONS = yaml.safe_load((ROOT / "model_configs" / "arith_tools" / "grpo.yaml").read_text())["generation"][
+    "num_generations"]
+RESPONSES = PROMPTS * GENERATIONS
+FLAGS = ["--steps", str(STEPS), "--eval_interval", "0", "--log_completions", "true", "--batch_size", str(PROMPTS)]
 HELDOUT_PROMPTS = 32  # of the shipped held-out set's 200: the tests read the accuracy line, not its value
 
 
@@ -61,7 +66,7 @@ def test_the_tool_job_calls_the_calculator_and_reads_its_answers(run):
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     for r in steps:
         assert r["tool/calls"] > 0 and r["num_turns/max"] == 2 and r["num_turns/min"] == 1
-        assert r["tool/call_share"] == pytest.approx(r["tool/calls"] / 64)  # one call at most a response
+        assert r["tool/call_share"] == pytest.approx(r["tool/calls"] / RESPONSES)  # one call at most a response
         assert r["num_turns/mean"] == pytest.approx(1 + r["tool/call_share"])
         assert r["timing/tools"] < r["timing/generate"]
     called = [r for r in records(out / "completions.jsonl") if len(r["segments"]) == 3]
@@ -113,19 +118,20 @@ def test_dynamic_sampling_keeps_the_tool_turns_of_every_round(tmp_path):
     out, saved = tmp_path / "out", tmp_path / "exp" / "tools"
     shipped = ROOT / "model_configs" / "arith_tools" / "infer.yaml"
     flags = ["--steps", "1", "--eval_interval", "0", "--dynamic_sampling", "true", "--max_sampling_retries", "1",
-             "--save_data_file", str(saved)]
+             "--save_data_file", str(saved), "--batch_size", str(PROMPTS)]
     proc = run_command(["bash", str(RUN_GRPO), *flags], job_env(out, shipped, EVAL_DATA=""), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (metrics,) = [r for r in records(out / "metrics.jsonl") if r.get("step") == 1 and "tool/calls" in r]
     rows = list(MindDataset(str(saved) + ".step_000001.mindrecord", shuffle=False)
                 .create_dict_iterator(output_numpy=True))
-    assert len(rows) == 64 * metrics["sampling/rounds"]
+    assert len(rows) == RESPONSES * metrics["sampling/rounds"]
     model, whole = (np.stack([r[name] for r in rows]) for name in ("loss_mask", "response_mask"))
     assert ((model == 0) | (whole == 1)).all()
     assert model.sum(1).mean() == pytest.approx(metrics["response_length/mean"])
     called = model.sum(1) < whole.sum(1)  # a tool turn's tokens are in the response, not the model's
     assert called.sum() == metrics["tool/calls"] > 0
     rewards = np.array([float(r["reward"]) for r in rows])
-    differing = int(sum(dynamic_sampling_mask(part, 8).sum() for part in np.split(rewards, metrics["sampling/rounds"])))
-    kept = min(differing, 8)
-    assert metrics["sampling/kept_groups"] == kept - kept % group_unit(8, 2)
+    differing = int(sum(dynamic_sampling_mask(part, GENERATIONS).sum()
+                        for part in np.split(rewards, metrics["sampling/rounds"])))
+    kept = min(differing, PROMPTS)
+    assert metrics["sampling/kept_groups"] == kept - kept % group_unit(GENERATIONS, 2)

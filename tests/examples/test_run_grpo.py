@@ -34,6 +34,7 @@ pytestmark = pytest.mark.msrun
 
 STEPS = 10
 SAVED = STEPS // 2  # the straight run's first checkpoint
+PPO_STEPS = 6  # its held-out gain is the 10 steps' (+18.0 and +17.5 points, 2026-12-04)
 JOB_TAG = "MINDRLHF_TEST_JOB"  # every process of one launch inherits it
 
 
@@ -252,10 +253,10 @@ def test_trained_checkpoint_reverses_to_a_transformers_model_that_answers_alike(
 
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory):
-    """`ALGORITHM=ppo bash run_grpo.sh`, STEPS steps: its OUTPUT. (PPO's exact resume, critic included, is
+    """`ALGORITHM=ppo bash run_grpo.sh`, PPO_STEPS steps: its OUTPUT. (PPO's exact resume, critic included, is
     tests/trainer/test_grpo_trainer.py's `test_ppo_on_two_workers_with_a_tensor_parallel_critic_resumes_exactly`.)"""
     out = tmp_path_factory.mktemp("ppo") / "ppo"
-    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(STEPS), "--eval_interval", "0"],
+    proc = run_command(["bash", str(RUN_GRPO), "--steps", str(PPO_STEPS), "--eval_interval", "0"],
                        job_env(out, ALGORITHM="ppo"), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
@@ -268,14 +269,14 @@ def test_ppo_run_learns_with_a_critic(ppo_run):
     out = ppo_run
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["step"] > 0]
-    assert len(steps) == STEPS
+    assert len(steps) == PPO_STEPS
     before, after = records[0]["eval/accuracy"], steps[-1]["eval/accuracy"]
     # the held-out answers are scored by each rule reward of the job too (grpo.yaml: accuracy, format)
     assert {k for k in records[0] if k.startswith("eval/")} == {"eval/accuracy", "eval/format"}
     assert 0 <= records[0]["eval/format"] <= 1 and 0 <= steps[-1]["eval/format"] <= 1
     assert after >= before + 0.08, (before, after)
     assert steps[0]["critic/values/mean"] == 0.0  # the zero head
-    late = steps[STEPS // 2:]
+    late = steps[PPO_STEPS // 2:]
     # a baseline: the critic's mean value tracks the mean return (within the spread of the rewards)
     assert np.mean([abs(r["critic/values/mean"] - r["critic/returns/mean"]) for r in late]) < 0.3
     assert all(r["critic/updates"] == 4 for r in steps)
