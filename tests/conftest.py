@@ -8,6 +8,7 @@ import pytest
 # any of them is imported)
 pytest.register_assert_rewrite("support")
 
+from support.cpu_log import pytest_configure, pytest_runtest_protocol, pytest_terminal_summary  # noqa: E402, F401
 from support.processes import stop_leftovers, tag_this_session  # noqa: E402
 
 tag_this_session()

@@ -3,6 +3,8 @@
 #   bash tests/run.sh            the whole suite (what CI runs)
 #   bash tests/run.sh --quick    the quick tier: no msrun job, no trainer job (a few minutes; a developer's loop)
 # Other arguments go to pytest, e.g. `bash tests/run.sh -k reward` or `bash tests/run.sh tests/parallel`.
+# MINDRLHF_TEST_CPU_LOG=<folder> bash tests/run.sh also logs each test's CPU seconds, its jobs' included, and lists
+# the largest (tests/support/cpu_log.py): on the busy machine a test's duration is mostly how it shared the cores.
 # Two pytest-xdist workers, each taking whole test modules, those that launch msrun jobs first (tests/conftest.py);
 # `-n 0` runs everything in this process.
 set -euo pipefail
