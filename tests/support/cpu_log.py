@@ -23,10 +23,17 @@ def log_folder() -> Path | None:
     return Path(folder) if folder else None
 
 
+def worker_id(config) -> str | None:
+    """This process's pytest-xdist worker id, None on the controller or in a run without workers (a pytest started
+    by a test inherits its worker's environment, so the environment cannot tell)."""
+    workerinput = getattr(config, "workerinput", None)
+    return workerinput["workerid"] if workerinput else None
+
+
 def pytest_configure(config):
     """The controller (or a run without workers) starts the folder afresh, before any worker writes to it."""
     folder = log_folder()
-    if folder is not None and not os.environ.get("PYTEST_XDIST_WORKER"):
+    if folder is not None and worker_id(config) is None:
         folder.mkdir(parents=True, exist_ok=True)
         for old in folder.glob("*.tsv"):
             old.unlink()
@@ -39,7 +46,7 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     if folder is not None:
         wall, cpu = time.time() - wall, cpu_seconds() - cpu
-        with open(folder / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.tsv", "a") as log:
+        with open(folder / f"{worker_id(item.config) or 'main'}.tsv", "a") as log:
             log.write(f"{item.nodeid}\t{wall:.2f}\t{cpu:.2f}\n")
 
 
@@ -55,7 +62,7 @@ def read_log(folder: Path) -> list[tuple[str, float, float]]:
 
 def pytest_terminal_summary(terminalreporter):
     folder = log_folder()
-    if folder is None or os.environ.get("PYTEST_XDIST_WORKER"):
+    if folder is None or worker_id(terminalreporter.config) is not None:
         return
     rows = read_log(folder)
     modules: dict[str, list[float]] = {}
