@@ -125,6 +125,11 @@ class CriticConfig(Validated):
              "clipped value when that is worse (PPO2; 0.5 in verl, OpenRLHF and MindSpeed-RL).")
     critic_warmup: int = help_field(
         0, "Steps at the start during which only the critic trains (the actor waits for useful advantages).")
+    use_lora: bool = help_field(
+        True, "With the job's LoRA adapters (lora.lora_rank > 0): true gives the critic adapters of the same rank, "
+              "alpha and targets, trained with its value head on its frozen backbone (no gradients or AdamW moments "
+              "for the backbone; OpenRLHF's --lora_rank covers actor and critic alike); false trains the whole "
+              "critic.")
 
     def validate(self) -> None:
         checks = [

@@ -110,6 +110,16 @@ class NetShape:
             return self.layers // pp * self.layer_adapter_elements(tp)
         return self.stage_elements(tp, pp, stage)
 
+    def value_model_elements(self, tp: int = 1, pp: int = 1, stage: int = 0, trained: bool = False) -> int:
+        """Parameters of a value model's stage (`Qwen2ForValue`: the causal LM without an untied LM head, with a
+        scalar head on the last stage) on a tp rank; `trained`: those it trains (with LoRA its adapters and the
+        head)."""
+        last = stage == pp - 1
+        if trained and self.lora_rank:
+            return self.trained_elements(tp, pp, stage) + (self.hidden if last else 0)
+        lm_head = self.vocab * self.hidden // tp if last and not self.tied else 0
+        return self.stage_elements(tp, pp, stage) - lm_head + (self.hidden if last else 0)
+
     def stage_elements(self, tp: int = 1, pp: int = 1, stage: int = 0) -> int:
         """Parameters pipeline stage `stage` of `pp` holds on one tp rank: its layers, the vocab-parallel embedding
         (first stage; the last too when tied and pp > 1), final norm and head (last stage)."""

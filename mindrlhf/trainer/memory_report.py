@@ -107,12 +107,13 @@ def _groups(plan) -> dict[str, int]:
         groups[REF_WEIGHTS] = base.stage_elements(plan.reference.net.layout.tp) * base.param_bytes
     if plan.critic:
         cs, cl = NetShape.of(plan.critic.net.model), plan.critic.net.layout
-        critic = cs.stage_elements(cl.tp, cl.pp, cl.stage) - (0 if cs.tied else cs.vocab * cs.hidden // cl.tp)
-        groups[CRITIC_WEIGHTS] = critic * cs.param_bytes
-        groups[CRITIC_MOMENTS] = moment_bytes(critic, cl.dp, plan.critic.net.model.parallel_config.optimizer_shard)
+        place = (cl.tp, cl.pp, cl.stage)
+        groups[CRITIC_WEIGHTS] = cs.value_model_elements(*place) * cs.param_bytes
+        shard = plan.critic.net.model.parallel_config.optimizer_shard
+        groups[CRITIC_MOMENTS] = moment_bytes(cs.value_model_elements(*place, trained=True), cl.dp, shard)
     if plan.reward.model:
         rs = NetShape.of(plan.reward.model.model)
-        groups[REWARD_MODEL_WEIGHTS] = rs.stage_elements(plan.reward.model.layout.tp) * rs.param_bytes
+        groups[REWARD_MODEL_WEIGHTS] = rs.value_model_elements(plan.reward.model.layout.tp) * rs.param_bytes
     return groups
 
 
@@ -193,7 +194,10 @@ def _transients(plan) -> dict[str, dict[str, int]]:
     grads = ts.trained_elements(train.tp, train.pp, train.stage) * ts.param_bytes
     out = {"generate": generate, "eval": generate, "ref": forward, "old": forward, "values": forward,
            "train": {"activations": acts, "logits": logits, "gradients": grads}}
-    out["update_critic"] = out["train"]
+    if plan.critic:  # the actor's call's activations (the same rows and model), the critic's own gradients
+        cs, cl = NetShape.of(plan.critic.net.model), plan.critic.net.layout
+        out["update_critic"] = dict(out["train"], gradients=cs.value_model_elements(
+            cl.tp, cl.pp, cl.stage, trained=True) * cs.param_bytes)
     out["buffers"] = {"gradients": grads if train.pp > 1 or call.rows < _pass_rows(plan, train, True) else 0}
     return out
 

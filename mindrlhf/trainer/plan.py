@@ -384,11 +384,11 @@ def try_writing_into(folder: str) -> None:
 
 # ---------------------------------------------------------------------- model YAMLs and layouts
 def _model_signature(cfg) -> dict:
-    """Fields that must agree between the train and the infer nets (everything but dtypes, layout, head, and what
-    does not change the network: the longest trained position and the token ids, which the tokenizer gives;
-    MindRLHF's finetune and predict YAMLs differ in those)."""
+    """Fields that must agree between the train and the infer nets (everything but dtypes, layout, head, the job's
+    adapters (a critic may train without them), and what does not change the network: the longest trained
+    position and the token ids, which the tokenizer gives; MindRLHF's finetune and predict YAMLs differ in those)."""
     skip = {"parallel_config", "compute_dtype", "param_init_type", "softmax_compute_type", "rotary_dtype",
-            "layernorm_compute_type", "value_head_bias", "arch", "recompute", "use_flash_attention",
+            "layernorm_compute_type", "value_head_bias", "arch", "recompute", "use_flash_attention", "lora",
             "max_position_embedding", "bos_token_id", "eos_token_id", "pad_token_id"}
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in skip}
 
@@ -618,7 +618,7 @@ def _critic_config_and_layout(config: GRPOConfig, job: JobOptions, train_cfg, sh
         return None, None
 
     path = job.sft_path_critic
-    critic_cfg = Qwen2Config.from_yaml(path)
+    critic_cfg = with_lora(Qwen2Config.from_yaml(path), config.lora if config.critic.use_lora else LoraConfig())
     if job.load_critic_checkpoint:
         if critic_cfg.vocab_size != train_cfg.vocab_size:
             raise ConfigError(f"{path}: model_config.vocab_size={critic_cfg.vocab_size}, but "

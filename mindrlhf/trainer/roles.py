@@ -430,6 +430,9 @@ class Critic(Role):
             ResponseValues(self.net),
             MicroBatchSizer.for_pass("values", sched, model, self.layout, group, training=False),
             self.net, self.layout, model)
+        if model.lora.enabled:
+            logger.info("critic: %s and its value head (its backbone frozen)",
+                        model.lora.describe(sum(p.size for p in self.net.trainable_params())))
 
     def _load_weights(self, actor: Actor) -> None:
         net, policy, model = self.spec.net, self.spec.policy, self.spec.net.model

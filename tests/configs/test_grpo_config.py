@@ -306,7 +306,7 @@ def test_the_critics_learning_rate_has_its_own_name(tmp_path):
     with pytest.raises(ConfigError) as err:
         GRPOConfig.from_yaml(str(path))
     assert str(err.value) == f"{path}: critic: unknown field(s) 'lr'; known fields: learning_rate, lr_warmup_steps, " \
-                             "grad_clip, cliprange_value, critic_warmup"
+                             "grad_clip, cliprange_value, critic_warmup, use_lora"
     with pytest.raises(ConfigError, match=r"critic.learning_rate must be > 0, got 0.0"):
         GRPOConfig().replace({"critic": {"learning_rate": 0.0}})
 

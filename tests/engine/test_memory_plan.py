@@ -346,3 +346,60 @@ def test_lora_adapters_are_counted_as_the_net_holds_them_and_alone_are_trained(t
     plain = NetShape(**{**shape.__dict__, "lora_rank": 0, "lora_modules": ()})
     assert plain.trained_elements(tp) == plain.stage_elements(tp) == shape.stage_elements(tp) - \
         shape.trained_elements(tp)
+
+
+@pytest.mark.parametrize("tp,pp,rank,tied,lora", [(1, 1, 0, False, False), (1, 1, 0, True, False),
+                                                  (2, 1, 1, False, True), (1, 2, 0, True, False),
+                                                  (1, 2, 1, True, True), (2, 2, 3, False, True)])
+def test_a_value_models_weights_and_trained_parameters_are_counted_as_the_net_holds_them(tp, pp, rank, tied, lora):
+    """A critic's or reward model's stage (`Qwen2ForValue`: no LM head, a scalar head on the last stage; with LoRA
+    its adapters and the head train) holds what `value_model_elements` counts and trains what it counts as trained."""
+    from mindrlhf.configs.lora import LoraConfig
+    from mindrlhf.models.qwen2 import Qwen2ForValue
+    from mindrlhf.parallel.layout import Layout
+
+    adapters = LoraConfig(lora_rank=3, lora_target_modules=["q_proj", "v_proj", "up_proj", "down_proj"]) if lora \
+        else LoraConfig()
+    cfg = Qwen2Config(vocab_size=704, hidden_size=64, num_layers=2, num_heads=4, n_kv_heads=2, intermediate_size=128,
+                      seq_length=32, max_position_embedding=32, tie_word_embeddings=tied, lora=adapters)
+    layout = Layout(dp=1, tp=tp, rank=rank, pp=pp)
+    net = Qwen2ForValue(cfg, layout)
+    shape, place = NetShape.of(cfg), (tp, pp, layout.stage)
+    assert shape.value_model_elements(*place) == sum(p.size for p in net.get_parameters())
+    assert shape.value_model_elements(*place, trained=True) == sum(p.size for p in net.trainable_params())
+    if lora:
+        assert shape.value_model_elements(*place, trained=True) < shape.value_model_elements(*place) // 10
+
+
+def test_a_lora_jobs_critic_holds_adapter_moments_and_gradients_unless_it_trains_whole(tmp_path):
+    """PPO with LoRA: in `update_critic` the critic's moments and gradients are its adapters' and head's
+    (`critic.use_lora`, the default), or its whole backbone's with `critic.use_lora: false`; its weights differ by
+    the adapters alone."""
+    from mindrlhf.configs.grpo_configs import GRPOConfig
+    from mindrlhf.configs.job import JobOptions
+    from mindrlhf.models.tokenizer import load_tokenizer
+    from mindrlhf.trainer.memory_report import rank_memory
+    from mindrlhf.trainer.plan import JobPlan
+
+    data = tmp_path / "prompts.mindrecord"
+    data.write_bytes(b"")
+    job = JobOptions(sft_path_train=str(paths.TINY / "train.yaml"), sft_path_infer=str(paths.TINY / "infer.yaml"),
+                     sft_path_critic=str(paths.TINY / "train.yaml"), mind_dataset_dir=str(data))
+    lora = {"lora_rank": 4, "lora_alpha": 8.0, "lora_target_modules": ["all-linear"]}
+    phases = {}
+    for critic_lora in (True, False):
+        config = GRPOConfig.from_yaml(str(paths.TINY / "grpo.yaml")).replace(
+            {"algorithm": {"adv_estimator": "gae"}, "lora": lora, "critic": {"use_lora": critic_lora}})
+        plan = JobPlan.build(config, job, load_tokenizer(paths.TINY / "tokenizer"), 2, 0)
+        assert plan.critic.net.model.lora.enabled == critic_lora
+        phases[critic_lora] = next(p for p in rank_memory(plan, 0, "ascend") if p.phase == "update_critic").terms
+    shape = NetShape.of(plan.critic.net.model)  # the whole critic's, tp2
+    adapted = NetShape(**{**shape.__dict__, "lora_rank": 4, "lora_modules": plan.actor.train.model.lora.modules()})
+    adapter_moments, whole_moments = (moment_bytes(adapted.value_model_elements(2, trained=True)),
+                                      moment_bytes(shape.value_model_elements(2, trained=True)))
+    assert whole_moments > 10 * adapter_moments
+    # the actor's moments (its adapters) are not resident in update_critic on Ascend: the critic's alone
+    assert phases[True]["moments"] == adapter_moments and phases[False]["moments"] == whole_moments
+    assert phases[False]["gradients"] - phases[True]["gradients"] == (whole_moments - adapter_moments) // 2
+    assert phases[True]["weights"] - phases[False]["weights"] == adapted.value_model_elements(2) * 4 - \
+        shape.value_model_elements(2) * 4  # the adapters' own bytes

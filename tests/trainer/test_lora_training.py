@@ -1,14 +1,15 @@
-"""A GRPO job with LoRA adapters (#68) in one process: the policy starts from a base checkpoint with PEFT's adapters
+"""A PPO job with LoRA adapters (#68) in one process: the policy starts from a base checkpoint with PEFT's adapters
 (B = 0), only the adapters train (the optimizer holds them alone; every base weight is saved bit-identical to the
-checkpoint it started from), the reference is the base model without adapters, and a resumed job continues bit for
-bit. The trained adapters, exported
-as a PEFT folder, start a new job (--load_lora_adapter); an adapter of another rank is refused in one line."""
+checkpoint it started from), the reference is the base model without adapters, the critic trains adapters of its
+own and its value head on its frozen backbone, and a resumed job continues bit for bit. The trained adapters,
+exported as a PEFT folder, start a new job (--load_lora_adapter); an adapter of another rank is refused in one
+line."""
 import json
 
 import numpy as np
 import pytest
 from support.jobs import base_args
-from support.paths import TINY_SFT_CKPT
+from support.paths import TINY, TINY_SFT_CKPT
 
 from mindrlhf.checkpoint.weights import read_weights
 from mindrlhf.cli import train
@@ -39,6 +40,7 @@ def reference_and_policy_log_probs(actor, reference) -> tuple:
 
 
 def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference(tmp_path, mindrecord, capfd):
+    """The actor's and the critic's adapters (and the critic's head) alone train; both resume bit for bit."""
     base = read_weights(str(TINY_SFT_CKPT))
     seen = {}
 
@@ -47,6 +49,7 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
             return
         actor, reference = trainer.actor, trainer.reference
         seen["optimized"] = [p.name for p in actor.engine.optimizer.parameters]
+        seen["critic_optimized"] = [p.name for p in trainer.critic.engine.optimizer.parameters]
         seen["reference"] = {p.name: p.asnumpy().copy() for p in reference.net.get_parameters()}
         seen["train"] = {p.name: p.asnumpy().copy() for p in actor.train_net.get_parameters()}
         policy_params = {id(p) for p in actor.infer_net.get_parameters()}
@@ -57,7 +60,9 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
     out = tmp_path / "out"
     args = base_args(mindrecord, out) + ["--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "2",
                                          "--save_interval", "1", "--lora_rank", "4", "--lora_alpha", "8",
-                                         "--lora_target_modules", "q_proj", "v_proj", "down_proj"]
+                                         "--lora_target_modules", "q_proj", "v_proj", "down_proj",
+                                         "--sft_path_critic", str(TINY / "model.yaml"), "--adv_estimator", "gae",
+                                         "--critic.learning_rate", "1e-3"]
     assert train.main(args, callbacks=[check]) == 0
     adapters = sorted(n for n in seen["train"] if is_adapter(n))
     assert len(adapters) == 2 * 3 * 2  # A and B of 3 modules in each of the 2 layers
@@ -79,6 +84,15 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
         np.testing.assert_array_equal(saved[name], value, err_msg=f"{name} moved")
     b_norms = [np.abs(saved[n]).max() for n in adapters if n.endswith(".lora_b")]
     assert min(b_norms) > 0  # B started at 0
+    # the critic: adapters of its own and the value head train, its backbone (the policy's base) stays
+    assert sorted(seen["critic_optimized"]) == sorted(f"critic.{n}" for n in adapters + ["score.weight"])
+    critic = read_weights(str(out / "checkpoints" / "step_000002"), "critic")
+    for name, value in base.items():
+        if name != "lm_head.weight":
+            np.testing.assert_array_equal(critic[name], value, err_msg=f"critic {name} moved")
+    assert np.abs(critic["score.weight"]).max() > 0
+    assert max(np.abs(critic[n]).max() for n in adapters if n.endswith(".lora_b")) > 0
+    assert any(not np.array_equal(critic[n], saved[n]) for n in adapters)  # not the actor's
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "actor/grad_norm" in r] == [1, 2]
     assert all(np.isfinite(r["actor/grad_norm"]) and r["actor/grad_norm"] > 0 for r in lines if "actor/grad_norm" in r)
@@ -96,9 +110,10 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
     again_saved = read_weights(str(resumed / "checkpoints" / "step_000002"))
     for name in adapters:
         np.testing.assert_array_equal(again_saved[name], saved[name], err_msg=name)
+    again_critic = read_weights(str(resumed / "checkpoints" / "step_000002"), "critic")
+    for name in adapters + ["score.weight"]:
+        np.testing.assert_array_equal(again_critic[name], critic[name], err_msg=f"critic {name}")
     # the trained adapters as a PEFT folder (lora_alpha from the step folder), then the start of a new job
-    from support.paths import TINY
-
     from mindrlhf.cli import convert_weight
 
     step = out / "checkpoints" / "step_000002"
