@@ -431,7 +431,7 @@ class Critic(Role):
             MicroBatchSizer.for_pass("values", sched, model, self.layout, group, training=False),
             self.net, self.layout, model)
         if model.lora.enabled:
-            logger.info("critic: %s and its value head (its backbone frozen)",
+            logger.info("critic: %s; the value head trains with the adapters (counted)",
                         model.lora.describe(sum(p.size for p in self.net.trainable_params())))
 
     def _load_weights(self, actor: Actor) -> None:
