@@ -157,6 +157,15 @@ if [ -n "$STAGE" ]; then
   # the held-out split is sft.eval_fraction of the records
   START=(--load_sft_checkpoint_train "$NODE_DIR/policy.ckpt")
   if [ "$START_FROM" = random ]; then START=(); fi
+  # the bundled reward model trains in two passes: first on pairs whose wrong answer differs from the right one in
+  # the last step's arithmetic alone (OUTPUT/worked; a last-token score learns that check there, and not in 900
+  # steps of the full mix, where a missing working is the easier sign), then on the full mix from that reward model
+  if [ "$ALGORITHM" = reward ] && [ -z "${STAGE_DATA:-}" ] && [ -z "${REWARD_PASS:-}" ]; then
+    REWARD_PASS=worked OUTPUT="$OUTPUT/worked" MASTER_PORT=$((MASTER_PORT + 1)) bash "$ROOT/run_grpo.sh" "$@" ||
+        exit $?
+    WORKED_STEP="$(ls -d "$OUTPUT/worked/checkpoints"/step_* 2>/dev/null | tail -1 || true)"
+    START=(--load_sft_checkpoint_train "${WORKED_STEP:-$OUTPUT/worked/checkpoints/step_LAST}")
+  fi
   JOB=(examples/qwen_grpo_tutorial/$STAGE.py --sft_path_train "$TRAIN_YAML" --tokenizer_dir "$TOKENIZER_DIR"
       --mind_dataset_dir "$NODE_DIR/$STAGE_KIND.mindrecord" "${JOB_ARGS[@]}" "${START[@]}" --output_dir "$OUTPUT"
       --tensorboard_dir "$OUTPUT/tensorboard" "$@")
@@ -185,8 +194,10 @@ if [ -n "$STAGE" ]; then
   # that kind instead), then tokenised
   STAGE_DATA="${STAGE_DATA:-$NODE_DIR/$STAGE_KIND.jsonl}"
   if [ "$STAGE_DATA" = "$NODE_DIR/$STAGE_KIND.jsonl" ]; then
+    PAIR_ARGS=()  # the reward model's first pass: every worked wrong answer of each problem (6)
+    if [ "${REWARD_PASS:-}" = worked ]; then PAIR_ARGS=(--pairs_per_problem 6 --worked_wrong_share 1); fi
     run "$PY" examples/qwen_grpo_tutorial/data/make_stage_data.py --kind "$DEMO_KIND" --input "$DATA" \
-        --output "$STAGE_DATA"
+        --output "$STAGE_DATA" "${PAIR_ARGS[@]}"
   fi
   run "$PY" examples/qwen_grpo_tutorial/rlhf_data.py --tokenizer_dir "$TOKENIZER_DIR" --kind "$STAGE_KIND" \
       --file_path "$STAGE_DATA" --output_path "$NODE_DIR/$STAGE_KIND.mindrecord"

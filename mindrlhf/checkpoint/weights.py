@@ -182,6 +182,14 @@ def load_value_model(net, layout, state: dict, source: str, prefix: str, yaml_pa
     load_state_merging_adapters(net, layout, wanted, source, prefix, adapter_seed, yaml_path)
 
 
+def value_model_start(path: str, hidden_size: int, bias: bool) -> dict:
+    """The weights a value model starts from: a reward model or critic (a step folder's critic, or a file with a value
+    head) as it is, a policy's backbone with a zero value head (`with_zero_value_head`)."""
+    holds_critic = checkpoint_form(path) == "step" and os.path.isfile(os.path.join(path, STEP_NETS["critic"][1]))
+    state = read_weights(path, "critic" if holds_critic else "actor")
+    return state if VALUE_HEAD in state else with_zero_value_head(state, hidden_size, bias)
+
+
 def with_zero_value_head(state: dict, hidden_size: int, bias: bool) -> dict:
     """`state` (a policy's weights) with a zero value head of `hidden_size` inputs (and bias): the critic's start
     when no critic checkpoint is given."""

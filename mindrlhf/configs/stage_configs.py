@@ -15,9 +15,10 @@ class SFTConfig(Validated):
         1, "Passes over the training split: the run makes epochs x (training records / schedule.batch_size) "
            "optimizer updates, one a step (a schedule.steps given in a YAML or a flag wins).")
     eval_fraction: float = help_field(
-        0.05, "Share of the records held out (a seeded draw, at least one record) when no --eval_dataset_file is "
-              "given: scored (SFT: eval/loss; reward model and DPO: eval/accuracy of the pairs) before the first "
-              "step, every eval.eval_interval steps and after the last one. 0 = no held-out split.")
+        0.05, "Share of the records held out (a seeded draw, at least one record; the pairs of one prompt are held "
+              "out together) when no --eval_dataset_file is given: scored (SFT: eval/loss; reward model and DPO: "
+              "eval/accuracy of the pairs) before the first step, every eval.eval_interval steps and after the last "
+              "one. 0 = no held-out split.")
     packing: bool = help_field(
         False, "SFT: whole conversations packed into rows of up to sft.max_length tokens (best fit decreasing, TRL's "
                "packing_strategy='bfd'), positions restarting and attention kept within each conversation; "

@@ -30,6 +30,23 @@ def _round_up(n: int) -> int:
     return max(WIDTH_STEP, -(-n // WIDTH_STEP) * WIDTH_STEP)
 
 
+def held_out_records(keys: list, fraction: float, seed: int) -> list[int]:
+    """Indices of the records held out: a seeded draw of whole groups (records of one non-None key; None: a record of
+    its own) until `fraction` of the records (at least one) is reached; 0 holds none out."""
+    if fraction <= 0:
+        return []
+    groups: dict = {}
+    for index, key in enumerate(keys):
+        groups.setdefault(index if key is None else key, []).append(index)
+    members = list(groups.values())
+    target, held = max(1, round(fraction * len(keys))), []
+    for group in np.random.default_rng(seed).permutation(len(members)):
+        if len(held) >= target:
+            break
+        held += members[group]
+    return held
+
+
 class StageDataset:
     """Records of a MindRecord (`rlhf_data.py --kind <KIND>`) in a training split, in a fresh seeded order each
     epoch, and a held-out split (`eval_path`'s records, or a seeded `eval_fraction` of the file's, at least one).
@@ -47,13 +64,12 @@ class StageDataset:
         if eval_path:
             self.train, self.held_out = records, self._read(eval_path)
         else:
-            order = np.random.default_rng(seed).permutation(len(records))
-            held = max(1, round(eval_fraction * len(records))) if eval_fraction > 0 else 0
-            if held >= len(records):
-                raise DataError(f"{path}: {len(records)} record(s) leave none to train on after holding out {held} "
-                                f"(eval_fraction={eval_fraction})")
-            self.held_out = [records[i] for i in sorted(order[:held])]
-            self.train = [records[i] for i in sorted(order[held:])]
+            held = held_out_records([self._group_key(r) for r in records], eval_fraction, seed)
+            if len(held) >= len(records):
+                raise DataError(f"{path}: {len(records)} record(s) leave none to train on after holding out "
+                                f"{len(held)} (eval_fraction={eval_fraction})")
+            self.held_out = [records[i] for i in sorted(held)]
+            self.train = [records[i] for i in sorted(set(range(len(records))) - set(held))]
         self.prompt_width, self.response_width = self._widths(self.train + self.held_out)
         self.train, self.held_out = self._arrange(self.train), self._arrange(self.held_out)
         self.row_values: dict[str, dict[str, np.ndarray]] = {split: {} for split in SPLITS}
@@ -82,6 +98,11 @@ class StageDataset:
     def _answers(record: tuple) -> tuple:
         """The token rows of a record that are read as responses."""
         return record[1:2]
+
+    @staticmethod
+    def _group_key(record: tuple) -> bytes | None:
+        """Records of one key are held out together (None: each record on its own)."""
+        return None
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(len(self.train))
@@ -234,6 +255,11 @@ class PairDataset(StageDataset):
     @staticmethod
     def _answers(record: tuple) -> tuple:
         return record[1:]
+
+    @staticmethod
+    def _group_key(record: tuple) -> bytes:
+        # the pairs of one prompt (several wrong answers against its right one) all train or all stay held out
+        return record[0].tobytes()
 
     def _columns(self, records: list[tuple]) -> dict[str, np.ndarray]:
         return {**self._prompt_columns([r[0] for r in records for _ in range(2)]),

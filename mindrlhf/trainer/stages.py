@@ -24,9 +24,8 @@ from mindrlhf.checkpoint.step import CRITIC_CKPT, CRITIC_PREFIX, CRITIC_STRATEGY
 from mindrlhf.checkpoint.weights import (
     load_value_model,
     random_start,
-    read_weights,
     start_from,
-    with_zero_value_head,
+    value_model_start,
 )
 from mindrlhf.data.stage_data import PackedSFTDataset, PairDataset, SFTDataset
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
@@ -146,7 +145,8 @@ class SFTStage(Stage):
 
 
 class RewardModelStage(Stage):
-    """Bradley-Terry on pairs; its net is a value model (the starting policy's backbone with a zero head)."""
+    """Bradley-Terry on pairs; its net is a value model: the starting policy's backbone with a zero head, or a reward
+    model (a step folder of this stage, or a converted one) as it is."""
 
     name, summary, eval_key, percent = "reward_model", "held-out pair accuracy", "eval/accuracy", True
     dataset_class, group_size = PairDataset, 2
@@ -162,7 +162,7 @@ class RewardModelStage(Stage):
             random_start(net, layout, seed, self.prefix)
             return
         cfg = net.config
-        state = with_zero_value_head(read_weights(checkpoint), cfg.hidden_size, cfg.value_head_bias)
+        state = value_model_start(checkpoint, cfg.hidden_size, cfg.value_head_bias)
         load_value_model(net, layout, state, checkpoint, self.prefix, "the reward model", seed)
 
     def loss_net(self, net, config):

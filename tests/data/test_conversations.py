@@ -181,3 +181,26 @@ def test_a_packed_sft_dataset_holds_each_conversation_once_with_its_positions_ma
                                                      1 - tokens / unpacked_positions))
     with pytest.raises(DataError, match=r"sft.mindrecord: record 3: \d+ tokens, more than sft.max_length=96"):
         PackedSFTDataset(tmp_path / "sft.mindrecord", tokenizer.pad_token_id, max_length=96)
+
+
+def test_the_held_out_split_keeps_a_prompts_pairs_together_and_is_the_plain_draw_without_groups(tokenizer, tmp_path):
+    """held_out_records: ungrouped it is the seeded permutation's first records (the split before groups existed);
+    grouped, whole groups until the fraction is reached. A pair file of 4 pairs a prompt holds out whole prompts."""
+    from mindrlhf.data.stage_data import PairDataset, held_out_records
+    from mindrlhf.data.stage_records import convert_stage_data
+
+    plain = held_out_records([None] * 40, 0.1, seed=3)
+    assert sorted(plain) == sorted(np.random.default_rng(3).permutation(40)[:4].tolist())
+    assert held_out_records([None] * 40, 0.0, seed=3) == [] and len(held_out_records([None] * 3, 0.01, 0)) == 1
+    keys = [k // 4 for k in range(40)]  # 10 groups of 4
+    grouped = held_out_records(keys, 0.15, seed=3)
+    assert len(grouped) == 8 and all(keys.count(keys[i]) == sum(keys[j] == keys[i] for j in grouped)
+                                     for i in grouped)  # two whole groups
+    pairs = tmp_path / "pairs.jsonl"
+    records = [{"prompt": f"What is {p}+{p}?", "chosen": str(2 * p), "rejected": str(w)}
+               for p in range(10) for w in range(4)]
+    pairs.write_text("".join(json.dumps(record) + "\n" for record in records))
+    convert_stage_data(pairs, tmp_path / "pairs.mindrecord", tokenizer)
+    data = PairDataset(tmp_path / "pairs.mindrecord", tokenizer.pad_token_id, seed=1, eval_fraction=0.2)
+    held, train = ({r[0].tobytes() for r in split} for split in (data.held_out, data.train))
+    assert (len(data.held_out), len(data.train), len(held)) == (8, 32, 2) and not held & train

@@ -220,22 +220,34 @@ def test_a_second_run_into_the_output_of_a_live_one_is_refused_at_once(tmp_path)
 def test_the_stages_before_rl_make_their_data_and_run_their_command(tmp_path):
     """ALGORITHM=sft | reward | dpo: the problems become conversations or pairs (make_stage_data.py), rlhf_data.py
     tokenises that kind, msrun runs the stage's script with its YAML; SFT of the bundled model starts from random
-    weights (no conversion), the others from the converted policy; each stage's flag check passes as printed."""
+    weights (no conversion), the others from the converted policy; the reward model first runs a pass of its own on
+    every worked wrong answer (OUTPUT/worked) and starts from its last step; each flag check passes as printed."""
     env = {"DRY_RUN": "1", "MASTER_PORT": str(free_port_near("127.0.0.1", 20600))}
     for stage, kind in (("sft", "sft"), ("reward", "pairwise"), ("dpo", "pairwise")):
         out = tmp_path / stage
         proc = run_script({**env, "ALGORITHM": stage, "OUTPUT": str(out)})
         assert proc.returncode == 0, proc.stderr
         lines = [shlex.split(line) for line in proc.stdout.splitlines()]
-        made = next(words for words in lines if any(w.endswith("make_stage_data.py") for w in words))
-        assert made[made.index("--kind") + 1] == kind
+        made = [words for words in lines if any(w.endswith("make_stage_data.py") for w in words)]
+        launches = [words for words in lines if words and words[0] == "msrun"]
+        assert len(made) == len(launches) == (2 if stage == "reward" else 1)
+        assert all(words[words.index("--kind") + 1] == kind for words in made)
         found = commands(proc.stdout)
         assert found["rlhf_data.py"][found["rlhf_data.py"].index("--kind") + 1] == kind
-        msrun = found["msrun"]
+        msrun = launches[-1]
         assert any(w.endswith(f"examples/qwen_grpo_tutorial/{stage}.py") for w in msrun), msrun
         assert msrun[msrun.index("--config") + 1] == str(ARITH / f"{stage}.yaml")
         assert msrun[msrun.index("--mind_dataset_dir") + 1] == str(out / f"{kind}.mindrecord")
         assert ("convert_weight.py" in found) == (stage != "sft") == ("--load_sft_checkpoint_train" in msrun)
+        assert "--pairs_per_problem" not in made[-1]
+        if stage == "reward":
+            first = launches[0]
+            assert made[0][made[0].index("--output") + 1:] == [str(out / "worked" / "pairwise.jsonl"),
+                                                               "--pairs_per_problem", "6", "--worked_wrong_share", "1"]
+            assert first[first.index("--output_dir") + 1] == str(out / "worked")
+            assert first[first.index("--load_sft_checkpoint_train") + 1] == str(out / "worked" / "policy.ckpt")
+            assert msrun[msrun.index("--load_sft_checkpoint_train") + 1] == \
+                str(out / "worked" / "checkpoints" / "step_LAST")
         check = next(words for words in lines if "--check_flags" in words)
         done = run_command([str(RUN_GRPO.parent / ".venv" / "bin" / "python"), *check[1:]],
                            {**os.environ, "MS_WORKER_NUM": "2"}, timeout=120, cwd=str(RUN_GRPO.parent))

@@ -235,6 +235,30 @@ def test_pairs_per_problem_give_each_problem_distinct_wrong_answers(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --pairs_per_problem must be >= 1, got 0"
 
 
+def test_worked_wrong_share_sets_how_many_wrong_answers_show_their_working(tmp_path):
+    """make_stage_data.py --worked_wrong_share: 1 makes every wrong answer a worked one with the last step off by 1-3
+    (the steps before it kept), 0 none; 0.5 is the default's draw; a share outside [0, 1] is refused."""
+    lines = (TUTORIAL_DATA / "arithmetic_train.jsonl").read_text().splitlines(keepends=True)[:40]
+    (tmp_path / "problems.jsonl").write_text("".join(lines))
+    made = {}
+    for share in ("1", "0", "0.5", None):
+        out = tmp_path / f"pairs_{share}.jsonl"
+        done = run_command([sys.executable, str(TUTORIAL_DATA / "make_stage_data.py"), "--kind", "pairwise", "--input",
+                            str(tmp_path / "problems.jsonl"), "--output", str(out), "--pairs_per_problem", "2"]
+                           + (["--worked_wrong_share", share] if share else []))
+        assert done.returncode == 0, done.stderr
+        made[share] = [json.loads(line) for line in out.read_text().splitlines()]
+    worked = {share: [(p["chosen"][0]["content"].split("\n")[:-3], p["rejected"][0]["content"].split("\n")[:-3])
+                      for p in rows if "=" in p["rejected"][0]["content"]] for share, rows in made.items()}
+    assert len(worked["1"]) == 80 and not worked["0"] and 20 < len(worked["0.5"]) < 60
+    assert all(chosen == rejected for chosen, rejected in worked["1"])  # only the last step and the answer differ
+    assert made["0.5"] == made[None]
+    bad = run_command([sys.executable, str(TUTORIAL_DATA / "make_stage_data.py"), "--kind", "pairwise", "--input",
+                       str(tmp_path / "problems.jsonl"), "--output", str(tmp_path / "x.jsonl"), "--worked_wrong_share",
+                       "1.5"])
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --worked_wrong_share must be in [0, 1], got 1.5"
+
+
 def test_direct_fraction_answers_that_share_of_the_problems_without_the_working(tmp_path):
     """make_stage_data.py --kind sft --direct_fraction 0.5: about half of the conversations answer with the bare
     answer, the others with the worked solution, each on its problem's prompt and gold answer; 1.0 answers all
@@ -374,6 +398,28 @@ def test_a_reward_model_learns_to_rank_the_pairs_resumes_exactly_and_loads_as_a_
     state = read_weights(str(step), "critic")  # what reward.reward_model_path and --load_critic_checkpoint read
     assert "score.weight" in state and np.abs(state["score.weight"]).max() > 0
     assert_exports_as_sequence_classification(step, straight.parent / "dp2.yaml", straight.parent / "hf_rm")
+    assert_a_reward_model_starts_from_a_reward_model_as_it_is(step, straight.parent / "dp2.yaml", state)
+
+
+def assert_a_reward_model_starts_from_a_reward_model_as_it_is(step, model_yaml, state):
+    """The reward stage's start (--load_sft_checkpoint_train): a reward model's step folder with its trained head
+    (run_grpo.sh's second pass), a policy with its backbone and a zero head."""
+    from support.paths import TINY_SFT_CKPT
+
+    from mindrlhf.checkpoint.weights import read_weights
+    from mindrlhf.models.qwen2 import Qwen2Config
+    from mindrlhf.parallel.layout import Layout
+    from mindrlhf.trainer.stages import RewardModelStage
+
+    stage = RewardModelStage()
+    cfg = Qwen2Config.from_yaml(model_yaml)
+    for start, expected in ((step, state), (TINY_SFT_CKPT, {**read_weights(str(TINY_SFT_CKPT)),
+                                                            "score.weight": np.zeros_like(state["score.weight"])})):
+        net = stage.build_net(cfg, Layout())
+        stage.load(net, Layout(), str(start), 0)
+        loaded = {p.name.split(".", 1)[1]: p.asnumpy() for p in net.get_parameters()}
+        for name in ("score.weight", "model.layers.0.attention.wq.weight"):
+            np.testing.assert_array_equal(loaded[name], expected[name], err_msg=f"{start}: {name}")
 
 
 def assert_exports_as_sequence_classification(step, model_yaml, folder):

@@ -4,8 +4,10 @@ policy answers in (`<think>steps</think><answer>N</answer>`, what the `format` a
     --kind sft       a conversation per problem: the R1 system prompt, the question, the worked solution (with
                      --direct_fraction F, a seeded share F of the problems answered without the working)
     --kind pairwise  a preference pair per problem on the same prompt: the worked solution (chosen) against a wrong
-                     one (rejected; seeded: half the time the last step's result is off by 1-3, else a wrong answer
-                     given without working, the bundled policy's own failure)
+                     one (rejected; seeded: a share --worked_wrong_share of them, half by default, with the working
+                     and the last step's result off by 1-3, the others a wrong answer given without working, the
+                     bundled policy's own failure); --pairs_per_problem N: N pairs a problem, each wrong answer
+                     different
     --kind tool_sft  a tool-use demonstration per problem (the cold start of a policy with a calculator): the
                      question, a calculator call a step, the calculator's answer as the tool turn, then
                      <answer>N</answer>; the record's `tools` field (TRL's) holds the calculator's schema
@@ -54,30 +56,30 @@ def tool_demonstration(question: str, answer: str, direct: bool = False) -> dict
     return {"messages": messages, "tools": [function_schema(calculator)]}
 
 
-def wrong_completion(answer: str, rng: random.Random) -> str:
-    """A wrong R1 completion of `answer` (`steps #### N`): the last step's result and N off by 1-3, or a wrong N
-    given without the steps."""
+def wrong_completion(answer: str, rng: random.Random, worked_share: float = 0.5) -> str:
+    """A wrong R1 completion of `answer` (`steps #### N`): with probability `worked_share` the last step's result and N
+    off by 1-3, else a wrong N given without the steps."""
     steps, _, number = answer.rpartition("####")
     wrong = int(number.strip()) + rng.choice([-3, -2, -1, 1, 2, 3])
-    if rng.random() < 0.5:
+    if rng.random() < 1.0 - worked_share:
         return r1_completion(f"#### {wrong}", direct=True)
     lines = steps.strip().splitlines()
     lines[-1] = lines[-1].rpartition("=")[0] + f"= {wrong}"
     return r1_completion("\n".join(lines) + f"\n#### {wrong}")
 
 
-def pair(question: str, answer: str, rng: random.Random) -> dict:
+def pair(question: str, answer: str, rng: random.Random, worked_share: float = 0.5) -> dict:
     """One problem as a preference pair (TRL's prompt / chosen / rejected, in messages)."""
     return {"prompt": prompt(question),
             "chosen": [{"role": "assistant", "content": r1_completion(answer)}],
-            "rejected": [{"role": "assistant", "content": wrong_completion(answer, rng)}]}
+            "rejected": [{"role": "assistant", "content": wrong_completion(answer, rng, worked_share)}]}
 
 
-def pairs(question: str, answer: str, count: int, rng: random.Random) -> list[dict]:
+def pairs(question: str, answer: str, count: int, rng: random.Random, worked_share: float = 0.5) -> list[dict]:
     """`count` pairs of one problem, each against another wrong answer (while the draws allow: 12 a problem)."""
     found: dict[str, dict] = {}
     for _ in range(20 * count):
-        record = pair(question, answer, rng)
+        record = pair(question, answer, rng, worked_share)
         found.setdefault(record["rejected"][0]["content"], record)
         if len(found) == count:
             break
@@ -93,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seed of the wrong answers (pairwise) or of the problems answered directly (sft)")
     parser.add_argument("--pairs_per_problem", type=int, default=1,
                         help="pairwise: this many pairs of each problem, each against a wrong answer of its own")
+    parser.add_argument("--worked_wrong_share", type=float, default=0.5,
+                        help="pairwise: the share of the wrong answers that show the working with the last step "
+                             "off by 1-3 (the others: a wrong answer without working)")
     parser.add_argument("--direct_fraction", type=float, default=0.0,
                         help="sft, tool_sft: the share of the problems (a seeded choice) answered without the "
                              "working (without a call)")
@@ -106,11 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.pairs_per_problem < 1:
         print(f"error: --pairs_per_problem must be >= 1, got {args.pairs_per_problem}", file=sys.stderr)
         return 2
+    if not 0.0 <= args.worked_wrong_share <= 1.0:
+        print(f"error: --worked_wrong_share must be in [0, 1], got {args.worked_wrong_share}", file=sys.stderr)
+        return 2
     if not 0.0 <= args.direct_fraction <= 1.0:
         print(f"error: --direct_fraction must be in [0, 1], got {args.direct_fraction}", file=sys.stderr)
         return 2
     if args.kind == "pairwise":
-        records = [record for p in problems for record in pairs(p.question, p.answer, args.pairs_per_problem, rng)]
+        records = [record for p in problems
+                   for record in pairs(p.question, p.answer, args.pairs_per_problem, rng, args.worked_wrong_share)]
     else:
         make = conversation if args.kind == "sft" else tool_demonstration
         records = [make(p.question, p.answer, rng.random() < args.direct_fraction) for p in problems]
