@@ -157,12 +157,12 @@ if [ -n "$STAGE" ]; then
   # the held-out split is sft.eval_fraction of the records
   START=(--load_sft_checkpoint_train "$NODE_DIR/policy.ckpt")
   if [ "$START_FROM" = random ]; then START=(); fi
-  # the bundled reward model trains in two passes: first on pairs whose wrong answer differs from the right one in
-  # the last step's arithmetic alone (OUTPUT/worked; a last-token score learns that check there, and not in 900
-  # steps of the full mix, where a missing working is the easier sign), then on the full mix from that reward model
+  # the bundled reward model trains in two passes: first, 2 epochs of pairs whose wrong answer differs from the
+  # right one in the last step's arithmetic alone (OUTPUT/worked; a last-token score learns that check there, and not
+  # in 900 steps of the full mix, where a missing working is the easier sign), then the full mix from that model
   if [ "$ALGORITHM" = reward ] && [ -z "${STAGE_DATA:-}" ] && [ -z "${REWARD_PASS:-}" ]; then
-    REWARD_PASS=worked OUTPUT="$OUTPUT/worked" MASTER_PORT=$((MASTER_PORT + 1)) bash "$ROOT/run_grpo.sh" "$@" ||
-        exit $?
+    REWARD_PASS=worked OUTPUT="$OUTPUT/worked" MASTER_PORT=$((MASTER_PORT + 1)) bash "$ROOT/run_grpo.sh" \
+        --epochs 2 "$@" || exit $?
     WORKED_STEP="$(ls -d "$OUTPUT/worked/checkpoints"/step_* 2>/dev/null | tail -1 || true)"
     START=(--load_sft_checkpoint_train "${WORKED_STEP:-$OUTPUT/worked/checkpoints/step_LAST}")
   fi

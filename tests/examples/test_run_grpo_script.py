@@ -220,7 +220,7 @@ def test_a_second_run_into_the_output_of_a_live_one_is_refused_at_once(tmp_path)
 def test_the_stages_before_rl_make_their_data_and_run_their_command(tmp_path):
     """ALGORITHM=sft | reward | dpo: the problems become conversations or pairs (make_stage_data.py), rlhf_data.py
     tokenises that kind, msrun runs the stage's script with its YAML; SFT of the bundled model starts from random
-    weights (no conversion), the others from the converted policy; the reward model first runs a pass of its own on
+    weights (no conversion), the others from the converted policy; the reward model first runs 2 epochs of its own on
     every worked wrong answer (OUTPUT/worked) and starts from its last step; each flag check passes as printed."""
     env = {"DRY_RUN": "1", "MASTER_PORT": str(free_port_near("127.0.0.1", 20600))}
     for stage, kind in (("sft", "sft"), ("reward", "pairwise"), ("dpo", "pairwise")):
@@ -245,6 +245,7 @@ def test_the_stages_before_rl_make_their_data_and_run_their_command(tmp_path):
             assert made[0][made[0].index("--output") + 1:] == [str(out / "worked" / "pairwise.jsonl"),
                                                                "--pairs_per_problem", "6", "--worked_wrong_share", "1"]
             assert first[first.index("--output_dir") + 1] == str(out / "worked")
+            assert first[first.index("--epochs") + 1] == "2" and "--epochs" not in msrun
             assert first[first.index("--load_sft_checkpoint_train") + 1] == str(out / "worked" / "policy.ckpt")
             assert msrun[msrun.index("--load_sft_checkpoint_train") + 1] == \
                 str(out / "worked" / "checkpoints" / "step_LAST")
