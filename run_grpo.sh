@@ -165,6 +165,7 @@ if [ -n "$STAGE" ]; then
         --epochs 2 "$@" || exit $?
     WORKED_STEP="$(ls -d "$OUTPUT/worked/checkpoints"/step_* 2>/dev/null | tail -1 || true)"
     START=(--load_sft_checkpoint_train "${WORKED_STEP:-$OUTPUT/worked/checkpoints/step_LAST}")
+    START_FROM=worked  # the first pass converted the policy; this one reads its step folder
   fi
   JOB=(examples/qwen_grpo_tutorial/$STAGE.py --sft_path_train "$TRAIN_YAML" --tokenizer_dir "$TOKENIZER_DIR"
       --mind_dataset_dir "$NODE_DIR/$STAGE_KIND.mindrecord" "${JOB_ARGS[@]}" "${START[@]}" --output_dir "$OUTPUT"
@@ -179,7 +180,7 @@ fi
 # msrun will start (of its job: on another node than 0, OUTPUT's lock is node 0's, for this job)
 MS_WORKER_NUM="$WORKER_NUM" MS_SCHED_HOST="$MASTER_ADDR" MS_SCHED_PORT="$MASTER_PORT" \
     run "$PY" "${JOB[@]}" --check_flags
-if [ "$START_FROM" != random ]; then
+if [ "$START_FROM" != random ] && [ "$START_FROM" != worked ]; then
   run "$PY" tools/convert_weight.py --torch_ckpt_dir "$MODEL_DIR" --mindspore_ckpt_path "$NODE_DIR/policy.ckpt" \
       --config_path "$TRAIN_YAML"
 fi

@@ -249,6 +249,8 @@ def test_the_stages_before_rl_make_their_data_and_run_their_command(tmp_path):
             assert first[first.index("--load_sft_checkpoint_train") + 1] == str(out / "worked" / "policy.ckpt")
             assert msrun[msrun.index("--load_sft_checkpoint_train") + 1] == \
                 str(out / "worked" / "checkpoints" / "step_LAST")
+            converted = [words for words in lines if any(w.endswith("convert_weight.py") for w in words)]
+            assert len(converted) == 1  # by the first pass alone: the second reads its step folder
         check = next(words for words in lines if "--check_flags" in words)
         done = run_command([str(RUN_GRPO.parent / ".venv" / "bin" / "python"), *check[1:]],
                            {**os.environ, "MS_WORKER_NUM": "2"}, timeout=120, cwd=str(RUN_GRPO.parent))
