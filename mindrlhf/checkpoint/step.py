@@ -48,6 +48,7 @@ CRITIC_STRATEGY = "critic_strategy.ckpt"
 # prefixes of the nets' parameter names (each net shares the plain model names of a converted `.ckpt`)
 INFER_PREFIX = "infer."
 REF_PREFIX = "ref."
+ROLLOUT_PREFIX = "rollout."  # the rollout's merged copy of the adapted weights (never saved: made from the others)
 CRITIC_PREFIX = "critic."
 REWARD_MODEL_PREFIX = "reward_model."
 NET_PREFIXES = (INFER_PREFIX, REF_PREFIX, CRITIC_PREFIX, REWARD_MODEL_PREFIX)

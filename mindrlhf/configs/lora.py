@@ -30,6 +30,11 @@ class LoraConfig(Validated):
     lora_target_modules: list[str] = help_field(
         [ALL_LINEAR], "The linear layers that get adapters, by their Hugging Face names: q_proj, k_proj, v_proj, "
                       "o_proj, gate_proj, up_proj, down_proj, or all-linear (all seven).")
+    lora_merged_rollout: bool = help_field(
+        True, "RL jobs: generate (and score the old policy) with a copy of the adapted layers' weights that has the "
+              "adapters merged in, W + (lora_alpha / lora_rank) B A, made again after each update: the rollout runs "
+              "at the speed of the model without adapters, for one more copy of those weights (the memory plan "
+              "counts it). false: the rollout computes through the adapters, with no copy.")
 
     @property
     def enabled(self) -> bool:
@@ -66,6 +71,8 @@ class LoraConfig(Validated):
             raise ConfigError(f"lora.lora_target_modules: unknown module {unknown[0]!r}; expected some of "
                               f"{', '.join(TARGET_MODULES)} or {ALL_LINEAR}")
         object.__setattr__(self, "lora_target_modules", list(targets))
+        if not isinstance(self.lora_merged_rollout, bool):
+            raise ConfigError(f"lora.lora_merged_rollout must be true or false, got {self.lora_merged_rollout!r}")
 
     def check_widths(self, widths: dict[str, tuple[int, int]]) -> None:
         """Refuses a rank above a target's smaller width (`widths`: module -> (in, out) features of the net)."""

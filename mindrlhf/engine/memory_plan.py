@@ -104,6 +104,14 @@ class NetShape:
                  "o_proj": q // tp + d, "down_proj": i + d}
         return self.lora_rank * sum(sizes[module] for module in self.lora_modules)
 
+    def adapted_weight_elements(self, tp: int = 1) -> int:
+        """Base weights of the layers the adapters target, over all layers on a tp rank: the rollout's merged copy
+        (`lora.lora_merged_rollout`)."""
+        d, q, kv = self.hidden, self.heads * self.head_dim // tp, self.local_kv_heads(tp) * self.head_dim
+        i = self.intermediate // tp
+        sizes = {"q_proj": q, "k_proj": kv, "v_proj": kv, "o_proj": q, "gate_proj": i, "up_proj": i, "down_proj": i}
+        return self.layers * d * sum(sizes[module] for module in self.lora_modules)
+
     def trained_elements(self, tp: int = 1, pp: int = 1, stage: int = 0) -> int:
         """The parameters a stage trains on a tp rank: its adapters with LoRA, else all it holds."""
         if self.lora_rank:

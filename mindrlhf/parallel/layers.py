@@ -82,7 +82,8 @@ class _LowRankAdapted(ParallelLayer):
             b = self._sum_grad_b(b)
         if self.lora_dropout is not None:
             x2d = self.lora_dropout(x2d)
-        return self.matmul(self.matmul(x2d, a), b) * self.lora_scaling
+        # scaled at rank width, not at the output's: the same product, a r-wide multiply instead of an out-wide one
+        return self.matmul(self.matmul(x2d, a) * self.lora_scaling, b)
 
 
 class ColumnParallelLinear(_LowRankAdapted):

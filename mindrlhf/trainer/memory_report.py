@@ -42,6 +42,7 @@ from mindrlhf.trainer.specs import (
     OPTIMIZER_MOMENTS,
     REF_WEIGHTS,
     REWARD_MODEL_WEIGHTS,
+    ROLLOUT_WEIGHTS,
     TRAIN_WEIGHTS,
     phase_plan,
 )
@@ -102,6 +103,8 @@ def _groups(plan) -> dict[str, int]:
               OPTIMIZER_MOMENTS: moment_bytes(ts.trained_elements(*place), train.layout.dp, shard)}
     if not plan.actor.shares_train_weights:
         groups[INFER_WEIGHTS] = ins.stage_elements(infer.layout.tp) * ins.param_bytes
+    if plan.actor.merges_adapters:
+        groups[ROLLOUT_WEIGHTS] = ins.adapted_weight_elements(infer.layout.tp) * ins.param_bytes
     if plan.reference and not plan.reference.shares_policy_base:  # the base model: no adapters
         base = NetShape.of(plan.reference.net.model)
         groups[REF_WEIGHTS] = base.stage_elements(plan.reference.net.layout.tp) * base.param_bytes

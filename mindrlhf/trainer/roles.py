@@ -37,6 +37,7 @@ from mindrlhf.checkpoint.step import (
     REF_CKPT,
     REF_PREFIX,
     REWARD_MODEL_PREFIX,
+    ROLLOUT_PREFIX,
     TRAIN_CKPT,
     TRAIN_STRATEGY,
 )
@@ -48,14 +49,14 @@ from mindrlhf.checkpoint.weights import (
     start_from,
     with_zero_value_head,
 )
-from mindrlhf.configs.lora import is_adapter
+from mindrlhf.configs.lora import LoraConfig, is_adapter
 from mindrlhf.engine.batches import rows_of_rank
 from mindrlhf.engine.forward import ForwardEngine
 from mindrlhf.engine.sizing import MicroBatchSizer
 from mindrlhf.engine.train import LearningRateSchedule, TrainEngine, UpdatePolicy, total_updates
 from mindrlhf.generation import Generator
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
-from mindrlhf.models.qwen2.modeling import copy_weights, share_weights
+from mindrlhf.models.qwen2.modeling import MergedAdapters, copy_weights, share_weights
 from mindrlhf.optim import AdamW, ShardedAdamW
 from mindrlhf.parallel.layers import random_full_state
 from mindrlhf.parallel.reshard import Resharder
@@ -71,6 +72,7 @@ from mindrlhf.trainer.specs import (
     OPTIMIZER_MOMENTS,
     REF_WEIGHTS,
     REWARD_MODEL_WEIGHTS,
+    ROLLOUT_WEIGHTS,
     TRAIN_WEIGHTS,
     ActorSpec,
     CriticSpec,
@@ -188,7 +190,11 @@ class Actor(Role):
     train -> infer reshard.
 
     When both nets would hold the same shards (`ActorSpec.shares_train_weights`), the inference net is the train
-    net: one set of weights, nothing to reshard, and the inference phases keep `TRAIN_WEIGHTS` resident."""
+    net: one set of weights, nothing to reshard, and the inference phases keep `TRAIN_WEIGHTS` resident.
+
+    The rollout (generation, old-policy log-probs, evaluation) runs `rollout_net`: the inference net, or with LoRA
+    adapters merged for it (`ActorSpec.merges_adapters`) the model without adapters on the inference net's weights
+    but for the adapted layers', its own copies W + (alpha / r) B A, made again at each sync."""
 
     name = "actor"
 
@@ -208,6 +214,12 @@ class Actor(Role):
             self.infer_net.update_parameters_name(INFER_PREFIX)
             self.infer_strategy = net_layouts(self.infer_net, self.infer_layout)
         self.engine: TrainEngine | None = None  # from build()
+        self.rollout_net, self.merge = self.infer_net, None
+        if spec.merges_adapters:
+            self.rollout_net = Qwen2ForCausalLM(dataclasses.replace(spec.infer.model, lora=LoraConfig()),
+                                                self.infer_layout)
+            self.rollout_net.update_parameters_name(ROLLOUT_PREFIX)
+            self.merge = MergedAdapters(self.rollout_net, self.infer_net)
 
     def build(self, comm, dp_sums=None) -> None:
         """Weights, the training engine, resharder, forward engine and generators (skipped by
@@ -232,8 +244,10 @@ class Actor(Role):
         # with LoRA the base weights never change: after the first reshard a step moves the adapters alone
         self.adapters_to_infer = self.resharder_to(self.infer_net, self.infer_strategy, INFER_PREFIX, is_adapter) \
             if self.to_infer is not None and spec.train.model.lora.enabled else None
-        self.old_log_probs = ForwardEngine(ResponseLogProbs(self.infer_net, gen.temperature), MicroBatchSizer.for_pass(
-            "log_prob", sched, infer.model, self.infer_layout, spec.group_size, training=False))
+        self.old_log_probs = ForwardEngine(
+            ResponseLogProbs(self.rollout_net, gen.temperature),
+            MicroBatchSizer.for_pass("log_prob", sched, infer.model, self.infer_layout, spec.group_size,
+                                     training=False))
         self._build_generators(comm)
         lora = train.model.lora
         if lora.enabled:
@@ -248,16 +262,21 @@ class Actor(Role):
                 load_adapters(self.infer_net, self.infer_layout, spec.lora_adapter, INFER_PREFIX)
         else:
             self.to_infer.run()
+        if self.merge is not None:
+            self.merge()
+            logger.info("actor: the rollout generates with the adapters merged into a copy of the adapted weights "
+                        "(%.1f MiB, made again after each update; lora.lora_merged_rollout)",
+                        sum(p.size * p.itemsize for p in self.merge.targets) / 2**20)
 
     def _build_generators(self, comm) -> None:
         spec, gen, layout = self.spec, self.spec.generation, self.infer_layout
         tools = self.tool_turns
         if tools is not None and layout.tp > 1:  # the tp peers roll out the same samples: one rank calls the tools
             tools = GroupToolTurns(tools, comm, layout.tp_group, leader=layout.tp_rank == 0)
-        self.generator = Generator(self.infer_net, gen, detokenize=self.detokenize, tools=tools)
+        self.generator = Generator(self.rollout_net, gen, detokenize=self.detokenize, tools=tools)
         self.generator.reseed([gen.seed, self.infer_layout.dp_rank])  # each dp rank samples a stream of its own
         # the evaluation prefills as many prompts a call as the rollout: both run one prefill graph
-        self.eval_generator = Generator(self.infer_net, dataclasses.replace(
+        self.eval_generator = Generator(self.rollout_net, dataclasses.replace(
             gen, do_sample=False, num_generations=1, max_new_tokens=spec.eval_max_new_tokens),
             graphs=self.generator.graphs, prefill_prompts=spec.shape.prompts_per_infer_rank,
             detokenize=self.detokenize, tools=tools)
@@ -281,6 +300,8 @@ class Actor(Role):
         groups = {TRAIN_WEIGHTS: self.engine.weights(), OPTIMIZER_MOMENTS: self.engine.optimizer_state()}
         if not self.shares_weights:
             groups[INFER_WEIGHTS] = list(self.infer_net.get_parameters())
+        if self.merge is not None:
+            groups[ROLLOUT_WEIGHTS] = list(self.merge.targets)
         return groups
 
     def strategies(self) -> dict[str, dict]:
@@ -308,13 +329,13 @@ class Actor(Role):
     # ------------------------------------------------------------------ work
     def generate(self, prompt_ids, attention_mask, progress: bool = False):
         """`num_generations` samples per prompt with their log-probs (`GenerationOutput`)."""
-        self.assert_resident((self.infer_group, KV_CACHES), "generate")
+        self.assert_resident((*self.spec.rollout_groups, KV_CACHES), "generate")
         return self.generator.generate(prompt_ids, attention_mask, return_log_probs=True, progress=progress,
                                        min_prompt_width=prompt_ids.shape[1])
 
     def greedy_generator(self):
         """The greedy generator of held-out evaluation (after checking the inference net is resident)."""
-        self.assert_resident((self.infer_group, KV_CACHES), "evaluate")
+        self.assert_resident((*self.spec.rollout_groups, KV_CACHES), "evaluate")
         return self.eval_generator
 
     @property
@@ -331,8 +352,8 @@ class Actor(Role):
 
     def log_probs(self, columns) -> np.ndarray:
         """Old-policy log-probs of the rows of `columns` (prompt and response ids and masks by name) under the
-        inference net."""
-        self.assert_resident((self.infer_group,), "log_probs")
+        rollout net."""
+        self.assert_resident(self.spec.rollout_groups, "log_probs")
         return self.old_log_probs.run(columns)
 
     def train(self, share) -> dict:
@@ -343,12 +364,14 @@ class Actor(Role):
 
     def sync_inference(self, everything: bool = False) -> None:
         """Reshards the train net's weights into the inference net (nothing to do when it is the train net): with
-        LoRA the adapters alone unless `everything`."""
-        self.assert_resident((TRAIN_WEIGHTS, self.infer_group), "sync_inference")
+        LoRA the adapters alone unless `everything`; then merges them into the rollout's copy, if it has one."""
+        self.assert_resident((TRAIN_WEIGHTS, *self.spec.rollout_groups), "sync_inference")
         if self.adapters_to_infer is not None and not everything:
             self.adapters_to_infer.run()
         elif self.to_infer is not None:
             self.to_infer.run()
+        if self.merge is not None:
+            self.merge()
 
 
 class Reference(Role):

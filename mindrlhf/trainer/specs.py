@@ -28,6 +28,7 @@ REF_WEIGHTS = "ref_weights"
 CRITIC_WEIGHTS = "critic_weights"
 CRITIC_MOMENTS = "critic_moments"
 REWARD_MODEL_WEIGHTS = "reward_model_weights"
+ROLLOUT_WEIGHTS = "rollout_weights"  # with LoRA, the adapted layers' weights with the adapters merged in
 KV_CACHES = "kv_caches"  # the rollout's KV caches, made in its first generation (a growing group)
 
 
@@ -82,12 +83,25 @@ class ActorSpec:
         return TRAIN_WEIGHTS if self.shares_train_weights else INFER_WEIGHTS
 
     @property
+    def merges_adapters(self) -> bool:
+        """Whether the rollout runs on a copy of the adapted layers' weights with the adapters merged in
+        (`lora.lora_merged_rollout`), made in the reshard phase."""
+        lora = self.infer.model.lora
+        return lora.enabled and lora.lora_merged_rollout
+
+    @property
+    def rollout_groups(self) -> tuple[str, ...]:
+        """The swap groups of the net that generates and scores the old policy: the inference net's, and with
+        merged adapters their copy."""
+        return (self.infer_group, ROLLOUT_WEIGHTS) if self.merges_adapters else (self.infer_group,)
+
+    @property
     def resident_in(self) -> dict[str, tuple[str, ...]]:
-        infer = (self.infer_group,)
+        infer, rollout_net = (self.infer_group,), self.rollout_groups
         # the inference weights stay on device while the reference syncs: the next phase (generate) reads them
-        rollout = infer + (KV_CACHES,)
-        return {"generate": rollout, "eval": rollout, "old": infer, "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
-                "reshard": tuple(dict.fromkeys((TRAIN_WEIGHTS, self.infer_group))), "sync_ref": infer}
+        rollout = rollout_net + (KV_CACHES,)
+        return {"generate": rollout, "eval": rollout, "old": rollout_net, "train": (TRAIN_WEIGHTS, OPTIMIZER_MOMENTS),
+                "reshard": tuple(dict.fromkeys((TRAIN_WEIGHTS, *rollout_net))), "sync_ref": infer}
 
 
 @dataclass(frozen=True)

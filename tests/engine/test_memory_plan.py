@@ -346,6 +346,10 @@ def test_lora_adapters_are_counted_as_the_net_holds_them_and_alone_are_trained(t
     plain = NetShape(**{**shape.__dict__, "lora_rank": 0, "lora_modules": ()})
     assert plain.trained_elements(tp) == plain.stage_elements(tp) == shape.stage_elements(tp) - \
         shape.trained_elements(tp)
+    # the rollout's merged copy: the weights of the adapted layers, as the net holds them
+    adapted = [name[:-len("lora_a")] + "weight" for name, _ in net.parameters_and_names() if name.endswith("lora_a")]
+    held = {p.name: p.size for p in net.get_parameters()}
+    assert len(adapted) == 4 * 2 and shape.adapted_weight_elements(tp) == sum(held[n] for n in adapted)
 
 
 @pytest.mark.parametrize("tp,pp,rank,tied,lora", [(1, 1, 0, False, False), (1, 1, 0, True, False),

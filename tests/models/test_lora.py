@@ -86,6 +86,45 @@ def test_a_net_with_adapters_computes_the_merged_weights_logits_and_starts_as_th
     np.testing.assert_allclose(adapted(ids).asnumpy(), base(ids).asnumpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_a_merged_twin_holds_the_weights_with_the_adapters_merged_in_and_shares_the_rest():
+    """`MergedAdapters`: the net without adapters gets W + (alpha / r) B A in each adapted layer (numpy's), computes
+    the adapted net's logits, holds every other parameter as the source's own object, and a call after the adapters
+    moved writes the new merge (the base weights untouched)."""
+    from mindrlhf.models.qwen2.modeling import MergedAdapters
+
+    lora = LoraConfig(lora_rank=4, lora_alpha=8.0, lora_target_modules=["q_proj", "v_proj", "down_proj"])
+    source = Qwen2ForCausalLM(config(**vars(lora)))
+    source.update_parameters_name("infer.")
+    state = random_full_state(source, seed=3)
+    load_full_state(source, state)
+    twin = Qwen2ForCausalLM(config())
+    twin.update_parameters_name("merged.")
+    merge = MergedAdapters(twin, source)
+    merge()
+    source_params = {id(p) for p in source.get_parameters()}
+    own = sorted(p.name for p in twin.get_parameters() if id(p) not in source_params)
+    assert own == sorted(f"merged.model.layers.{i}.{LAYER[m]}.weight" for i in range(2)
+                         for m in ("q_proj", "v_proj", "down_proj"))
+    plain = {k[len("infer."):]: v for k, v in state.items()}
+    expected = merged_state(plain, lora)
+    for p in twin.get_parameters():
+        np.testing.assert_allclose(p.asnumpy(), expected[p.name.split(".", 1)[1]], rtol=1e-6, atol=1e-6,
+                                   err_msg=p.name)
+    ids = Tensor(np.random.default_rng(1).integers(0, 64, (2, 9)).astype(np.int32))
+    np.testing.assert_allclose(twin(ids).asnumpy(), source(ids).asnumpy(), rtol=1e-4, atol=1e-4)
+    moved = {**state, **{k: v + 0.5 for k, v in state.items() if k.endswith(".lora_b")}}
+    load_full_state(source, moved)
+    merge()
+    expected = merged_state({k[len("infer."):]: v for k, v in moved.items()}, lora)
+    for p in twin.get_parameters():
+        np.testing.assert_allclose(p.asnumpy(), expected[p.name.split(".", 1)[1]], rtol=1e-6, atol=1e-6,
+                                   err_msg=p.name)
+    for p in source.get_parameters():
+        np.testing.assert_array_equal(p.asnumpy(), moved[p.name], err_msg=p.name)
+    with pytest.raises(ValueError, match="no adapters"):
+        MergedAdapters(Qwen2ForCausalLM(config()), Qwen2ForCausalLM(config()))
+
+
 def test_a_reference_copies_the_base_weights_of_a_net_with_adapters_and_keeps_its_own_memory():
     """`copy_weights` (the reference's sync from the policy's inference net): every weight of the net without adapters
     equals the source's at its place, a later change of the source leaves the copy alone, and a source of another

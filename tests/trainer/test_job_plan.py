@@ -29,6 +29,7 @@ from mindrlhf.trainer.specs import (
     KV_CACHES,
     OPTIMIZER_MOMENTS,
     REF_WEIGHTS,
+    ROLLOUT_WEIGHTS,
     TRAIN_WEIGHTS,
     phase_plan,
 )
@@ -423,6 +424,13 @@ def test_with_lora_the_reference_is_the_base_of_the_inference_nets_weights(files
     assert not plan.reference.net.model.lora.enabled and plan.actor.infer.model.lora.enabled
     resident = phase_plan(plan.roles(), PHASES)
     assert resident["ref"] == (INFER_WEIGHTS,) and REF_WEIGHTS not in sum(resident.values(), ())
+    # the rollout's merged copy of the adapted weights: made in reshard, read in the rollout's phases
+    assert plan.actor.merges_adapters and {phase for phase, groups in resident.items() if ROLLOUT_WEIGHTS in groups} \
+        == {"generate", "eval", "old", "reshard"}
+    unmerged = build(files, tokenizer, config_of(lora={"lora_rank": 2, "lora_alpha": 4, "lora_merged_rollout": False}))
+    assert not unmerged.actor.merges_adapters
+    assert ROLLOUT_WEIGHTS not in sum(phase_plan(unmerged.roles(), PHASES).values(), ())
+    assert not build(files, tokenizer).actor.merges_adapters
     shared = build(files, tokenizer, lora, sft_path_infer=files.train)
     assert shared.reference.weights_group == TRAIN_WEIGHTS
     (files.tmp / "ref.ckpt").write_bytes(b"")  # the plan checks it exists; the role reads it

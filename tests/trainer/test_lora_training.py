@@ -1,6 +1,7 @@
 """A PPO job with LoRA adapters (#68) in one process: the policy starts from a base checkpoint with PEFT's adapters
 (B = 0), only the adapters train (the optimizer holds them alone; every base weight is saved bit-identical to the
-checkpoint it started from), the reference is the base model without adapters, the critic trains adapters of its
+checkpoint it started from), the rollout runs on a copy of the adapted weights with the adapters merged in after each
+update (or, asked, through the adapters), the reference is the base model without adapters, the critic trains adapters of its
 own and its value head on its frozen backbone, and a resumed job continues bit for bit. The trained adapters,
 exported as a PEFT folder, start a new job (--load_lora_adapter); an adapter of another rank is refused in one
 line."""
@@ -18,9 +19,9 @@ from mindrlhf.configs.lora import is_adapter
 pytestmark = [pytest.mark.usefixtures("graph_mode"), pytest.mark.slow]
 
 
-def reference_and_policy_log_probs(actor, reference) -> tuple:
-    """Log-probs of 16 random responses under the reference, the policy, and the policy with every B zeroed (its
-    adapters off: the base model)."""
+def reference_and_policy_log_probs(actor, reference, merged: bool = True) -> tuple:
+    """Log-probs of 16 random responses under the reference, the policy (the rollout's net: `merged` copy or the
+    inference net itself), and the policy with every B zeroed (its adapters off: the base model)."""
     import mindspore as ms
 
     rng = np.random.default_rng(0)
@@ -33,10 +34,21 @@ def reference_and_policy_log_probs(actor, reference) -> tuple:
     trained = [b.asnumpy().copy() for b in b_weights]
     for b in b_weights:
         b.set_data(ms.Tensor(np.zeros_like(b.asnumpy())))
+    if merged:
+        actor.merge()  # the rollout's merged copy of the adapters that are now off
     base = actor.old_log_probs.run(columns)
     for b, value in zip(b_weights, trained):
         b.set_data(ms.Tensor(value))
+    if merged:
+        actor.merge()
     return ref, policy, base
+
+
+def merged(weights: dict, alpha_over_rank: float) -> dict:
+    """Each adapted layer's weight with its adapter merged in, W + (alpha / r) B A (numpy)."""
+    return {name[:-len("lora_a")] + "weight": weights[name[:-len("lora_a")] + "weight"]
+            + alpha_over_rank * weights[name[:-len("lora_a")] + "lora_b"] @ value
+            for name, value in weights.items() if name.endswith(".lora_a")}
 
 
 def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference(tmp_path, mindrecord, capfd):
@@ -55,6 +67,10 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
         policy_params = {id(p) for p in actor.infer_net.get_parameters()}
         seen["shared"] = all(id(p) in policy_params for p in reference.net.get_parameters())
         seen["ref_groups"] = reference.swap_groups()
+        # the rollout: the model without adapters, the adapted layers' weights merged after the update and synced
+        # (the train net's), every other parameter the policy's own
+        seen["rollout"] = {p.name: p.asnumpy().copy() for p in actor.rollout_net.get_parameters()}
+        seen["rollout_shares"] = sorted(p.name for p in actor.rollout_net.get_parameters() if id(p) in policy_params)
         seen["log_probs"] = reference_and_policy_log_probs(actor, reference)
 
     out = tmp_path / "out"
@@ -73,6 +89,12 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
     assert set(seen["reference"]) == set(base) and seen["shared"] and seen["ref_groups"] == {}
     for name, value in base.items():
         np.testing.assert_array_equal(seen["reference"][name], value, err_msg=name)
+    expected = merged(seen["train"], 8 / 4)
+    assert sorted(seen["rollout"]) == sorted(seen["rollout_shares"] + [f"rollout.{n}" for n in expected])
+    assert not any(is_adapter(n) for n in seen["rollout"]) and set(seen["rollout_shares"]) < set(base)
+    for name, value in expected.items():
+        np.testing.assert_allclose(seen["rollout"][f"rollout.{name}"], value, rtol=1e-6, atol=1e-7, err_msg=name)
+        assert not np.array_equal(value, base[name])  # the adapters moved in step 1: the merge is not the base
     ref_logp, policy_logp, base_logp = seen["log_probs"]
     assert np.abs(ref_logp - policy_logp).max() > 1e-4
     np.testing.assert_allclose(ref_logp, base_logp, atol=1e-5)
@@ -150,7 +172,7 @@ def test_a_lora_jobs_own_inference_net_gets_the_base_once_and_the_adapters_every
     from support.jobs import yaml_with
 
     infer_yaml = yaml_with(tmp_path, "infer.yaml", [("param_init_type: float32", "param_init_type: float16")])
-    seen = []
+    seen, rollout = [], []
 
     def check(trainer, step, metrics):
         actor = trainer.actor
@@ -158,6 +180,7 @@ def test_a_lora_jobs_own_inference_net_gets_the_base_once_and_the_adapters_every
         everything = [m.dst_name for m in actor.to_infer.moves]
         train = {p.name: p.asnumpy().copy() for p in actor.train_net.get_parameters()}
         infer = {p.name.split(".", 1)[1]: p.asnumpy().copy() for p in actor.infer_net.get_parameters()}
+        rollout.append({p.name.split(".", 1)[1]: p.asnumpy().copy() for p in actor.merge.targets})
         seen.append((moved, everything, train, infer))
         if step == 1:  # a mark on an inference base weight: step 2's sync, adapters only, must leave it
             norm = next(p for p in actor.infer_net.get_parameters() if p.name.endswith("norm_out.weight"))
@@ -180,3 +203,34 @@ def test_a_lora_jobs_own_inference_net_gets_the_base_once_and_the_adapters_every
         expected = value.astype(np.float16) * (2 if name.endswith("norm_out.weight") else 1)
         np.testing.assert_array_equal(infer_weights[name], expected, err_msg=name)
     assert any(not np.array_equal(seen[0][2][n], seen[1][2][n]) for n in seen[0][2] if is_adapter(n))
+    # the rollout's copy: each step, the float16 inference weights with their adapters merged in (in float32, then
+    # rounded to float16), not the base
+    for (_, _, _, infer_weights), merged_weights in zip(seen, rollout):
+        expected = merged({k: v.astype(np.float32) for k, v in infer_weights.items()}, 8 / 4)
+        assert sorted(merged_weights) == sorted(expected)
+        for name, value in expected.items():
+            assert merged_weights[name].dtype == np.float16
+            np.testing.assert_allclose(merged_weights[name].astype(np.float32), value, rtol=2e-3, atol=1e-4,
+                                       err_msg=name)
+            assert not np.array_equal(merged_weights[name], infer_weights[name])
+
+
+def test_a_lora_job_may_roll_out_through_the_adapters_without_a_merged_copy(tmp_path, mindrecord):
+    """`--lora_merged_rollout false`: the rollout runs on the inference net itself (its adapters in the decode
+    graph), no merged copy exists, and its log-probs of the rollout are the adapted policy's."""
+    seen = {}
+
+    def check(trainer, step, metrics):
+        actor = trainer.actor
+        seen.update(merge=actor.merge, same=actor.rollout_net is actor.infer_net, groups=set(actor.swap_groups()),
+                    adapters=sum(is_adapter(p.name) for p in actor.rollout_net.get_parameters()),
+                    log_probs=reference_and_policy_log_probs(actor, trainer.reference, merged=False))
+
+    args = base_args(mindrecord, tmp_path / "out") + [
+        "--load_sft_checkpoint_train", str(TINY_SFT_CKPT), "--steps", "1", "--lora_rank", "4", "--lora_alpha", "8",
+        "--lora_merged_rollout", "false"]
+    assert train.main(args, callbacks=[check]) == 0
+    assert seen["merge"] is None and seen["same"] and seen["adapters"] > 0 and "rollout_weights" not in seen["groups"]
+    ref_logp, policy_logp, base_logp = seen["log_probs"]
+    assert np.abs(ref_logp - policy_logp).max() > 1e-4
+    np.testing.assert_allclose(ref_logp, base_logp, atol=1e-5)

@@ -13,6 +13,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from mindrlhf.configs.lora import LoraConfig, is_adapter
 from mindrlhf.models.qwen2.config import Qwen2Config
+from mindrlhf.optim import update_groups
 from mindrlhf.parallel.comm import CopyToTensorParallel, GatherFromTensorParallel
 from mindrlhf.parallel.layers import (
     INIT_STD,
@@ -249,6 +250,52 @@ def copy_weights(net: nn.Cell, source: nn.Cell) -> None:
             raise ValueError(f"copy_weights: {param.name} is {param.dtype}{param.shape}, its source "
                              f"{value.name} {value.dtype}{value.shape}")
         param.copy_(value)  # in place: no new buffer (set_data of a copy took ~40x as long)
+
+
+_merge_adapter = ops.MultitypeFuncGraph("merge_adapter")
+
+
+@_merge_adapter.register("Number", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor")
+def _write_merged(scaling, done, target, weight, lora_a, lora_b):
+    """`target` = `weight` + `scaling` B A, computed in float32, after `done`."""
+    delta = ops.matmul(ops.depend(lora_b, done).astype(ms.float32), lora_a.astype(ms.float32))
+    return ops.assign(target, (weight.astype(ms.float32) + delta * scaling).astype(target.dtype))
+
+
+class MergedAdapters(nn.Cell):
+    """Makes `net` (the model of `source` without adapters, in its layout) compute what `source` computes with its
+    adapters: every parameter of `net` becomes `source`'s at the same place (`share_weights`) but the weights of the
+    layers `source` adapts, which stay `net`'s own and which a call sets to W + (alpha / r) B A from `source`'s
+    layer (`add_lora`'s forward, merged). A call is the rollout's refresh after an update; it writes a group of
+    weights after the other (`optim.update_groups`), so that at most a group's products exist at once."""
+
+    def __init__(self, net: nn.Cell, source: nn.Cell):
+        super().__init__(auto_prefix=False)
+        cells = dict(source.cells_and_names())
+        adapted = [(cell, cells[path]) for path, cell in net.cells_and_names()
+                   if getattr(cells.get(path), "has_lora", False)]
+        if not adapted:
+            raise ValueError("MergedAdapters: the source net has no adapters")
+        own = {id(cell.weight) for cell, _ in adapted}
+        for cell, attr, param, shared in _params_at_the_same_places(net, source):
+            if id(param) not in own:
+                cell.insert_param_to_cell(attr, shared)
+        self.scaling = adapted[0][1].lora_scaling  # one alpha / r for the whole net (`LoraConfig`)
+        for cell, _ in adapted:
+            cell.weight.requires_grad = False  # made from the source's, never trained
+        self.targets = ParameterTuple(cell.weight for cell, _ in adapted)
+        self.weights = ParameterTuple(layer.weight for _, layer in adapted)
+        self.lora_a = ParameterTuple(layer.lora_a for _, layer in adapted)
+        self.lora_b = ParameterTuple(layer.lora_b for _, layer in adapted)
+        self.groups = update_groups([int(np.prod(p.shape, dtype=np.int64)) for p in self.targets])
+
+    def construct(self):
+        done = ops.zeros((), ms.float32)
+        for start, end in self.groups:
+            written = ops.HyperMap()(ops.partial(_merge_adapter, self.scaling, done), self.targets[start:end],
+                                     self.weights[start:end], self.lora_a[start:end], self.lora_b[start:end])
+            done = ops.depend(done, written)
+        return done
 
 
 def uses_sequence_parallel(config: Qwen2Config, layout: Layout) -> bool:
