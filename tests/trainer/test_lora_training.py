@@ -1,10 +1,10 @@
 """A PPO job with LoRA adapters (#68) in one process: the policy starts from a base checkpoint with PEFT's adapters
 (B = 0), only the adapters train (the optimizer holds them alone; every base weight is saved bit-identical to the
 checkpoint it started from), the rollout runs on a copy of the adapted weights with the adapters merged in after each
-update (or, asked, through the adapters), the reference is the base model without adapters, the critic trains adapters of its
-own and its value head on its frozen backbone, and a resumed job continues bit for bit. The trained adapters,
-exported as a PEFT folder, start a new job (--load_lora_adapter); an adapter of another rank is refused in one
-line."""
+update (or, asked, through the adapters), the reference is the base model without adapters, the critic trains
+adapters of its own and its value head on its frozen backbone, and a resumed job continues bit for bit. The
+trained adapters, exported as a PEFT folder, start a new job (--load_lora_adapter); an adapter of another rank is
+refused in one line."""
 import json
 
 import numpy as np
