@@ -15,6 +15,7 @@ from support.paths import TINY, TINY_SFT_CKPT
 from mindrlhf.checkpoint.weights import read_weights
 from mindrlhf.cli import train
 from mindrlhf.configs.lora import is_adapter
+from mindrlhf.models.qwen2.peft_files import merged_weights
 
 pytestmark = [pytest.mark.usefixtures("graph_mode"), pytest.mark.slow]
 
@@ -44,11 +45,11 @@ def reference_and_policy_log_probs(actor, reference, merged: bool = True) -> tup
     return ref, policy, base
 
 
-def merged(weights: dict, alpha_over_rank: float) -> dict:
-    """Each adapted layer's weight with its adapter merged in, W + (alpha / r) B A (numpy)."""
-    return {name[:-len("lora_a")] + "weight": weights[name[:-len("lora_a")] + "weight"]
-            + alpha_over_rank * weights[name[:-len("lora_a")] + "lora_b"] @ value
-            for name, value in weights.items() if name.endswith(".lora_a")}
+def merged(weights: dict, lora_alpha: float) -> dict:
+    """Each adapted layer's weight with its adapter merged in, W + (alpha / r) B A (numpy: `merged_weights`, which
+    the PEFT export tests check against peft), in the weight's dtype."""
+    adapted = {name[:-len("lora_a")] + "weight" for name in weights if name.endswith(".lora_a")}
+    return {name: value for name, value in merged_weights(weights, lora_alpha).items() if name in adapted}
 
 
 def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference(tmp_path, mindrecord, capfd):
@@ -89,7 +90,7 @@ def test_a_lora_job_trains_the_adapters_only_against_the_base_model_as_reference
     assert set(seen["reference"]) == set(base) and seen["shared"] and seen["ref_groups"] == {}
     for name, value in base.items():
         np.testing.assert_array_equal(seen["reference"][name], value, err_msg=name)
-    expected = merged(seen["train"], 8 / 4)
+    expected = merged(seen["train"], 8)
     assert sorted(seen["rollout"]) == sorted(seen["rollout_shares"] + [f"rollout.{n}" for n in expected])
     assert not any(is_adapter(n) for n in seen["rollout"]) and set(seen["rollout_shares"]) < set(base)
     for name, value in expected.items():
@@ -205,14 +206,14 @@ def test_a_lora_jobs_own_inference_net_gets_the_base_once_and_the_adapters_every
     assert any(not np.array_equal(seen[0][2][n], seen[1][2][n]) for n in seen[0][2] if is_adapter(n))
     # the rollout's copy: each step, the float16 inference weights with their adapters merged in (in float32, then
     # rounded to float16), not the base
-    for (_, _, _, infer_weights), merged_weights in zip(seen, rollout):
-        expected = merged({k: v.astype(np.float32) for k, v in infer_weights.items()}, 8 / 4)
-        assert sorted(merged_weights) == sorted(expected)
+    for (_, _, _, infer_weights), copy in zip(seen, rollout):
+        expected = merged(infer_weights, 8)
+        assert sorted(copy) == sorted(expected)
         for name, value in expected.items():
-            assert merged_weights[name].dtype == np.float16
-            np.testing.assert_allclose(merged_weights[name].astype(np.float32), value, rtol=2e-3, atol=1e-4,
+            assert copy[name].dtype == value.dtype == np.float16
+            np.testing.assert_allclose(copy[name].astype(np.float32), value.astype(np.float32), rtol=2e-3, atol=1e-4,
                                        err_msg=name)
-            assert not np.array_equal(merged_weights[name], infer_weights[name])
+            assert not np.array_equal(copy[name], infer_weights[name])
 
 
 def test_a_lora_job_may_roll_out_through_the_adapters_without_a_merged_copy(tmp_path, mindrecord):

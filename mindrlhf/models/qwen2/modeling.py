@@ -6,6 +6,7 @@ Parameter names follow :mod:`mindrlhf.models.qwen2.names`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import mindspore as ms
 import numpy as np
@@ -234,11 +235,14 @@ def _params_at_the_same_places(net: nn.Cell, source: nn.Cell) -> list[tuple[nn.C
             for attr, param in cell._params.items() if param is not None]
 
 
-def share_weights(net: nn.Cell, source: nn.Cell) -> None:
-    """Makes each parameter of `net` the parameter `source` holds at the same place (cell path and attribute): both
-    nets then compute with one copy of the weights. `source` may hold more (a net with adapters)."""
-    for cell, attr, _, shared in _params_at_the_same_places(net, source):
-        cell.insert_param_to_cell(attr, shared)
+def share_weights(net: nn.Cell, source: nn.Cell, keep: Iterable[Parameter] = ()) -> None:
+    """Makes each parameter of `net` but those in `keep` the parameter `source` holds at the same place (cell path and
+    attribute): both nets then compute with one copy of those weights. `source` may hold more (a net with
+    adapters)."""
+    own = {id(param) for param in keep}
+    for cell, attr, param, shared in _params_at_the_same_places(net, source):
+        if id(param) not in own:
+            cell.insert_param_to_cell(attr, shared)
 
 
 def copy_weights(net: nn.Cell, source: nn.Cell) -> None:
@@ -276,10 +280,7 @@ class MergedAdapters(nn.Cell):
                    if getattr(cells.get(path), "has_lora", False)]
         if not adapted:
             raise ValueError("MergedAdapters: the source net has no adapters")
-        own = {id(cell.weight) for cell, _ in adapted}
-        for cell, attr, param, shared in _params_at_the_same_places(net, source):
-            if id(param) not in own:
-                cell.insert_param_to_cell(attr, shared)
+        share_weights(net, source, keep=[cell.weight for cell, _ in adapted])
         self.scaling = adapted[0][1].lora_scaling  # one alpha / r for the whole net (`LoraConfig`)
         for cell, _ in adapted:
             cell.weight.requires_grad = False  # made from the source's, never trained
