@@ -265,7 +265,8 @@ class ScheduleConfig(Validated):
         1.0, "Activation memory per rank that the auto micro-batch sizes (0) aim at, in GiB, estimated from the "
              "model's shape and the padded lengths (mindrlhf.engine.memory_budget). Activations grow with "
              "responses x length x layers (and the model's width) when training, and the scored positions' logits "
-             "with the vocabulary. Raise it on a large-memory device for fewer, larger calls.")
+             "with the vocabulary; on CPU a forward call also counts what its compiled graph keeps while it lives "
+             "(mindrlhf.engine.memory_plan.GRAPH_MEMORY). Raise it on a large-memory device for fewer, larger calls.")
     share_prompts: bool = help_field(
         True, "Read each prompt once for all of its responses in a graph call (prefix sharing) in the train, "
               "reference, old-policy, critic and reward-model passes, instead of once per response: the prompt's "

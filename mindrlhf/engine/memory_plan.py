@@ -47,6 +47,14 @@ GRAPH_MEMORY = {"cpu": GraphMemory(fixed=5 * 2**20, per_attention_element=8.5, t
                 "ascend": GraphMemory()}
 
 
+def memory_model(device_target: str, compute_dtypes) -> str:
+    """The memory model (`GRAPH_MEMORY`'s key) of nets computing in `compute_dtypes` on MindSpore's `device_target`:
+    "cpu" on its CPU target without bfloat16 (nothing offloads, graphs keep memory of their own), else "ascend"
+    (a bfloat16 net has no CPU kernels: its YAML is for Ascend)."""
+    on_cpu = device_target.upper() == "CPU" and "bfloat16" not in set(compute_dtypes)
+    return "cpu" if on_cpu else "ascend"
+
+
 def dtype_bytes(name: str, where: str = "dtype") -> int:
     """Bytes of one element of dtype `name` (float32, float16, bfloat16)."""
     if name not in DTYPE_BYTES:

@@ -15,6 +15,7 @@ from mindrlhf.engine.batches import (
     trim_responses,
     trimmed_width,
 )
+from mindrlhf.engine.memory_plan import Call, NetShape, forward_graph_bytes, memory_model
 
 logger = logging.getLogger("mindrlhf.trainer")
 
@@ -25,7 +26,8 @@ RESPONSE_COLUMNS = ("prompt_ids", "prompt_mask", "response_ids", "response_mask"
 class MicroBatchSizer:
     """How one pass splits a rank's rows into graph calls: `plan` gives the responses per call (the configured size,
     `micro_batches` equal micro-batches for a train net in pipeline stages (its `micro_batch_num`), or (0) the most
-    responses whose estimated activations fit `schedule.activation_memory_gib`, `mindrlhf.engine.memory_budget`),
+    responses whose estimated activations fit `schedule.activation_memory_gib`, `mindrlhf.engine.memory_budget`,
+    with what a forward call's compiled graph keeps on a `device` whose graphs keep memory: `memory_plan.GRAPH_MEMORY`),
     how many of them share each prompt read (up to `share_limit`, a prompt's responses, when
     `schedule.share_prompts`; 1 reads the prompt again for every response: rows j share_limit .. j share_limit +
     share_limit - 1 are the responses to one prompt, `batches.prompt_run`) and the response width the calls read
@@ -33,8 +35,9 @@ class MicroBatchSizer:
     per shape."""
 
     def __init__(self, kind: str, configured: int, model_config, tp: int, budget_gib: float, micro_batches: int = 0,
-                 share_limit: int = 1, response_buckets: int = 1, call_unit: int = 1):
+                 share_limit: int = 1, response_buckets: int = 1, call_unit: int = 1, device: str = "cpu"):
         self.kind, self.configured, self.model_config, self.tp = kind, configured, model_config, tp
+        self.device = device  # the memory model (`memory_plan.memory_model`)
         self.budget_gib, self.micro_batches, self.share_limit = budget_gib, micro_batches, share_limit
         self.response_buckets = response_buckets
         self.call_unit = call_unit  # rows a call keeps together (a preference pair's two answers: 2)
@@ -42,15 +45,20 @@ class MicroBatchSizer:
 
     @classmethod
     def for_pass(cls, kind: str, schedule, model_config, layout, group_size: int, *, training: bool,
-                 call_unit: int = 1) -> MicroBatchSizer:
+                 call_unit: int = 1, device: str | None = None) -> MicroBatchSizer:
         """The sizer of a net in `layout` whose rows come in groups of `group_size` responses to one prompt: for
         training its `micro_batch_num` micro-batches with pipeline stages, else
         `schedule.micro_batch_size_per_device`; for a forward pass `schedule.log_prob_micro_batch_size_per_device`
-        (0: from the memory budget)."""
+        (0: from the memory budget). `device`: the memory model (default: this process's device target's for the
+        net's compute dtype)."""
         stages_split = model_config.parallel_config.micro_batch_num if training and layout.pp > 1 else 0
         configured = schedule.micro_batch_size_per_device if training else schedule.log_prob_micro_batch_size_per_device
+        if device is None:
+            import mindspore as ms
+
+            device = memory_model(ms.get_context("device_target"), [model_config.compute_dtype])
         return cls(kind, configured, model_config, layout.tp, schedule.activation_memory_gib, stages_split,
-                   group_size if schedule.share_prompts else 1, schedule.response_buckets, call_unit)
+                   group_size if schedule.share_prompts else 1, schedule.response_buckets, call_unit, device)
 
     def _call_bytes(self, prompts: int, rows: int, prompt_width: int, response_width: int) -> int:
         cfg = self.model_config
@@ -62,7 +70,11 @@ class MicroBatchSizer:
             full, selective = cfg.recompute.layers_of_stage(0, stages, layers)
             return memory_budget.train_bytes(prompts, rows, prompt_width, response_width, layers=layers,
                                              recomputed_layers=full, selective_layers=selective, **shape)
-        return memory_budget.log_prob_bytes(prompts, rows, prompt_width, response_width, **shape)
+        # on CPU a forward graph keeps memory that grows with its call while it lives, about as much as its
+        # activations at SmolLM2's shape (`GRAPH_MEMORY`)
+        kept = forward_graph_bytes(NetShape.of(cfg), Call(prompts, rows, prompt_width, response_width), self.tp,
+                                   self.device)
+        return memory_budget.log_prob_bytes(prompts, rows, prompt_width, response_width, **shape) + kept
 
     def width(self, response_mask: np.ndarray, longest: int | None = None) -> int:
         """The response width calls over the rows of `response_mask` read (`batches.trimmed_width`): enough for
@@ -104,8 +116,8 @@ class MicroBatchSizer:
         how = "set" if self.micro_batches or self.configured else \
             f"auto, schedule.activation_memory_gib={self.budget_gib:g}"
         logger.info("%s micro-batches: %d of %d responses per call, %d per prompt read (%d + %d of %d tokens; "
-                    "~%.0f MiB of activations a call; %s)", self.kind, size, rows, share, prompt_width, width,
-                    full_width, estimate, how)
+                    "~%.0f MiB of activations a call%s; %s)", self.kind, size, rows, share, prompt_width, width,
+                    full_width, estimate, "" if self.kind.endswith("train") else " and graph memory", how)
 
     def split(self, columns: Mapping[str, np.ndarray], width: int | None = None, first_row: int = 0,
               names: Sequence[str] | None = None) -> list[list]:

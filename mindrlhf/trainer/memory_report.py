@@ -26,6 +26,7 @@ from mindrlhf.engine.memory_plan import (
     Recompute,
     forward_activation_bytes,
     forward_graph_bytes,
+    memory_model,
     moment_bytes,
     train_activation_bytes,
     train_graph_bytes,
@@ -58,9 +59,10 @@ def recompute_of(cfg, pp: int, stage: int) -> Recompute:
 
 
 def largest_call(kind: str, schedule, cfg, layout: Layout, group: int, rows: int, prompt_width: int,
-                 response_width: int, training: bool) -> Call:
-    """The graph call the trainer's sizer (`MicroBatchSizer.plan`) makes of `rows` full-width responses."""
-    sizer = MicroBatchSizer.for_pass(kind, schedule, cfg, layout, group, training=training)
+                 response_width: int, training: bool, device: str) -> Call:
+    """The graph call the trainer's sizer (`MicroBatchSizer.plan`) makes of `rows` full-width responses on
+    `device` (the memory model)."""
+    sizer = MicroBatchSizer.for_pass(kind, schedule, cfg, layout, group, training=training, device=device)
     columns = {"prompt_ids": np.zeros((rows, prompt_width), np.int32),
                "prompt_mask": np.ones((rows, prompt_width), np.int32),
                "response_ids": np.zeros((rows, response_width), np.int32),
@@ -74,10 +76,10 @@ def _pass_rows(plan, layout: Layout, training: bool) -> int:
     return plan.shape.pass_rows(layout.dp, training)
 
 
-def _sized_call(plan, kind: str, net, prompt_width: int, response_width: int, training: bool) -> Call:
+def _sized_call(plan, kind: str, net, prompt_width: int, response_width: int, training: bool, device: str) -> Call:
     """`largest_call` of a rank of `net` (a `NetSpec`) over the responses of one pass (`_pass_rows`)."""
     return largest_call(kind, plan.config.schedule, net.model, net.layout, plan.shape.group_size,
-                        _pass_rows(plan, net.layout, training), prompt_width, response_width, training)
+                        _pass_rows(plan, net.layout, training), prompt_width, response_width, training, device)
 
 
 def _decode_rows(plan) -> int:
@@ -142,12 +144,12 @@ def _width_graph_bytes(plan, width: int, device: str) -> int:
     total = 0
     for bucket in plan.generation.prompt_buckets:
         total += _train_graph_bytes(plan, "train", train, bucket, width, device)
-        call = _sized_call(plan, "log_prob", infer, bucket, width, False)
+        call = _sized_call(plan, "log_prob", infer, bucket, width, False, device)
         total += forwards * forward_graph_bytes(NetShape.of(infer.model), call, infer.layout.tp, device)
         if plan.critic:
             critic = plan.critic.net
             total += _train_graph_bytes(plan, "critic train", critic, bucket, width, device)
-            call = _sized_call(plan, "values", critic, bucket, width, False)
+            call = _sized_call(plan, "values", critic, bucket, width, False, device)
             total += forward_graph_bytes(NetShape.of(critic.model), call, critic.layout.tp, device)
     return total
 
@@ -155,7 +157,7 @@ def _width_graph_bytes(plan, width: int, device: str) -> int:
 def _train_graph_bytes(plan, kind: str, net, prompt_width: int, response_width: int, device: str) -> int:
     """`train_graph_bytes` of the sizer's train call of `net` at these widths, with its stage's recompute."""
     layout = net.layout
-    call = _sized_call(plan, kind, net, prompt_width, response_width, True)
+    call = _sized_call(plan, kind, net, prompt_width, response_width, True, device)
     return train_graph_bytes(NetShape.of(net.model), call, layout.tp, layout.pp, layout.stage,
                              recompute_of(net.model, layout.pp, layout.stage), device)
 
@@ -176,8 +178,8 @@ def graph_bytes(plan, device: str) -> tuple[int, int]:
     return rollout + sum(widths), sum(widths[:-1])
 
 
-def _transients(plan) -> dict[str, dict[str, int]]:
-    """Phase -> the terms that exist only while it runs (activations, logits, one call's gradients)."""
+def _transients(plan, device: str) -> dict[str, dict[str, int]]:
+    """Phase -> the terms that exist only while it runs on `device` (activations, logits, one call's gradients)."""
     gen = plan.generation
     P, R = max(gen.prompt_buckets), gen.response_width
     train_cfg, infer_cfg = plan.actor.train.model, plan.actor.infer.model
@@ -187,10 +189,10 @@ def _transients(plan) -> dict[str, dict[str, int]]:
     prefill = max(forward_activation_bytes(ins, Call(prompts, 0, bucket, 0), infer.tp)[0]
                   for bucket, prompts in prefilled.items())
     generate = {"activations": prefill, "logits": 4 * ins.vocab * (max(prefilled.values()) + _decode_rows(plan))}
-    acts, logits = forward_activation_bytes(ins, _sized_call(plan, "log_prob", plan.actor.infer, P, R, False),
+    acts, logits = forward_activation_bytes(ins, _sized_call(plan, "log_prob", plan.actor.infer, P, R, False, device),
                                             infer.tp)
     forward = {"activations": acts, "logits": logits}
-    call = _sized_call(plan, "train", plan.actor.train, P, R, True)
+    call = _sized_call(plan, "train", plan.actor.train, P, R, True, device)
     in_flight = train.pp - train.stage if train.stage < train.pp - 1 else 0
     recompute = recompute_of(train_cfg, train.pp, train.stage)
     acts, logits = train_activation_bytes(ts, call, train.tp, train.pp, train.stage, in_flight, recompute)
@@ -215,7 +217,7 @@ def rank_memory(plan, rank: int, device: str = "cpu") -> list[PhaseMemory]:
     offloads; "ascend": the swap plan's idle groups are on host)."""
     plan = plan.for_rank(rank)
     groups = _groups(plan)
-    transients = _transients(plan)
+    transients = _transients(plan, device)
     gen, ins = plan.generation, NetShape.of(plan.actor.infer.model)
     # a KV cache for each row count the rollout's tail can step down to (`generation.min_decode_rows`)
     kv = sum(ins.kv_cache_bytes(rows, gen.cache_length, plan.actor.infer.layout.tp)
@@ -274,8 +276,7 @@ def format_report(plans: list[RankMemory], header: str, device_gib: float) -> st
 def device_kind(plan) -> str:
     """The memory model of the job's devices: "ascend" when MindSpore's device target is one or a net computes in
     bfloat16 (no CPU kernels: the YAMLs are for Ascend), else "cpu" (nothing offloads)."""
-    bf16 = any(net.model.compute_dtype == "bfloat16" for net in plan.nets())
-    return "cpu" if ms.get_context("device_target").upper() == "CPU" and not bf16 else "ascend"
+    return memory_model(ms.get_context("device_target"), [net.model.compute_dtype for net in plan.nets()])
 
 
 def plan_report(config, job, tokenizer, device: str | None = None) -> str:

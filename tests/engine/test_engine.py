@@ -123,6 +123,28 @@ def test_the_sizer_plans_calls_prompt_reads_and_width(configured, share_prompts,
     assert sizer.plan(arrays, width=48)[2] == 48  # a caller's width (the update's on every dp rank) wins
 
 
+def test_an_auto_log_prob_call_on_cpu_fits_its_graphs_kept_memory_in_the_budget():
+    """SmolLM2's shape, a step's 32 responses (72 + 96 tokens), 1 GiB: 16 rows' activations fit (0.99 GiB) but
+    their compiled graph keeps 0.76 GiB more on CPU (`GRAPH_MEMORY`), so a CPU call takes 8; Ascend's graphs keep
+    nothing of their own, and a train call's auto size does not change."""
+    from mindrlhf.configs.grpo_configs import ScheduleConfig
+    from mindrlhf.engine.memory_plan import Call, NetShape, forward_graph_bytes
+    from mindrlhf.models.qwen2 import Qwen2Config
+
+    cfg = Qwen2Config.from_yaml(MODEL_CONFIGS / "smollm2" / "infer.yaml")
+    ids, mask = grouped_rows(4, 8, prompt_width=72)
+    response, response_mask = responses_of_length(32, 96, width=96)
+    arrays = dict(prompt_ids=ids, prompt_mask=mask, response_ids=response, response_mask=response_mask)
+    sizes = {device: MicroBatchSizer.for_pass("log_prob", ScheduleConfig(), cfg, Layout(), 8, training=False,
+                                              device=device).plan(arrays)[0] for device in ("cpu", "ascend")}
+    assert sizes == {"cpu": 8, "ascend": 16}
+    kept = forward_graph_bytes(NetShape.of(cfg), Call(2, 16, 72, 96))
+    assert 0.7 * 2**30 < kept < 0.8 * 2**30
+    train = {device: MicroBatchSizer.for_pass("train", ScheduleConfig(), cfg, Layout(), 8, training=True,
+                                              device=device).plan(arrays)[0] for device in ("cpu", "ascend")}
+    assert train["cpu"] == train["ascend"]
+
+
 def test_the_sizer_shares_a_prompt_only_within_the_group_the_rows_start_in():
     from mindrlhf.configs.grpo_configs import ScheduleConfig
     from mindrlhf.models.qwen2 import Qwen2Config
