@@ -115,9 +115,11 @@ class MicroBatchSizer:
         estimate = self._call_bytes(size // share, size, prompt_width, width) / 2**20
         how = "set" if self.micro_batches or self.configured else \
             f"auto, schedule.activation_memory_gib={self.budget_gib:g}"
+        counted = "activations" if self.kind.endswith("train") or self.device != "cpu" else \
+            "activations and graph memory"
         logger.info("%s micro-batches: %d of %d responses per call, %d per prompt read (%d + %d of %d tokens; "
-                    "~%.0f MiB of activations a call%s; %s)", self.kind, size, rows, share, prompt_width, width,
-                    full_width, estimate, "" if self.kind.endswith("train") else " and graph memory", how)
+                    "~%.0f MiB of %s a call; %s)", self.kind, size, rows, share, prompt_width, width,
+                    full_width, estimate, counted, how)
 
     def split(self, columns: Mapping[str, np.ndarray], width: int | None = None, first_row: int = 0,
               names: Sequence[str] | None = None) -> list[list]:
