@@ -237,6 +237,12 @@ wait || true  # tee and the console, to their last line
 trap - INT TERM HUP
 [ -f "$OUTPUT/progress.png" ] && echo "plot: $OUTPUT/progress.png  metrics: $OUTPUT/metrics.jsonl  TensorBoard: $OUTPUT/tensorboard"
 grep -h -o -E "held-out (accuracy|loss|pair accuracy): before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true
+# a rank that crashed in MindSpore's exit handler after every rank had logged its successful end: the job is done
+if [ "$status" -ne 0 ] && done_line="$("$PY" -m mindrlhf.trainer.postmortem --finished "$NODE_DIR/msrun.out" "$LOG_DIR")"
+then
+  echo "run_grpo.sh: the job finished; msrun failed after it: $done_line" >&2
+  status=0
+fi
 if [ "$status" -ne 0 ]; then
   echo "run_grpo.sh: the job failed (exit $status); logs: $LOG_DIR/worker_*.log" >&2
   grep -h -E "^([^ ]+: )?error:" "$LOG_DIR"/worker_*.log 2>/dev/null | sort -u >&2 || true

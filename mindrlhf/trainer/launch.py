@@ -216,8 +216,10 @@ def end_process(code: int) -> NoReturn:
     """Ends the process with `code`, the same way on every rank: after a successful job the ranks wait for each
     other (a barrier over the world), each logs `FINISHED`, the exit handlers run (MindSpore's cluster finalise,
     shared memory, logging) and the process leaves without the interpreter's teardown, in which MindSpore's threads
-    and C++ objects were destroyed in no fixed order (a SIGSEGV after complete jobs, now and then). A failed rank of
-    a multi-rank job waits `PEER_GRACE_S` after the exit handlers, for its peers to unregister too."""
+    and C++ objects were destroyed in no fixed order. MindSpore's exit handler (which the scheduler needs, to see the
+    rank leave) still crashes now and then in its network threads' teardown; after `FINISHED` on every rank the
+    launchers count the job as done (`postmortem.crashed_after_finishing`). A failed rank of a multi-rank job waits
+    `PEER_GRACE_S` after the exit handlers, for its peers to unregister too."""
     from mindspore.communication import GlobalComm
 
     world_size, rank = 1, 0

@@ -4,7 +4,9 @@ When a worker dies, msrun logs `Worker process <pid> exit with exception. Error 
 others; MindSpore's scheduler then reports whichever node's heartbeat it missed first, which is often a rank
 msrun killed, not the one that died. Each worker logs its pid at start-up (`run_job`), so the pid msrun names
 maps back to a rank and its log file. A rank that crashes after every rank logged its successful end
-(`launch.FINISHED`) is named as such: the job's work is complete.
+(`launch.FINISHED`, after a barrier) is named as such: the job's work is complete, and the job counts as done
+(`crashed_after_finishing`; MindSpore's exit handler, which must run for the scheduler to see the rank leave, now and
+then crashes in its network threads' teardown).
 
 The console shows msrun's output without what repeats the workers' own words in a less useful form: msrun's own
 Python traceback ending in `RuntimeError: Distributed job exited with exception` (the failure is the workers'
@@ -12,6 +14,7 @@ Python traceback ending in `RuntimeError: Distributed job exited with exception`
 whatever `GLOG_v` says. `msrun.out` keeps everything.
 
     python -m mindrlhf.trainer.postmortem MSRUN_OUTPUT LOG_DIR
+    python -m mindrlhf.trainer.postmortem --finished MSRUN_OUTPUT LOG_DIR   (exit 0: the job had finished)
     msrun ... | python -m mindrlhf.trainer.postmortem --console
 """
 from __future__ import annotations
@@ -30,6 +33,7 @@ MINDSPORE_INFO = re.compile(r"^\[(INFO|DEBUG)\] [A-Z_]+\(\d+,")
 TRACEBACK = "Traceback (most recent call last):"
 MSRUN_FRAME = re.compile(r'^  File ".*[/\\]msrun", line \d+')
 MSRUN_FAILED = "RuntimeError: Distributed job exited with exception"
+CRASHED_AFTER_FINISHING = "crashed after the job had finished"
 
 
 def describe_exit_code(code: int) -> str:
@@ -55,11 +59,18 @@ def first_failed_worker(msrun_output: str, log_dir: str) -> str | None:
             if int(started.group(2)) == pid:
                 rank = started.group(1)
                 if _every_rank_succeeded(logs.values()):
-                    return (f"rank {rank} (pid {pid}) crashed after the job had finished: {describe_exit_code(code)} "
+                    return (f"rank {rank} (pid {pid}) {CRASHED_AFTER_FINISHING}: {describe_exit_code(code)} "
                             f"once every rank had logged its exit 0 (the steps, checkpoints and metrics are "
                             f"complete); its log: {log}")
                 return f"rank {rank} (pid {pid}) failed first: {describe_exit_code(code)}; its log: {log}"
     return None  # it failed before logging its pid (a bad flag or config: its `error:` line says why)
+
+
+def crashed_after_finishing(msrun_output: str, log_dir: str) -> str | None:
+    """`first_failed_worker`'s line when the worker msrun saw fail had crashed after every rank had logged its
+    successful end (the job is done: a launcher reports the line and exits 0); None otherwise."""
+    report = first_failed_worker(msrun_output, log_dir)
+    return report if report is not None and CRASHED_AFTER_FINISHING in report else None
 
 
 def console_lines(lines: Iterable[str]) -> Iterator[str]:
@@ -105,14 +116,17 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(line)
             sys.stdout.flush()
         return 0
-    if len(argv) != 2:
-        print("\n".join(line.strip() for line in __doc__.strip().splitlines()[-2:]), file=sys.stderr)
+    finished = argv[:1] == ["--finished"]
+    paths = argv[1:] if finished else argv
+    if len(paths) != 2:
+        print("\n".join(line.strip() for line in __doc__.strip().splitlines()[-3:]), file=sys.stderr)
         return 2
-    with open(argv[0], errors="replace") as f:
-        report = first_failed_worker(f.read(), argv[1])
+    with open(paths[0], errors="replace") as f:
+        msrun_output = f.read()
+    report = (crashed_after_finishing if finished else first_failed_worker)(msrun_output, paths[1])
     if report:
         print(report)
-    return 0
+    return 0 if report or not finished else 1
 
 
 if __name__ == "__main__":

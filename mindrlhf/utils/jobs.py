@@ -54,7 +54,9 @@ def run_job_command(cmd: list[str], env: dict | None = None, timeout: float | No
                     cwd: str | None = None) -> subprocess.CompletedProcess:
     """`subprocess.run(cmd, capture_output=True, text=True)` in a session of its own. Past `timeout` seconds, or
     when the caller is interrupted (Ctrl-C, a test's timeout), the whole job is stopped (`stop_job`); a timeout
-    then raises `subprocess.TimeoutExpired` with the output so far."""
+    then raises `subprocess.TimeoutExpired` with the output so far. An msrun job that failed only because a rank
+    crashed after every rank had logged its successful end is done (`postmortem.crashed_after_finishing`): exit 0,
+    the report at the end of its stderr."""
     proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -66,7 +68,22 @@ def run_job_command(cmd: list[str], env: dict | None = None, timeout: float | No
     except BaseException:
         stop_job(proc)
         raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+    code = proc.returncode
+    log_dir = _msrun_log_dir(cmd)
+    if code != 0 and log_dir is not None:
+        from mindrlhf.trainer.postmortem import crashed_after_finishing
+
+        report = crashed_after_finishing(stdout + stderr, log_dir)
+        if report is not None:
+            code, stderr = 0, f"{stderr}the job finished; msrun failed after it: {report}\n"
+    return subprocess.CompletedProcess(cmd, code, stdout, stderr)
+
+
+def _msrun_log_dir(cmd: list[str]) -> str | None:
+    """The `--log_dir` of an msrun command line; None for any other command."""
+    if not cmd or Path(cmd[0]).name != "msrun":
+        return None
+    return next((part.split("=", 1)[1] for part in cmd if part.startswith("--log_dir=")), None)
 
 
 def stop_job(proc: subprocess.Popen, grace: float = 15.0) -> None:

@@ -14,7 +14,8 @@ from mindrlhf.trainer.launch import (
     QUICK_HEARTBEAT_MAX_RANKS,
     collective_environment,
 )
-from mindrlhf.trainer.postmortem import first_failed_worker
+from mindrlhf.trainer.postmortem import crashed_after_finishing, first_failed_worker, main
+from mindrlhf.utils.jobs import run_job_command
 
 
 def _worker_log(rank: int, pid: int, finished: int | None) -> str:
@@ -25,19 +26,53 @@ def _worker_log(rank: int, pid: int, finished: int | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_a_crash_after_every_rank_finished_is_named_as_such(tmp_path):
+def test_a_crash_after_every_rank_finished_is_named_as_such_and_the_job_is_done(tmp_path):
+    """The report names the crash after the end, `--finished` exits 0 on it (run_grpo.sh then exits 0); a rank that
+    never logged its end, or ended with an error, makes it an ordinary failure (`--finished` exits 1)."""
     msrun_output = "Worker process 4242 exit with exception. Error code: -11.\n"
+    (tmp_path / "msrun.out").write_text(msrun_output)
     (tmp_path / "worker_0.log").write_text(_worker_log(0, 4242, 0))
     (tmp_path / "worker_1.log").write_text(_worker_log(1, 4343, 0))
     report = first_failed_worker(msrun_output, str(tmp_path))
     assert report == (f"rank 0 (pid 4242) crashed after the job had finished: killed by SIGSEGV (exit -11) once "
                       f"every rank had logged its exit 0 (the steps, checkpoints and metrics are complete); its log: "
                       f"{tmp_path}/worker_0.log")
-    # a rank that never logged its end, or ended with an error, makes it an ordinary failure
+    assert crashed_after_finishing(msrun_output, str(tmp_path)) == report
+    assert main(["--finished", str(tmp_path / "msrun.out"), str(tmp_path)]) == 0
     for other in (None, 1):
         (tmp_path / "worker_1.log").write_text(_worker_log(1, 4343, other))
         assert first_failed_worker(msrun_output, str(tmp_path)).startswith(
             "rank 0 (pid 4242) failed first: killed by SIGSEGV (exit -11)")
+        assert crashed_after_finishing(msrun_output, str(tmp_path)) is None
+        assert main(["--finished", str(tmp_path / "msrun.out"), str(tmp_path)]) == 1
+    assert crashed_after_finishing("All workers successfully exit!", str(tmp_path)) is None
+
+
+def test_an_msrun_job_whose_rank_crashed_after_every_rank_finished_succeeds(tmp_path):
+    """`run_job_command` on an msrun command line (here a stand-in `msrun` writing the workers' logs and failing as
+    msrun does when a worker crashes in MindSpore's exit handler): exit 0 with the report when every rank had logged
+    its end, msrun's own exit otherwise; another program's exit stays its own."""
+    fake = tmp_path / "bin" / "msrun"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Worker process 4242 exit with exception. Error code: -11.' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "worker_0.log").write_text(_worker_log(0, 4242, 0))
+    (logs / "worker_1.log").write_text(_worker_log(1, 4343, 0))
+    cmd = [str(fake), "--worker_num=2", f"--log_dir={logs}", "job.py"]
+    done = run_job_command(cmd, timeout=60)
+    assert done.returncode == 0
+    assert done.stderr.endswith(f"the job finished; msrun failed after it: "
+                                f"{crashed_after_finishing(done.stderr, str(logs))}\n")
+    assert "crashed after the job had finished: killed by SIGSEGV" in done.stderr
+    (logs / "worker_1.log").write_text(_worker_log(1, 4343, None))
+    assert run_job_command(cmd, timeout=60).returncode == 1
+    (logs / "worker_1.log").write_text(_worker_log(1, 4343, 0))
+    other = tmp_path / "bin" / "other"
+    other.write_text(fake.read_text())
+    other.chmod(0o755)
+    assert run_job_command([str(other), f"--log_dir={logs}"], timeout=60).returncode == 1
 
 
 def test_a_script_ends_with_mains_code_after_its_exit_handlers_and_logs_its_end(tmp_path):
