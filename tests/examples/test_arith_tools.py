@@ -1,12 +1,16 @@
 """`MODEL=arith_tools bash run_grpo.sh`, the README's tool job, shortened: the bundled tool-using policy on products of
 3-digit numbers through msrun (train dp=2; here the inference net in tp=2, resharded each step, its tp group's first
-rank calling the tools for both), each response free to call the built-in calculator once. The calls run, their
-answers come back as the chat template's tool turn (the completions' segments), the step's turns and calls are
-logged, and a resumed job calls the tools again with the same inputs: its steps equal the straight run's."""
+rank calling the tools for both), each response free to call the built-in calculator once, with DAPO's dynamic
+sampling (a second round of prompts when the first leaves too few groups whose rewards differ) and each step's
+experience saved. The calls run, their answers come back as the chat template's tool turn (the completions'
+segments), the step's turns and calls are logged over every round's responses, the saved experience holds every
+round's responses and the groups kept are those whose rewards differ, and a resumed job calls the tools again with
+the same inputs and samples the same rounds: its steps equal the straight run's."""
 import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 import yaml
 from support.jobs import without_timing
@@ -22,9 +26,11 @@ STEPS, SAVED = 2, 1
 PROMPTS = 4  # a step's prompts: the shipped job's 8 halved (half the rollout and the update), each sampled as shipped
 GENERATIONS = yaml.safe_load((ROOT / "model_configs" / "arith_tools" / "grpo.yaml").read_text())["generation"][
     "num_generations"]
-RESPONSES = PROMPTS * GENERATIONS
-FLAGS = ["--steps", str(STEPS), "--eval_interval", "0", "--log_completions", "true", "--batch_size", str(PROMPTS)]
-HELDOUT_PROMPTS = 32  # of the shipped held-out set's 200: the tests read the accuracy line, not its value
+RESPONSES = PROMPTS * GENERATIONS  # a sampling round's
+TRAIN_DP = 2  # the shipped train.yaml's data parallel
+FLAGS = ["--steps", str(STEPS), "--eval_interval", "0", "--log_completions", "true", "--batch_size", str(PROMPTS),
+         "--dynamic_sampling", "true", "--max_sampling_retries", "1"]
+HELDOUT_PROMPTS = 8  # of the shipped held-out set's 200: the tests read the accuracy line, not its value
 
 
 def job_env(out, infer_yaml, **extra) -> dict:
@@ -39,6 +45,14 @@ def records(path, steps=None) -> list[dict]:
     return [r for r in lines if steps is None or r["step"] in steps]
 
 
+def experience(saved, step) -> list[dict]:
+    """The rows of a step's saved experience (`--save_data_file saved`)."""
+    from mindspore.dataset import MindDataset
+
+    return list(MindDataset(f"{saved}.step_{step:06d}.mindrecord", shuffle=False)
+                .create_dict_iterator(output_numpy=True))
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("arith_tools")
@@ -50,23 +64,31 @@ def run(tmp_path_factory):
     heldout = folder / "heldout.jsonl"
     shipped_heldout = ROOT / "examples" / "qwen_grpo_tutorial" / "data" / "tool_arithmetic_heldout.jsonl"
     heldout.write_text("".join(shipped_heldout.read_text().splitlines(keepends=True)[:HELDOUT_PROMPTS]))
-    out = folder / "out"
-    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--save_interval", str(SAVED)],
+    out, saved = folder / "out", folder / "exp" / "tools"
+    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--save_interval", str(SAVED), "--save_data_file", str(saved)],
                        job_env(out, infer_yaml, EVAL_DATA=str(heldout)), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, proc.stdout, infer_yaml
+    return out, proc.stdout, infer_yaml, saved
+
+
+def step_records(out) -> list[dict]:
+    return [r for r in records(out / "metrics.jsonl") if r["step"] >= 1 and "tool/calls" in r]
 
 
 def test_the_tool_job_calls_the_calculator_and_reads_its_answers(run):
-    out, stdout, _ = run
+    """The tool turns hold the calculator's answers to the calls the model wrote; the step's turns, calls and
+    completions are every sampling round's responses."""
+    out, stdout, _, _ = run
     assert "infer layout dp=1 x tp=2" in stdout, stdout[-2000:]
     assert re.search(r"held-out accuracy: before=\d+\.\d% after=\d+\.\d%", stdout), stdout[-2000:]
     assert "held-out accuracy before training: " in stdout and f"% ({HELDOUT_PROMPTS} prompts)" in stdout
-    steps = [r for r in records(out / "metrics.jsonl") if r["step"] >= 1 and "tool/calls" in r]
+    steps = step_records(out)
     assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
     for r in steps:
+        responses = RESPONSES * r["sampling/rounds"]  # the metrics read every round's responses, kept or not
+        assert len(records(out / "completions.jsonl", {r["step"]})) == responses
         assert r["tool/calls"] > 0 and r["num_turns/max"] == 2 and r["num_turns/min"] == 1
-        assert r["tool/call_share"] == pytest.approx(r["tool/calls"] / RESPONSES)  # one call at most a response
+        assert r["tool/call_share"] == pytest.approx(r["tool/calls"] / responses)  # one call at most a response
         assert r["num_turns/mean"] == pytest.approx(1 + r["tool/call_share"])
         assert r["timing/tools"] < r["timing/generate"]
     called = [r for r in records(out / "completions.jsonl") if len(r["segments"]) == 3]
@@ -87,12 +109,14 @@ def test_the_tool_job_calls_the_calculator_and_reads_its_answers(run):
 
 
 def test_a_resumed_tool_job_gives_the_straight_runs_steps(run, tmp_path):
-    straight, _, infer_yaml = run
-    out = tmp_path / "out"
-    saved = f"step_{SAVED:06d}"
-    shutil.copytree(straight / "checkpoints" / saved, out / "checkpoints" / saved)
-    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--resume"], job_env(out, infer_yaml, EVAL_DATA=""),
-                       timeout=1200)
+    """Resumed from the straight run's first checkpoint with the same flags, the job's later steps give the same
+    metrics (the sampling rounds and the kept groups included), completions and saved experience."""
+    straight, _, infer_yaml, straight_saved = run
+    out, saved = tmp_path / "out", tmp_path / "exp" / "tools"
+    step_dir = f"step_{SAVED:06d}"
+    shutil.copytree(straight / "checkpoints" / step_dir, out / "checkpoints" / step_dir)
+    proc = run_command(["bash", str(RUN_GRPO), *FLAGS, "--save_data_file", str(saved), "--resume"],
+                       job_env(out, infer_yaml, EVAL_DATA=""), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     later = set(range(SAVED + 1, STEPS + 1))
 
@@ -103,35 +127,36 @@ def test_a_resumed_tool_job_gives_the_straight_runs_steps(run, tmp_path):
     assert len(step_metrics(out / "metrics.jsonl")) == STEPS - SAVED
     assert step_metrics(out / "metrics.jsonl") == step_metrics(straight / "metrics.jsonl")
     assert records(out / "completions.jsonl", later) == records(straight / "completions.jsonl", later)
+    for step in sorted(later):
+        resumed, straight_rows = experience(saved, step), experience(straight_saved, step)
+        assert len(resumed) == len(straight_rows)
+        for a, b in zip(resumed, straight_rows):
+            assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), step
 
 
-def test_dynamic_sampling_keeps_the_tool_turns_of_every_round(tmp_path):
+def test_dynamic_sampling_keeps_the_tool_turns_of_every_round(run):
     """DAPO's dynamic sampling on the tool job (the whole rollout gathered, its rounds concatenated): the saved
-    experience of a step holds every round's responses with their model-token mask (`loss_mask`), which gives the
-    step's logged lengths and calls; the kept groups are those whose rewards differ."""
-    import numpy as np
-    from mindspore.dataset import MindDataset
-
+    experience of each step holds every round's responses with their model-token mask (`loss_mask`), which gives the
+    step's logged lengths and calls; the kept groups are those whose rewards differ. The job retries (a second round)
+    on some step."""
     from mindrlhf.algorithms import dynamic_sampling_mask
     from mindrlhf.engine.batches import group_unit
 
-    out, saved = tmp_path / "out", tmp_path / "exp" / "tools"
-    shipped = ROOT / "model_configs" / "arith_tools" / "infer.yaml"
-    flags = ["--steps", "1", "--eval_interval", "0", "--dynamic_sampling", "true", "--max_sampling_retries", "1",
-             "--save_data_file", str(saved), "--batch_size", str(PROMPTS)]
-    proc = run_command(["bash", str(RUN_GRPO), *flags], job_env(out, shipped, EVAL_DATA=""), timeout=1200)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (metrics,) = [r for r in records(out / "metrics.jsonl") if r.get("step") == 1 and "tool/calls" in r]
-    rows = list(MindDataset(str(saved) + ".step_000001.mindrecord", shuffle=False)
-                .create_dict_iterator(output_numpy=True))
-    assert len(rows) == RESPONSES * metrics["sampling/rounds"]
-    model, whole = (np.stack([r[name] for r in rows]) for name in ("loss_mask", "response_mask"))
-    assert ((model == 0) | (whole == 1)).all()
-    assert model.sum(1).mean() == pytest.approx(metrics["response_length/mean"])
-    called = model.sum(1) < whole.sum(1)  # a tool turn's tokens are in the response, not the model's
-    assert called.sum() == metrics["tool/calls"] > 0
-    rewards = np.array([float(r["reward"]) for r in rows])
-    differing = int(sum(dynamic_sampling_mask(part, GENERATIONS).sum()
-                        for part in np.split(rewards, metrics["sampling/rounds"])))
-    kept = min(differing, PROMPTS)
-    assert metrics["sampling/kept_groups"] == kept - kept % group_unit(GENERATIONS, 2)
+    out, _, _, saved = run
+    steps = step_records(out)
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    rounds = [r["sampling/rounds"] for r in steps]
+    assert set(rounds) <= {1, 2} and 2 in rounds  # one retry at most (--max_sampling_retries 1), and one was made
+    for metrics in steps:
+        rows = experience(saved, metrics["step"])
+        assert len(rows) == RESPONSES * metrics["sampling/rounds"]
+        model, whole = (np.stack([r[name] for r in rows]) for name in ("loss_mask", "response_mask"))
+        assert ((model == 0) | (whole == 1)).all()
+        assert model.sum(1).mean() == pytest.approx(metrics["response_length/mean"])
+        called = model.sum(1) < whole.sum(1)  # a tool turn's tokens are in the response, not the model's
+        assert called.sum() == metrics["tool/calls"] > 0
+        rewards = np.array([float(r["reward"]) for r in rows])
+        differing = int(sum(dynamic_sampling_mask(part, GENERATIONS).sum()
+                            for part in np.split(rewards, metrics["sampling/rounds"])))
+        kept = min(differing, PROMPTS)
+        assert metrics["sampling/kept_groups"] == kept - kept % group_unit(GENERATIONS, TRAIN_DP)

@@ -4,8 +4,13 @@ critic's values, clipped value loss and gradients on the same responses.
 
 Run with one process (reference, no msrun) or under msrun with `--dp/--tp`, one case or several in turn
 (`--cases`, `worker_setup.run_cases`); each rank writes `<out>/rank_<r>.npz` with its logits, loss, local gradients
-and local weights after the steps, and per aggregation its shares of the GRPO outputs and its local GRPO gradients,
-and the critic's values, value-loss shares and local gradients (not with LoRA adapters: `--lora_rank`).
+and local weights after the steps (and, in a parallel run, after the same steps over micro-batches: the tests compare
+those with the one-process whole-batch steps), and per aggregation its shares of the GRPO outputs and its local GRPO
+gradients, and the critic's values, value-loss shares and local gradients (not with LoRA adapters: `--lora_rank`).
+
+Compiling a graph is most of its cost on CPU (each distinct graph a few seconds, per rank), so a graph serves what it
+can: the GRPO and value loss graphs also return the log-probs and values they read (`WithInput`), which a first call
+gives to make the old log-probs and values of the calls that count (no separate forward graphs).
 """
 import argparse
 
@@ -18,7 +23,7 @@ from support.cells import WeightedNLLLoss
 from support.configs import TINY_QWEN2, tiny_qwen2_config
 
 from mindrlhf.algorithms import GRPOLossCell, ValueLossCell, aggregation_weights
-from mindrlhf.algorithms.policy_cells import GRPOLossNet, ResponseLogProbs, ResponseValues, ValueLossNet
+from mindrlhf.algorithms.policy_cells import GRPOLossNet, ValueLossNet
 from mindrlhf.configs.lora import LoraConfig
 from mindrlhf.engine.batches import prompt_micro_batches
 from mindrlhf.models.qwen2 import Qwen2ForCausalLM, Qwen2ForValue
@@ -63,6 +68,20 @@ def micro_batched_results(cfg, layout, ids, labels, mask, max_grad_norm, dp_sums
     return result
 
 
+class WithInput(nn.Cell):
+    """A loss cell whose outputs are followed by its first input (the log-probs or values a loss net feeds it), without
+    gradient: the loss net's graph returns them too."""
+
+    def __init__(self, loss_cell: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.loss_cell = loss_cell
+        self.OUTPUTS = loss_cell.OUTPUTS + ("input",)
+        self.with_kl = getattr(loss_cell, "with_kl", False)  # which inputs GRPOLossNet names (INPUTS)
+
+    def construct(self, read, *inputs):
+        return self.loss_cell(read, *inputs) + (ops.stop_gradient(read),)
+
+
 GRPO_AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 
 
@@ -72,16 +91,25 @@ def grpo_results(net, layout, params, dp_sums) -> dict[str, np.ndarray]:
     per = data["response_mask"].shape[0] // layout.dp
     mine = slice(layout.dp_rank * per, (layout.dp_rank + 1) * per)
     inputs = [ms.Tensor(data[k][mine]) for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
-    logp = ResponseLogProbs(net)(*inputs).asnumpy()
+    loss_net = GRPOLossNet(net, WithInput(GRPOLossCell(beta=0.05, epsilon_low=0.05, epsilon_high=0.08,
+                                                       kl_estimator="k3")))
+    grads_of = SPMDGradients(loss_net, params, layout, grad_reduction="sum", dp_sums=dp_sums)
+    advantages = ms.Tensor(data["advantages"][mine])
+
+    def call(old_logp, ref_logp, name):
+        """(the GRPO outputs but the log-probs, the policy's log-probs, the local gradients)."""
+        weights = aggregation_weights(data["response_mask"], name).astype(np.float32)[mine]
+        outputs, grads, _ = grads_of(*inputs, ms.Tensor(old_logp), ms.Tensor(ref_logp), advantages,
+                                     ms.Tensor(weights))
+        return outputs[:-2] + outputs[-1:], outputs[-2].asnumpy(), grads
+
+    # the first call (old and reference log-probs 0, its outputs and gradients unused) gives the log-probs
+    _, logp, _ = call(*np.zeros((2,) + inputs[2].shape, np.float32), GRPO_AGGREGATIONS[0])
     noise = data["noise"][:, mine]
     old_logp, ref_logp = logp + 0.1 * noise[0], logp + 0.3 * noise[1]  # ratios on both sides of the clip range
-    loss_net = GRPOLossNet(net, GRPOLossCell(beta=0.05, epsilon_low=0.05, epsilon_high=0.08, kl_estimator="k3"))
-    grads_of = SPMDGradients(loss_net, params, layout, grad_reduction="sum", dp_sums=dp_sums)
     result = {}
     for name in GRPO_AGGREGATIONS:
-        weights = aggregation_weights(data["response_mask"], name).astype(np.float32)[mine]
-        outputs, grads, _ = grads_of(*inputs, ms.Tensor(old_logp), ms.Tensor(ref_logp),
-                                     ms.Tensor(data["advantages"][mine]), ms.Tensor(weights))
+        outputs, _, grads = call(old_logp, ref_logp, name)
         result[f"grpo_outputs/{name}"] = np.array([float(o.asnumpy()) for o in outputs])
         result.update({f"grpo_grad_{name}/{p.name}": g.asnumpy() for p, g in zip(params, grads)})
     return result
@@ -99,15 +127,17 @@ def critic_results(cfg, layout, dp_sums) -> dict[str, np.ndarray]:
     per = data["response_mask"].shape[0] // layout.dp
     mine = slice(layout.dp_rank * per, (layout.dp_rank + 1) * per)
     inputs = [ms.Tensor(data[k][mine]) for k in ("prompt_ids", "prompt_mask", "response_ids", "response_mask")]
-    values = ResponseValues(critic)(*inputs).asnumpy()
+    weights = ms.Tensor(aggregation_weights(data["response_mask"], "token-mean").astype(np.float32)[mine])
+    grads_of = SPMDGradients(ValueLossNet(critic, WithInput(ValueLossCell(0.2))), params, layout,
+                             grad_reduction="sum", dp_sums=dp_sums)
+    # the first call (old values and returns 0, its outputs and gradients unused) gives the values
+    zeros = ms.Tensor(np.zeros(inputs[2].shape, np.float32))
+    values = grads_of(*inputs, zeros, zeros, weights)[0][-1].asnumpy()
     old_values = values + 0.3 * data["noise"][0, mine]  # some tokens outside the clip range
     returns = values + data["noise"][1, mine]
-    weights = aggregation_weights(data["response_mask"], "token-mean").astype(np.float32)[mine]
-    grads_of = SPMDGradients(ValueLossNet(critic, ValueLossCell(0.2)), params, layout, grad_reduction="sum",
-                             dp_sums=dp_sums)
     outputs, grads, _ = grads_of(*inputs, ms.Tensor(old_values.astype(np.float32)),
-                                 ms.Tensor(returns.astype(np.float32)), ms.Tensor(weights))
-    result = {"critic_values": values, "critic_outputs": np.array([float(o.asnumpy()) for o in outputs])}
+                                 ms.Tensor(returns.astype(np.float32)), weights)
+    result = {"critic_values": values, "critic_outputs": np.array([float(o.asnumpy()) for o in outputs[:-1]])}
     result.update({f"critic_grad/{p.name}": g.asnumpy() for p, g in zip(params, grads)})
     result.update({f"axis/{k}": np.array(-1 if v is None else v) for k, v in param_split_axes(critic).items()})
     result.update({f"shards/{k}": np.array(v) for k, v in param_split_shards(critic, layout.tp).items()})
@@ -184,7 +214,8 @@ def main(argv: list[str]):
               "first_grad_norm": grad_norm.asnumpy(), "adam/lr": np.array(LEARNING_RATE),
               "adam/updates": np.array(UPDATES)}
     result.update(grpo)
-    result.update(micro_batched_results(cfg, layout, ids[sl], labels[sl], mask[sl], clip, dp_sums))
+    if layout.dp * layout.tp > 1:  # the tests compare these with the reference's whole-batch updates
+        result.update(micro_batched_results(cfg, layout, ids[sl], labels[sl], mask[sl], clip, dp_sums))
     if with_losses:
         result.update(critic_results(cfg, layout, dp_sums))
     result.update({f"grad/{k}": v for k, v in first_grads.items()})
