@@ -226,7 +226,7 @@ stop_the_job() {
 status=0
 # the console leaves out msrun's own traceback and MindSpore's INFO lines at exit; msrun.out keeps all
 # (the console closes the lock's descriptor: only the job holds it)
-console() { exec 9>&-; tee -i "$NODE_DIR/msrun.out" | "$PY" -m mindrlhf.trainer.postmortem --console; }
+console() { exec 9>&-; tee -i "$NODE_DIR/msrun.out" | "$PY" -m mindrlhf.utils.postmortem --console; }
 setsid --wait "${MSRUN[@]}" > >(console) 2>&1 &
 JOB_PID=$!
 trap 'stop_the_job INT 2' INT
@@ -238,7 +238,7 @@ trap - INT TERM HUP
 [ -f "$OUTPUT/progress.png" ] && echo "plot: $OUTPUT/progress.png  metrics: $OUTPUT/metrics.jsonl  TensorBoard: $OUTPUT/tensorboard"
 grep -h -o -E "held-out (accuracy|loss|pair accuracy): before=.*" "$LOG_DIR/worker_0.log" 2>/dev/null | tail -1 || true
 # a rank that crashed in MindSpore's exit handler after every rank had logged its successful end: the job is done
-if [ "$status" -ne 0 ] && done_line="$("$PY" -m mindrlhf.trainer.postmortem --finished "$NODE_DIR/msrun.out" "$LOG_DIR")"
+if [ "$status" -ne 0 ] && done_line="$("$PY" -m mindrlhf.utils.postmortem --finished "$NODE_DIR/msrun.out" "$LOG_DIR")"
 then
   echo "run_grpo.sh: the job finished; msrun failed after it: $done_line" >&2
   status=0
@@ -247,6 +247,6 @@ if [ "$status" -ne 0 ]; then
   echo "run_grpo.sh: the job failed (exit $status); logs: $LOG_DIR/worker_*.log" >&2
   grep -h -E "^([^ ]+: )?error:" "$LOG_DIR"/worker_*.log 2>/dev/null | sort -u >&2 || true
   # msrun names the first failed worker by pid (its scheduler may blame a rank msrun killed afterwards)
-  "$PY" -m mindrlhf.trainer.postmortem "$NODE_DIR/msrun.out" "$LOG_DIR" >&2 || true
+  "$PY" -m mindrlhf.utils.postmortem "$NODE_DIR/msrun.out" "$LOG_DIR" >&2 || true
 fi
 exit "$status"

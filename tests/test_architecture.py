@@ -35,7 +35,6 @@ MINDSPORE_FREE = [
     "mindrlhf.engine.step_shape",
     "mindrlhf.checkpoint.step",
     "mindrlhf.trainer.plan", "mindrlhf.trainer.specs", "mindrlhf.trainer.launch", "mindrlhf.trainer.metrics",
-    "mindrlhf.trainer.postmortem",
 ]
 # the other imports that stay inside a function: (importing module, imported module) -> why
 DEFERRED_IMPORTS = {

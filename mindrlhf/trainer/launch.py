@@ -42,7 +42,7 @@ from mindrlhf.utils.tracebacks import where_raised
 logger = logging.getLogger("mindrlhf.trainer")
 
 _LAUNCHED_BY_MSRUN = ("MS_WORKER_NUM", "MS_ROLE")
-# the line each rank logs last; `mindrlhf.trainer.postmortem` reads it to tell a crash after the work from a failure
+# the line each rank logs last; `mindrlhf.utils.postmortem` reads it to tell a crash after the work from a failure
 FINISHED = "rank %d finished with exit %d"
 # after a failed rank has unregistered from MindSpore's scheduler, the seconds it waits before exiting: msrun kills
 # every other worker as soon as one exits non-zero, and the scheduler then waits ~30 s for the heartbeats of those
@@ -305,7 +305,7 @@ def set_up_host(job: JobOptions, world_size: int, rank: int) -> None:
     pool_gib = configure_cpu_memory_pool(world_size)
     if pool_gib:
         logger.info("CPU memory pool: one %d GiB block per rank (reserved, used as needed)", pool_gib)
-    # the pid lets `mindrlhf.trainer.postmortem` map msrun's "Worker process <pid> exit" to this rank
+    # the pid lets `mindrlhf.utils.postmortem` map msrun's "Worker process <pid> exit" to this rank
     logger.info("rank %d of %d started as pid %d on %s", rank, world_size, os.getpid(), socket.gethostname())
 
 

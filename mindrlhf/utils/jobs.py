@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from mindrlhf.utils.postmortem import crashed_after_finishing
+
 
 def free_port() -> int:
     """A TCP port of this machine that is free now (for msrun's `--master_port`)."""
@@ -71,8 +73,6 @@ def run_job_command(cmd: list[str], env: dict | None = None, timeout: float | No
     code = proc.returncode
     log_dir = _msrun_log_dir(cmd)
     if code != 0 and log_dir is not None:
-        from mindrlhf.trainer.postmortem import crashed_after_finishing
-
         report = crashed_after_finishing(stdout + stderr, log_dir)
         if report is not None:
             code, stderr = 0, f"{stderr}the job finished; msrun failed after it: {report}\n"

@@ -28,7 +28,7 @@ def run_worker(script: str, args: list[str], workers: int, log_dir: Path, timeou
         stdout, stderr = timed_out.stdout or "", timed_out.stderr or ""
         failure = f"did not finish in {timeout} s (stopped, workers included)"
     if failure:
-        from mindrlhf.trainer.postmortem import first_failed_worker
+        from mindrlhf.utils.postmortem import first_failed_worker
 
         first = first_failed_worker(stdout + stderr, str(log_dir)) if log_dir.exists() else None
         logs = worker_log_tails(log_dir) if log_dir.exists() else ""

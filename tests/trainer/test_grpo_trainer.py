@@ -143,7 +143,7 @@ def test_a_killed_worker_ends_the_job_whose_last_checkpoint_resumes_exactly(stra
     import mindspore as ms
 
     from mindrlhf.checkpoint.step import complete_checkpoints, is_optimizer_state
-    from mindrlhf.trainer.postmortem import first_failed_worker
+    from mindrlhf.utils.postmortem import first_failed_worker
 
     straight_dir, _ = straight_run
     out = tmp_path / "out"

@@ -1,5 +1,5 @@
 """How a launched process ends (`mindrlhf.trainer.launch.run_script` / `end_process`) and how a failure after the end
-is reported (`mindrlhf.trainer.postmortem`)."""
+is reported (`mindrlhf.utils.postmortem`)."""
 import sys
 
 import pytest
@@ -14,8 +14,8 @@ from mindrlhf.trainer.launch import (
     QUICK_HEARTBEAT_MAX_RANKS,
     collective_environment,
 )
-from mindrlhf.trainer.postmortem import crashed_after_finishing, first_failed_worker, main
 from mindrlhf.utils.jobs import run_job_command
+from mindrlhf.utils.postmortem import crashed_after_finishing, first_failed_worker, main
 
 
 def _worker_log(rank: int, pid: int, finished: int | None) -> str:

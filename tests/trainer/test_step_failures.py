@@ -10,7 +10,7 @@ import pytest
 from support.jobs import grpo_msrun_command, job_args
 from support.msrun import free_port, msrun_env, run_command
 
-from mindrlhf.trainer.postmortem import console_lines
+from mindrlhf.utils.postmortem import console_lines
 
 pytestmark = pytest.mark.msrun
 

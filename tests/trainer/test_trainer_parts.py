@@ -491,7 +491,7 @@ def test_a_fresh_run_starts_a_new_metrics_file(tmp_path):
 
 
 def test_postmortem_maps_the_pid_msrun_saw_fail_first_to_its_rank(tmp_path):
-    from mindrlhf.trainer.postmortem import first_failed_worker, main
+    from mindrlhf.utils.postmortem import first_failed_worker, main
 
     (tmp_path / "worker_0.log").write_text("12:00:00 [rank 0] INFO mindrlhf.trainer: rank 0 of 2 started as pid 4242 "
                                            "on host\n")
@@ -520,7 +520,7 @@ MSRUN_TRACEBACK = """Traceback (most recent call last):
 
 
 def test_the_console_leaves_out_msruns_own_traceback_and_mindspores_info_lines():
-    from mindrlhf.trainer.postmortem import console_lines
+    from mindrlhf.utils.postmortem import console_lines
 
     worker_traceback = ('Traceback (most recent call last):\n  File "/job/grpo_one_stage.py", line 3, in <module>\n'
                         "    main()\nValueError: bad\n")
@@ -547,7 +547,7 @@ def test_the_console_filter_passes_each_line_on_as_it_comes():
     """`--console` runs behind msrun for the whole job: a line must reach the console before the next one is
     written, not when the job ends."""
 
-    console = subprocess.Popen([sys.executable, "-m", "mindrlhf.trainer.postmortem", "--console"],
+    console = subprocess.Popen([sys.executable, "-m", "mindrlhf.utils.postmortem", "--console"],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         for line in ("step 1/2\n", "[INFO] DISTRIBUTED(1,2,python): noise\n", "step 2/2\n"):

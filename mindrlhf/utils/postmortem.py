@@ -13,9 +13,9 @@ Python traceback ending in `RuntimeError: Distributed job exited with exception`
 `error:` lines and the rank named here), and MindSpore's INFO lines that its network threads print at exit
 whatever `GLOG_v` says. `msrun.out` keeps everything.
 
-    python -m mindrlhf.trainer.postmortem MSRUN_OUTPUT LOG_DIR
-    python -m mindrlhf.trainer.postmortem --finished MSRUN_OUTPUT LOG_DIR   (exit 0: the job had finished)
-    msrun ... | python -m mindrlhf.trainer.postmortem --console
+    python -m mindrlhf.utils.postmortem MSRUN_OUTPUT LOG_DIR
+    python -m mindrlhf.utils.postmortem --finished MSRUN_OUTPUT LOG_DIR   (exit 0: the job had finished)
+    msrun ... | python -m mindrlhf.utils.postmortem --console
 """
 from __future__ import annotations
 
