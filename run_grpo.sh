@@ -240,7 +240,7 @@ grep -h -o -E "held-out (accuracy|loss|pair accuracy): before=.*" "$LOG_DIR/work
 # a rank that crashed in MindSpore's exit handler after every rank had logged its successful end: the job is done
 if [ "$status" -ne 0 ] && done_line="$("$PY" -m mindrlhf.utils.postmortem --finished "$NODE_DIR/msrun.out" "$LOG_DIR")"
 then
-  echo "run_grpo.sh: the job finished; msrun failed after it: $done_line" >&2
+  echo "run_grpo.sh: $done_line" >&2
   status=0
 fi
 if [ "$status" -ne 0 ]; then

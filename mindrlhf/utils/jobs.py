@@ -75,7 +75,7 @@ def run_job_command(cmd: list[str], env: dict | None = None, timeout: float | No
     if code != 0 and log_dir is not None:
         report = crashed_after_finishing(stdout + stderr, log_dir)
         if report is not None:
-            code, stderr = 0, f"{stderr}the job finished; msrun failed after it: {report}\n"
+            code, stderr = 0, f"{stderr}{report}\n"
     return subprocess.CompletedProcess(cmd, code, stdout, stderr)
 
 

@@ -33,7 +33,7 @@ MINDSPORE_INFO = re.compile(r"^\[(INFO|DEBUG)\] [A-Z_]+\(\d+,")
 TRACEBACK = "Traceback (most recent call last):"
 MSRUN_FRAME = re.compile(r'^  File ".*[/\\]msrun", line \d+')
 MSRUN_FAILED = "RuntimeError: Distributed job exited with exception"
-CRASHED_AFTER_FINISHING = "crashed after the job had finished"
+JOB_FINISHED = "the job finished; msrun failed after it: "  # crashed_after_finishing's line starts so
 
 
 def describe_exit_code(code: int) -> str:
@@ -49,6 +49,20 @@ def describe_exit_code(code: int) -> str:
 def first_failed_worker(msrun_output: str, log_dir: str) -> str | None:
     """One line naming the rank msrun saw fail first, its exit and its log; None if msrun names no worker or
     no log names its pid."""
+    failure = _failed_worker(msrun_output, log_dir)
+    return failure[0] if failure else None
+
+
+def crashed_after_finishing(msrun_output: str, log_dir: str) -> str | None:
+    """The launchers' line (`JOB_FINISHED` and `first_failed_worker`'s report) when the worker msrun saw fail had
+    crashed after every rank had logged its successful end: the job is done, and a launcher shows the line and exits
+    0. None otherwise."""
+    failure = _failed_worker(msrun_output, log_dir)
+    return f"{JOB_FINISHED}{failure[0]}" if failure and failure[1] else None
+
+
+def _failed_worker(msrun_output: str, log_dir: str) -> tuple[str, bool] | None:
+    """(the report line, whether every rank had logged its successful end) for the worker msrun saw fail first."""
     found = WORKER_EXIT.search(msrun_output)
     if found is None:
         return None
@@ -59,18 +73,11 @@ def first_failed_worker(msrun_output: str, log_dir: str) -> str | None:
             if int(started.group(2)) == pid:
                 rank = started.group(1)
                 if _every_rank_succeeded(logs.values()):
-                    return (f"rank {rank} (pid {pid}) {CRASHED_AFTER_FINISHING}: {describe_exit_code(code)} "
+                    return (f"rank {rank} (pid {pid}) crashed after the job had finished: {describe_exit_code(code)} "
                             f"once every rank had logged its exit 0 (the steps, checkpoints and metrics are "
-                            f"complete); its log: {log}")
-                return f"rank {rank} (pid {pid}) failed first: {describe_exit_code(code)}; its log: {log}"
+                            f"complete); its log: {log}", True)
+                return f"rank {rank} (pid {pid}) failed first: {describe_exit_code(code)}; its log: {log}", False
     return None  # it failed before logging its pid (a bad flag or config: its `error:` line says why)
-
-
-def crashed_after_finishing(msrun_output: str, log_dir: str) -> str | None:
-    """`first_failed_worker`'s line when the worker msrun saw fail had crashed after every rank had logged its
-    successful end (the job is done: a launcher reports the line and exits 0); None otherwise."""
-    report = first_failed_worker(msrun_output, log_dir)
-    return report if report is not None and CRASHED_AFTER_FINISHING in report else None
 
 
 def console_lines(lines: Iterable[str]) -> Iterator[str]:

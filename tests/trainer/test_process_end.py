@@ -37,7 +37,7 @@ def test_a_crash_after_every_rank_finished_is_named_as_such_and_the_job_is_done(
     assert report == (f"rank 0 (pid 4242) crashed after the job had finished: killed by SIGSEGV (exit -11) once "
                       f"every rank had logged its exit 0 (the steps, checkpoints and metrics are complete); its log: "
                       f"{tmp_path}/worker_0.log")
-    assert crashed_after_finishing(msrun_output, str(tmp_path)) == report
+    assert crashed_after_finishing(msrun_output, str(tmp_path)) == f"the job finished; msrun failed after it: {report}"
     assert main(["--finished", str(tmp_path / "msrun.out"), str(tmp_path)]) == 0
     for other in (None, 1):
         (tmp_path / "worker_1.log").write_text(_worker_log(1, 4343, other))
@@ -63,8 +63,7 @@ def test_an_msrun_job_whose_rank_crashed_after_every_rank_finished_succeeds(tmp_
     cmd = [str(fake), "--worker_num=2", f"--log_dir={logs}", "job.py"]
     done = run_job_command(cmd, timeout=60)
     assert done.returncode == 0
-    assert done.stderr.endswith(f"the job finished; msrun failed after it: "
-                                f"{crashed_after_finishing(done.stderr, str(logs))}\n")
+    assert done.stderr.endswith(f"\n{crashed_after_finishing(done.stderr, str(logs))}\n")
     assert "crashed after the job had finished: killed by SIGSEGV" in done.stderr
     (logs / "worker_1.log").write_text(_worker_log(1, 4343, None))
     assert run_job_command(cmd, timeout=60).returncode == 1
