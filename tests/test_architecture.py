@@ -277,7 +277,8 @@ def test_imports_inside_functions_are_needed():
 ROOT_TEST_MODULES = {"test_architecture.py", "test_lint.py"}  # about the whole tree, not one package
 # tests/'s own files beside them: the shared fixtures, and a shim benchmarks/model_forward.py still imports
 ROOT_HELPERS = {"conftest.py"}
-NOT_LIBRARY = {"tools", "examples", "benchmarks", "suite"}  # tests of the repository's scripts, and of the suite's own
+# tests of the repository's scripts, of the suite's own and of the user documents
+NOT_LIBRARY = {"tools", "examples", "benchmarks", "suite", "docs"}
 # the only files that find the repository from their own location: support's paths and the workers' bootstrap,
 # which must locate tests/ before it can import support
 DERIVE_PATHS = {"support/paths.py", "workers/worker_setup.py"}
