@@ -1,15 +1,16 @@
-"""The user documents point at what is there: every relative link of README.md, docs/ and benchmarks/README.md
-reaches a file of the repository and, with a `#fragment`, one of its headings; every results file they cite as a
-figure's source (not as what a command writes) is in the repository (git ignores benchmarks/results/ but for the
-files added on purpose)."""
+"""The documents point at what is there: every relative link of the user documents (README.md, docs/, the tutorial's
+and the benchmarks' READMEs) and of the measurement history reaches a file of the repository and, with a
+`#fragment`, one of its headings; every results file the user documents cite as a figure's source (not as what a
+command writes) is in the repository (git ignores benchmarks/results/ but for the files added on purpose)."""
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from support.paths import BENCHMARKS, DOCS, README, ROOT
+from support.paths import BENCHMARKS, DOCS, README, ROOT, TUTORIAL
 
-USER_DOCS = [README, BENCHMARKS / "README.md", *sorted(DOCS.glob("*.md"))]
+USER_DOCS = [README, TUTORIAL / "README.md", BENCHMARKS / "README.md", *sorted(DOCS.glob("*.md"))]
+LINKED_DOCS = [*USER_DOCS, BENCHMARKS / "results" / "history.md"]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*$", re.MULTILINE)
 CITED_RESULT = re.compile(r"(?:benchmarks/)?results/([\w.-]+\.json)")
@@ -56,7 +57,7 @@ def test_github_anchor_follows_githubs_rule():
     assert github_anchor("[versus_trl.py](x.py): the whole job") == "versus_trlpy-the-whole-job"
 
 
-@pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize("doc", LINKED_DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_relative_links_reach_a_file_and_heading(doc):
     tracked = tracked_files()
     broken = []
