@@ -2,6 +2,7 @@
 and the benchmarks' READMEs) and of the measurement history reaches a file of the repository and, with a
 `#fragment`, one of its headings; every results file the user documents cite as a figure's source (not as what a
 command writes) is in the repository (git ignores benchmarks/results/ but for the files added on purpose)."""
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -23,6 +24,7 @@ def github_anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
+@functools.cache
 def anchors(doc: Path) -> set[str]:
     """The fragments of a markdown file's headings (a repeated heading's later ones get -1, -2, ...)."""
     seen: dict[str, int] = {}
@@ -36,19 +38,22 @@ def anchors(doc: Path) -> set[str]:
     return found
 
 
-def tracked_files() -> set[str] | None:
-    """The repository's files as git knows them, or None outside a git checkout (then the disk decides)."""
+@functools.cache
+def tracked_paths() -> frozenset[str] | None:
+    """The repository's files and folders as git knows them (relative, POSIX), or None outside a git checkout (then
+    the disk decides)."""
     if not (ROOT / ".git").exists():
         return None
     listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
-    return set(listed.stdout.splitlines())
+    files = listed.stdout.splitlines()
+    return frozenset(files) | {parent.as_posix() for name in files for parent in Path(name).parents}
 
 
-def in_repository(path: Path, tracked: set[str] | None) -> bool:
-    relative = path.resolve().relative_to(ROOT).as_posix()
+def in_repository(path: Path) -> bool:
+    tracked = tracked_paths()
     if tracked is None:
         return path.exists()
-    return relative in tracked or any(name.startswith(relative + "/") for name in tracked)
+    return path.resolve().relative_to(ROOT).as_posix() in tracked
 
 
 def test_github_anchor_follows_githubs_rule():
@@ -59,7 +64,6 @@ def test_github_anchor_follows_githubs_rule():
 
 @pytest.mark.parametrize("doc", LINKED_DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_relative_links_reach_a_file_and_heading(doc):
-    tracked = tracked_files()
     broken = []
     for match in LINK.finditer(doc.read_text(encoding="utf-8")):
         target = match.group(1)
@@ -67,7 +71,7 @@ def test_relative_links_reach_a_file_and_heading(doc):
             continue
         path, _, fragment = target.partition("#")
         linked = (doc.parent / path) if path else doc
-        if not in_repository(linked, tracked):
+        if not in_repository(linked):
             broken.append(f"{target}: no such file in the repository")
         elif fragment and linked.suffix == ".md" and fragment not in anchors(linked):
             broken.append(f"{target}: {linked.name} has no heading with that anchor")
@@ -76,9 +80,8 @@ def test_relative_links_reach_a_file_and_heading(doc):
 
 @pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_cited_results_files_are_in_the_repository(doc):
-    tracked = tracked_files()
     text = doc.read_text(encoding="utf-8")
     missing = [match.group(0) for match in CITED_RESULT.finditer(text)
                if not NAMED_AS_OUTPUT.search(text[max(0, match.start() - 20):match.start()])
-               and not in_repository(BENCHMARKS / "results" / match.group(1), tracked)]
+               and not in_repository(BENCHMARKS / "results" / match.group(1))]
     assert not missing, f"{doc.relative_to(ROOT)} cites results that are not in the repository: {missing}"
